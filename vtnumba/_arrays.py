@@ -1,0 +1,76 @@
+"""What an input is: which device it lives on, and which of vtnumba's dtypes it holds.
+
+numpy arrays run on the CPU. Objects exposing ``__cuda_array_interface__`` (cupy arrays, numba
+device arrays, torch CUDA tensors) run on the GPU. bfloat16 and float8_e4m3fn are the ml_dtypes
+types users hold; kernels see them as uint16 / uint8 bits.
+"""
+
+import numpy as np
+import ml_dtypes
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
+_OUT_DTYPE_NAMES = {
+    "float32": np.dtype(np.float32), "f32": np.dtype(np.float32), "fp32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16), "f16": np.dtype(np.float16), "fp16": np.dtype(np.float16),
+    "half": np.dtype(np.float16),
+    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
+}
+
+
+def device_of(x, name):
+    """'cpu' for a numpy array, 'cuda' for a GPU array; TypeError naming ``name`` otherwise."""
+    if isinstance(x, np.ndarray):
+        return "cpu"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda"
+    raise TypeError(
+        f"{name} must be a numpy array (CPU) or a GPU array such as a cupy array, got {type(x).__name__}")
+
+
+def same_device(named_arrays):
+    """The one device of several arrays (None entries skipped); ValueError if they differ."""
+    found = {}
+    for name, arr in named_arrays:
+        if arr is None or np.isscalar(arr) or isinstance(arr, (float, int)):
+            continue
+        found.setdefault(device_of(arr, name), name)
+    if len(found) > 1:
+        desc = ", ".join(f"{n} on {d}" for d, n in found.items())
+        raise ValueError(f"arrays must all be on one device, got {desc}")
+    return next(iter(found), "cpu")
+
+
+def float_dtype(x, name):
+    """The float dtype of ``x`` (float32, float16 or ml_dtypes.bfloat16); TypeError otherwise."""
+    dt = np.dtype(x.dtype)
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float32, float16 or bfloat16 array, got dtype {dt}")
+    return dt
+
+
+def codes_uint8(x, name):
+    """e4m3 codes as uint8 (a float8_e4m3fn array is viewed, not copied); TypeError otherwise."""
+    dt = np.dtype(x.dtype)
+    if dt == FLOAT8_E4M3:
+        return x.view(np.uint8)
+    if dt != np.dtype(np.uint8):
+        raise TypeError(f"{name} must be e4m3 codes (uint8 or ml_dtypes.float8_e4m3fn), got dtype {dt}")
+    return x
+
+
+def out_dtype_of(out_dtype, name="out_dtype"):
+    """np.float32 / np.float16 / ml_dtypes.bfloat16, given any of them or their names."""
+    if isinstance(out_dtype, str):
+        key = out_dtype.lower()
+        if key in _OUT_DTYPE_NAMES:
+            return _OUT_DTYPE_NAMES[key]
+        raise ValueError(f"{name} must be one of float32, float16, bfloat16, got {out_dtype!r}")
+    try:
+        dt = np.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a dtype (float32, float16 or bfloat16), got {out_dtype!r}") from None
+    if dt not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {dt}")
+    return dt

@@ -1,0 +1,22 @@
+"""Every Numba flag vtnumba uses, in one place.
+
+Kernels are compiled lazily (nothing compiles at import) and cached on disk, so the first call in a
+fresh process with a warm cache loads machine code instead of compiling it.
+"""
+
+import os
+
+# VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
+_CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
+
+# Scalar helpers are inlined into every kernel that calls them (Numba IR inlining, so the loop
+# around them stays one vectorizable body).
+CPU_INLINE = dict(inline="always")
+# Element-wise kernels: exact IEEE arithmetic (no fastmath: the encoder's float32 rounding tricks
+# depend on it), parallel over both cores, cached.
+CPU_KERNEL = dict(parallel=True, cache=_CACHE, nogil=True)
+CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True)
+
+# Elements per parallel work item of the element-wise CPU kernels: large enough that the inner loop
+# vectorizes and threads do not share cache lines, small enough to balance two cores.
+CPU_CHUNK = 1 << 16

@@ -1,0 +1,108 @@
+"""The e4m3fn format: constants, and the scalar codec written ONCE as plain Python.
+
+The two scalar functions below are valid Python, valid ``@njit`` code and valid ``@cuda.jit``
+device code. Each target compiles the same source (``compile_for_target``); the only thing a
+target may swap is the bit-cast primitive pair ``float32_bits`` / ``bits_float32``, because the
+CPU spells it ``np.float32(x).view(np.uint32)`` and the GPU spells it ``libdevice.float_as_int``.
+
+Why a bit-level encoder and not frexp/round: it is branch-free (selects only), so LLVM vectorizes
+it on the CPU, and it was proven against torch's clamp+cast for all 2^32 float32 inputs on an H200
+(../shared ANCHORS.md, "bit trick").
+
+Constants are float32/uint32 scalars on purpose: Numba types a bare Python float literal as
+float64, and ``y + 2**23`` in float64 would not round to an integer the way float32 does.
+"""
+
+import types
+
+import numpy as np
+
+E4M3_MAX = 448.0
+E4M3_MAX_CODE = 0x7E  # +448
+E4M3_NAN_CODE = 0x7F  # our single NaN code, for every NaN input (see DESIGN.md, "NaN policy")
+
+# float32 constants (Numba reads module-level numpy scalars as typed compile-time constants)
+F32_ZERO = np.float32(0.0)
+F32_ONE = np.float32(1.0)
+F32_E4M3_MAX = np.float32(448.0)
+# dynamic-scale floor, formed in float32 exactly as upstream's `1.0f / (FP8_E4M3_MAX * 512.f)`
+F32_MIN_SCALE = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
+_F32_512 = np.float32(512.0)  # 2^9: e4m3's subnormal step is 2^-9
+_F32_2P23 = np.float32(8388608.0)  # 2^23: adding it rounds a float32 in [0, 2^22) to an integer, RNE
+_F32_2M9 = np.float32(0.001953125)  # 2^-9
+
+_U32_ABS_MASK = np.uint32(0x7FFFFFFF)
+_U32_INF_BITS = np.uint32(0x7F800000)
+_U32_448_BITS = np.uint32(0x43E00000)  # 448.0
+_U32_MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2^-6, e4m3's smallest normal
+_U32_2P23_BITS = np.uint32(0x4B000000)  # bits of 2^23
+_U32_RNE_HALF = np.uint32(0x7FFFF)  # half an e4m3 ulp minus one, in float32 mantissa units (2^19 - 1)
+_U32_EXP_REBIAS = np.uint32(960)  # (127 - 7) << 3: float32 exponent bias to e4m3's, in code units
+_U32_DECODE_BIAS = np.uint32(0x3C000000)  # (127 - 7) << 23
+_U32_F32_NAN_BITS = np.uint32(0x7FC00000)
+
+
+def float32_bits(x):
+    """Bits of a float32 as uint32 (CPU / Python / CUDA simulator spelling)."""
+    return np.float32(x).view(np.uint32)
+
+
+def bits_float32(b):
+    """The float32 whose bits are ``b`` (CPU / Python / CUDA simulator spelling)."""
+    return np.uint32(b).view(np.float32)
+
+
+def encode_e4m3_scalar(x):
+    """float32 -> e4m3fn code (0..255): RNE, saturating to +-448, every NaN -> 0x7F, -0.0 -> 0x80.
+
+    ``x`` must already be a float32 (callers widen f16/bf16 first; the widening is exact).
+    """
+    bits = np.uint32(float32_bits(x))
+    sign = (bits >> np.uint32(24)) & np.uint32(0x80)
+    mag = bits & _U32_ABS_MASK
+    # normal range: round the float32 mantissa to 3 bits, ties to even (add 2^19 - 1 plus the kept
+    # LSB, then truncate); a carry walks into the exponent, which is what RNE wants.
+    # (max() keeps the discarded lane from wrapping below zero: pure Python would warn on it)
+    normal_mag = max(mag, _U32_MIN_NORMAL_BITS)
+    rounded = normal_mag + _U32_RNE_HALF + ((normal_mag >> np.uint32(20)) & np.uint32(1))
+    normal_code = (rounded >> np.uint32(20)) - _U32_EXP_REBIAS
+    # subnormal range (|x| < 2^-6): |x| * 512 is exact, and adding 2^23 rounds it to an integer
+    # with float32's own RNE; the integer lands in the low mantissa bits.
+    scaled = np.float32(abs(x) * _F32_512) + _F32_2P23
+    subnormal_code = np.uint32(float32_bits(scaled)) - _U32_2P23_BITS
+    code = subnormal_code if mag < _U32_MIN_NORMAL_BITS else normal_code
+    code = np.uint32(E4M3_MAX_CODE) if mag >= _U32_448_BITS else code  # saturate (inf too)
+    code = code | sign
+    code = np.uint32(E4M3_NAN_CODE) if mag > _U32_INF_BITS else code  # NaN loses its sign
+    return np.uint8(code)
+
+
+def decode_e4m3_scalar(c):
+    """e4m3fn code -> float32, exact; 0x7F and 0xFF -> NaN."""
+    code = np.uint32(c)
+    mag = code & np.uint32(0x7F)
+    normal = bits_float32((mag << np.uint32(20)) + _U32_DECODE_BIAS)
+    subnormal = np.float32(np.float32(mag) * _F32_2M9)
+    value = subnormal if mag < np.uint32(8) else normal
+    value = bits_float32(_U32_F32_NAN_BITS) if mag == np.uint32(0x7F) else value
+    return -value if code >= np.uint32(0x80) else value
+
+
+def bfloat16_bits_to_float32(h):
+    """bfloat16 bits (uint16) -> float32: the bits are the top half of a float32, so this is exact."""
+    return bits_float32(np.uint32(h) << np.uint32(16))
+
+
+def compile_for_target(fn, jit, **primitives):
+    """Compile one of the plain-Python scalar functions above for a target.
+
+    ``jit`` is the target's decorator (``numba.njit(inline='always')`` or
+    ``numba.cuda.jit(device=True, inline=True)``); ``primitives`` replace globals of the source
+    (only the bit casts differ between targets). The function's code object is shared, so the
+    encoder is written once and every target runs the same statements.
+    """
+    if primitives:
+        namespace = dict(fn.__globals__)
+        namespace.update(primitives)
+        fn = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    return jit(fn)

@@ -1,0 +1,67 @@
+"""The CPU backend of vtnumba's ops (see ``vtnumba.ops`` for the interface): numpy in, numpy out,
+Numba ``@njit`` kernels inside."""
+
+import numpy as np
+
+from .. import _arrays, _format
+from . import quant
+
+# decode is a 256-entry table built from the one scalar decoder (plain Python, once per process).
+DECODE_TABLE = np.array([_format.decode_e4m3_scalar(c) for c in range(256)], dtype=np.float32)
+
+
+def _kernel_input(x):
+    """C-contiguous float32 or bfloat16-bits (uint16) array the kernels read.
+
+    float16 is widened by numpy (exact; Numba's CPU target has no float16); strided inputs are
+    made contiguous, so they give the bytes of their contiguous copies."""
+    dt = np.dtype(x.dtype)
+    if dt == _arrays.BFLOAT16:
+        return np.ascontiguousarray(x).view(np.uint16)
+    if dt == np.float16:
+        return x.astype(np.float32, order="C")
+    return np.ascontiguousarray(x)
+
+
+def scale_array(scale):
+    return np.array([scale], dtype=np.float32)
+
+
+def quantize_static(x, scale):
+    xin = _kernel_input(x)
+    out = np.empty(xin.shape, dtype=np.uint8)
+    inv = np.float32(1.0) / np.float32(scale)  # formed once, in float32 (DESIGN.md)
+    quant.quantize_static(xin.reshape(-1), inv, out.reshape(-1))
+    return out
+
+
+def quantize_dynamic(x):
+    xin = _kernel_input(x)
+    scale = quant.dynamic_scale(quant.finite_amax(xin.reshape(-1)))
+    out = np.empty(xin.shape, dtype=np.uint8)
+    quant.quantize_static(xin.reshape(-1), np.float32(1.0) / scale, out.reshape(-1))
+    return out, scale_array(scale)
+
+
+def quantize_per_token(x, scale_ub):
+    xin = _kernel_input(x)
+    out = np.empty(xin.shape, dtype=np.uint8)
+    scales = np.empty((xin.shape[0], 1), dtype=np.float32)
+    quant.quantize_per_token(xin, np.float32(0.0 if scale_ub is None else scale_ub), out, scales)
+    return out, scales
+
+
+def decode(codes):
+    return DECODE_TABLE[codes]
+
+
+def dequantize(codes, scale, dtype):
+    scale = np.asarray(scale, dtype=np.float32)
+    y = DECODE_TABLE[codes] * scale  # float32 product, exact decode
+    return y.astype(dtype)  # numpy / ml_dtypes casts round to nearest even
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+    from .gemm import scaled_mm as impl  # the GEMM kernels compile only when first used
+
+    return impl(a, b, scale_a, scale_b, out_dtype, bias, kernel)

@@ -1,0 +1,198 @@
+"""vtnumba's ops: each declared once here (signature and checks), implemented per device.
+
+The boundary validates and normalizes; the device's backend module (``vtnumba.cpu`` or
+``vtnumba.cuda``) does the work and never validates. A backend exposes:
+
+    quantize_static(x, scale)            -> codes                 (scale: float32 scalar)
+    quantize_dynamic(x)                  -> codes, scale (1,)
+    quantize_per_token(x, scale_ub)      -> codes, scales (M, 1)  (scale_ub: float32 or None)
+    decode(codes)                        -> float32 values
+    scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel) -> y
+
+Errors are shaped "<name> must be <expected>, got <actual>". Nothing is written to a caller's
+buffer on error: every check runs before any kernel.
+"""
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _arrays
+from ._format import E4M3_MAX
+
+_BACKENDS = {"cpu": "vtnumba.cpu", "cuda": "vtnumba.cuda"}
+SCHEMES = ("static", "dynamic", "per_token")
+
+
+def backend(device):
+    """The module implementing the ops on ``device`` ('cpu' or 'cuda'); imported on first use so
+    that ``import vtnumba`` pulls in nothing CUDA."""
+    return importlib.import_module(_BACKENDS[device])
+
+
+@dataclass(frozen=True)
+class QuantizedActivation:
+    """An activation quantized to e4m3: ``data`` uint8 codes (x's shape) and float32 ``scale``
+    of shape (1,) (per-tensor) or (M, 1) (per-token), on x's device. ``scheme`` says how the scale
+    was obtained: 'static', 'dynamic' or 'per_token'."""
+
+    data: Any
+    scale: Any
+    scheme: str
+
+    @property
+    def per_token(self):
+        return self.scheme == "per_token"
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    def dequantize(self, dtype=np.float32):
+        return dequantize_fp8(self.data, self.scale, dtype)
+
+
+def _host_float32(value, name):
+    """A scalar given as a Python number, numpy scalar or size-1 numpy array, as float32."""
+    if isinstance(value, np.ndarray):
+        if value.size != 1 or value.ndim > 2:
+            raise ValueError(f"{name} must be a scalar or a size-1 array, got shape {value.shape}")
+        value = value.reshape(())[()]
+    try:
+        return np.float32(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+
+
+def quant_scale(scale, name="scale"):
+    """A quantization scale: > 0 and finite once rounded to float32 (that is what the kernel uses)."""
+    if hasattr(scale, "__cuda_array_interface__"):
+        if int(np.prod(scale.shape)) != 1:
+            raise ValueError(f"{name} must be a scalar or a size-1 array, got shape {tuple(scale.shape)}")
+        if np.dtype(scale.dtype) != np.float32:
+            raise TypeError(f"{name} on the GPU must be a float32 array, got dtype {scale.dtype}")
+        return scale  # read on the device, never synchronized; the caller vouches for its value
+    s = _host_float32(scale, name)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"{name} must be a positive finite float32, got {scale!r} (float32 {s!r})")
+    return s
+
+
+def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None):
+    """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
+
+    - ``scale`` given: static per-tensor, ``encode(float32(x) * (float32(1) / float32(scale)))``.
+    - ``scale=None``: dynamic per-tensor, ``scale = max(amax / 448, 1 / (448 * 512))``.
+    - ``per_token=True`` (2-D x): one scale per row, ``min(amax_row, scale_ub) / 448`` floored as
+      above, and ``encode(x / scale_row)`` (a divide, as upstream's per-token kernel).
+    amax is taken over finite elements. Every NaN encodes to 0x7F; |v| >= 448 saturates.
+    """
+    device = _arrays.device_of(x, "x")
+    _arrays.float_dtype(x, "x")
+    impl = backend(device)
+    if per_token:
+        if scale is not None:
+            raise ValueError(f"scale must be None with per_token=True (per-token scales are dynamic), got {scale!r}")
+        if len(x.shape) != 2:
+            raise ValueError(f"x must be 2-D [tokens, features] for per_token=True, got shape {tuple(x.shape)}")
+        ub = None if scale_ub is None else quant_scale(scale_ub, "scale_ub")
+        codes, scales = impl.quantize_per_token(x, ub)
+        return QuantizedActivation(codes, scales, "per_token")
+    if scale_ub is not None:
+        raise ValueError(f"scale_ub must be None unless per_token=True, got {scale_ub!r}")
+    if scale is None:
+        codes, s = impl.quantize_dynamic(x)
+        return QuantizedActivation(codes, s, "dynamic")
+    s = quant_scale(scale, "scale")
+    codes = impl.quantize_static(x, s)
+    return QuantizedActivation(codes, impl.scale_array(s), "static")
+
+
+def encode_e4m3(x):
+    """float32 / float16 / bfloat16 -> e4m3fn uint8 codes, no scaling (RNE, saturating, NaN -> 0x7F)."""
+    device = _arrays.device_of(x, "x")
+    _arrays.float_dtype(x, "x")
+    return backend(device).quantize_static(x, np.float32(1.0))
+
+
+def decode_e4m3(codes):
+    """e4m3fn codes (uint8 or float8_e4m3fn) -> float32, exact; 0x7F / 0xFF -> NaN."""
+    device = _arrays.device_of(codes, "codes")
+    return backend(device).decode(_arrays.codes_uint8(codes, "codes"))
+
+
+def dequantize_fp8(codes, scale, dtype=np.float32):
+    """``decode(codes) * scale`` in float32, rounded (RNE) to ``dtype``. ``scale`` is a scalar or
+    an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...)."""
+    device = _arrays.same_device([("codes", codes), ("scale", scale)])
+    codes = _arrays.codes_uint8(codes, "codes")
+    dt = _arrays.out_dtype_of(dtype, "dtype")
+    impl = backend(device)
+    if np.isscalar(scale) or isinstance(scale, (float, int)):
+        scale = _host_float32(scale, "scale")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale!r}")
+    else:
+        try:
+            np.broadcast_shapes(tuple(scale.shape), tuple(codes.shape))
+        except ValueError:
+            raise ValueError(f"scale must broadcast against codes of shape {tuple(codes.shape)}, "
+                             f"got shape {tuple(scale.shape)}") from None
+    return impl.dequantize(codes, scale, dt)
+
+
+def _mm_scale(scale, name, rows):
+    """scaled_mm's dequantization scale as float32 of shape (1,) or (rows,): any finite value."""
+    if np.isscalar(scale) or isinstance(scale, (float, int)):
+        s = _host_float32(scale, name)
+        if not math.isfinite(s):
+            raise ValueError(f"{name} must be finite, got {scale!r}")
+        return s
+    shape = tuple(scale.shape)
+    if isinstance(scale, np.ndarray):
+        if scale.dtype.kind != "f" and scale.dtype != _arrays.BFLOAT16:
+            raise TypeError(f"{name} must be a float array, got dtype {scale.dtype}")
+        scale = scale.astype(np.float32)
+        if not np.isfinite(scale).all():
+            raise ValueError(f"{name} must be finite, got non-finite values {scale[~np.isfinite(scale)][:4]}")
+    if int(np.prod(shape)) == 1 and len(shape) <= 2:
+        return scale.reshape(1)
+    if shape in ((rows,), (rows, 1)):
+        return scale.reshape(rows)
+    raise ValueError(f"{name} must be a scalar, shape (1,), ({rows},) or ({rows}, 1), got shape {shape}")
+
+
+def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel=None):
+    """``y[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * scale_a * scale_b + bias[n]``.
+
+    a: [M, K] e4m3 codes, b: [N, K] codes (nn.Linear's weight layout), float32 accumulation, then
+    rounded (RNE) to ``out_dtype``. scale_a: scalar or per-row [M, 1]; scale_b: scalar or
+    per-channel [N] / [N, 1]; any finite values. ``kernel`` forces one implementation by name (for
+    tests and benchmarks); by default the backend picks by shape.
+    """
+    device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
+    a = _arrays.codes_uint8(a, "a")
+    b = _arrays.codes_uint8(b, "b")
+    if len(a.shape) != 2:
+        raise ValueError(f"a must be 2-D [M, K], got shape {tuple(a.shape)}")
+    if len(b.shape) != 2:
+        raise ValueError(f"b must be 2-D [N, K], got shape {tuple(b.shape)}")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"b must have K = {k} columns like a, got shape {tuple(b.shape)} (a is {tuple(a.shape)})")
+    out_dt = _arrays.out_dtype_of(out_dtype)
+    sa = _mm_scale(scale_a, "scale_a", m)
+    sb = _mm_scale(scale_b, "scale_b", n)
+    if bias is not None:
+        _arrays.float_dtype(bias, "bias")
+        if tuple(bias.shape) not in ((n,), (1, n)):
+            raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
+        bias = bias.reshape(n)
+    return backend(device).scaled_mm(a, b, sa, sb, out_dt, bias, kernel)
+
+
+__all__ = ["QuantizedActivation", "quantize_fp8", "dequantize_fp8", "encode_e4m3", "decode_e4m3",
+           "scaled_mm", "backend", "E4M3_MAX", "SCHEMES"]

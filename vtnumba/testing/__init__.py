@@ -1,0 +1,2 @@
+"""Test helpers shipped with vtnumba: an independent oracle (``reference``) and hypothesis
+strategies (``strategies``) for users' own property tests."""
