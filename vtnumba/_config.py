@@ -20,3 +20,10 @@ CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True)
 # Elements per parallel work item of the element-wise CPU kernels: large enough that the inner loop
 # vectorizes and threads do not share cache lines, small enough to balance two cores.
 CPU_CHUNK = 1 << 16
+
+
+def dense_cublaslt_fp8_enabled():
+    """The lever (the C++ seam's DenseCublasLtFp8Enabled): env VT_DENSE_CUBLASLT_FP8, read at every
+    call so a test or a notebook can flip it live. On by default; any value whose first character is
+    '0' turns cuBLASLt off and routes GPU GEMMs to the Numba kernels."""
+    return not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")

@@ -1,0 +1,108 @@
+"""Mutation testing: apply each known-bad change to a scratch copy of the repo, run the gates that
+should catch it, and print mutation | compiles | tests failed | killed.
+
+Mutations are declared in ``tools/mutations_*.py`` as ``MUTATIONS = [Mutation(...), ...]``. A
+mutation replaces ``old`` (which must occur exactly once in ``path``) by ``new``. ``smoke`` is a
+Python snippet run first in the mutated copy: it must exercise the mutated kernel, so a mutation
+that fails to compile shows as "compiles: no" and does not count as a kill.
+
+    python3 tools/mutate.py [--only NAME_SUBSTRING] [--markdown FILE]
+"""
+
+import argparse
+import dataclasses
+import importlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple
+    smoke: str = "import vtnumba"
+
+
+def all_mutations():
+    found = []
+    for file in sorted((ROOT / "tools").glob("mutations_*.py")):
+        module = importlib.import_module(f"tools.{file.stem}")
+        found.extend(module.MUTATIONS)
+    return found
+
+
+def _copy_repo(dest):
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+
+
+def run_one(mutation, scratch):
+    source = scratch / mutation.path
+    text = source.read_text()
+    count = text.count(mutation.old)
+    if count != 1:
+        raise SystemExit(f"mutation {mutation.name!r}: old text must occur once in {mutation.path}, found {count}")
+    source.write_text(text.replace(mutation.old, mutation.new))
+    env = dict(os.environ, PYTHONPATH=str(scratch), VT_NUMBA_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
+    try:
+        smoke = subprocess.run([sys.executable, "-c", mutation.smoke], cwd=scratch, env=env,
+                               capture_output=True, text=True, timeout=600)
+        compiles = smoke.returncode == 0
+        failed = 0
+        if compiles:
+            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                  "--hypothesis-seed=0", *mutation.tests], cwd=scratch, env=env,
+                                 capture_output=True, text=True, timeout=1800)
+            tail = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+            m = re.search(r"(\d+) failed", tail)
+            failed = int(m.group(1)) if m else (1 if res.returncode not in (0, 5) else 0)
+            if res.returncode == 5:
+                raise SystemExit(f"mutation {mutation.name!r}: its tests collected nothing")
+        return compiles, failed, (smoke.stderr.strip().splitlines() or [""])[-1]
+    finally:
+        source.write_text(text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    mutations = [m for m in all_mutations() if args.only in m.name]
+    if not mutations:
+        raise SystemExit("no mutations matched")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vt-mutate-") as tmp:
+        scratch = pathlib.Path(tmp)
+        _copy_repo(scratch)
+        for mutation in mutations:
+            compiles, failed, note = run_one(mutation, scratch)
+            killed = compiles and failed > 0
+            rows.append((mutation.name, "yes" if compiles else f"no ({note[:60]})", str(failed), "yes" if killed else "NO"))
+            print(" | ".join(rows[-1]), flush=True)
+    table = ["| mutation | compiles | tests failed (-x: stops at the first) | killed |", "|---|---|---|---|"]
+    table += [f"| {' | '.join(r)} |" for r in rows]
+    print("\n".join(table))
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text("\n".join(table) + "\n")
+    return 0 if all(r[3] == "yes" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
