@@ -31,6 +31,10 @@ class Mutation:
     new: str
     tests: tuple
     smoke: str = "import vtnumba"
+    extra_edits: tuple = ()  # more (path, old, new) edits for a mutation that spans two places
+
+    def edits(self):
+        return ((self.path, self.old, self.new),) + tuple(self.extra_edits)
 
 
 def all_mutations():
@@ -53,12 +57,16 @@ def _copy_repo(dest):
 
 
 def run_one(mutation, scratch):
-    source = scratch / mutation.path
-    text = source.read_text()
-    count = text.count(mutation.old)
-    if count != 1:
-        raise SystemExit(f"mutation {mutation.name!r}: old text must occur once in {mutation.path}, found {count}")
-    source.write_text(text.replace(mutation.old, mutation.new))
+    originals = {}
+    for path, old, new in mutation.edits():
+        source = scratch / path
+        text = originals.setdefault(source, source.read_text()) if source not in originals else source.read_text()
+        count = text.count(old)
+        if count != 1:
+            for src, orig in originals.items():
+                src.write_text(orig)
+            raise SystemExit(f"mutation {mutation.name!r}: old text must occur once in {path}, found {count}")
+        source.write_text(text.replace(old, new))
     env = dict(os.environ, PYTHONPATH=str(scratch), VT_NUMBA_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
     try:
         smoke = subprocess.run([sys.executable, "-c", mutation.smoke], cwd=scratch, env=env,
@@ -76,7 +84,8 @@ def run_one(mutation, scratch):
                 raise SystemExit(f"mutation {mutation.name!r}: its tests collected nothing")
         return compiles, failed, (smoke.stderr.strip().splitlines() or [""])[-1]
     finally:
-        source.write_text(text)
+        for source, text in originals.items():
+            source.write_text(text)
 
 
 def main(argv=None):
