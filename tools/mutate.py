@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # so `tools.mutations_*` import when this runs as a script
 
 
 @dataclasses.dataclass(frozen=True)
