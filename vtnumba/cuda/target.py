@@ -1,22 +1,70 @@
 """The one module that imports Numba's CUDA target (numba-cuda).
 
-Everything GPU-side imports ``cuda`` from here, so moving to numba-cuda's successor
-(numba-cuda-mlir) is a change to this file once it passes the exhaustive gate (ANCHORS.md: on
-2026-11-29 it did not).
+Everything GPU-side imports ``cuda`` (and ``types``, ``libdevice``, ``intrinsic``) from here, so
+moving to numba-cuda's successor (numba-cuda-mlir) is a change to this file once it passes the
+exhaustive gate (ANCHORS.md: on 2026-11-29 it did not).
+
+``require_gpu()`` is the one check a GPU call makes before any work: it raises a single
+``RuntimeError`` that says why the GPU path cannot run (numba-cuda missing or clashing with numpy,
+no cupy, no driver, no device).
 """
 
+import functools
 import os
 
 # Numba otherwise synchronizes a foreign array's stream on every launch, which both costs host
 # time and breaks CUDA graph capture (DEVICE.md). vtnumba orders work on the current cupy stream.
 os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
 
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
 try:
     from numba import cuda
+    from numba.cuda import libdevice, types
 except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportError without numba-cuda
-    cuda = None
+    cuda = libdevice = types = None
     IMPORT_ERROR = exc
 else:
     IMPORT_ERROR = None
 
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+intrinsic = None
+if IMPORT_ERROR is None and not SIMULATOR:
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # numba-cuda before the core was vendored
+        from numba.core.extending import intrinsic
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_unavailable_reason():
+    """None when the GPU path can run here, else one sentence saying why not."""
+    if IMPORT_ERROR is not None:
+        import numpy as np
+
+        return (f"numba-cuda could not be imported ({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR}); "
+                f"with numpy {np.__version__} this is usually the numba-cuda/numpy version clash "
+                f"(numba-cuda 0.30 needs numpy < 2.5) or numba-cuda not being installed")
+    if SIMULATOR:
+        return None  # the simulator needs neither cupy nor a driver
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a cupy built for another CUDA
+        return f"cupy is not importable ({exc.__class__.__name__}: {exc}); install cupy-cuda12x or cupy-cuda13x"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # cudaErrorNoDevice / InsufficientDriver / no libcuda
+        return f"no usable CUDA driver ({exc.__class__.__name__}: {exc})"
+    if count < 1:
+        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"
+    return None
+
+
+def require_gpu():
+    """Raise one clear RuntimeError when the GPU path cannot run here."""
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"vtnumba's GPU path needs a usable CUDA GPU: {reason}")
+
+
+__all__ = ["cuda", "libdevice", "types", "intrinsic", "IMPORT_ERROR", "SIMULATOR",
+           "gpu_unavailable_reason", "require_gpu"]

@@ -1,0 +1,241 @@
+"""Cheap kernel launches: compile with Numba, launch through cupy.
+
+Why: a numba-cuda launch with cupy arrays costs ~96 us of host time, and none of numba-cuda's own
+launch paths gets under ~25 us (ANCHORS.md), while an FP8 layer's GPU work at decode is 4-30 us.
+So vtnumba compiles a kernel once per (kernel, signature, device) with Numba to PTX, loads that
+PTX with cupy (``cupy.cuda.function.Module``) and launches it through cupy's ``Function``, which
+costs a few microseconds, launches on cupy's *current* stream, and is captured by CUDA graphs on a
+cupy stream like any cupy kernel.
+
+The API (for every vtnumba GPU module)::
+
+    from vtnumba.cuda.launch import compile_kernel
+    from vtnumba.cuda.target import cuda, types
+
+    def my_kernel(x, out, alpha):          # plain Python, @cuda.jit kernel body
+        ...
+
+    kernel = compile_kernel(my_kernel, (types.float32[::1], types.uint8[:, ::1], types.float32))
+    kernel(grid, block, x, out, 0.5)                      # x, out: cupy arrays
+    kernel(grid, block, x, out, 0.5, shared_mem=4096)     # dynamic shared memory, bytes
+
+- ``signature`` is a tuple of Numba types, fixed at compile time (no per-call type inference).
+  Array arguments must match their declared dtype and rank (the caller's job: the launcher does
+  not type-check, only counts); a ``C`` layout (``[::1]``, ``[:, ::1]``) is a promise the caller
+  keeps. Scalars are converted to the declared type (``np.float32(0.5)`` etc.).
+- Arrays are cupy arrays, or any object with ``__cuda_array_interface__`` (torch tensors).
+- ``grid`` / ``block`` are ints or tuples of up to 3 ints.
+- The launch goes to cupy's current stream (``with stream:``), never synchronizes, and works
+  inside ``stream.begin_capture()`` / ``end_capture()``. Compile and load happen at the first
+  launch on a device: warm a kernel up before capturing a graph.
+- Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) the same call runs Numba's own dispatcher
+  with numpy arrays, so kernels are testable without a GPU.
+
+The array ABI: Numba flattens each array argument into ``meminfo, parent, nitems, itemsize, data,
+shape[0..ndim), strides[0..ndim)`` (all 64-bit; strides in bytes). ``compile_kernel`` checks the
+count and widths against the ``.entry`` parameter list of the PTX it compiled, so a change of
+Numba's ABI fails loudly at load time instead of launching garbage.
+
+Import trap (numba-cuda 0.30): its import hook ``_numba_cuda_redirector`` treats every module name
+containing "numba.cuda" -- "vtnumba.cuda.launch" does -- as part of numba.cuda and recurses until
+RecursionError. ``vtnumba/__init__.py`` must install a finder for ``vtnumba.cuda*`` ahead of it
+(requested from the lead; the tests install it themselves meanwhile).
+"""
+
+import re
+import threading
+
+import numpy as np
+
+from .target import SIMULATOR, cuda, require_gpu, types
+
+# Scalar types a kernel may take, and the numpy type that gives the bytes the PTX parameter wants.
+_SCALARS = {
+    types.float32: np.float32, types.float64: np.float64,
+    types.int8: np.int8, types.int16: np.int16, types.int32: np.int32, types.int64: np.int64,
+    types.uint8: np.uint8, types.uint16: np.uint16, types.uint32: np.uint32, types.uint64: np.uint64,
+    types.boolean: np.bool_,
+}
+# PTX parameter widths, in bytes (bools travel as a byte; .u8 appears for them)
+_PTX_PARAM_BYTES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "u32": 4, "s32": 4, "b32": 4,
+                    "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)", re.S)
+_PARAM = re.compile(r"\.param\s+\.(\w+)")
+
+
+def _array_ptr_shape_strides(arr):
+    """(data pointer, shape, strides in bytes) of a cupy array or a __cuda_array_interface__ object."""
+    data = getattr(arr, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if ptr is not None:  # cupy.ndarray: attribute reads only, the cheap path
+        return ptr, arr.shape, arr.strides
+    cai = arr.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous by the interface's definition
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides, step = [], itemsize
+        for extent in reversed(shape):
+            strides.append(step)
+            step *= extent
+        strides = tuple(reversed(strides))
+    return cai["data"][0], shape, tuple(strides)
+
+
+class _ArrayArg:
+    __slots__ = ("ndim", "itemsize")
+
+    def __init__(self, arrtype):
+        self.ndim = arrtype.ndim
+        self.itemsize = arrtype.dtype.bitwidth // 8
+
+    def flatten(self, arr, out):
+        ptr, shape, strides = _array_ptr_shape_strides(arr)
+        if len(shape) != self.ndim:
+            raise ValueError(f"array argument must be {self.ndim}-D, got shape {tuple(shape)}")
+        nitems = 1
+        for extent in shape:
+            nitems *= extent
+        out += (0, 0, nitems, self.itemsize, ptr)  # meminfo and parent are unused on the device
+        out += shape
+        out += strides
+
+    @property
+    def ptx_widths(self):
+        return [8] * (5 + 2 * self.ndim)
+
+
+class _ScalarArg:
+    __slots__ = ("convert", "width")
+
+    def __init__(self, scalartype):
+        self.convert = _SCALARS[scalartype]
+        self.width = np.dtype(self.convert).itemsize
+
+    def flatten(self, value, out):
+        out.append(self.convert(value))
+
+    @property
+    def ptx_widths(self):
+        return [self.width]
+
+
+def _arg_plan(signature):
+    plan = []
+    for t in signature:
+        if isinstance(t, types.Array):
+            plan.append(_ArrayArg(t))
+        elif t in _SCALARS:
+            plan.append(_ScalarArg(t))
+        else:
+            raise TypeError(f"kernel argument types must be arrays or {sorted(map(str, _SCALARS))}, got {t}")
+    return plan
+
+
+def entry_params(ptx):
+    """(entry name, [param widths in bytes]) of the single kernel in ``ptx``."""
+    entries = _ENTRY.findall(ptx)
+    if len(entries) != 1:
+        raise RuntimeError(f"compiled PTX must hold exactly one .entry, found {len(entries)}")
+    name, params = entries[0]
+    return name, [_PTX_PARAM_BYTES[p] for p in _PARAM.findall(params)]
+
+
+class Kernel:
+    """A kernel compiled once per device and launched through cupy (see the module docstring)."""
+
+    def __init__(self, pyfunc, signature, *, lineinfo=False):
+        self.pyfunc = pyfunc
+        self.signature = tuple(signature)
+        self.name = getattr(pyfunc, "__qualname__", repr(pyfunc))
+        self._plan = _arg_plan(self.signature)
+        self._lineinfo = lineinfo
+        self._functions = {}  # device id -> cupy Function
+        self._lock = threading.Lock()
+        self._dispatcher = None  # simulator only
+
+    # -- compile and load -------------------------------------------------------------------
+    def ptx(self, cc):
+        """PTX for compute capability ``cc`` (a (major, minor) tuple)."""
+        ptx, _ = cuda.compile(self.pyfunc, self.signature, device=False, abi="numba", cc=cc, output="ptx",
+                              lineinfo=self._lineinfo)
+        return ptx
+
+    def _load(self, device_id):
+        require_gpu()
+        cupy = _cupy()
+        with self._lock:
+            fn = self._functions.get(device_id)
+            if fn is not None:
+                return fn
+            cc_str = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
+            cc = (int(cc_str[:-1]), int(cc_str[-1]))
+            ptx = self.ptx(cc)
+            name, widths = entry_params(ptx)
+            expected = [w for arg in self._plan for w in arg.ptx_widths]
+            if widths != expected:
+                raise RuntimeError(
+                    f"Numba's kernel ABI changed: {self.name}{self.signature} has PTX parameters of "
+                    f"{widths} bytes, the launcher expected {expected}")
+            module = cupy.cuda.function.Module()
+            module.load(ptx.encode() + b"\0")  # cuModuleLoadData JIT-compiles PTX text once
+            fn = module.get_function(name)  # the Function keeps its module alive
+            self._functions[device_id] = fn
+            return fn
+
+    def function(self):
+        """The cupy Function on the current device (compiled and loaded on first use)."""
+        device_id = _cupy().cuda.runtime.getDevice()
+        fn = self._functions.get(device_id)
+        return fn if fn is not None else self._load(device_id)
+
+    # -- launch -----------------------------------------------------------------------------
+    def __call__(self, grid, block, *args, shared_mem=0):
+        if SIMULATOR:
+            return self._simulate(grid, block, args, shared_mem)
+        plan = self._plan
+        if len(args) != len(plan):
+            raise TypeError(f"{self.name} takes {len(plan)} arguments, got {len(args)}")
+        flat = []
+        for arg, value in zip(plan, args):
+            arg.flatten(value, flat)
+        grid = (grid,) if isinstance(grid, int) else tuple(grid)
+        block = (block,) if isinstance(block, int) else tuple(block)
+        fn = self._functions.get(_get_device()) if _get_device is not None else None
+        if fn is None:
+            fn = self.function()
+        fn(grid, block, flat, shared_mem=shared_mem)  # cupy: the current stream, no sync
+
+    def _simulate(self, grid, block, args, shared_mem):
+        if self._dispatcher is None:
+            self._dispatcher = cuda.jit(self.signature)(self.pyfunc)
+        self._dispatcher[grid, block, 0, shared_mem](*args)
+
+
+_get_device = None  # cupy.cuda.runtime.getDevice, bound once cupy is imported
+
+
+def _cupy():
+    global _get_device
+    import cupy
+
+    _get_device = cupy.cuda.runtime.getDevice
+    return cupy
+
+
+_KERNELS = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def compile_kernel(pyfunc, signature, **options):
+    """The ``Kernel`` for ``pyfunc`` at ``signature`` (one object per pair, so callers may ask
+    again cheaply); compiled lazily, once per device, at its first launch there."""
+    key = (pyfunc, tuple(signature), tuple(sorted(options.items())))
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        with _KERNELS_LOCK:
+            kernel = _KERNELS.setdefault(key, Kernel(pyfunc, signature, **options))
+    return kernel
+
+
+__all__ = ["Kernel", "compile_kernel", "entry_params"]
