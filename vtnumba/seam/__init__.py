@@ -1,0 +1,51 @@
+"""The seam: the one place every model gets its FP8 linear layers from.
+
+    from vtnumba import seam
+    w = seam.Fp8Weight.from_float(w_float)            # or seam.load_fp8_linear(ckpt, "model.layers.0.mlp.up_proj")
+    rw = seam.ResidentFp8(w, "cuda")                  # uploaded once, accounted in seam.load_stats()
+    y = seam.matmul_fp8(x, rw)                         # quantize x by w's scheme, then vt.scaled_mm
+    m = seam.make_linear_method(w); y = m.apply(x)     # or Fp8Config.from_hf(config).linear_method(prefix, w)
+
+Names follow the C++ seam it comes from (ResidentFp8, DenseCublasLtFp8Enabled, MatmulFp8CutlassD,
+MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spelling.
+"""
+
+from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, load_fp8_linear
+from .config import Fp8Config
+from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
+from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant
+from .weights import (
+    DeviceLoadStats,
+    Fp8Weight,
+    ResidentFp8,
+    fuse_fp8_shards,
+    load_stats,
+    requantize_with_max_scale,
+    reset_load_stats,
+)
+
+__all__ = [
+    # weights
+    "Fp8Weight",
+    "ResidentFp8",
+    "load_stats",
+    "reset_load_stats",
+    "DeviceLoadStats",
+    "fuse_fp8_shards",
+    "requantize_with_max_scale",
+    # matmul and the lever
+    "matmul_fp8",
+    "matmul_fp8_prequant",
+    "dense_cublaslt_fp8_enabled",
+    # linear methods
+    "LinearMethod",
+    "Fp8W8A8LinearMethod",
+    "UnquantizedLinearMethod",
+    "make_linear_method",
+    # checkpoints
+    "Fp8Config",
+    "load_fp8_linear",
+    "load_fp8_fused_linear",
+    "load_float_linear",
+    "Checkpoint",
+]

@@ -1,0 +1,266 @@
+"""Reading FP8 linear layers from safetensors checkpoints, refusing anything that would load wrong.
+
+A layer ``prefix`` is the tensors ``{prefix}.weight`` (F8_E4M3 codes [N, K]), its scale, and the
+optional ``{prefix}.input_scale`` and ``{prefix}.bias``. The scale conventions found in real
+checkpoints, and what this loader does with each:
+
+- ``weight_scale`` (ModelOpt, compressed-tensors, AutoFP8 / vLLM "fp8"): the dequantization
+  multiplier, ``w = decode(codes) * weight_scale``. Shapes [] or [1] (per-tensor), [N] or [N, 1]
+  (per-channel; compressed-tensors writes [N, 1], often in bfloat16).
+- ``weight_scale_inv`` (DeepSeek-V3 / Qwen3-FP8 style block checkpoints): despite the name, ALSO the
+  dequantization multiplier -- DeepSeek-V3's reference ``weight_dequant`` computes ``y = x * s`` with
+  it, and vLLM loads it into the same parameter as ``weight_scale``. It is read as the multiplier, never
+  inverted, and the weight's ``source`` says so. Its usual shape is per block [ceil(N/b), ceil(K/b)],
+  which is refused as "not supported yet", naming the tensor.
+- both present: refused (ambiguous); neither: refused, naming both names looked for.
+
+Scales must be finite and > 0; codes may not hold NaN (0x7F / 0xFF). Files: one ``.safetensors``
+file, a directory holding ``model.safetensors`` or a sharded ``model.safetensors.index.json``
+(``weight_map``), or the index file itself. Tensors are read with the ``safetensors`` package
+(numpy); F8_E4M3, which its numpy loader cannot return (numpy has no float8 type), is read from the
+file's documented layout (8-byte little-endian header length, JSON header, raw bytes).
+"""
+
+import json
+import math
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from .weights import Fp8Weight, fuse_fp8_shards
+
+__all__ = ["load_fp8_linear", "load_fp8_fused_linear", "load_float_linear", "Checkpoint"]
+
+_INDEX = "model.safetensors.index.json"
+_FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint (one file, a directory, or a sharded index): names,
+    dtypes, shapes from the headers; arrays read on request."""
+
+    def __init__(self, path):
+        path = os.fspath(path)
+        self.path = path
+        if os.path.isdir(path):
+            index = os.path.join(path, _INDEX)
+            single = os.path.join(path, "model.safetensors")
+            if os.path.isfile(index):
+                files = self._from_index(index)
+            elif os.path.isfile(single):
+                files = [single]
+            else:
+                files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+                if not files:
+                    raise ValueError(f"path must hold model.safetensors, {_INDEX} or *.safetensors files, "
+                                     f"got a directory without them: {path!r}")
+        elif path.endswith(".json"):
+            files = self._from_index(path)
+        elif os.path.isfile(path):
+            files = [path]
+        else:
+            raise ValueError(f"path must be a .safetensors file, an index .json or a model directory, got {path!r} (not found)")
+        self._where = {}  # tensor name -> (file, header entry, data start)
+        for file in files:
+            header, data_start = _read_header(file)
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (file, entry, data_start)
+
+    @staticmethod
+    def _from_index(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, KeyError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{index!r} must be a safetensors index with a weight_map, got {exc!r}") from None
+        base = os.path.dirname(index)
+        files = sorted({os.path.join(base, f) for f in weight_map.values()})
+        for file in files:
+            if not os.path.isfile(file):
+                raise ValueError(f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing")
+        return files
+
+    def __contains__(self, name):
+        return name in self._where
+
+    def names(self, prefix=""):
+        return sorted(n for n in self._where if n.startswith(prefix))
+
+    def dtype(self, name):
+        return self._where[name][1]["dtype"]
+
+    def shape(self, name):
+        return tuple(self._where[name][1]["shape"])
+
+    def file(self, name):
+        return self._where[name][0]
+
+    def read(self, name):
+        """The tensor as a numpy array: float dtypes as numpy / ml_dtypes.bfloat16, F8_E4M3 as uint8 codes."""
+        file, entry, data_start = self._where[name]
+        dtype, shape = entry["dtype"], tuple(entry["shape"])
+        if dtype != "F8_E4M3":
+            from safetensors import safe_open
+
+            with safe_open(file, framework="np") as f:
+                return f.get_tensor(name)
+        start, end = entry["data_offsets"]
+        count = math.prod(shape)
+        if end - start != count:
+            raise ValueError(f"tensor {name!r} in {os.path.basename(file)} must span {count} bytes for shape "
+                             f"{list(shape)} (F8_E4M3), got data_offsets {entry['data_offsets']}")
+        codes = np.fromfile(file, dtype=np.uint8, count=count, offset=data_start + start)
+        if codes.size != count:
+            raise ValueError(f"tensor {name!r} in {os.path.basename(file)} must have {count} bytes, got a truncated file")
+        return codes.reshape(shape)
+
+
+def _read_header(file):
+    """(header dict, offset where the data starts) of a safetensors file."""
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{file!r} must be a safetensors file, got {len(raw)} bytes")
+        (length,) = struct.unpack("<Q", raw)
+        if length > 100 * 2**20:  # the format caps headers at 100 MB
+            raise ValueError(f"{file!r} must be a safetensors file, got a header length of {length}")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{file!r} must be a safetensors file, got an unreadable header ({exc})") from None
+    return header, 8 + length
+
+
+def _checkpoint(path_or_checkpoint):
+    return path_or_checkpoint if isinstance(path_or_checkpoint, Checkpoint) else Checkpoint(path_or_checkpoint)
+
+
+def _read_float(ckpt, name):
+    dtype = ckpt.dtype(name)
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"tensor {name!r} must be a float tensor (F32, F16, BF16), got {dtype}")
+    return ckpt.read(name)
+
+
+def _scalar(ckpt, name):
+    """A per-tensor scale tensor ([] / [1] / [1, 1]) as a positive finite float32."""
+    shape = ckpt.shape(name)
+    if math.prod(shape) != 1 or len(shape) > 2:
+        raise ValueError(f"tensor {name!r} must be a scalar (shape [] or [1]), got shape {list(shape)}")
+    value = np.float32(_read_float(ckpt, name).astype(np.float32).reshape(()))
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"tensor {name!r} must be a positive finite scale, got {float(value)!r}")
+    return value
+
+
+def load_fp8_linear(path, prefix, *, activation_scheme=None):
+    """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
+    checkpoint (file, directory or sharded index; or a ``Checkpoint``).
+
+    ``activation_scheme`` (usually from ``Fp8Config``): 'static' requires ``{prefix}.input_scale``;
+    'dynamic' / 'per_token' ignore a stored input scale (as vLLM does for dynamic schemes). By
+    default: 'static' when the checkpoint has an input scale, else 'dynamic'. ``weight.source``
+    records the files, the tensors and the scale convention read.
+    """
+    ckpt = _checkpoint(path)
+    wname = f"{prefix}.weight"
+    if wname not in ckpt:
+        near = ckpt.names(prefix + ".")
+        raise ValueError(f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none"
+                         + (f" (tensors under {prefix!r}: {near})" if near else f" (no tensor starts with {prefix!r})"))
+    dtype, shape = ckpt.dtype(wname), ckpt.shape(wname)
+    if dtype != "F8_E4M3":
+        raise ValueError(f"tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
+                         + (": the layer is not FP8-quantized (read it with load_float_linear)" if dtype in _FLOAT_DTYPES else ""))
+    if len(shape) != 2:
+        raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(shape)}")
+    n, k = shape
+
+    present = [s for s in (f"{prefix}.weight_scale", f"{prefix}.weight_scale_inv") if s in ckpt]
+    if not present:
+        raise ValueError(f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv) must be in the checkpoint "
+                         f"for the FP8 weight {wname!r}, got neither: without it the codes cannot be dequantized")
+    if len(present) == 2:
+        raise ValueError(f"tensors {present[0]!r} and {present[1]!r} must not both be present (which one "
+                         f"scales the weight is ambiguous), got both")
+    sname = present[0]
+    sshape = ckpt.shape(sname)
+    if sshape in ((), (1,), (1, 1)):
+        scale_kind = "per-tensor"
+    elif sshape in ((n,), (n, 1)):
+        scale_kind = "per-channel"
+    elif len(sshape) == 2 and sshape[0] < n and sshape[1] < k:
+        raise ValueError(f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: "
+                         f"block-scaled FP8 is not supported yet (only per-tensor [] / [1] and per-channel "
+                         f"[{n}] / [{n}, 1] scales are)")
+    else:
+        raise ValueError(f"tensor {sname!r} must have shape [] or [1] (per-tensor), [{n}] or [{n}, 1] "
+                         f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)}")
+    scale = _read_float(ckpt, sname).astype(np.float32).reshape(-1)
+    bad = ~(np.isfinite(scale) & (scale > 0))
+    if bad.any():
+        raise ValueError(f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
+                         f"at {np.flatnonzero(bad)[:4].tolist()}")
+    if sname.endswith("_inv"):
+        convention = ("weight_scale_inv read as the dequantization multiplier (w = codes * weight_scale_inv), "
+                      "the DeepSeek-V3 / vLLM meaning despite the name")
+    else:
+        convention = "weight_scale read as the dequantization multiplier (w = codes * weight_scale)"
+
+    codes = ckpt.read(wname)
+    nan = (codes & 0x7F) == 0x7F
+    if nan.any():
+        raise ValueError(f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
+                         f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}")
+
+    iname = f"{prefix}.input_scale"
+    input_scale = _scalar(ckpt, iname) if iname in ckpt else None
+    if activation_scheme is None:
+        activation_scheme = "static" if input_scale is not None else "dynamic"
+    elif activation_scheme == "static" and input_scale is None:
+        raise ValueError(f"tensor {iname!r} must be in the checkpoint for activation_scheme='static', got none")
+    read_input_scale = activation_scheme == "static"
+
+    bname = f"{prefix}.bias"
+    bias = None
+    if bname in ckpt:
+        bias = _read_float(ckpt, bname)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"tensor {bname!r} must have shape [{n}], got shape {list(bias.shape)}")
+        if not np.isfinite(bias.astype(np.float32)).all():
+            raise ValueError(f"tensor {bname!r} must be finite, got non-finite values")
+
+    tensors = [wname, sname] + ([iname] if read_input_scale else []) + ([bname] if bias is not None else [])
+    source = {
+        "files": sorted({os.path.basename(ckpt.file(t)) for t in tensors}),
+        "tensors": tensors,
+        "weight_scale": f"{sname} ({scale_kind}, shape {list(sshape)}, {ckpt.dtype(sname)})",
+        "scale_convention": convention,
+        "input_scale": iname if read_input_scale else (f"{iname} ignored (activation_scheme="
+                                                       f"{activation_scheme!r})" if input_scale is not None else None),
+    }
+    return Fp8Weight(codes, scale, input_scale=input_scale if read_input_scale else None, bias=bias,
+                     activation_scheme=activation_scheme, source=source)
+
+
+def load_fp8_fused_linear(path, prefixes, *, activation_scheme=None):
+    """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the
+    order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales)."""
+    ckpt = _checkpoint(path)
+    return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme) for p in prefixes])
+
+
+def load_float_linear(path, prefix):
+    """``(weight, bias or None)`` of an unquantized layer (F32 / F16 / BF16 tensors)."""
+    ckpt = _checkpoint(path)
+    wname, bname = f"{prefix}.weight", f"{prefix}.bias"
+    if wname not in ckpt:
+        raise ValueError(f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none")
+    weight = _read_float(ckpt, wname)
+    if weight.ndim != 2:
+        raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(weight.shape)}")
+    bias = _read_float(ckpt, bname) if bname in ckpt else None
+    return weight, bias

@@ -1,0 +1,99 @@
+"""The seam's matmul entry points (the C++ seam's ``MatmulFp8CutlassD`` / ``MatmulFp8CutlassPreQuantD``)
+and its lever.
+
+``matmul_fp8(x, w)`` is exactly ``vt.quantize_fp8`` by the weight's activation scheme followed by
+``vt.scaled_mm`` -- no arithmetic of its own, so ``matmul_fp8(x, w)`` and
+``matmul_fp8_prequant(vt.quantize_fp8(x, ...), w)`` are bitwise equal on every device. Scales are
+applied as ``vt.scaled_mm`` applies them (DESIGN.md: the backend documents whether it folds
+``scale_a * scale_b`` into one alpha). This module stays thin on purpose: it is on every linear
+layer's path, and its budget is 2 us of host time per call over the ops it wraps.
+"""
+
+import numpy as np
+
+from .._config import dense_cublaslt_fp8_enabled
+from ..ops import QuantizedActivation, quantize_fp8, scaled_mm
+from .weights import Fp8Weight, ResidentFp8, _device_key
+
+__all__ = ["matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
+
+
+def _weight_for(weight, x, name):
+    """The ``Fp8Weight`` whose arrays live where ``x`` does.
+
+    A host weight used with a GPU input is made resident on that GPU once (``ResidentFp8`` caches it,
+    so later calls reuse the upload); every other device mismatch is an error."""
+    if isinstance(weight, ResidentFp8):
+        w = weight.weight
+    elif isinstance(weight, Fp8Weight):
+        w = weight
+    else:
+        raise TypeError(f"weight must be an Fp8Weight or a ResidentFp8, got {type(weight).__name__}")
+    if isinstance(x, np.ndarray):
+        if w.device != "cpu":
+            raise ValueError(f"{name} must be on the weight's device {w.device}, got a numpy array (cpu)")
+        if w.data is None:
+            w.host_data()  # raises: the codes were released after an upload
+        return w
+    x_device = _device_key(x, name)
+    if w.device == x_device:
+        return w
+    if w is weight and w.device == "cpu":
+        return ResidentFp8(w, x_device).weight
+    raise ValueError(f"{name} must be on the weight's device {w.device}, got an array on {x_device}")
+
+
+def matmul_fp8(x, weight, out_dtype=None):
+    """``y = dequant(quant(x)) @ dequant(weight).T + bias`` as FP8 W8A8: ``x`` [..., K] (float32,
+    float16 or bfloat16; numpy or cupy) is quantized by the weight's ``activation_scheme`` ('static':
+    ``weight.input_scale``; 'dynamic': per-tensor; 'per_token': one scale per row of the flattened
+    [M, K]), then ``vt.scaled_mm`` with the weight's codes, scale and bias. Returns [..., N] in
+    ``out_dtype`` (default: x's dtype), on x's device.
+
+    ``weight`` is an ``Fp8Weight`` or a ``ResidentFp8``; a host ``Fp8Weight`` with a GPU ``x`` is
+    uploaded once (cached) and reused.
+    """
+    w = _weight_for(weight, x, "x")
+    shape = x.shape
+    k = w.shape[1]
+    if len(shape) < 1 or shape[-1] != k:
+        raise ValueError(f"x must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
+                         f"got shape {tuple(shape)}")
+    x2 = x if len(shape) == 2 else x.reshape(-1, k)
+    scheme = w.activation_scheme
+    if scheme == "static":
+        q = quantize_fp8(x2, w.input_scale)
+    elif scheme == "dynamic":
+        q = quantize_fp8(x2)
+    else:
+        q = quantize_fp8(x2, per_token=True)
+    y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
+                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias)
+    return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
+
+
+def matmul_fp8_prequant(q, weight, out_dtype=None):
+    """The GEMM of ``matmul_fp8`` on an activation already quantized (``vt.QuantizedActivation``,
+    codes [..., K]), for a caller that quantizes once and feeds several layers. ``q.scheme`` must
+    be the weight's ``activation_scheme``; the GEMM uses ``q.scale`` as it is. ``out_dtype``
+    defaults to float32 (codes carry no float dtype to inherit).
+    """
+    if not isinstance(q, QuantizedActivation):
+        raise TypeError(f"q must be a vt.QuantizedActivation (from vt.quantize_fp8), got {type(q).__name__}")
+    w = _weight_for(weight, q.data, "q.data")
+    if q.scheme != w.activation_scheme:
+        raise ValueError(f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
+                         f"got {q.scheme!r}; quantize with "
+                         + {"static": "vt.quantize_fp8(x, weight.input_scale)",
+                            "dynamic": "vt.quantize_fp8(x)",
+                            "per_token": "vt.quantize_fp8(x, per_token=True)"}[w.activation_scheme])
+    data = q.data
+    shape = data.shape
+    k = w.shape[1]
+    if len(shape) < 1 or shape[-1] != k:
+        raise ValueError(f"q.data must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
+                         f"got shape {tuple(shape)}")
+    a = data if len(shape) == 2 else data.reshape(-1, k)
+    y = scaled_mm(a, w.data, q.scale, w.weight_scale,
+                  out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias)
+    return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
