@@ -1,0 +1,418 @@
+"""Time an op or a linear layer the way its device needs, and show the result in Jupyter.
+
+    from vtnumba import profile, seam
+    rec = profile.profile_linear(seam.Fp8Weight.from_float(w), x)    # one ProfileRecord
+    res = profile.ProfileResults([rec, profile.profile_linear(w, x)])  # a table in Jupyter
+    res.to_pandas(); res.roofline(profile.measure_ceilings("cpu"))
+
+How each device is timed, and why:
+
+- CPU: ``warmup`` calls first (the first call of a Numba kernel compiles it; the next ones warm the
+  caches), then ``repeats`` calls each timed with ``time.perf_counter``; the record keeps the median
+  (robust to a neighbour process stealing a core) and the minimum.
+- GPU (cupy arrays): two numbers, measured separately, because for an FP8 linear layer at decode the
+  host's launch cost is larger than the GPU work (DEVICE.md):
+  * device time, method "queued": a spin kernel is queued first, so the host has enqueued all
+    ``repeats`` calls before the GPU reaches them; CUDA events around the calls then time the GPU
+    alone. Method "graph": the calls are captured into a CUDA graph on a cupy stream and the graph is
+    replayed between events (what a serving loop that uses graphs sees).
+  * host cost: the wall time the host spends enqueueing one call (measured while the GPU is held by
+    the spin kernel, so the host never waits on the GPU).
+
+Records carry FLOPs and bytes when known, so GFLOP/s, GB/s and arithmetic intensity follow, and a
+roofline plot puts each record under the machine's measured ceilings (copy bandwidth and a BLAS
+peak, see ``measure_ceilings``). pandas and matplotlib are optional: ``to_pandas`` and the plots name
+the extra to install when they are missing.
+"""
+
+import html
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "MissingDependencyError",
+    "ProfileRecord",
+    "ProfileResults",
+    "Ceilings",
+    "profile_op",
+    "profile_linear",
+    "measure_ceilings",
+    "roofline_plot",
+]
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def require(module, extra, feature):
+    """Import an optional dependency, or raise MissingDependencyError naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(
+            f"{feature} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'vtnumba[{extra}]'") from None
+
+
+# ----------------------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One timed op. ``time_s`` is the median time per call (GPU: device time); ``host_s`` is the
+    host's cost per call on the GPU (None on the CPU, where the two are the same thing)."""
+
+    name: str
+    device: str
+    method: str
+    time_s: float
+    min_s: float
+    repeats: int
+    host_s: float | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    shape: str = ""
+    note: str = ""
+
+    @property
+    def gflops(self):
+        return None if self.flops is None else self.flops / self.time_s / 1e9
+
+    @property
+    def gbytes_per_s(self):
+        return None if self.bytes is None else self.bytes / self.time_s / 1e9
+
+    @property
+    def intensity(self):
+        """FLOPs per byte moved (the roofline's x axis)."""
+        if self.flops is None or not self.bytes:
+            return None
+        return self.flops / self.bytes
+
+    def as_dict(self):
+        d = asdict(self)
+        d.update(gflops=self.gflops, gbytes_per_s=self.gbytes_per_s, intensity=self.intensity)
+        return d
+
+    def _repr_html_(self):
+        return ProfileResults([self])._repr_html_()
+
+    def __str__(self):
+        return ProfileResults([self]).table()
+
+
+_COLUMNS = [  # (header, how to read it from a record, format)
+    ("name", lambda r: r.name, "{}"),
+    ("shape", lambda r: r.shape, "{}"),
+    ("device", lambda r: r.device, "{}"),
+    ("method", lambda r: r.method, "{}"),
+    ("time (us)", lambda r: r.time_s * 1e6, "{:.1f}"),
+    ("min (us)", lambda r: r.min_s * 1e6, "{:.1f}"),
+    ("host (us)", lambda r: None if r.host_s is None else r.host_s * 1e6, "{:.1f}"),
+    ("GFLOP/s", lambda r: r.gflops, "{:.1f}"),
+    ("GB/s", lambda r: r.gbytes_per_s, "{:.1f}"),
+    ("FLOP/B", lambda r: r.intensity, "{:.2f}"),
+    ("repeats", lambda r: r.repeats, "{}"),
+    ("note", lambda r: r.note, "{}"),
+]
+
+
+def _cell(value, fmt):
+    return "" if value is None or value == "" else fmt.format(value)
+
+
+class ProfileResults(list):
+    """A list of ProfileRecord that shows as a table (text, HTML in Jupyter, a pandas DataFrame)."""
+
+    def _rows(self):
+        cols = [c for c in _COLUMNS if any(c[1](r) not in (None, "") for r in self)]
+        return cols, [[_cell(c[1](r), c[2]) for c in cols] for r in self]
+
+    def table(self):
+        cols, rows = self._rows()
+        heads = [c[0] for c in cols]
+        widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(heads)]
+        lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths))]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def _repr_html_(self):
+        cols, rows = self._rows()
+        head = "".join(f"<th>{html.escape(c[0])}</th>" for c in cols)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def to_pandas(self):
+        """The records as a pandas DataFrame, one row each, derived rates included."""
+        pd = require("pandas", "pandas", "ProfileResults.to_pandas()")
+        return pd.DataFrame([r.as_dict() for r in self])
+
+    def roofline(self, ceilings, path=None, ax=None, title=None):
+        """Plot the records under ``ceilings`` (see ``roofline_plot``)."""
+        return roofline_plot(self, ceilings, path=path, ax=ax, title=title)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+def _device_of(args):
+    from . import _arrays
+
+    for a in args:
+        if hasattr(a, "shape") and hasattr(a, "dtype"):
+            return _arrays.device_of(a, "argument")
+    return "cpu"
+
+
+def _time_cpu(call, repeats, warmup):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+# A kernel that holds the GPU for a given number of nanoseconds (globaltimer is in ns on every
+# architecture since Pascal). Queued before the timed calls, it lets the host enqueue all of them
+# before the GPU starts, so the events between them measure GPU time, not launch gaps (DEVICE.md's
+# torch.cuda._sleep recipe, without needing torch).
+_SPIN_SOURCE = r"""
+extern "C" __global__ void vt_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+_spin_kernel = None
+
+
+def _spin(cp, ns, stream):
+    global _spin_kernel
+    if _spin_kernel is None:
+        _spin_kernel = cp.RawKernel(_SPIN_SOURCE, "vt_spin")
+    _spin_kernel((1,), (1,), (np.uint64(ns),), stream=stream)
+
+
+def _time_gpu(call, repeats, warmup, method):
+    import cupy as cp
+
+    stream = cp.cuda.get_current_stream()
+    for _ in range(warmup):
+        call()
+    stream.synchronize()
+    # A first host-clock estimate sizes the spin: it must outlast the enqueueing of every call.
+    t0 = time.perf_counter()
+    call()
+    stream.synchronize()
+    rough = time.perf_counter() - t0
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    note = ""
+    if method == "graph":
+        graph_stream = cp.cuda.Stream(non_blocking=True)
+        with graph_stream:
+            graph_stream.begin_capture()
+            try:
+                for _ in range(repeats):
+                    call()
+            finally:
+                graph = graph_stream.end_capture()
+            graph.upload(graph_stream)
+            graph.launch(graph_stream)  # warm the replay
+            graph_stream.synchronize()
+            h0 = time.perf_counter()
+            _spin(cp, int(min(max(20 * rough, 1e-3), 0.5) * 1e9), graph_stream)
+            start.record(graph_stream)
+            graph.launch(graph_stream)
+            end.record(graph_stream)
+            host = (time.perf_counter() - h0) / repeats
+            end.synchronize()
+        device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
+        return device, device, host, "one graph of all repeats; host = per-call share of one replay"
+    for attempt in range(3):
+        spin_s = min(max(2.0 * rough * repeats, 1e-3), 2.0)
+        _spin(cp, int(spin_s * 1e9), stream)
+        start.record(stream)
+        h0 = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        enqueue = time.perf_counter() - h0
+        end.record(stream)
+        end.synchronize()
+        if enqueue < spin_s:
+            break
+        rough = enqueue / repeats  # the host outran the spin: the interval holds launch gaps, retry
+    else:
+        note = "host-bound: device time includes launch gaps"
+    device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
+    # Events give one interval for all repeats, so the median and the minimum are that mean.
+    return device, device, enqueue / repeats, note
+
+
+def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=None, repeats=None,
+               warmup=3, method="queued", **kwargs):
+    """Time ``fn(*args, **kwargs)`` on the device its array arguments live on.
+
+    ``flops`` / ``bytes`` (per call) give the record its rates; ``method`` picks the GPU timing
+    ("queued" or "graph", see the module docstring; ignored on the CPU). Returns a ProfileRecord.
+    """
+    if method not in ("queued", "graph"):
+        raise ValueError(f"method must be 'queued' or 'graph', got {method!r}")
+    if not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup must be an int >= 1 (the first call may compile), got {warmup!r}")
+    device = device or _device_of(list(args) + list(kwargs.values()))
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    repeats = repeats or (20 if device == "cpu" else 100)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+
+    def call():
+        return fn(*args, **kwargs)
+
+    name = name or getattr(fn, "__name__", repr(fn))
+    if device == "cpu":
+        median, best = _time_cpu(call, repeats, warmup)
+        return ProfileRecord(name, "cpu", "median of repeats", median, best, repeats,
+                             flops=flops, bytes=bytes, shape=shape)
+    median, best, host, note = _time_gpu(call, repeats, warmup, method)
+    return ProfileRecord(name, "cuda", method, median, best, repeats, host_s=host, flops=flops,
+                         bytes=bytes, shape=shape, note=note)
+
+
+def linear_cost(m, n, k, x_itemsize, w_itemsize, y_itemsize):
+    """(FLOPs, bytes) of one y[M, N] = x[M, K] @ w[N, K].T: each operand read once, y written once
+    (the lower bound a kernel can reach; the roofline's model of the layer)."""
+    return 2.0 * m * n * k, float(m * k * x_itemsize + n * k * w_itemsize + m * n * y_itemsize)
+
+
+def _weight_geometry(method):
+    """((N, K), bytes per weight element the method reads) of a linear method's weight."""
+    from . import seam
+
+    w = getattr(method, "weight", None)
+    if isinstance(w, seam.ResidentFp8):
+        w = w.weight
+    if isinstance(w, seam.Fp8Weight):
+        return w.shape, 1
+    if isinstance(method, seam.UnquantizedLinearMethod):
+        return method.shape, 4  # it multiplies a float32 copy of the weight
+    if hasattr(w, "shape") and hasattr(w, "dtype") and len(w.shape) == 2:
+        return tuple(int(d) for d in w.shape), np.dtype(w.dtype).itemsize
+    raise TypeError(f"layer must be an Fp8Weight, a float weight [N, K] or a linear method with a "
+                    f"'weight' of shape [N, K], got {type(method).__name__}")
+
+
+def profile_linear(layer, x, *, out_dtype=None, name=None, **options):
+    """Time a linear layer on ``x`` [M, K]: ``layer`` is a seam.Fp8Weight, a float weight [N, K]
+    (the unquantized float32 path) or a linear method (anything with ``apply``). The FP8 path
+    includes the activation's quantization, as a model's call does. ``options`` go to profile_op."""
+    from . import seam
+
+    method = layer if hasattr(layer, "apply") else seam.make_linear_method(layer)
+    (n, k), w_itemsize = _weight_geometry(method)
+    if len(x.shape) != 2 or x.shape[1] != k:
+        raise ValueError(f"x must have shape (M, {k}) to match the weight's K, got shape {tuple(x.shape)}")
+    m = x.shape[0]
+    y = method.apply(x, out_dtype=out_dtype)  # one call outside timing gives the out dtype
+    flops, moved = linear_cost(m, n, k, np.dtype(x.dtype).itemsize, w_itemsize, np.dtype(y.dtype).itemsize)
+    label = name or getattr(method, "name", type(method).__name__)
+    return profile_op(method.apply, x, name=label, flops=flops, bytes=moved, shape=f"{m}x{n}x{k}",
+                      out_dtype=out_dtype, **options)
+
+
+# ----------------------------------------------------------------------------- ceilings, roofline
+
+@dataclass(frozen=True)
+class Ceilings:
+    """A machine's measured limits: copy bandwidth (GB/s, bytes read + written) and a compute peak
+    (GFLOP/s) with what reached it."""
+
+    device: str
+    copy_gbytes_per_s: float
+    peak_gflops: float
+    peak_label: str
+    extra: dict = field(default_factory=dict)  # other measured peaks, label -> GFLOP/s
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
+    """Measure the copy bandwidth and the BLAS peak of ``device`` now, in this process.
+
+    CPU: numpy copyto of a ``size_mb`` MB float32 array; float32 sgemm (numpy's BLAS) on
+    gemm_n^3 (1024 by default). GPU: a cupy device copy; cuBLAS sgemm and bf16 GEMMs through cupy
+    (gemm_n 8192 by default)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    count = size_mb * (1 << 20) // 4
+    if device == "cpu":
+        src = np.random.default_rng(0).standard_normal(count, dtype=np.float32)
+        dst = np.empty_like(src)
+        copy_t, _ = _time_cpu(lambda: np.copyto(dst, src), repeats, 1)
+        n = gemm_n or 1024
+        a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+        b = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
+        gemm_t, _ = _time_cpu(lambda: a @ b, repeats, 1)
+        return Ceilings("cpu", 2 * src.nbytes / copy_t / 1e9, 2.0 * n ** 3 / gemm_t / 1e9,
+                        f"numpy sgemm {n}^3")
+    import cupy as cp
+
+    src = cp.random.standard_normal(count, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    copy_rec = profile_op(cp.copyto, dst, src, repeats=20, device="cuda")
+    n = gemm_n or 8192
+    peaks = {}
+    for label, dt in (("cuBLAS sgemm", cp.float32), ("cuBLAS hgemm (f16)", cp.float16)):
+        a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(dt)
+        b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(dt)
+        rec = profile_op(cp.matmul, a, b, repeats=10, device="cuda")
+        peaks[f"{label} {n}^3"] = 2.0 * n ** 3 / rec.time_s / 1e9
+    best = max(peaks, key=peaks.get)
+    return Ceilings("cuda", 2 * src.nbytes / copy_rec.time_s / 1e9, peaks[best], best, peaks)
+
+
+def roofline_plot(records, ceilings, path=None, ax=None, title=None):
+    """A log-log roofline: each record with FLOPs and bytes at (FLOP/B, GFLOP/s) under
+    min(peak, intensity * copy bandwidth). Saves to ``path`` when given; returns the Figure."""
+    require("matplotlib", "plot", "the roofline plot")
+    from matplotlib.figure import Figure  # no pyplot: works headless and inside Jupyter alike
+
+    points = [r for r in records if r.intensity is not None]
+    if not points:
+        raise ValueError("records must include at least one record with flops and bytes, got none")
+    if ax is None:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    bw, peak = ceilings.copy_gbytes_per_s, ceilings.peak_gflops
+    xs = [p.intensity for p in points]
+    lo, hi = min(xs + [peak / bw]) / 4, max(xs + [peak / bw]) * 4
+    grid = np.logspace(math.log10(lo), math.log10(hi), 200)
+    ax.loglog(grid, np.minimum(peak, grid * bw), color="black", lw=1.5)
+    ax.annotate(f"copy {bw:.0f} GB/s", (grid[0], grid[0] * bw), textcoords="offset points",
+                xytext=(4, 6), fontsize=8)
+    ax.annotate(f"{ceilings.peak_label}: {peak:.0f} GFLOP/s", (hi, peak), textcoords="offset points",
+                xytext=(-4, 4), ha="right", fontsize=8)
+    for p in points:
+        ax.scatter([p.intensity], [p.gflops], s=24, zorder=3)
+        ax.annotate(p.name, (p.intensity, p.gflops), textcoords="offset points", xytext=(4, -10),
+                    fontsize=7)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(title or f"roofline, {ceilings.device} (measured ceilings)")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
