@@ -1,0 +1,423 @@
+"""The GPU FP8 GEMM: which kernel runs a call, and the fused FP8 linear layer for decode.
+
+``scaled_mm`` computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` on
+cupy arrays. Kernels are tried in priority order, in the style of vLLM's scaled-mm kernel selection
+(``vllm/model_executor/layers/quantization/kernels/scaled_mm/__init__.py``): each kernel says whether
+it can run this call and, if not, why; the first that can, runs; when none can, one error lists
+every reason. ``VT_DISABLE_KERNELS=name1,name2`` (read at every call) takes kernels out of the list;
+``kernel=`` forces one by name (tests, benchmarks).
+
+The kernels, and where each applies:
+
+``cublaslt``               cuBLASLt does everything: scales (per-tensor scalars, or per-row x
+                           per-channel vectors through OUTER_VEC_32F on sm_90 with cuBLASLt >= 12.9),
+                           the bias epilogue when the bias has cuBLASLt's type for the output
+                           (bf16 -> bf16, f16 -> f16, f32 -> bf16), rounding to the output type.
+                           Needs K % 16 == 0, N % 16 == 0, 16-byte aligned pointers and rows.
+``cublaslt_f32_epilogue``  cuBLASLt accumulates into float32, then a Numba epilogue applies the
+                           scales, adds the bias and rounds: every call cuBLASLt's own epilogue cannot
+                           express exactly (a float32 bias with a bf16 output would otherwise have to
+                           be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable).
+``decode_gemv``            the Numba decode kernel for M <= 16 (gemm_kernels.py): streams the weight
+                           with 128-bit loads at memory speed; first choice at small M, where
+                           cuBLASLt reads the weight at 45-92% of the ceiling (ANCHORS.md).
+``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
+                           cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
+
+Scales given as host scalars are uploaded once into a small cached device buffer (per device and
+value), so a call never transfers or synchronizes once warm; graph capture needs a warm-up call
+with the same scale values first (the plan, the workspace and the scale buffers then exist).
+"""
+
+import os
+import threading
+
+import numpy as np
+
+from .. import _arrays, _config
+from . import cublaslt
+from . import gemm_kernels as gk
+from .target import SIMULATOR, require_gpu
+
+# Up to this M the decode GEMV is tried before cuBLASLt (measured on the H200: see the module's
+# benchmark, benchmarks/bench_gpu_gemm.py). The GEMV's own limits still apply.
+DECODE_GEMV_PREFERRED_MAX_M = 4
+
+_OUT_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _arrays.BFLOAT16: 2}
+_BIAS_KIND = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, _arrays.BFLOAT16: 3}
+_X_KIND = {np.dtype(np.float32): gk.X_FLOAT32, np.dtype(np.float16): gk.X_FLOAT16, _arrays.BFLOAT16: gk.X_BFLOAT16}
+
+
+def _xp():
+    if SIMULATOR:
+        return np
+    import cupy
+
+    return cupy
+
+
+def _device_id():
+    return 0 if SIMULATOR else _xp().cuda.runtime.getDevice()
+
+
+# ------------------------------------------------------------------------------------------------
+# small device buffers: host scalars as device float32 (1,), and placeholder arguments
+
+_SCALARS = {}
+_SCALARS_LOCK = threading.Lock()
+_MAX_CACHED_SCALARS = 4096
+
+
+def device_scalar(value):
+    """A float32 device array (1,) holding ``value``, uploaded once per device and value."""
+    value = np.float32(value)
+    key = (_device_id(), int(value.view(np.uint32)))
+    buf = _SCALARS.get(key)
+    if buf is None:
+        with _SCALARS_LOCK:
+            if len(_SCALARS) >= _MAX_CACHED_SCALARS:  # bounded: a caller cycling through values
+                _SCALARS.clear()
+            buf = _SCALARS[key] = _xp().asarray(np.array([value], dtype=np.float32))
+    return buf
+
+
+_PLACEHOLDERS = {}
+
+
+def _placeholder(kind):
+    """Tiny device arrays passed for arguments a kernel variant does not read."""
+    key = (_device_id(), kind)
+    arr = _PLACEHOLDERS.get(key)
+    if arr is None:
+        xp = _xp()
+        shape, dtype = {"u16": ((1,), np.uint16), "f32": ((1,), np.float32),
+                        "u8_2d": ((1, 16), np.uint8), "u16_2d": ((1, 2), np.uint16)}[kind]
+        arr = _PLACEHOLDERS[key] = xp.zeros(shape, dtype=dtype)
+    return arr
+
+
+def _scale(scale, rows):
+    """(float32 device vector, step) for a scale given as a host float32 or a device array (1,) /
+    (rows,): step 0 reads the one value for every row."""
+    if isinstance(scale, (np.floating, float, int)):
+        return device_scalar(scale), 0
+    xp = _xp()
+    vec = scale.reshape(-1)
+    if vec.dtype != np.float32:
+        vec = vec.astype(np.float32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
+    if not vec.flags.c_contiguous:
+        vec = xp.ascontiguousarray(vec)
+    return vec, (0 if vec.shape[0] == 1 else 1)
+
+
+def _bias_bits(bias):
+    """(uint16 view, kind) of a bias vector (kind 0 and a placeholder without one)."""
+    if bias is None:
+        return _placeholder("u16"), 0
+    xp = _xp()
+    if not bias.flags.c_contiguous:
+        bias = xp.ascontiguousarray(bias)
+    return bias.view(np.uint16), _BIAS_KIND[np.dtype(bias.dtype)]
+
+
+def _empty_out(m, n, out_dtype):
+    """The output [M, N] and the view the Numba kernels write (float32, or uint16 bits)."""
+    y = _xp().empty((m, n), dtype=out_dtype)
+    return y, (y if out_dtype == np.float32 else y.view(np.uint16))
+
+
+class GemmCall:
+    """One scaled_mm call, normalized once and shared by every kernel's can_implement / run."""
+
+    __slots__ = ("a", "b", "scale_a", "sa_step", "scale_b", "sb_step", "out_dtype", "bias", "m", "n", "k",
+                 "plan", "state")
+
+    def __init__(self, a, b, scale_a, scale_b, out_dtype, bias):
+        self.a, self.b = a, b
+        self.m, self.k = a.shape
+        self.n = b.shape[0]
+        self.scale_a, self.sa_step = _scale(scale_a, self.m)
+        self.scale_b, self.sb_step = _scale(scale_b, self.n)
+        self.out_dtype = np.dtype(out_dtype)
+        self.bias = bias
+        self.plan = self.state = None
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernels
+
+
+def _cublaslt_reason(call):
+    """Why cuBLASLt cannot take this call's operands at all (None if it can)."""
+    if not _config.dense_cublaslt_fp8_enabled():
+        return "turned off by the lever VT_DENSE_CUBLASLT_FP8"
+    if SIMULATOR:
+        return "cuBLASLt needs a real GPU (running under the CUDA simulator)"
+    reason = cublaslt.unavailable_reason()
+    if reason:
+        return reason
+    a, b = call.a, call.b
+    if call.k % 16 or call.n % 16:
+        return f"cuBLASLt FP8 needs K and N to be multiples of 16, got K = {call.k}, N = {call.n}"
+    if a.strides[1] != 1 or b.strides[1] != 1:
+        return "cuBLASLt needs rows with contiguous K (unit column stride)"
+    if a.strides[0] % 16 or b.strides[0] % 16:
+        return f"cuBLASLt FP8 needs row strides that are multiples of 16 bytes, got {a.strides[0]} and {b.strides[0]}"
+    if a.data.ptr % 16 or b.data.ptr % 16:
+        return "cuBLASLt FP8 needs 16-byte aligned a and b (a view starting mid-row is not)"
+    return None
+
+
+def _bias_for_cublaslt(call):
+    """The bias as cuBLASLt's epilogue reads it (contiguous, 16-byte aligned), or None."""
+    bias = call.bias
+    if bias is not None and not bias.flags.c_contiguous:
+        bias = _xp().ascontiguousarray(bias)
+    return bias
+
+
+class CublasLt:
+    name = "cublaslt"
+
+    def can_implement(self, call):
+        reason = _cublaslt_reason(call)
+        if reason:
+            return False, reason
+        state = cublaslt.device_state(_device_id())
+        bias_dt = None
+        if call.bias is not None:
+            bias_dt = np.dtype(call.bias.dtype)
+            want = cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]
+            if bias_dt != want:
+                return False, (f"cuBLASLt's FP8 bias epilogue takes a {want} bias for {call.out_dtype} "
+                               f"output, got {bias_dt} (it would be rounded)")
+            if call.bias.data.ptr % 16:
+                return False, "cuBLASLt's bias must be 16-byte aligned"
+        mode_a = cublaslt.VECTOR if call.sa_step else cublaslt.SCALAR
+        mode_b = cublaslt.VECTOR if call.sb_step else cublaslt.SCALAR
+        if call.sa_step or call.sb_step:
+            reason = state.outer_vec_reason
+            if reason:
+                return False, reason
+        key = cublaslt.plan_key(call.a, call.b, call.out_dtype, bias_dt, mode_a, mode_b)
+        plan = state.plan_or_reason(key)
+        if isinstance(plan, str):
+            return False, plan
+        call.plan, call.state = plan, state
+        return True, ""
+
+    def run(self, call):
+        y = _xp().empty((call.m, call.n), dtype=call.out_dtype)
+        return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b,
+                               _bias_for_cublaslt(call), y)
+
+
+class CublasLtF32Epilogue:
+    name = "cublaslt_f32_epilogue"
+
+    def can_implement(self, call):
+        reason = _cublaslt_reason(call)
+        if reason:
+            return False, reason
+        state = cublaslt.device_state(_device_id())
+        key = cublaslt.plan_key(call.a, call.b, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
+        plan = state.plan_or_reason(key)
+        if isinstance(plan, str):
+            return False, plan
+        call.plan, call.state = plan, state
+        return True, ""
+
+    def run(self, call):
+        xp = _xp()
+        acc = xp.empty((call.m, call.n), dtype=np.float32)
+        one = device_scalar(1.0)
+        cublaslt.matmul(call.plan, call.state, call.a, call.b, one, one, None, acc)  # f32(sum_k ...)
+        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
+        bias, bias_kind = _bias_bits(call.bias)
+        total = call.m * call.n
+        blocks = max(1, min((total + 255) // 256, 132 * 16))
+        gk.epilogue_kernel(call.out_dtype == np.float32)(
+            blocks, 256, acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
+            _OUT_KIND[call.out_dtype])
+        return y
+
+
+def _compute_capability():
+    if SIMULATOR:
+        return (0, 0)
+    cc = _xp().cuda.Device().compute_capability
+    return (int(cc[:-1]), int(cc[-1]))
+
+
+class DecodeGemv:
+    name = "decode_gemv"
+
+    def can_implement(self, call):
+        reason = gemv_reason(call.m, call.k, call.b)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
+        bias, bias_kind = _bias_bits(call.bias)
+        launcher = gk.gemv_launcher(gk.gemv_m_tile(call.m), gk.hardware_path_available(_compute_capability()),
+                                    call.out_dtype == np.float32)
+        launcher((call.n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
+                 call.a, _placeholder("u16_2d"), 0, gk.STAGE_CODES, _placeholder("f32"), call.b,
+                 call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
+                 _OUT_KIND[call.out_dtype], shared_mem=gk.gemv_shared_bytes(call.m, call.k))
+        return y
+
+
+def gemv_reason(m, k, b):
+    """Why the decode GEMV cannot run M rows against weight b [N, K] (None if it can)."""
+    if m > gk.GEMV_MAX_M:
+        return f"the decode GEMV takes M <= {gk.GEMV_MAX_M}, got M = {m}"
+    if k % 16:
+        return f"the decode GEMV reads the weight 16 bytes at a time: K must be a multiple of 16, got {k}"
+    if gk.gemv_shared_bytes(m, k) > gk.GEMV_SHARED_BYTES:
+        return (f"the decode GEMV stages M x K activations in 48 KiB of shared memory: "
+                f"M * K <= {gk.GEMV_SHARED_BYTES // 2}, got {m} x {k}")
+    if not SIMULATOR:
+        if b.strides[1] != 1 or b.strides[0] % 16 or b.data.ptr % 16:
+            return "the decode GEMV needs 16-byte aligned weight rows (contiguous K, row stride % 16 == 0)"
+    return None
+
+
+class Tiled:
+    name = "tiled"
+
+    def can_implement(self, call):
+        return True, ""  # any shape, any strides: the path of last resort
+
+    def run(self, call):
+        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
+        bias, bias_kind = _bias_bits(call.bias)
+        grid = ((call.n + gk.TILE_N - 1) // gk.TILE_N, (call.m + gk.TILE_M - 1) // gk.TILE_M)
+        gk.tiled_kernel(call.out_dtype == np.float32)(
+            grid, gk.TILED_THREADS, call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step,
+            bias, bias_kind, y_bits, _OUT_KIND[call.out_dtype])
+        return y
+
+
+KERNELS = (CublasLt(), CublasLtF32Epilogue(), DecodeGemv(), Tiled())
+KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+_LARGE_M_ORDER = KERNELS
+_SMALL_M_ORDER = (KERNELS[2], KERNELS[0], KERNELS[1], KERNELS[3])
+
+
+def disabled_kernels():
+    """Kernel names in VT_DISABLE_KERNELS (comma-separated), read at every call."""
+    value = os.environ.get("VT_DISABLE_KERNELS", "")
+    return {name.strip() for name in value.split(",") if name.strip()} if value else ()
+
+
+def kernel_order(m):
+    """The kernels in the order they are tried for an M-row call."""
+    return _SMALL_M_ORDER if m <= DECODE_GEMV_PREFERRED_MAX_M else _LARGE_M_ORDER
+
+
+def select(call, kernel=None):
+    """The kernel that runs ``call``: ``kernel`` (a name) if given, else the first in priority
+    order that can; ValueError listing every reason when none can."""
+    disabled = disabled_kernels()
+    if kernel is not None:
+        chosen = KERNELS_BY_NAME.get(kernel)
+        if chosen is None:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None, got {kernel!r}")
+        if chosen.name in disabled:
+            raise ValueError(f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS={os.environ['VT_DISABLE_KERNELS']!r}")
+        ok, why = chosen.can_implement(call)
+        if not ok:
+            raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
+        return chosen
+    reasons = []
+    for candidate in kernel_order(call.m):
+        if candidate.name in disabled:
+            reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
+            continue
+        ok, why = candidate.can_implement(call)
+        if ok:
+            return candidate
+        reasons.append(f"{candidate.name}: {why}")
+    raise ValueError(f"no GPU FP8 GEMM kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  "
+                     + "\n  ".join(reasons))
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=None):
+    """y[M, N] = round_out((a @ b^T in float32) * scale_a * scale_b + bias) on the GPU.
+
+    Arguments as ``vtnumba.ops.scaled_mm`` normalizes them: a [M, K] and b [N, K] uint8 e4m3 codes
+    (cupy, possibly strided views), scales host float32 scalars or float32 device arrays (1,) /
+    (M,) / (N,), bias None or a float32 / float16 / bfloat16 (N,) device vector, out_dtype a numpy
+    dtype, kernel None or a kernel name (see the module docstring)."""
+    if not SIMULATOR:
+        require_gpu()
+    call = GemmCall(a, b, scale_a, scale_b, out_dtype, bias)
+    return select(call, kernel).run(call)
+
+
+# ------------------------------------------------------------------------------------------------
+# the fused FP8 linear layer for decode
+
+
+def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32,
+               bias=None):
+    """One FP8 W8A8 linear layer: quantize the float activation x [M, K], then the GEMM with the
+    e4m3 weight b [N, K].
+
+    The activation's quantization follows DESIGN.md: ``input_scale`` given -> static per-tensor;
+    None -> dynamic per-tensor; ``per_token=True`` -> dynamic per-row (``scale_ub`` caps amax). At
+    decode (M <= 16 and M x K fits the GEMV's shared memory) it is ONE launch: the decode GEMV
+    quantizes the activation itself while staging it. Otherwise vtnumba's GPU quantization runs,
+    then ``scaled_mm``.
+    """
+    from .. import ops
+
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    x_dtype = _arrays.float_dtype(x, "x")
+    b = _arrays.codes_uint8(b, "b")
+    if len(b.shape) != 2 or b.shape[1] != x.shape[1]:
+        raise ValueError(f"b must be [N, {x.shape[1]}] e4m3 codes, got shape {tuple(b.shape)}")
+    if per_token and input_scale is not None:
+        raise ValueError(f"input_scale must be None with per_token=True, got {input_scale!r}")
+    out_dt = _arrays.out_dtype_of(out_dtype)
+    m, k = x.shape
+    n = b.shape[0]
+    sb = ops._mm_scale(scale_b, "scale_b", n)
+    if bias is not None:
+        _arrays.float_dtype(bias, "bias")
+        if tuple(bias.shape) not in ((n,), (1, n)):
+            raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
+        bias = bias.reshape(n)
+    if gemv_reason(m, k, b) is not None or "decode_gemv" in disabled_kernels():
+        q = ops.quantize_fp8(x, input_scale, per_token=per_token, scale_ub=scale_ub)
+        return scaled_mm(q.data, b, q.scale.reshape(-1), sb, out_dt, bias)
+    if not SIMULATOR:
+        require_gpu()
+    if per_token:
+        mode = gk.STAGE_PER_TOKEN
+        qscale = device_scalar(0.0 if scale_ub is None else ops.quant_scale(scale_ub, "scale_ub"))
+    elif input_scale is None:
+        mode, qscale = gk.STAGE_DYNAMIC, device_scalar(1.0)
+    else:
+        mode = gk.STAGE_STATIC
+        s = ops.quant_scale(input_scale, "input_scale")
+        qscale = s.reshape(1) if hasattr(s, "__cuda_array_interface__") else device_scalar(s)
+    xp = _xp()
+    x = xp.ascontiguousarray(x)
+    x_bits = x.view(np.uint16)  # float32 rows become 2K halves; the kernel reassembles them
+    scale_b_vec, sb_step = _scale(sb, n)
+    y, y_bits = _empty_out(m, n, out_dt)
+    bias_bits, bias_kind = _bias_bits(bias)
+    launcher = gk.gemv_launcher(gk.gemv_m_tile(m), gk.hardware_path_available(_compute_capability()),
+                                out_dt == np.float32)
+    launcher((n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
+             _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], mode, qscale, b, _placeholder("f32"), 0,
+             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt],
+             shared_mem=gk.gemv_shared_bytes(m, k))
+    return y
+
+
+__all__ = ["scaled_mm", "fp8_linear", "select", "kernel_order", "disabled_kernels", "device_scalar",
+           "GemmCall", "KERNELS", "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M"]
