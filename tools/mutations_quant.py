@@ -34,14 +34,14 @@ MUTATIONS = [
     Mutation(
         name="RNE replaced by truncation",
         path="vtnumba/_format.py",
-        old="rounded = normal_mag + _U32_RNE_HALF + ((normal_mag >> np.uint32(20)) & np.uint32(1))",
+        old="rounded = np.uint32(normal_mag + np.uint32(_U32_RNE_HALF + lsb))",
         new="rounded = normal_mag",
         tests=QUANT_TESTS, smoke=SMOKE),
     Mutation(
         name="per-token multiplies by the reciprocal instead of dividing",
         path="vtnumba/cpu/quant.py",
-        old="out[i] = encode_e4m3(load_float32(x[i]) / scale)",
-        new="out[i] = encode_e4m3(load_float32(x[i]) * (np.float32(1.0) / scale))",
+        old="return encode_e4m3(load_float32(v) / scale)",
+        new="return encode_e4m3(load_float32(v) * (np.float32(1.0) / scale))",
         tests=QUANT_TESTS, smoke=SMOKE),
     Mutation(
         name="NaN mapped to 0x7E",

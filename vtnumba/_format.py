@@ -57,22 +57,25 @@ def encode_e4m3_scalar(x):
 
     ``x`` must already be a float32 (callers widen f16/bf16 first; the widening is exact).
     """
+    # Every integer intermediate is wrapped in np.uint32: Numba widens uint32 arithmetic to 64
+    # bits, and the truncations let LLVM narrow the vector lanes back to 32 (16 lanes, not 8).
     bits = np.uint32(float32_bits(x))
-    sign = (bits >> np.uint32(24)) & np.uint32(0x80)
-    mag = bits & _U32_ABS_MASK
+    sign = np.uint32((bits >> np.uint32(24)) & np.uint32(0x80))
+    mag = np.uint32(bits & _U32_ABS_MASK)
     # normal range: round the float32 mantissa to 3 bits, ties to even (add 2^19 - 1 plus the kept
     # LSB, then truncate); a carry walks into the exponent, which is what RNE wants.
     # (max() keeps the discarded lane from wrapping below zero: pure Python would warn on it)
     normal_mag = max(mag, _U32_MIN_NORMAL_BITS)
-    rounded = normal_mag + _U32_RNE_HALF + ((normal_mag >> np.uint32(20)) & np.uint32(1))
-    normal_code = (rounded >> np.uint32(20)) - _U32_EXP_REBIAS
+    lsb = np.uint32((normal_mag >> np.uint32(20)) & np.uint32(1))
+    rounded = np.uint32(normal_mag + np.uint32(_U32_RNE_HALF + lsb))
+    normal_code = np.uint32(np.uint32(rounded >> np.uint32(20)) - _U32_EXP_REBIAS)
     # subnormal range (|x| < 2^-6): |x| * 512 is exact, and adding 2^23 rounds it to an integer
     # with float32's own RNE; the integer lands in the low mantissa bits.
     scaled = np.float32(abs(x) * _F32_512) + _F32_2P23
-    subnormal_code = np.uint32(float32_bits(scaled)) - _U32_2P23_BITS
+    subnormal_code = np.uint32(np.uint32(float32_bits(scaled)) - _U32_2P23_BITS)
     code = subnormal_code if mag < _U32_MIN_NORMAL_BITS else normal_code
     code = np.uint32(E4M3_MAX_CODE) if mag >= _U32_448_BITS else code  # saturate (inf too)
-    code = code | sign
+    code = np.uint32(code | sign)
     code = np.uint32(E4M3_NAN_CODE) if mag > _U32_INF_BITS else code  # NaN loses its sign
     return np.uint8(code)
 
