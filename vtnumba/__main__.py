@@ -78,13 +78,10 @@ def _parser():
 # ----------------------------------------------------------------------------------------- device
 
 def gpu_unavailable_reason():
-    """Why ``--device cuda`` cannot run here, in one line, or None when it can: the GPU backend's
-    own check (``vtnumba.cuda.target.gpu_unavailable_reason``), so this says what its ops would."""
-    try:
-        from vtnumba.cuda import target
-    except Exception as exc:  # a broken install of the backend itself
-        return f"the GPU backend failed to import ({exc.__class__.__name__}: {str(exc)[:200]})"
-    return target.gpu_unavailable_reason()
+    """Why ``--device cuda`` cannot run here (the GPU backend's own reason), or None."""
+    from vtnumba.profile import gpu_unavailable_reason as reason
+
+    return reason()
 
 
 class _Device:

@@ -35,6 +35,7 @@ import numpy as np
 
 __all__ = [
     "MissingDependencyError",
+    "gpu_unavailable_reason",
     "ProfileRecord",
     "ProfileResults",
     "Ceilings",
@@ -59,6 +60,17 @@ def require(module, extra, feature):
         raise MissingDependencyError(
             f"{feature} needs {module.split('.')[0]}, which is not installed: "
             f"pip install 'vtnumba[{extra}]'") from None
+
+
+def gpu_unavailable_reason():
+    """None when the GPU path can run here, else one line saying why not: the GPU backend's own
+    check (``vtnumba.cuda.target.gpu_unavailable_reason``: numba-cuda vs numpy clash, no cupy, no
+    driver, no device), or why the backend itself failed to import."""
+    try:
+        from .cuda import target
+    except Exception as exc:  # a broken install of the backend; the message is what a user can act on
+        return f"the GPU backend failed to import ({exc.__class__.__name__}: {str(exc)[:200]})"
+    return target.gpu_unavailable_reason()
 
 
 # ----------------------------------------------------------------------------------------- records
@@ -355,6 +367,8 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
     (gemm_n 8192 by default)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and gpu_unavailable_reason() is not None:
+        raise RuntimeError(f"measure_ceilings('cuda') needs a usable GPU: {gpu_unavailable_reason()}")
     count = size_mb * (1 << 20) // 4
     if device == "cpu":
         src = np.random.default_rng(0).standard_normal(count, dtype=np.float32)
