@@ -284,7 +284,8 @@ def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=No
     device = device or _device_of(list(args) + list(kwargs.values()))
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    repeats = repeats or (20 if device == "cpu" else 100)
+    if repeats is None:
+        repeats = 20 if device == "cpu" else 100
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
 
