@@ -23,7 +23,8 @@ The API (for every vtnumba GPU module)::
   Array arguments must match their declared dtype and rank (the caller's job: the launcher does
   not type-check, only counts); a ``C`` layout (``[::1]``, ``[:, ::1]``) is a promise the caller
   keeps. Scalars are converted to the declared type (``np.float32(0.5)`` etc.).
-- Arrays are cupy arrays, or any object with ``__cuda_array_interface__`` (torch tensors).
+- Arrays are cupy arrays, any object with ``__cuda_array_interface__`` (torch tensors), or a
+  ``Buffer(ptr, shape, strides)`` (the cheapest: no view object is made).
 - ``grid`` / ``block`` are ints or tuples of up to 3 ints.
 - The launch goes to cupy's current stream (``with stream:``), never synchronizes, and works
   inside ``stream.begin_capture()`` / ``end_capture()``. Compile and load happen at the first
@@ -44,6 +45,7 @@ RecursionError. ``vtnumba/__init__.py`` must install a finder for ``vtnumba.cuda
 
 import re
 import threading
+from collections import namedtuple
 
 import numpy as np
 
@@ -61,6 +63,12 @@ _PTX_PARAM_BYTES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "u3
                     "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)", re.S)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
+
+
+Buffer = namedtuple("Buffer", "ptr shape strides")
+Buffer.__doc__ = """A device buffer seen as an array argument: data pointer, shape and strides in bytes.
+Cheaper to make than a cupy view, e.g. ``Buffer(a.data.ptr, (a.size,), (a.itemsize,))`` passes a
+C-contiguous cupy array of any shape (and any dtype of the kernel's itemsize) as a flat 1-D array."""
 
 
 def _array_ptr_shape_strides(arr):
@@ -90,7 +98,7 @@ class _ArrayArg:
         self.itemsize = arrtype.dtype.bitwidth // 8
 
     def flatten(self, arr, out):
-        ptr, shape, strides = _array_ptr_shape_strides(arr)
+        ptr, shape, strides = arr if type(arr) is Buffer else _array_ptr_shape_strides(arr)
         if len(shape) != self.ndim:
             raise ValueError(f"array argument must be {self.ndim}-D, got shape {tuple(shape)}")
         nitems = 1
@@ -238,4 +246,4 @@ def compile_kernel(pyfunc, signature, **options):
     return kernel
 
 
-__all__ = ["Kernel", "compile_kernel", "entry_params"]
+__all__ = ["Buffer", "Kernel", "compile_kernel", "entry_params"]

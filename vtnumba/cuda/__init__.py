@@ -1,0 +1,239 @@
+"""The GPU backend of vtnumba's ops (interface: ``vtnumba.ops``): cupy in, cupy out, numba-cuda
+kernels launched through cupy (``launch.py``) on cupy's current stream.
+
+- Inputs: cupy arrays of float32, float16 or ml_dtypes.bfloat16 (torch CUDA tensors are taken
+  zero-copy through ``__cuda_array_interface__`` / DLPack). Strided inputs are copied to C order
+  first, so they give the bytes of their contiguous copies.
+- Scales: a host float32, or a float32 size-1 device array that the kernels read on the device (never
+  synchronized, never written).
+- Encoder: ``VT_CUDA_ENCODER`` = ``auto`` (default: the hardware ``cvt`` on sm_89+, else the
+  portable encoder), ``hardware`` or ``portable``; the ``encoder=`` argument of the functions below
+  overrides it (tests use it to prove both).
+- Nothing synchronizes: dynamic scales are reduced and consumed on the GPU.
+- A call without a usable GPU raises one RuntimeError saying why (``target.require_gpu``).
+
+Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) the same functions take and return numpy arrays
+and run the same kernels in the simulator (the portable encoder only).
+"""
+
+import os
+import threading
+
+import numpy as np
+
+from .. import _arrays, _format
+from .target import SIMULATOR, require_gpu
+
+_ENCODER_SETTING = os.environ.get("VT_CUDA_ENCODER", "auto").lower()
+_KINDS = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", _arrays.BFLOAT16: "bfloat16"}
+_DECODE_TABLE = np.array([_format.decode_e4m3_scalar(c) for c in range(256)], dtype=np.float32)
+
+_quant = None  # vtnumba.cuda.quant, imported after require_gpu() (it needs numba-cuda)
+_cupy = None
+_Buffer = None
+_device_info = {}  # device id -> (SM count, default encoder, decode table)
+_handoff = threading.local()  # static scale array written by the last quantize_static, see scale_array
+
+
+def _backend():
+    """Import what the GPU path needs, once; raise the one clear error if it cannot run."""
+    global _quant, _cupy, _Buffer
+    if _quant is None:
+        require_gpu()
+        from . import launch, quant
+
+        if not SIMULATOR:
+            import cupy
+
+            _cupy = cupy
+        _Buffer = launch.Buffer
+        _quant = quant
+    return _quant
+
+
+def _device():
+    """(device id, SM count, default encoder, decode table) of the current device."""
+    dev = -1 if SIMULATOR else _cupy.cuda.runtime.getDevice()
+    info = _device_info.get(dev)
+    if info is None:
+        if SIMULATOR:
+            info = (dev, 1, "portable", _DECODE_TABLE)
+        else:
+            from .codec import HARDWARE_MIN_CC
+
+            d = _cupy.cuda.Device(dev)
+            cc = int(d.compute_capability)
+            hw = (cc // 10, cc % 10) >= HARDWARE_MIN_CC
+            info = (dev, d.attributes["MultiProcessorCount"], "hardware" if hw else "portable",
+                    _cupy.asarray(_DECODE_TABLE))
+        _device_info[dev] = info
+    return info
+
+
+def _encoder(requested):
+    if requested is None:
+        requested = _ENCODER_SETTING
+    if requested == "auto":
+        return _device()[2]
+    if requested not in ("hardware", "portable"):
+        raise ValueError(f"encoder must be 'auto', 'hardware' or 'portable' (env VT_CUDA_ENCODER), got {requested!r}")
+    return requested
+
+
+def _xp():
+    return np if SIMULATOR else _cupy
+
+
+def _as_device_array(x):
+    """A cupy array viewing ``x`` (numpy under the simulator)."""
+    if SIMULATOR:
+        return np.asarray(x)
+    if isinstance(x, _cupy.ndarray):
+        return x
+    if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # bf16 has no __cuda_array_interface__ typestr
+        import torch
+
+        return _cupy.asarray(x.view(torch.int16)).view(_arrays.BFLOAT16)
+    return _cupy.asarray(x)
+
+
+def _flat(a):
+    """A C-contiguous array as the kernels' flat 1-D argument (16-bit floats as their uint16 bits)."""
+    if SIMULATOR:
+        flat = a.reshape(-1)
+        return flat.view(np.uint16) if flat.dtype.itemsize == 2 else flat
+    return _Buffer(a.data.ptr, (a.size,), (a.itemsize,))
+
+
+def _scalar_arg(scale):
+    """(is a device array, kernel argument) for a scale given as host float32 or a size-1 array."""
+    if isinstance(scale, (float, np.floating)):
+        return False, np.float32(scale)
+    a = _as_device_array(scale)
+    return True, (a.reshape(1) if SIMULATOR else _Buffer(a.data.ptr, (1,), (4,)))
+
+
+def _input(x):
+    """(flat kernel input, kind, shape, 16-byte groups usable) for a float input array."""
+    x = _as_device_array(x)
+    kind = _KINDS[np.dtype(x.dtype)]
+    if not x.flags.c_contiguous:
+        x = _xp().ascontiguousarray(x)
+    aligned = SIMULATOR or x.data.ptr % 16 == 0
+    return _flat(x), kind, x.shape, x.size, aligned
+
+
+def _blocks(units, cap):
+    return max(1, min(-(-units // _quant.THREADS), cap))
+
+
+def _elementwise_grid(n, ngroups):
+    return _blocks(ngroups + (n - ngroups * _quant.GROUP), _quant.MAX_BLOCKS)
+
+
+def scale_array(scale):
+    """The activation's (1,) float32 scale array on the device."""
+    if not isinstance(scale, (float, np.floating)):
+        a = _as_device_array(scale)
+        return a if a.shape == (1,) else a.reshape(1)
+    last = getattr(_handoff, "static", None)
+    if last is not None:
+        _handoff.static = None
+        if last[0] == scale:  # the array quantize_static just had its kernel write (no extra launch)
+            return last[1]
+    _backend()
+    return _xp().full((1,), scale, dtype=np.float32)
+
+
+def quantize_static(x, scale, *, encoder=None):
+    quant = _backend()
+    xin, kind, shape, n, aligned = _input(x)
+    device_scale, scale_arg = _scalar_arg(scale)
+    xp = _xp()
+    out = xp.empty(shape, dtype=np.uint8)
+    scale_out = xp.empty((1,), dtype=np.float32)
+    ngroups = n // quant.GROUP if aligned else 0
+    kernel = quant.static_kernel(kind, _encoder(encoder), device_scale)
+    kernel(_elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), scale_arg,
+           scale_arg if device_scale else scale_out, ngroups)
+    _handoff.static = None if device_scale else (scale_arg, scale_out)
+    return out
+
+
+def quantize_dynamic(x, *, encoder=None):
+    quant = _backend()
+    xin, kind, shape, n, aligned = _input(x)
+    _, sms, _, _ = _device()
+    xp = _xp()
+    out = xp.empty(shape, dtype=np.uint8)
+    scale = xp.empty((1,), dtype=np.float32)
+    ngroups = n // quant.GROUP if aligned else 0
+    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), sms * quant.AMAX_BLOCKS_PER_SM)
+    partials = xp.empty((parts,), dtype=np.float32)
+    quant.amax_kernel(kind)(parts, quant.THREADS, xin, partials, ngroups)
+    quant.dynamic_kernel(kind, _encoder(encoder))(
+        _elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), partials, scale, ngroups)
+    return out, scale
+
+
+def quantize_per_token(x, scale_ub, *, encoder=None):
+    quant = _backend()
+    xin, kind, shape, n, aligned = _input(x)
+    rows, cols = shape
+    xp = _xp()
+    out = xp.empty(shape, dtype=np.uint8)
+    scales = xp.empty((rows, 1), dtype=np.float32)
+    if rows == 0:
+        return out, scales
+    device_ub, ub_arg = _scalar_arg(np.float32(0.0) if scale_ub is None else scale_ub)  # 0: no bound
+    row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
+    quant.per_token_kernel(kind, _encoder(encoder), device_ub)(
+        rows, quant.THREADS, xin, _flat(out), _flat(scales), ub_arg, cols, row_groups)
+    return out, scales
+
+
+def decode(codes):
+    _backend()
+    table = _device()[3]
+    return table[_as_device_array(codes)]
+
+
+def _round_to(values, dtype):
+    """float32 values rounded (RNE) to ``dtype`` on the device."""
+    if dtype == np.float32:
+        return values
+    try:
+        return values.astype(dtype)
+    except (TypeError, ValueError, NotImplementedError):  # a cupy without a bfloat16 cast
+        if dtype != _arrays.BFLOAT16:
+            raise
+    bits = values.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    nan = values != values
+    return _xp().where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16).view(_arrays.BFLOAT16)
+
+
+def dequantize(codes, scale, dtype):
+    values = decode(codes)
+    if isinstance(scale, (float, np.floating)):
+        values = values * np.float32(scale)
+    else:
+        values = values * _as_device_array(scale).astype(np.float32, copy=False)
+    return _round_to(values, np.dtype(dtype))
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+    _backend()
+    from .gemm import scaled_mm as impl  # the GEMM kernels and cuBLASLt load only when first used
+
+    return impl(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+
+
+def encoder_in_use():
+    """The encoder quantization uses on the current device ('hardware' or 'portable')."""
+    _backend()
+    return _encoder(None)
+
+
+__all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
+           "scaled_mm", "encoder_in_use"]

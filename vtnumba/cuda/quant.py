@@ -1,0 +1,358 @@
+"""GPU quantization kernels (numba-cuda) and their host-side launchers, per DESIGN.md.
+
+The kernels are the three modes of the CPU's ``vtnumba.cpu.quant`` with the same float32
+arithmetic, so the bytes are the CPU's (G2):
+
+- static per-tensor: ``inv = float32(1) / float32(scale)`` (one IEEE division; on the GPU each
+  thread forms the same float32 quotient), ``code = encode(float32(x) * inv)``;
+- dynamic per-tensor: a first kernel writes one finite-amax partial per block, the quantize kernel's
+  blocks each reduce the partials (a few hundred floats) and use
+  ``scale = max(amax / 448, 1 / (448 * 512))``; no host round trip, no synchronization;
+- dynamic per-token: one block per row reduces the row's finite amax,
+  ``scale = max(min(amax, scale_ub) / 448, floor)``, then ``code = encode(x / scale)`` (a divide,
+  as upstream's per-token kernel).
+
+Inputs reach the kernels flat (1-D) as float32 or as the uint16 bits of float16 / bfloat16; both
+are widened to float32 exactly before any arithmetic. Each thread handles groups of ``GROUP``
+elements with 16-byte loads and one 16-byte store of codes; the few elements that do not fill a
+group (or all of them, for a buffer that is not 16-byte aligned) go through a scalar loop. Under
+the CUDA simulator the 16-byte accesses are emulated element by element, so the simulator runs the
+same kernel statements.
+
+Kernels never validate (``vtnumba.ops`` does). Host functions here take what the backend
+(``vtnumba.cuda``) hands them: flat C-contiguous arrays on the current device.
+"""
+
+import functools
+
+import numpy as np
+
+from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
+from . import codec
+from .codec import bfloat16_bits_to_float32, bits_float32, finite_abs, float32_bits, half_bits_to_float32
+from .launch import compile_kernel
+from .target import SIMULATOR, cuda, types
+
+GROUP = 16  # elements per thread-step: 16 codes = one 16-byte store
+THREADS = 32 if SIMULATOR else 256  # the simulator runs each thread as a Python thread: keep it small
+INPUT_KINDS = ("float32", "float16", "bfloat16")
+# Blocks of the amax pass: enough to fill the GPU, few enough that every quantize block can reduce
+# all partials cheaply (4 blocks per SM -> 528 floats on an H200).
+AMAX_BLOCKS_PER_SM = 4
+MAX_BLOCKS = 1 << 20  # grid-stride loops cover anything beyond
+
+_device_inline = dict(device=True, inline=True)
+_U32_16 = np.uint32(16)
+_U32_8 = np.uint32(8)
+_U32_24 = np.uint32(24)
+_U32_BYTE = np.uint32(0xFF)
+_U32_LOW_HALF = np.uint32(0xFFFF)
+_U32_HIGH_HALF = np.uint32(0xFFFF0000)
+
+
+# --- 16-byte access: the hardware instructions, or their element-wise emulation in the simulator ---
+if SIMULATOR:
+
+    @cuda.jit(**_device_inline)
+    def load_u32x4(arr, index):
+        if arr.dtype.itemsize == 4:
+            b = 4 * index
+            return (np.uint32(float32_bits(arr[b])), np.uint32(float32_bits(arr[b + 1])),
+                    np.uint32(float32_bits(arr[b + 2])), np.uint32(float32_bits(arr[b + 3])))
+        b = 8 * index
+        return (np.uint32(arr[b]) | (np.uint32(arr[b + 1]) << _U32_16),
+                np.uint32(arr[b + 2]) | (np.uint32(arr[b + 3]) << _U32_16),
+                np.uint32(arr[b + 4]) | (np.uint32(arr[b + 5]) << _U32_16),
+                np.uint32(arr[b + 6]) | (np.uint32(arr[b + 7]) << _U32_16))
+
+    @cuda.jit(**_device_inline)
+    def store_u32x4(arr, index, w0, w1, w2, w3):
+        b = 16 * index
+        for k, w in enumerate((w0, w1, w2, w3)):
+            for j in range(4):
+                arr[b + 4 * k + j] = np.uint8((np.uint32(w) >> np.uint32(8 * j)) & _U32_BYTE)
+
+else:
+    load_u32x4 = codec.load_u32x4
+    store_u32x4 = codec.store_u32x4
+
+
+# --- per-dtype element access ---------------------------------------------------------------------
+@cuda.jit(**_device_inline)
+def _load_f32(x, i):
+    return x[i]
+
+
+@cuda.jit(**_device_inline)
+def _load_bf16(x, i):
+    return bfloat16_bits_to_float32(x[i])
+
+
+@cuda.jit(**_device_inline)
+def _load_f16(x, i):
+    return half_bits_to_float32(x[i])
+
+
+@cuda.jit(**_device_inline)
+def _bf16_lo(w):
+    return bits_float32(w << _U32_16)
+
+
+@cuda.jit(**_device_inline)
+def _bf16_hi(w):
+    return bits_float32(w & _U32_HIGH_HALF)
+
+
+@cuda.jit(**_device_inline)
+def _f16_lo(w):
+    return half_bits_to_float32(w & _U32_LOW_HALF)
+
+
+@cuda.jit(**_device_inline)
+def _f16_hi(w):
+    return half_bits_to_float32(w >> _U32_16)
+
+
+@cuda.jit(**_device_inline)
+def _times(v, s):
+    return v * s
+
+
+@cuda.jit(**_device_inline)
+def _divided(v, s):
+    return v / s
+
+
+def _group_ops(kind, encode_pair, scale_op):
+    """(encode_group(x, out, g, s), amax_group(x, g)) for input ``kind``: group ``g`` is elements
+    [16 g, 16 g + 16) of the flat input and codes [16 g, 16 g + 16) of the flat output."""
+    if kind == "float32":
+
+        @cuda.jit(**_device_inline)
+        def quad(w0, w1, w2, w3, s):  # 4 float32 words -> 4 codes in one uint32, element 0 lowest
+            lo = encode_pair(scale_op(bits_float32(w0), s), scale_op(bits_float32(w1), s))
+            hi = encode_pair(scale_op(bits_float32(w2), s), scale_op(bits_float32(w3), s))
+            return lo | (hi << _U32_16)
+
+        @cuda.jit(**_device_inline)
+        def encode_group(x, out, g, s):
+            a0, a1, a2, a3 = load_u32x4(x, 4 * g)
+            b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
+            c0, c1, c2, c3 = load_u32x4(x, 4 * g + 2)
+            d0, d1, d2, d3 = load_u32x4(x, 4 * g + 3)
+            store_u32x4(out, g, quad(a0, a1, a2, a3, s), quad(b0, b1, b2, b3, s),
+                        quad(c0, c1, c2, c3, s), quad(d0, d1, d2, d3, s))
+
+        @cuda.jit(**_device_inline)
+        def amax4(w0, w1, w2, w3):
+            return max(max(finite_abs(bits_float32(w0)), finite_abs(bits_float32(w1))),
+                       max(finite_abs(bits_float32(w2)), finite_abs(bits_float32(w3))))
+
+        @cuda.jit(**_device_inline)
+        def amax_group(x, g):
+            a0, a1, a2, a3 = load_u32x4(x, 4 * g)
+            b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
+            c0, c1, c2, c3 = load_u32x4(x, 4 * g + 2)
+            d0, d1, d2, d3 = load_u32x4(x, 4 * g + 3)
+            return max(max(amax4(a0, a1, a2, a3), amax4(b0, b1, b2, b3)),
+                       max(amax4(c0, c1, c2, c3), amax4(d0, d1, d2, d3)))
+
+        return encode_group, amax_group
+
+    lo_of, hi_of = (_bf16_lo, _bf16_hi) if kind == "bfloat16" else (_f16_lo, _f16_hi)
+
+    @cuda.jit(**_device_inline)
+    def pair_word(wa, wb, s):  # 2 words of 2 halves each -> 4 codes in one uint32, element 0 lowest
+        first = encode_pair(scale_op(lo_of(wa), s), scale_op(hi_of(wa), s))
+        second = encode_pair(scale_op(lo_of(wb), s), scale_op(hi_of(wb), s))
+        return first | (second << _U32_16)
+
+    @cuda.jit(**_device_inline)
+    def encode_group(x, out, g, s):
+        a0, a1, a2, a3 = load_u32x4(x, 2 * g)
+        b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
+        store_u32x4(out, g, pair_word(a0, a1, s), pair_word(a2, a3, s), pair_word(b0, b1, s), pair_word(b2, b3, s))
+
+    @cuda.jit(**_device_inline)
+    def amax2(w):
+        return max(finite_abs(lo_of(w)), finite_abs(hi_of(w)))
+
+    @cuda.jit(**_device_inline)
+    def amax_group(x, g):
+        a0, a1, a2, a3 = load_u32x4(x, 2 * g)
+        b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
+        return max(max(max(amax2(a0), amax2(a1)), max(amax2(a2), amax2(a3))),
+                   max(max(amax2(b0), amax2(b1)), max(amax2(b2), amax2(b3))))
+
+    return encode_group, amax_group
+
+
+_LOADERS = {"float32": _load_f32, "bfloat16": _load_bf16, "float16": _load_f16}
+
+
+@cuda.jit(**_device_inline)
+def _block_max(v, shared):
+    """Max of ``v`` over the block (THREADS threads), returned to every thread."""
+    t = cuda.threadIdx.x
+    shared[t] = v
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:
+        if t < step:
+            shared[t] = max(shared[t], shared[t + step])
+        cuda.syncthreads()
+        step //= 2
+    result = shared[0]
+    cuda.syncthreads()  # the shared slots may be reused after this
+    return result
+
+
+@cuda.jit(**_device_inline)
+def _dynamic_scale(amax):
+    return max(amax / F32_E4M3_MAX, F32_MIN_SCALE)  # float32, as vtnumba.cpu.quant.dynamic_scale
+
+
+# --- kernel factories (one compiled kernel per input kind x encoder x scale source) --------------
+def _signature_input(kind):
+    return types.float32[::1] if kind == "float32" else types.uint16[::1]
+
+
+@functools.lru_cache(maxsize=None)
+def static_kernel(kind, encoder, device_scale):
+    """codes = encode(x * (1 / scale)); ``scale`` a float32 argument or a device float32[1]; the
+    kernel writes scale into ``scale_out[0]`` (the activation's scale array, no extra launch)."""
+    encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    if device_scale:  # the caller's array is the activation's scale: read it, never write it
+        @cuda.jit(**_device_inline)
+        def read_scale(scale):
+            return scale[0]
+
+        @cuda.jit(**_device_inline)
+        def store_scale(scale_out, s):
+            pass
+    else:
+        @cuda.jit(**_device_inline)
+        def read_scale(scale):
+            return scale
+
+        @cuda.jit(**_device_inline)
+        def store_scale(scale_out, s):
+            scale_out[0] = s
+
+    def quantize_static(x, out, scale, scale_out, ngroups):
+        s = read_scale(scale)
+        inv = F32_ONE / s  # float32, as the CPU's np.float32(1.0) / np.float32(scale)
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        if i == 0:
+            store_scale(scale_out, s)
+        for g in range(i, ngroups, stride):
+            encode_group(x, out, g, inv)
+        for j in range(ngroups * GROUP + i, x.size, stride):
+            out[j] = encode(load(x, j) * inv)
+
+    scale_type = types.float32[::1] if device_scale else types.float32
+    return compile_kernel(quantize_static, (_signature_input(kind), types.uint8[::1], scale_type,
+                                            types.float32[::1], types.int64))
+
+
+@functools.lru_cache(maxsize=None)
+def amax_kernel(kind):
+    """partials[block] = finite amax of the block's grid-stride share of x."""
+    _, amax_group = _group_ops(kind, codec.encode_pair("portable"), _times)  # the encoder is unused here
+    load = _LOADERS[kind]
+
+    def finite_amax_partials(x, partials, ngroups):
+        shared = cuda.shared.array(THREADS, types.float32)
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        amax = F32_ZERO
+        for g in range(i, ngroups, stride):
+            amax = max(amax, amax_group(x, g))
+        for j in range(ngroups * GROUP + i, x.size, stride):
+            amax = max(amax, finite_abs(load(x, j)))
+        amax = _block_max(amax, shared)
+        if cuda.threadIdx.x == 0:
+            partials[cuda.blockIdx.x] = amax
+
+    return compile_kernel(finite_amax_partials, (_signature_input(kind), types.float32[::1], types.int64))
+
+
+@functools.lru_cache(maxsize=None)
+def dynamic_kernel(kind, encoder):
+    """Each block reduces the amax partials, forms the dynamic scale, quantizes its share; block 0
+    writes the scale."""
+    encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    def quantize_dynamic(x, out, partials, scale_out, ngroups):
+        shared = cuda.shared.array(THREADS, types.float32)
+        t = cuda.threadIdx.x
+        amax = F32_ZERO
+        for p in range(t, partials.size, THREADS):
+            amax = max(amax, partials[p])
+        s = _dynamic_scale(_block_max(amax, shared))
+        inv = F32_ONE / s
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        if i == 0:
+            scale_out[0] = s
+        for g in range(i, ngroups, stride):
+            encode_group(x, out, g, inv)
+        for j in range(ngroups * GROUP + i, x.size, stride):
+            out[j] = encode(load(x, j) * inv)
+
+    return compile_kernel(quantize_dynamic, (_signature_input(kind), types.uint8[::1], types.float32[::1],
+                                             types.float32[::1], types.int64))
+
+
+@functools.lru_cache(maxsize=None)
+def per_token_kernel(kind, encoder, device_ub):
+    """One block per row: t = min(finite amax, scale_ub) (no bound when scale_ub <= 0),
+    s = max(t / 448, floor), codes = encode(x / s) -- a divide, as upstream's per-token kernel."""
+    encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _divided)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    if device_ub:
+        @cuda.jit(**_device_inline)
+        def read_ub(ub):
+            return ub[0]
+    else:
+        @cuda.jit(**_device_inline)
+        def read_ub(ub):
+            return ub
+
+    def quantize_per_token(x, out, scales, scale_ub, cols, row_groups):
+        shared = cuda.shared.array(THREADS, types.float32)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        start = row * cols
+        first_group = start // GROUP  # exact when row_groups > 0 (cols % GROUP == 0)
+        amax = F32_ZERO
+        for g in range(t, row_groups, THREADS):
+            amax = max(amax, amax_group(x, first_group + g))
+        for j in range(row_groups * GROUP + t, cols, THREADS):
+            amax = max(amax, finite_abs(load(x, start + j)))
+        amax = _block_max(amax, shared)
+        ub = read_ub(scale_ub)
+        if ub > F32_ZERO:
+            amax = min(amax, ub)
+        s = _dynamic_scale(amax)
+        if t == 0:
+            scales[row] = s
+        for g in range(t, row_groups, THREADS):
+            encode_group(x, out, first_group + g, s)
+        for j in range(row_groups * GROUP + t, cols, THREADS):
+            out[start + j] = encode(load(x, start + j) / s)
+
+    ub_type = types.float32[::1] if device_ub else types.float32
+    return compile_kernel(quantize_per_token, (_signature_input(kind), types.uint8[::1], types.float32[::1],
+                                               ub_type, types.int64, types.int64))
+
+
+__all__ = ["GROUP", "THREADS", "INPUT_KINDS", "static_kernel", "amax_kernel", "dynamic_kernel", "per_token_kernel"]
