@@ -1,0 +1,127 @@
+"""Host time the seam adds over the ops it wraps.
+
+For each activation scheme, times ``seam.matmul_fp8(x, w)`` against the exact op calls it makes
+(``vt.quantize_fp8`` by the scheme, then ``vt.scaled_mm`` with the weight's codes, scales and bias)
+at a small shape, where the ops themselves are cheap and the seam's Python is most visible. Also
+``Fp8W8A8LinearMethod.apply`` (one more call) and a 3-D input (flatten and restore). Target: at most
+2 us added per call (issue 6).
+
+Method: the two sides are timed in alternating rounds of ``--calls`` calls each, ``--rounds`` times
+(the order flips every round); the table reports each side's best round and two estimates of the
+added time -- the difference of the best rounds, and the median of the per-round paired differences
+-- and judges the larger of the two against the target. On the GPU
+(``--device cuda``) the time is host time only: calls are issued back to back and the device is
+synchronized after each round, outside the timed region.
+
+    flock /tmp/vt-bench.lock python3 benchmarks/bench_seam_overhead.py
+    flock /tmp/vt-bench.lock python3 benchmarks/bench_seam_overhead.py --device cuda   # on the H200
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import vtnumba as vt
+from vtnumba import seam
+
+
+def _ops_call(x, w):
+    """What matmul_fp8 does, written out with the public ops."""
+    if w.activation_scheme == "static":
+        q = vt.quantize_fp8(x, w.input_scale)
+    elif w.activation_scheme == "dynamic":
+        q = vt.quantize_fp8(x)
+    else:
+        q = vt.quantize_fp8(x, per_token=True)
+    return vt.scaled_mm(q.data, w.data, q.scale, w.weight_scale, out_dtype=x.dtype, bias=w.bias)
+
+
+def _time_pairs(ops_fn, seam_fn, calls, rounds, sync):
+    """Per-call seconds of each side: alternating short rounds (the order flips every round), so
+    other load on the machine hits both sides alike. Returns (min ops, min seam, median of the
+    paired per-round differences): the minimum is the least-disturbed round, and the paired median
+    is robust to the occasional round another process interrupted."""
+    ops_t, seam_t, diffs = [], [], []
+    for r in range(rounds):
+        pair = {}
+        for name, fn in ((("ops", ops_fn), ("seam", seam_fn)) if r % 2 == 0 else (("seam", seam_fn), ("ops", ops_fn))):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            sync()
+            pair[name] = (t1 - t0) / calls
+        ops_t.append(pair["ops"])
+        seam_t.append(pair["seam"])
+        diffs.append(pair["seam"] - pair["ops"])
+    return min(ops_t), min(seam_t), statistics.median(diffs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="Numba CPU threads for the ops (default 1: the seam's cost is pure Python, and a "
+                         "parallel region's wake-up jitter on a shared machine would drown it)")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=101)
+    args = ap.parse_args()
+
+    rng = np.random.default_rng(0)
+    w_float = (rng.standard_normal((args.n, args.k)) * 0.05).astype(np.float32)
+    bias = rng.standard_normal(args.n).astype(np.float32)
+    x_host = rng.standard_normal((args.m, args.k)).astype(np.float32)
+    if args.device == "cuda":
+        import cupy
+
+        xp, sync = cupy, cupy.cuda.get_current_stream().synchronize
+    else:
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        xp, sync = np, (lambda: None)
+    x = xp.asarray(x_host)
+    x3 = x.reshape(1, args.m, args.k)
+
+    print(f"seam.matmul_fp8 host overhead, device={args.device}"
+          + (f" ({args.threads} Numba thread(s))" if args.device == "cpu" else "")
+          + f", M={args.m} N={args.n} K={args.k}, "
+          f"{args.rounds} alternating rounds x {args.calls} calls per side")
+    print(f"{'case':<28}{'ops us':>10}{'seam us':>10}{'added(min)':>12}{'added(paired)':>15}{'seam/ops':>10}  target <= 2 us")
+    worst = 0.0
+    for scheme in ("static", "dynamic", "per_token"):
+        host_w = seam.Fp8Weight.from_float(w_float, input_scale=0.01 if scheme == "static" else None,
+                                           per_channel=scheme == "per_token", activation_scheme=scheme, bias=bias)
+        w = seam.ResidentFp8(host_w, "cpu" if args.device == "cpu" else "cuda").weight
+        method = seam.make_linear_method(w)
+        cases = [
+            (f"matmul_fp8 {scheme}", lambda: _ops_call(x, w), lambda: seam.matmul_fp8(x, w)),
+            (f"linear.apply {scheme}", lambda: _ops_call(x, w), lambda: method.apply(x)),
+            (f"matmul_fp8 3-D {scheme}", lambda: _ops_call(x3.reshape(-1, args.k), w).reshape(1, args.m, args.n),
+             lambda: seam.matmul_fp8(x3, w)),
+        ]
+        for name, ops_fn, seam_fn in cases:
+            # same result first: the comparison is only fair if both sides do the same work
+            a, b = ops_fn(), seam_fn()
+            same = (a.get() if hasattr(a, "get") else a).tobytes() == (b.get() if hasattr(b, "get") else b).tobytes()
+            if not same:
+                raise SystemExit(f"{name}: the seam and the ops disagree; refusing to time different work")
+            for _ in range(50):  # warm-up: compile and fill caches outside the timed region
+                ops_fn(), seam_fn()
+            sync()
+            t_ops, t_seam, paired = _time_pairs(ops_fn, seam_fn, args.calls, args.rounds, sync)
+            added_min, added_paired = (t_seam - t_ops) * 1e6, paired * 1e6
+            added = max(added_min, added_paired)
+            worst = max(worst, added)
+            print(f"{name:<28}{t_ops * 1e6:>10.2f}{t_seam * 1e6:>10.2f}{added_min:>12.2f}{added_paired:>15.2f}"
+                  f"{t_seam / t_ops:>10.3f}  {'ok' if added <= 2.0 else 'MISSED'}")
+    print(f"worst added host time: {worst:.2f} us per call ({'meets' if worst <= 2.0 else 'misses'} the 2 us target)")
+
+
+if __name__ == "__main__":
+    main()
