@@ -28,6 +28,7 @@ the extra to install when they are missing.
 import html
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -397,6 +398,21 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
     return Ceilings("cuda", 2 * src.nbytes / copy_rec.time_s / 1e9, peaks[best], best, peaks)
 
 
+def _show_figures_in_ipython(figure_type):
+    """In an IPython kernel, show a returned matplotlib Figure as a PNG. The figures here are made
+    without pyplot (so scripts and servers need no GUI backend and keep no global figure list), and
+    IPython renders a Figure only once pyplot's inline backend has registered this formatter."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+
+    png = shell.display_formatter.formatters["image/png"]
+    if figure_type not in png.type_printers:  # pyplot's inline backend may have registered one already
+        png.for_type(figure_type, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
 def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     """A log-log roofline: each record with FLOPs and bytes at (FLOP/B, GFLOP/s) under
     min(peak, intensity * copy bandwidth). Saves to ``path`` when given; returns the Figure."""
@@ -430,4 +446,5 @@ def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     if path is not None:
         fig.savefig(path, dpi=120)
+    _show_figures_in_ipython(Figure)
     return fig
