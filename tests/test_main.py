@@ -6,8 +6,10 @@ stays within seconds on CI's two cores; the default run is what the README shows
 
 import io
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +163,25 @@ def test_cuda_run(capsys):
     report = json.loads(out)
     assert report["device"] == "cuda" and all(r["g3_ok"] for r in report["layers"])
     assert all(r["host_s"] is not None and r["host_s"] > 0 for r in report["layers"])
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_commands_and_tour_run():
+    """The README's two commands are exactly CI's, and its tour's Python blocks run as written
+    (the cupy block only where a GPU is)."""
+    text = README.read_text()
+    assert 'python3 -m pip install ".[test]" && python3 -m vtnumba ' in text
+    assert 'python3 -m pip install ".[test]" && python3 -m pytest -q ' in text
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 5
+    namespace = {}
+    ran = 0
+    for block in blocks:
+        if "import cupy" in block and cli.gpu_unavailable_reason() is not None:
+            continue
+        exec(compile(block, str(README), "exec"), namespace)
+        ran += 1
+    namespace["test_my_quantizer"]()  # the hypothesis example is a working property test
+    assert ran >= 4 and namespace["y"].shape == (4, 32) and len(namespace["res"]) == 2
