@@ -51,7 +51,8 @@ def matmul_fp8(x, weight, out_dtype=None):
     ``out_dtype`` (default: x's dtype), on x's device.
 
     ``weight`` is an ``Fp8Weight`` or a ``ResidentFp8``; a host ``Fp8Weight`` with a GPU ``x`` is
-    uploaded once (cached) and reused.
+    uploaded once (cached) and reused. On the GPU the ops run on cupy's current device and stream,
+    as cupy's own calls do: make x's device current (``with cupy.cuda.Device(i):``).
     """
     w = _weight_for(weight, x, "x")
     shape = x.shape
@@ -59,6 +60,8 @@ def matmul_fp8(x, weight, out_dtype=None):
     if len(shape) < 1 or shape[-1] != k:
         raise ValueError(f"x must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
                          f"got shape {tuple(shape)}")
+    # [..., K] -> [M, K] and back, as upstream's apply_fp8_linear does (input.view(-1, K)); per-token
+    # scales are then one per flattened row
     x2 = x if len(shape) == 2 else x.reshape(-1, k)
     scheme = w.activation_scheme
     if scheme == "static":

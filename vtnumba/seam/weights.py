@@ -40,13 +40,6 @@ def _cuda_index(arr):
     return 0  # a bare __cuda_array_interface__ object does not say; numba uses the current device
 
 
-def _xp(device):
-    if device == "cpu":
-        return np
-    import cupy
-    return cupy
-
-
 def _is_host_scalar(value):
     return isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool)
 
