@@ -166,10 +166,13 @@ def quantize_dynamic(x, *, encoder=None):
     _, sms, _, _ = _device()
     xp = _xp()
     out = xp.empty(shape, dtype=np.uint8)
-    scale = xp.empty((1,), dtype=np.float32)
     ngroups = n // quant.GROUP if aligned else 0
     parts = _blocks(ngroups + (n - ngroups * quant.GROUP), sms * quant.AMAX_BLOCKS_PER_SM)
-    partials = xp.empty((parts,), dtype=np.float32)
+    # The amax partials live in the scale's own allocation (scale = buf[:1]): a captured CUDA graph
+    # keeps writing them on replay, so they must stay owned for as long as the scale is, never
+    # go back to the memory pool as a freed temporary would.
+    buf = xp.empty((1 + parts,), dtype=np.float32)
+    scale, partials = buf[:1], buf[1:]
     quant.amax_kernel(kind)(parts, quant.THREADS, xin, partials, ngroups)
     quant.dynamic_kernel(kind, _encoder(encoder))(
         _elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), partials, scale, ngroups)
