@@ -302,14 +302,15 @@ TILE_M = 64
 TILE_N = 64
 TILE_K = 32
 TILED_THREADS = 256  # 16 x 16, each thread a 4 x 4 block of outputs, strided by 16
+TILED_SHARED_FLOATS = TILE_K * (TILE_M + TILE_N)  # == TILE_M * TILE_N: the output tile fits too
 
 
 def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
     m_total, k_total = a.shape
     n_total = b.shape[0]
-    # k-major tiles: the compute loop reads a row of 64 consecutive floats per k (no bank conflicts)
-    tile_a = cuda.shared.array((TILE_K, TILE_M), types.float32)
-    tile_b = cuda.shared.array((TILE_K, TILE_N), types.float32)
+    # one shared buffer: the k-major A and B tiles while accumulating (the compute loop reads rows
+    # of 64 consecutive floats: no bank conflicts), then the 64 x 64 output tile for the epilogue
+    smem = cuda.shared.array(TILED_SHARED_FLOATS, types.float32)
     acc = cuda.local.array(16, types.float32)
     for i in range(16):
         acc[i] = np.float32(0.0)
@@ -332,24 +333,31 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
                     va = decode_e4m3(a[m0 + r, k])
                 if n0 + r < n_total:
                     vb = decode_e4m3(b[n0 + r, k])
-            tile_a[c, r] = va
-            tile_b[c, r] = vb
+            smem[c * TILE_M + r] = va
+            smem[TILE_K * TILE_M + c * TILE_N + r] = vb
         cuda.syncthreads()
         for kk in range(TILE_K):
+            a_row = kk * TILE_M + ty
+            b_row = TILE_K * TILE_M + kk * TILE_N + tx
             for i in range(4):
-                av = tile_a[kk, ty + 16 * i]
+                av = smem[a_row + 16 * i]
                 for j in range(4):
-                    acc[i * 4 + j] += av * tile_b[kk, tx + 16 * j]
+                    acc[i * 4 + j] += av * smem[b_row + 16 * j]
         cuda.syncthreads()
+    # stage the accumulators through shared memory: a short loop with constant indices keeps acc in
+    # registers (an epilogue indexing acc in a loop the compiler does not unroll would spill it)
     for i in range(4):
-        m = m0 + ty + 16 * i
-        if m < m_total:
-            sa = scale_a[m * sa_step]
-            for j in range(4):
-                n = n0 + tx + 16 * j
-                if n < n_total:
-                    v = epilogue_value(acc[i * 4 + j], sa, scale_b[n * sb_step], bias, bias_kind, n)
-                    store_out(y, m, n, v, out_kind)
+        for j in range(4):
+            smem[(ty + 16 * i) * TILE_N + tx + 16 * j] = acc[i * 4 + j]
+    cuda.syncthreads()
+    for idx in range(tid, TILE_M * TILE_N, TILED_THREADS):
+        r = idx // TILE_N
+        c = idx - r * TILE_N
+        m = m0 + r
+        n = n0 + c
+        if m < m_total and n < n_total:
+            v = epilogue_value(smem[idx], scale_a[m * sa_step], scale_b[n * sb_step], bias, bias_kind, n)
+            store_out(y, m, n, v, out_kind)
 
 
 # ------------------------------------------------------------------------------------------------

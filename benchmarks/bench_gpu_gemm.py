@@ -1,0 +1,197 @@
+"""GPU FP8 GEMM on the H200: vtnumba's kernels against torch measured in the same run.
+
+Device time: a long torch.cuda._sleep is queued first, then an event, N launches, an event: the
+host has enqueued everything before the GPU starts, so the interval is GPU time alone (DEVICE.md).
+Host cost: a loop of launches timed with a host clock, synchronized once at the end.
+
+Tables (targets from issue 5):
+  1. M >= 1024: the cuBLASLt path vs torch._scaled_mm            (target >= 0.97x)
+  2. M = 1, 4, 16: the best vtnumba path vs torch._scaled_mm       (>= 1.0x; >= 1.3x at N = K = 4096)
+  3. the FP8 layer at M = 1 (quant + GEMM) vs torch bf16 matmul    (>= 1.8x)
+  4. the tiled Numba GEMM at 4096^3 vs torch bf16 matmul           (>= 0.5x)
+  5. host cost of one call with a cached plan                      (<= 15 us)
+
+Run: python3 benchmarks/bench_gpu_gemm.py   (needs cupy, torch, numba-cuda, nvmath-python; a GPU)
+"""
+
+import datetime
+import importlib.machinery
+import subprocess
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+
+class _VtnumbaCudaFinder:
+    """numba-cuda 0.30's import redirector swallows every module name containing "numba.cuda"
+    (vtnumba.cuda.* included) and recurses; resolve vtnumba.cuda.* first."""
+
+    @staticmethod
+    def find_spec(name, path, target=None):
+        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
+            return importlib.machinery.PathFinder.find_spec(name, path, target)
+        return None
+
+
+if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
+    sys.meta_path.insert(0, _VtnumbaCudaFinder)
+
+import cupy as cp  # noqa: E402
+import torch  # noqa: E402
+
+from vtnumba.cuda import gemm  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
+ROWS = []
+
+
+def table(title, header):
+    ROWS.append("")
+    ROWS.append(f"## {title}")
+    ROWS.append("| " + " | ".join(header) + " |")
+    ROWS.append("|" + "---|" * len(header))
+
+
+def row(*cells):
+    ROWS.append("| " + " | ".join(str(c) for c in cells) + " |")
+    print(ROWS[-1], flush=True)
+
+
+def gpu_us(fn, n=50):
+    """Device microseconds per call, behind a queued sleep."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(1e8))  # ~50 ms: longer than enqueueing n calls of any path here
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n * 1e3
+
+
+def best_of(fn, n=50, repeats=3):
+    return min(gpu_us(fn, n) for _ in range(repeats))
+
+
+def host_us(fn, n=2000):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / n * 1e6
+
+
+def codes(rows, cols, gen):
+    """Random finite e4m3 codes (normal-ish magnitudes, never NaN) as a cupy array and a torch view."""
+    t = (torch.randn(rows, cols, device="cuda", generator=gen) * 0.5).to(torch.float8_e4m3fn)
+    return cp.asarray(t.view(torch.uint8)), t
+
+
+def main():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev = torch.cuda.get_device_name()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    print(f"# bench_gpu_gemm {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {dev} ({smi})")
+    one_t = torch.ones((), device="cuda")
+    sa = cp.asarray([0.5], dtype=cp.float32)
+    sb = cp.asarray([0.25], dtype=cp.float32)
+    ta_s, tb_s = torch.as_tensor(sa, device="cuda").reshape(()), torch.as_tensor(sb, device="cuda").reshape(())
+
+    # 1. large M ---------------------------------------------------------------------------------
+    table("1. M >= 1024: vtnumba cuBLASLt path vs torch._scaled_mm (bf16 out, per-tensor scales)",
+          ["M", "N x K", "torch us", "vt cublaslt us", "vt TFLOP/s", "torch/vt (>= 0.97)"])
+    for m in (1024, 4096):
+        for n, k in SHAPES:
+            a, ta = codes(m, k, gen)
+            b, tb = codes(n, k, gen)
+            t_torch = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 20)
+            t_vt = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "cublaslt"), 20)
+            row(m, f"{n} x {k}", f"{t_torch:.1f}", f"{t_vt:.1f}", f"{2 * m * n * k / t_vt / 1e6:.0f}",
+                f"{t_torch / t_vt:.3f}")
+
+    # 2. decode M -------------------------------------------------------------------------------
+    table("2. M = 1, 4, 16: best vtnumba path vs torch._scaled_mm (bf16 out)",
+          ["M", "N x K", "torch us", "vt gemv us", "vt cublaslt us", "auto picks", "weight-read floor us",
+           "torch/best (>= 1.0; 1.3 at 4096^2)"])
+    for m in (1, 4, 16):
+        for n, k in SHAPES:
+            a, ta = codes(m, k, gen)
+            b, tb = codes(n, k, gen)
+            t_torch = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16))
+            t_lt = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "cublaslt"))
+            t_gemv = float("nan")
+            if gemm.gemv_reason(m, k, b) is None:
+                t_gemv = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "decode_gemv"))
+            picks = gemm.select(gemm.GemmCall(a, b, sa, sb, BF16, None)).name
+            best = np.nanmin([t_gemv, t_lt])
+            row(m, f"{n} x {k}", f"{t_torch:.1f}", f"{t_gemv:.1f}", f"{t_lt:.1f}", picks,
+                f"{n * k / 4.8e12 * 1e6:.1f}", f"{t_torch / best:.2f}")
+
+    # 3. the FP8 layer at M = 1 ----------------------------------------------------------------------
+    table("3. FP8 linear layer at M = 1 (bf16 x -> quant -> GEMM -> bf16 y) vs torch bf16 matmul",
+          ["N x K", "torch bf16 us", "torch eager quant+_scaled_mm us", "vt fused static us",
+           "vt fused per-token us", "bf16/vt static (>= 1.8)"])
+    for n, k in SHAPES:
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
+        w8 = w.to(torch.float8_e4m3fn)
+        inv = torch.tensor(1 / 0.02, device="cuda")
+        t_bf16 = best_of(lambda: x @ w.t())
+        t_eager = best_of(lambda: torch._scaled_mm((x.float() * inv).clamp(-448, 448).to(torch.float8_e4m3fn), w8.t(),
+                                                   scale_a=one_t, scale_b=one_t, out_dtype=torch.bfloat16))
+        xc = cp.asarray(x.view(torch.int16)).view(BF16)
+        b = cp.asarray(w8.view(torch.uint8))
+        in_scale = cp.asarray([0.02], dtype=cp.float32)
+        t_static = best_of(lambda: gemm.fp8_linear(xc, b, sb, in_scale, out_dtype=BF16))
+        t_token = best_of(lambda: gemm.fp8_linear(xc, b, sb, per_token=True, out_dtype=BF16))
+        row(f"{n} x {k}", f"{t_bf16:.1f}", f"{t_eager:.1f}", f"{t_static:.1f}", f"{t_token:.1f}",
+            f"{t_bf16 / t_static:.2f}")
+
+    # 4. tiled Numba GEMM -------------------------------------------------------------------------
+    table("4. tiled Numba GEMM at M = N = K = 4096 vs torch bf16 matmul",
+          ["shape", "torch bf16 us", "torch bf16 TFLOP/s", "vt tiled us", "vt tiled TFLOP/s", "bf16/vt (>= 0.5)"])
+    s = 4096
+    a, _ = codes(s, s, gen)
+    b, _ = codes(s, s, gen)
+    xa = torch.randn(s, s, device="cuda", dtype=torch.bfloat16, generator=gen)
+    xb = torch.randn(s, s, device="cuda", dtype=torch.bfloat16, generator=gen)
+    t_bf16 = best_of(lambda: xa @ xb.t(), 20)
+    t_tiled = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "tiled"), 3, 2)
+    flops = 2 * s ** 3
+    row(f"{s}^3", f"{t_bf16:.0f}", f"{flops / t_bf16 / 1e6:.0f}", f"{t_tiled:.0f}", f"{flops / t_tiled / 1e6:.1f}",
+        f"{t_bf16 / t_tiled:.3f}")
+
+    # 5. host cost ---------------------------------------------------------------------------------
+    table("5. host cost per call, M = 1, N = K = 4096, cached plan (loop, one sync)",
+          ["call", "host us", "target"])
+    n, k = 4096, 4096
+    a, ta = codes(1, k, gen)
+    b, tb = codes(n, k, gen)
+    row("torch._scaled_mm", f"{host_us(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16)):.1f}", "peer")
+    import vtnumba as vt
+    from vtnumba import cuda as backend
+
+    if hasattr(backend, "scaled_mm"):
+        row("vt.scaled_mm (public, auto)", f"{host_us(lambda: vt.scaled_mm(a, b, sa, sb, out_dtype=BF16)):.1f}", "<= 15")
+        row("vt.scaled_mm kernel=cublaslt", f"{host_us(lambda: vt.scaled_mm(a, b, sa, sb, out_dtype=BF16, kernel='cublaslt')):.1f}", "<= 15")
+    row("gemm.scaled_mm kernel=cublaslt", f"{host_us(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, 'cublaslt')):.1f}", "<= 15")
+    row("gemm.scaled_mm kernel=decode_gemv", f"{host_us(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, 'decode_gemv')):.1f}", "")
+    xc = cp.asarray(torch.randn(1, k, device="cuda", dtype=torch.bfloat16).view(torch.int16)).view(BF16)
+    row("gemm.fp8_linear (fused, static)", f"{host_us(lambda: gemm.fp8_linear(xc, b, sb, sa, out_dtype=BF16)):.1f}", "")
+
+    print("\n==== TABLES ====")
+    print("\n".join(ROWS))
+
+
+if __name__ == "__main__":
+    main()
