@@ -26,12 +26,12 @@ import numpy as np
 
 from .. import _format
 from .._format import F32_E4M3_MAX, F32_ZERO
-from .target import SIMULATOR, cuda, intrinsic, libdevice, types
+from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, libdevice, types
 
 ENCODERS = ("hardware", "portable")
 HARDWARE_MIN_CC = (8, 9)  # cvt.*.e4m3x2.f32 needs sm_89 (Ada) or newer
 
-_device_inline = dict(device=True, inline=True)
+_device_inline = DEVICE_INLINE
 _U32_LOW_HALF = np.uint32(0xFFFF)
 _U32_HIGH_HALF = np.uint32(0xFFFF0000)
 _U32_16 = np.uint32(16)

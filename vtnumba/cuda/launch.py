@@ -212,7 +212,7 @@ class Kernel:
         fn = self._functions.get(_get_device()) if _get_device is not None else None
         if fn is None:
             fn = self.function()
-        fn(grid, block, flat, shared_mem=shared_mem)  # cupy: the current stream, no sync
+        fn(grid, block, tuple(flat), shared_mem=shared_mem)  # cupy: the current stream, no sync
 
     def _simulate(self, grid, block, args, shared_mem):
         if self._dispatcher is None:

@@ -31,7 +31,7 @@ from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
 from . import codec
 from .codec import bfloat16_bits_to_float32, bits_float32, finite_abs, float32_bits, half_bits_to_float32
 from .launch import compile_kernel
-from .target import SIMULATOR, cuda, types
+from .target import DEVICE_INLINE, SIMULATOR, cuda, types
 
 GROUP = 16  # elements per thread-step: 16 codes = one 16-byte store
 THREADS = 32 if SIMULATOR else 256  # the simulator runs each thread as a Python thread: keep it small
@@ -41,7 +41,7 @@ INPUT_KINDS = ("float32", "float16", "bfloat16")
 AMAX_BLOCKS_PER_SM = 4
 MAX_BLOCKS = 1 << 20  # grid-stride loops cover anything beyond
 
-_device_inline = dict(device=True, inline=True)
+_device_inline = DEVICE_INLINE
 _U32_16 = np.uint32(16)
 _U32_8 = np.uint32(8)
 _U32_24 = np.uint32(24)

@@ -27,6 +27,11 @@ except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportEr
 else:
     IMPORT_ERROR = None
 
+# Options of every vtnumba device helper: inlined by NVVM (forceinline), not by Numba's IR inliner
+# (inline=True), which re-types each call site -- with the encoder inlined 16 times per kernel that
+# made one kernel take 10-20 s to compile. The simulator has no forceinline (nor needs one).
+DEVICE_INLINE = dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)
+
 intrinsic = None
 if IMPORT_ERROR is None and not SIMULATOR:
     try:
@@ -66,5 +71,5 @@ def require_gpu():
         raise RuntimeError(f"vtnumba's GPU path needs a usable CUDA GPU: {reason}")
 
 
-__all__ = ["cuda", "libdevice", "types", "intrinsic", "IMPORT_ERROR", "SIMULATOR",
+__all__ = ["cuda", "libdevice", "types", "intrinsic", "DEVICE_INLINE", "IMPORT_ERROR", "SIMULATOR",
            "gpu_unavailable_reason", "require_gpu"]
