@@ -40,7 +40,7 @@ def test_report_covers_every_layer_at_every_token_count(small_report):
     assert [(r["layer"], r["m"]) for r in layers] == [(name, m) for m in (2, 40) for name, _, _ in cli.LLAMA3_8B_LAYERS]
     for r, (name, n, k) in zip(layers, list(cli.LLAMA3_8B_LAYERS) * 2):
         assert (r["n"], r["k"]) == (n // 32, k // 32)
-        assert r["time_s"] > 0 and r["baseline_time_s"] > 0
+        assert r["time_s"] > 0 and r["baseline_time_s"] > 0 and r["quant_time_s"] > 0
         assert r["speedup"] == pytest.approx(r["baseline_time_s"] / r["time_s"])
         assert r["gflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / r["time_s"] / 1e9)
     # the path names the kernel the CPU GEMM picked: both sides of its M crossover appear
