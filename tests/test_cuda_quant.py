@@ -260,6 +260,30 @@ def test_graph_capture_replays_quantize_calls(cp):
                 _assert_codes(cp.asnumpy(q.data), want.data, f"graph replay {q.scheme}")
 
 
+@gpu_only
+def test_launch_from_a_fresh_thread(cp):
+    """A thread that never touched cupy has no current CUDA context; the launch path sets one up."""
+    import threading
+
+    x = (np.random.default_rng(9).standard_normal((8, 256)) * 10).astype(np.float32)
+    xd = cp.asarray(x)
+    cp.cuda.Device().synchronize()
+    result = {}
+
+    def work():
+        try:
+            q = vt.quantize_fp8(xd, 0.13)
+            result["codes"] = cp.asnumpy(q.data)
+        except Exception as exc:  # surfaced in the main thread below
+            result["error"] = exc
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    _assert_codes(result["codes"], reference.quantize(x, 0.13).data, "fresh thread")
+
+
 # --- errors ------------------------------------------------------------------------------------
 @gpu_only
 def test_bad_gpu_inputs_are_refused_before_any_kernel(cp):

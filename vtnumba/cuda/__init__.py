@@ -70,11 +70,11 @@ def _device():
     return info
 
 
-def _encoder(requested):
+def _encoder(requested, info):
     if requested is None:
         requested = _ENCODER_SETTING
     if requested == "auto":
-        return _device()[2]
+        return info[2]
     if requested not in ("hardware", "portable"):
         raise ValueError(f"encoder must be 'auto', 'hardware' or 'portable' (env VT_CUDA_ENCODER), got {requested!r}")
     return requested
@@ -114,10 +114,14 @@ def _scalar_arg(scale):
 
 
 def _input(x):
-    """(flat kernel input, kind, shape, 16-byte groups usable) for a float input array."""
+    """(flat kernel input, kind, shape, size, 16-byte groups usable) for a float input array."""
     x = _as_device_array(x)
     kind = _KINDS[np.dtype(x.dtype)]
-    if not x.flags.c_contiguous:
+    try:
+        contiguous = x._c_contiguous  # cupy's cached flag: x.flags builds an object per call
+    except AttributeError:
+        contiguous = x.flags.c_contiguous
+    if not contiguous:
         x = _xp().ascontiguousarray(x)
     aligned = SIMULATOR or x.data.ptr % 16 == 0
     return _flat(x), kind, x.shape, x.size, aligned
@@ -153,7 +157,7 @@ def quantize_static(x, scale, *, encoder=None):
     out = xp.empty(shape, dtype=np.uint8)
     scale_out = xp.empty((1,), dtype=np.float32)
     ngroups = n // quant.GROUP if aligned else 0
-    kernel = quant.static_kernel(kind, _encoder(encoder), device_scale)
+    kernel = quant.static_kernel(kind, _encoder(encoder, _device()), device_scale)
     kernel(_elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), scale_arg,
            scale_arg if device_scale else scale_out, ngroups)
     _handoff.static = None if device_scale else (scale_arg, scale_out)
@@ -163,18 +167,19 @@ def quantize_static(x, scale, *, encoder=None):
 def quantize_dynamic(x, *, encoder=None):
     quant = _backend()
     xin, kind, shape, n, aligned = _input(x)
-    _, sms, _, _ = _device()
+    info = _device()
     xp = _xp()
     out = xp.empty(shape, dtype=np.uint8)
     ngroups = n // quant.GROUP if aligned else 0
-    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), sms * quant.AMAX_BLOCKS_PER_SM)
+    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), info[1] * quant.AMAX_BLOCKS_PER_SM)
     # The amax partials live in the scale's own allocation (scale = buf[:1]): a captured CUDA graph
     # keeps writing them on replay, so they must stay owned for as long as the scale is, never
     # go back to the memory pool as a freed temporary would.
     buf = xp.empty((1 + parts,), dtype=np.float32)
-    scale, partials = buf[:1], buf[1:]
+    scale = buf[:1]
+    partials = buf[1:] if SIMULATOR else _Buffer(buf.data.ptr + 4, (parts,), (4,))
     quant.amax_kernel(kind)(parts, quant.THREADS, xin, partials, ngroups)
-    quant.dynamic_kernel(kind, _encoder(encoder))(
+    quant.dynamic_kernel(kind, _encoder(encoder, info))(
         _elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), partials, scale, ngroups)
     return out, scale
 
@@ -190,7 +195,7 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
         return out, scales
     device_ub, ub_arg = _scalar_arg(np.float32(0.0) if scale_ub is None else scale_ub)  # 0: no bound
     row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
-    quant.per_token_kernel(kind, _encoder(encoder), device_ub)(
+    quant.per_token_kernel(kind, _encoder(encoder, _device()), device_ub)(
         rows, quant.THREADS, xin, _flat(out), _flat(scales), ub_arg, cols, row_groups)
     return out, scales
 
@@ -235,7 +240,7 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
 def encoder_in_use():
     """The encoder quantization uses on the current device ('hardware' or 'portable')."""
     _backend()
-    return _encoder(None)
+    return _encoder(None, _device())
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",

@@ -3,9 +3,11 @@
 Why: a numba-cuda launch with cupy arrays costs ~96 us of host time, and none of numba-cuda's own
 launch paths gets under ~25 us (ANCHORS.md), while an FP8 layer's GPU work at decode is 4-30 us.
 So vtnumba compiles a kernel once per (kernel, signature, device) with Numba to PTX, loads that
-PTX with cupy (``cupy.cuda.function.Module``) and launches it through cupy's ``Function``, which
-costs a few microseconds, launches on cupy's *current* stream, and is captured by CUDA graphs on a
-cupy stream like any cupy kernel.
+PTX with cupy (``cupy.cuda.function.Module``) and launches it with ``cuLaunchKernel`` on cupy's
+*current* stream, so CUDA graphs capture it on a cupy stream like any cupy kernel.
+
+The launch itself packs the flattened parameters into one buffer with one ``struct.pack_into``
+and calls ``cuLaunchKernel`` through cupy's driver binding (``cupy.cuda.driver.launchKernel``).
 
 The API (for every vtnumba GPU module)::
 
@@ -22,7 +24,7 @@ The API (for every vtnumba GPU module)::
 - ``signature`` is a tuple of Numba types, fixed at compile time (no per-call type inference).
   Array arguments must match their declared dtype and rank (the caller's job: the launcher does
   not type-check, only counts); a ``C`` layout (``[::1]``, ``[:, ::1]``) is a promise the caller
-  keeps. Scalars are converted to the declared type (``np.float32(0.5)`` etc.).
+  keeps. Scalars are converted to the declared C type (Python or numpy numbers).
 - Arrays are cupy arrays, any object with ``__cuda_array_interface__`` (torch tensors), or a
   ``Buffer(ptr, shape, strides)`` (the cheapest: no view object is made).
 - ``grid`` / ``block`` are ints or tuples of up to 3 ints.
@@ -44,6 +46,7 @@ RecursionError. ``vtnumba/__init__.py`` must install a finder for ``vtnumba.cuda
 """
 
 import re
+import struct
 import threading
 from collections import namedtuple
 
@@ -51,12 +54,13 @@ import numpy as np
 
 from .target import SIMULATOR, cuda, require_gpu, types
 
-# Scalar types a kernel may take, and the numpy type that gives the bytes the PTX parameter wants.
+# Scalar types a kernel may take: their struct code in an 8-byte parameter slot, and their width.
+# (explicit codes: numpy's int64 char 'l' is 4 bytes in struct's standard sizes)
 _SCALARS = {
-    types.float32: np.float32, types.float64: np.float64,
-    types.int8: np.int8, types.int16: np.int16, types.int32: np.int32, types.int64: np.int64,
-    types.uint8: np.uint8, types.uint16: np.uint16, types.uint32: np.uint32, types.uint64: np.uint64,
-    types.boolean: np.bool_,
+    types.float32: ("f4x", 4), types.float64: ("d", 8),
+    types.int8: ("b7x", 1), types.int16: ("h6x", 2), types.int32: ("i4x", 4), types.int64: ("q", 8),
+    types.uint8: ("B7x", 1), types.uint16: ("H6x", 2), types.uint32: ("I4x", 4), types.uint64: ("Q", 8),
+    types.boolean: ("?7x", 1),
 }
 # PTX parameter widths, in bytes (bools travel as a byte; .u8 appears for them)
 _PTX_PARAM_BYTES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "u32": 4, "s32": 4, "b32": 4,
@@ -91,11 +95,12 @@ def _array_ptr_shape_strides(arr):
 
 
 class _ArrayArg:
-    __slots__ = ("ndim", "itemsize")
+    __slots__ = ("ndim", "itemsize", "code")
 
     def __init__(self, arrtype):
         self.ndim = arrtype.ndim
         self.itemsize = arrtype.dtype.bitwidth // 8
+        self.code = "qqqqQ" + "q" * (2 * self.ndim)
 
     def flatten(self, arr, out):
         ptr, shape, strides = arr if type(arr) is Buffer else _array_ptr_shape_strides(arr)
@@ -114,14 +119,13 @@ class _ArrayArg:
 
 
 class _ScalarArg:
-    __slots__ = ("convert", "width")
+    __slots__ = ("width", "code")
 
     def __init__(self, scalartype):
-        self.convert = _SCALARS[scalartype]
-        self.width = np.dtype(self.convert).itemsize
+        self.code, self.width = _SCALARS[scalartype]
 
     def flatten(self, value, out):
-        out.append(self.convert(value))
+        out.append(value)  # struct.pack_into converts it to the parameter's C type
 
     @property
     def ptx_widths(self):
@@ -150,7 +154,8 @@ def entry_params(ptx):
 
 
 class Kernel:
-    """A kernel compiled once per device and launched through cupy (see the module docstring)."""
+    """A kernel compiled once per device and launched through the CUDA driver (see the module
+    docstring)."""
 
     def __init__(self, pyfunc, signature, *, lineinfo=False):
         self.pyfunc = pyfunc
@@ -158,9 +163,20 @@ class Kernel:
         self.name = getattr(pyfunc, "__qualname__", repr(pyfunc))
         self._plan = _arg_plan(self.signature)
         self._lineinfo = lineinfo
-        self._functions = {}  # device id -> cupy Function
+        self._functions = {}  # device id -> cupy Function (it keeps its module loaded)
         self._lock = threading.Lock()
         self._dispatcher = None  # simulator only
+        # Every parameter gets its own 8-byte slot of one buffer, packed by one struct call; the
+        # driver reads each parameter through its pointer with the width the kernel declares.
+        # (cupy's Function converts each argument to a numpy scalar: ~1 us each, 26 us for the
+        # 23 parameters of a quantize kernel on the H200's host.)
+        self._format = "<" + "".join(arg.code for arg in self._plan)
+        nparams = struct.calcsize(self._format) // 8
+        self._slots = np.zeros(nparams, dtype=np.uint64)
+        self._slot_bytes = memoryview(self._slots).cast("B")
+        base = self._slots.ctypes.data
+        self._param_ptrs = np.array([base + 8 * i for i in range(nparams)], dtype=np.uint64)
+        self._param_ptrs_address = self._param_ptrs.ctypes.data
 
     # -- compile and load -------------------------------------------------------------------
     def ptx(self, cc):
@@ -187,7 +203,7 @@ class Kernel:
                     f"{widths} bytes, the launcher expected {expected}")
             module = cupy.cuda.function.Module()
             module.load(ptx.encode() + b"\0")  # cuModuleLoadData JIT-compiles PTX text once
-            fn = module.get_function(name)  # the Function keeps its module alive
+            fn = module.get_function(name)
             self._functions[device_id] = fn
             return fn
 
@@ -204,15 +220,24 @@ class Kernel:
         plan = self._plan
         if len(args) != len(plan):
             raise TypeError(f"{self.name} takes {len(plan)} arguments, got {len(args)}")
-        flat = []
+        values = []
         for arg, value in zip(plan, args):
-            arg.flatten(value, flat)
-        grid = (grid,) if isinstance(grid, int) else tuple(grid)
-        block = (block,) if isinstance(block, int) else tuple(block)
+            arg.flatten(value, values)
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
         fn = self._functions.get(_get_device()) if _get_device is not None else None
         if fn is None:
             fn = self.function()
-        fn(grid, block, tuple(flat), shared_mem=shared_mem)  # cupy: the current stream, no sync
+        stream = _current_stream().ptr  # cupy's current stream: `with stream:` and graph capture
+        with self._lock:  # the slots are shared; the driver copies them during the call
+            struct.pack_into(self._format, self._slot_bytes, 0, *values)
+            try:
+                _launch_kernel(fn.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream, self._param_ptrs_address, 0)
+            except _DriverError:
+                # a thread that never touched cupy has no current context: make the device's
+                # primary context current (what cupy's own launch does), then try once more
+                _cupy().cuda.Device(_get_device()).use()
+                _launch_kernel(fn.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream, self._param_ptrs_address, 0)
 
     def _simulate(self, grid, block, args, shared_mem):
         if self._dispatcher is None:
@@ -220,14 +245,20 @@ class Kernel:
         self._dispatcher[grid, block, 0, shared_mem](*args)
 
 
-_get_device = None  # cupy.cuda.runtime.getDevice, bound once cupy is imported
+# bound once cupy is imported (the first load): cupy.cuda.runtime.getDevice,
+# cupy.cuda.get_current_stream, cupy.cuda.driver.launchKernel, cupy.cuda.driver.CUDADriverError
+_get_device = _current_stream = _launch_kernel = _DriverError = None
 
 
 def _cupy():
-    global _get_device
+    global _get_device, _current_stream, _launch_kernel, _DriverError
     import cupy
+    from cupy.cuda import driver
 
-    _get_device = cupy.cuda.runtime.getDevice
+    _current_stream = cupy.cuda.get_current_stream
+    _launch_kernel = driver.launchKernel
+    _DriverError = driver.CUDADriverError
+    _get_device = cupy.cuda.runtime.getDevice  # last: it gates the fast path in Kernel.__call__
     return cupy
 
 

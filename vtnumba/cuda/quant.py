@@ -37,8 +37,8 @@ GROUP = 16  # elements per thread-step: 16 codes = one 16-byte store
 THREADS = 32 if SIMULATOR else 256  # the simulator runs each thread as a Python thread: keep it small
 INPUT_KINDS = ("float32", "float16", "bfloat16")
 # Blocks of the amax pass: enough to fill the GPU, few enough that every quantize block can reduce
-# all partials cheaply (4 blocks per SM -> 528 floats on an H200).
-AMAX_BLOCKS_PER_SM = 4
+# all partials cheaply (8 blocks per SM -> 1056 floats on an H200).
+AMAX_BLOCKS_PER_SM = 8
 MAX_BLOCKS = 1 << 20  # grid-stride loops cover anything beyond
 
 _device_inline = DEVICE_INLINE
