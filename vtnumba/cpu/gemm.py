@@ -1,0 +1,272 @@
+"""The CPU FP8 GEMM: ``y = (dec(a) @ dec(b).T) * scale_a * scale_b + bias``, float32 accumulate.
+
+Three kernels behind one entry point (``scaled_mm``), picked by M (the token count):
+
+- ``reference``: plain loops, one float32 accumulator per output, k in order. Kept readable on
+  purpose: it is the tests' second oracle, beside the float64 one in ``vtnumba.testing``.
+- ``small_m`` (decode, M small): rows of b spread over the cores; each weight byte is decoded
+  branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it) right where it is
+  used. The weight is read once at 1 byte per value, a quarter of what sgemv reads from weights kept
+  dequantized in float32, and decoding is cheaper than that memory traffic.
+- ``blas`` (prefill, M large): a block of a and a panel of b are decoded exactly into float32
+  tiles and multiplied by BLAS (``np.dot`` inside ``@njit`` calls sgemm). The whole dequantized
+  weight never exists: one panel of it at a time.
+
+Where the scales go (all three kernels alike): the float32 accumulator stays unscaled to the end,
+then ``y = acc * float32(sa[m] * sb[n]) + bias[n]`` in float32, rounded (RNE) to the out dtype.
+That is one folded alpha per output, as the C++ seam (and cuBLASLt's alpha) does, rather than
+upstream's two scalar multiplies; DESIGN.md's G3 bound holds for both. Folding costs one multiply
+per output and serves per-row x per-channel scales in the same expression.
+
+Kernels never validate (``vtnumba.ops`` does); they take uint8 codes, scale vectors of length 1
+(per-tensor) or M / N, and a float32 bias of length N or 0 (none).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .._config import CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL
+from .codec import decode_e4m3
+
+KERNELS = ("reference", "small_m", "blas")
+
+# Largest M that takes the small_m kernel by default; above it decode + sgemm wins. Measured with
+# benchmarks/bench_cpu_gemm.py (see the table in its docstring).
+SMALL_M_MAX = 32
+
+# Reassociation lets LLVM split each float32 sum over k into vector lanes ('contract' lets it use
+# FMA). Every sum stays float32; only its order changes, which G3's 4*K*eps32 bound allows for any
+# order. No 'nnan'/'ninf': a 0x7F code must still decode to NaN and spread to its outputs.
+_REASSOC = {"reassoc", "contract"}
+
+# Every fast kernel decodes with the codec's one decoder (vtnumba._format, branch-free selects that
+# LLVM vectorizes). A shorter decode exists -- the code's bits shifted into float32's fields read as
+# 2^-120 times the value -- but it turns e4m3 subnormals (and zero's neighbours) into float32
+# subnormals, and Intel cores take a microcode assist on every FMA with a subnormal input: measured
+# 18x slower than this decoder at M = 16 on a Xeon (fast on AMD). No kernel here feeds subnormals
+# to arithmetic.
+_SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
+
+
+@njit(**CPU_INLINE)
+def _epilogue_value(acc, sa, sb, bias, n):
+    """The one place the scales and the bias meet the accumulator (see the module docstring)."""
+    y = acc * (sa * sb)
+    if bias.size != 0:
+        y += bias[n]
+    return y
+
+
+@njit(**CPU_INLINE)
+def _scale_at(scale, i):
+    return scale[0] if scale.size == 1 else scale[i]
+
+
+# -- kernel 1: reference -------------------------------------------------------------------------
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def reference_kernel(a, b, scale_a, scale_b, bias, out):
+    """out[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * (sa * sb) + bias[n]; plain loops, k in
+    order, any strides."""
+    m_rows, k_len = a.shape
+    for m in range(m_rows):
+        for n in range(b.shape[0]):
+            acc = np.float32(0.0)
+            for k in range(k_len):
+                acc += decode_e4m3(a[m, k]) * decode_e4m3(b[n, k])
+            out[m, n] = _epilogue_value(acc, _scale_at(scale_a, m), _scale_at(scale_b, n), bias, n)
+
+
+# -- kernel 2: small M ---------------------------------------------------------------------------
+
+
+@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def gemv_kernel(x, b, scale_a, scale_b, bias, out):
+    """M = 1: out[0, n] = dot(x[0], dec(b[n])), the decode fused into the dot product.
+
+    Four rows of b per step share each load of x: at K = 14336 the activation row (56 KiB) no
+    longer fits in L1, and one row at a time ran 1.8x slower (benchmarks/bench_cpu_gemm.py)."""
+    n_rows, k_len = b.shape
+    xr = x[0]
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        n0 = block * _SMALL_M_ROWS
+        if n0 + _SMALL_M_ROWS <= n_rows:
+            w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for k in range(k_len):
+                u = xr[k]
+                a0 += u * decode_e4m3(w0[k])
+                a1 += u * decode_e4m3(w1[k])
+                a2 += u * decode_e4m3(w2[k])
+                a3 += u * decode_e4m3(w3[k])
+            acc = (a0, a1, a2, a3)
+            for j in range(_SMALL_M_ROWS):
+                n = n0 + j
+                out[0, n] = _epilogue_value(acc[j], scale_a[0], _scale_at(scale_b, n), bias, n)
+        else:
+            for n in range(n0, n_rows):
+                w = b[n]
+                acc1 = np.float32(0.0)
+                for k in range(k_len):
+                    acc1 += xr[k] * decode_e4m3(w[k])
+                out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
+
+
+@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def small_m_kernel(x, b, scale_a, scale_b, bias, out):
+    """Small M > 1: out from x = dec(a) and codes b.
+
+    Four rows of b at a time are decoded into a float32 buffer (L1-resident), then multiplied with
+    four rows of x at a time: 16 accumulators, 8 loads per 16 FMAs, which runs near the core's FMA
+    peak. Blocks past the edge of b are decoded as zeros and not stored; rows of x past a multiple
+    of 4 take a 1 x 4 loop."""
+    m_rows, k_len = x.shape
+    n_rows = b.shape[0]
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        n0 = block * _SMALL_M_ROWS
+        rows = np.zeros((_SMALL_M_ROWS, k_len), dtype=np.float32)
+        for j in range(min(_SMALL_M_ROWS, n_rows - n0)):
+            w = b[n0 + j]
+            dst = rows[j]
+            for k in range(k_len):
+                dst[k] = decode_e4m3(w[k])
+        w0, w1, w2, w3 = rows[0], rows[1], rows[2], rows[3]
+        acc = np.empty((_SMALL_M_ROWS, _SMALL_M_ROWS), dtype=np.float32)
+        m_full = m_rows - m_rows % _SMALL_M_ROWS
+        for m0 in range(0, m_rows, _SMALL_M_ROWS):
+            if m0 < m_full:
+                x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
+                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+                for k in range(k_len):
+                    p, q, r, s = w0[k], w1[k], w2[k], w3[k]
+                    u = x0[k]
+                    a00 += u * p; a01 += u * q; a02 += u * r; a03 += u * s  # noqa: E702
+                    u = x1[k]
+                    a10 += u * p; a11 += u * q; a12 += u * r; a13 += u * s  # noqa: E702
+                    u = x2[k]
+                    a20 += u * p; a21 += u * q; a22 += u * r; a23 += u * s  # noqa: E702
+                    u = x3[k]
+                    a30 += u * p; a31 += u * q; a32 += u * r; a33 += u * s  # noqa: E702
+                acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = a00, a01, a02, a03
+                acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = a10, a11, a12, a13
+                acc[2, 0], acc[2, 1], acc[2, 2], acc[2, 3] = a20, a21, a22, a23
+                acc[3, 0], acc[3, 1], acc[3, 2], acc[3, 3] = a30, a31, a32, a33
+            else:
+                for i in range(m_rows - m0):
+                    xi = x[m0 + i]
+                    a0 = a1 = a2 = a3 = np.float32(0.0)
+                    for k in range(k_len):
+                        u = xi[k]
+                        a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
+                    acc[i, 0], acc[i, 1], acc[i, 2], acc[i, 3] = a0, a1, a2, a3
+            for i in range(min(_SMALL_M_ROWS, m_rows - m0)):
+                sa = _scale_at(scale_a, m0 + i)
+                for j in range(min(_SMALL_M_ROWS, n_rows - n0)):
+                    n = n0 + j
+                    out[m0 + i, n] = _epilogue_value(acc[i, j], sa, _scale_at(scale_b, n), bias, n)
+
+
+# -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------
+
+
+# The blas kernel's decode and epilogue are serial on purpose: sgemm's threads already use every
+# core, and a Numba parallel region between two sgemm calls made the two thread pools wait on each
+# other (their workers spin after each call): 460 ms instead of 6 ms at M = 16, N = K = 4096 on two
+# cores. Serial decoding costs about 0.25 ms per million weights, a few percent of the sgemm.
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def decode_rows(codes, out):
+    """out[r, :] = dec(codes[r, :]) exactly."""
+    for r in range(codes.shape[0]):
+        row = codes[r]
+        dst = out[r]
+        for k in range(row.size):
+            dst[k] = decode_e4m3(row[k])
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def _blas_epilogue(acc, m0, n0, scale_a, scale_b, bias, out):
+    for i in range(acc.shape[0]):
+        sa = _scale_at(scale_a, m0 + i)
+        for j in range(acc.shape[1]):
+            n = n0 + j
+            out[m0 + i, n] = _epilogue_value(acc[i, j], sa, _scale_at(scale_b, n), bias, n)
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def blas_kernel(a, b, scale_a, scale_b, bias, out, block_rows, panel_rows):
+    """Decode a block of a and a panel of b into float32 tiles, sgemm them, scale into out.
+    Serial Python-free driver; sgemm brings the threads (see the note above decode_rows)."""
+    m_rows, k_len = a.shape
+    n_rows = b.shape[0]
+    a_tile = np.empty((min(block_rows, m_rows), k_len), dtype=np.float32)
+    b_tile = np.empty((min(panel_rows, n_rows), k_len), dtype=np.float32)
+    acc_tile = np.empty(a_tile.shape[0] * b_tile.shape[0], dtype=np.float32)
+    for m0 in range(0, m_rows, block_rows):
+        mb = min(block_rows, m_rows - m0)
+        a_dec = a_tile[:mb]
+        decode_rows(a[m0:m0 + mb], a_dec)
+        for n0 in range(0, n_rows, panel_rows):
+            nb = min(panel_rows, n_rows - n0)
+            b_dec = b_tile[:nb]
+            decode_rows(b[n0:n0 + nb], b_dec)
+            acc = acc_tile[:mb * nb].reshape((mb, nb))
+            np.dot(a_dec, b_dec.T, acc)  # sgemm, float32 accumulate (no fast-accumulate mode)
+            _blas_epilogue(acc, m0, n0, scale_a, scale_b, bias, out)
+
+
+# -- the entry point -----------------------------------------------------------------------------
+
+# Tiles of the blas path: 512 weight rows per panel (the fastest of 256..2048 at M = 128 and 1024,
+# K = 4096 and 14336: 512 rows beat one whole sgemm by keeping its panel in cache), and as many
+# activation rows per block as fit in 8 Mi float32 values (32 MiB). Panels are capped at 8 Mi values
+# too, so the extra memory stays under 64 MiB at N = K = 4096 for any M (32 + 8 + 4 MiB at most).
+_PANEL_ROWS = 512
+_PANEL_ELEMENTS = 8 * 1024 * 1024
+_BLOCK_ELEMENTS = 8 * 1024 * 1024
+
+
+def choose_kernel(m, n, k):
+    """The kernel a shape gets when none is forced (the crossover is measured, see SMALL_M_MAX)."""
+    return "small_m" if m <= SMALL_M_MAX else "blas"
+
+
+def blas_tiles(m, n, k):
+    """(activation rows per block, weight rows per panel) of the blas kernel for this shape."""
+    panel = min(n, _PANEL_ROWS, max(16, _PANEL_ELEMENTS // k))
+    block = min(m, max(16, _BLOCK_ELEMENTS // k))
+    return block, panel
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+    """The CPU backend's scaled_mm (see ``vtnumba.ops.scaled_mm`` for the contract)."""
+    m, k = a.shape
+    n = b.shape[0]
+    if kernel is None:
+        kernel = choose_kernel(m, n, k)
+    elif kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)} on the CPU, got {kernel!r}")
+    sa = np.ascontiguousarray(np.asarray(scale_a, dtype=np.float32).reshape(-1))
+    sb = np.ascontiguousarray(np.asarray(scale_b, dtype=np.float32).reshape(-1))
+    # the bias is added in float32; float16 / bfloat16 widen to it exactly
+    bias32 = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    out = np.empty((m, n), dtype=np.float32)
+    if kernel == "reference":
+        reference_kernel(a, b, sa, sb, bias32, out)
+    else:
+        # the fast kernels read contiguous rows (vector loads); strided inputs are copied once, so
+        # they give the bytes of their contiguous copies
+        a = np.ascontiguousarray(a)
+        b = np.ascontiguousarray(b)
+        if kernel == "blas":
+            blas_kernel(a, b, sa, sb, bias32, out, *blas_tiles(m, n, k))
+        else:
+            x = np.empty((m, k), dtype=np.float32)
+            decode_rows(a, x)
+            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
+    if out.dtype != out_dtype:
+        out = out.astype(out_dtype)  # numpy / ml_dtypes casts round to nearest, ties to even
+    return out
