@@ -7,7 +7,6 @@ codes), in the tensor layouts real producers use:
 - sharded checkpoints: ``model.safetensors.index.json`` with a ``weight_map``.
 """
 
-import importlib.util
 import json
 
 import ml_dtypes
@@ -21,8 +20,6 @@ from vtnumba import seam
 from vtnumba.testing import reference
 
 RNG = np.random.default_rng(62)
-needs_gemm = pytest.mark.skipif(importlib.util.find_spec("vtnumba.cpu.gemm") is None,
-                                reason="vtnumba/cpu/gemm.py (issue 3) is not on main yet")  # TEMPORARY
 P = "model.layers.0.mlp.down_proj"
 
 
@@ -192,7 +189,6 @@ def test_fused_qkv_from_a_checkpoint(tmp_path):
     assert np.count_nonzero(fused.data[:16] != tensors[f"{shards[0]}.weight"].view(np.uint8)) > 0
 
 
-@needs_gemm
 def test_config_and_checkpoint_end_to_end(tmp_path):
     w_float, _ = _quantized(n=16, k=32)
     fw = seam.Fp8Weight.from_float(w_float, input_scale=0.01)

@@ -1,6 +1,5 @@
 """seam.make_linear_method (singledispatch on the weight's type) and the linear methods."""
 
-import importlib.util
 
 import ml_dtypes
 import numpy as np
@@ -10,8 +9,6 @@ import vtnumba as vt
 from vtnumba import seam
 
 RNG = np.random.default_rng(61)
-needs_gemm = pytest.mark.skipif(importlib.util.find_spec("vtnumba.cpu.gemm") is None,
-                                reason="vtnumba/cpu/gemm.py (issue 3) is not on main yet")  # TEMPORARY
 
 
 def test_factory_dispatches_on_the_weight_type():
@@ -109,7 +106,6 @@ def test_unquantized_apply_prequant_dequantizes_exactly():
         np.testing.assert_array_equal(m.apply_prequant(q), expected)
 
 
-@needs_gemm
 def test_fp8_method_apply_is_matmul_fp8():
     w = seam.Fp8Weight.from_float(RNG.standard_normal((16, 32)).astype(np.float32), per_channel=True,
                                   activation_scheme="per_token")

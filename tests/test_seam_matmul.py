@@ -1,7 +1,6 @@
 """seam.matmul_fp8 / matmul_fp8_prequant and the lever, on the CPU: bitwise agreement of the two
 entry points, G3 against the float64 oracle, shapes, dtypes, bad input, a two-layer MLP."""
 
-import importlib.util
 
 import ml_dtypes
 import numpy as np
@@ -10,10 +9,6 @@ import pytest
 import vtnumba as vt
 from vtnumba import _config, seam
 from vtnumba.testing import reference
-
-# TEMPORARY until the CPU GEMM (issue 3) is on main: vt.scaled_mm on numpy arrays needs it.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vtnumba.cpu.gemm") is None,
-                                reason="vtnumba/cpu/gemm.py (issue 3) is not on main yet")
 
 RNG = np.random.default_rng(60)
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]

@@ -2,7 +2,6 @@
 test_seam_gpu.py)."""
 
 import gc
-import importlib.util
 import threading
 import weakref
 
@@ -15,9 +14,6 @@ from vtnumba import seam
 from vtnumba.testing import reference
 
 RNG = np.random.default_rng(6)
-# TEMPORARY until the CPU GEMM (issue 3) is on main: tests that run vt.scaled_mm skip without it.
-needs_gemm = pytest.mark.skipif(importlib.util.find_spec("vtnumba.cpu.gemm") is None,
-                                reason="vtnumba/cpu/gemm.py (issue 3) is not on main yet")
 
 
 def _codes(n, k, rng=RNG):
@@ -161,7 +157,6 @@ def test_resident_cache_is_thread_safe():
     assert _stats().uploads - before.uploads == 1
 
 
-@needs_gemm
 def test_release_host_drops_the_codes_records_it_and_the_resident_still_computes():
     w = _weight(n=8, k=16)
     x = RNG.standard_normal((3, 16)).astype(np.float32)
