@@ -21,6 +21,21 @@ def cp():
     return pytest.importorskip("cupy")
 
 
+def _gpu(cp, x):
+    """A numpy array on the GPU; bfloat16 goes over as bits and is viewed back."""
+    if x.dtype.itemsize == 2 and x.dtype != np.float16:
+        return cp.asarray(x.view(np.uint16)).view(x.dtype)
+    return cp.asarray(x)
+
+
+def _host(y):
+    """A cupy array on the host, bfloat16 included (read as bits, viewed back)."""
+    dt = np.dtype(y.dtype)
+    if dt.itemsize == 2 and dt != np.float16:
+        return y.view(np.uint16).get().view(dt)
+    return y.get()
+
+
 def _stats(device):
     return seam.load_stats().get(device, seam.DeviceLoadStats())
 
@@ -133,20 +148,20 @@ def test_gpu_matmul_equals_prequant_bitwise_and_cpu_within_g3(cp, scheme, per_ch
     np_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
     w = _host_weight(n=64, k=128, scheme=scheme, per_channel=per_channel)
     x_host = (RNG.standard_normal((m, 128)) * 2).astype(np_dtype)
-    x = cp.asarray(x_host)
+    x = _gpu(cp, x_host)
     r = seam.ResidentFp8(w, "cuda")
     y = seam.matmul_fp8(x, r)
     assert isinstance(y, cp.ndarray) and y.shape == (m, 64) and np.dtype(y.dtype) == np.dtype(np_dtype)
     q = _quantize_like(x, r.weight)
     y_pre = seam.matmul_fp8_prequant(q, r, out_dtype=np_dtype)
-    np.testing.assert_array_equal(y.get().view(np.uint8), y_pre.get().view(np.uint8))
+    np.testing.assert_array_equal(_host(y).view(np.uint8), _host(y_pre).view(np.uint8))
     # G2 on the activation, then G3 for the GPU GEMM and the CPU's against the same float64 oracle
     q_cpu = _quantize_like(x_host, w)
     np.testing.assert_array_equal(q.data.get(), q_cpu.data)
     ref, bound = reference.scaled_mm(q_cpu.data, w.data, q_cpu.scale, w.weight_scale, w.bias)
     allow = bound + reference.out_rounding(ref, np_dtype)
     y_cpu = seam.matmul_fp8(x_host, w)
-    assert np.all(np.abs(y.get().astype(np.float64) - ref) <= allow)
+    assert np.all(np.abs(_host(y).astype(np.float64) - ref) <= allow)
     assert np.all(np.abs(y_cpu.astype(np.float64) - ref) <= allow)
     assert np.count_nonzero(ref) == ref.size
 
