@@ -104,6 +104,9 @@ class _ArrayArg:
 
     def flatten(self, arr, out):
         ptr, shape, strides = arr if type(arr) is Buffer else _array_ptr_shape_strides(arr)
+        if self.ndim == 1 and len(shape) == 1:  # the common case, in one step
+            out += (0, 0, shape[0], self.itemsize, ptr, shape[0], strides[0])
+            return
         if len(shape) != self.ndim:
             raise ValueError(f"array argument must be {self.ndim}-D, got shape {tuple(shape)}")
         nitems = 1
