@@ -108,6 +108,18 @@ def test_dynamic_matches_cpu(gpu, dtype, shape):
     _assert_same_codes(codes, want.data)
 
 
+def test_grid_stride_loops_cover_more_groups_than_threads(gpu):
+    """Inputs with more 16-element groups than the (capped) grid has threads: every thread loops."""
+    from vtnumba.cuda import quant
+
+    n = 16 * quant.THREADS * quant.DYNAMIC_BLOCKS_PER_SM * 2 + 5  # two loop trips, plus a tail
+    x = _matrix(ml_dtypes.bfloat16, 0.13, 1, n, seed=13, huge=False).reshape(-1)
+    want = vt.quantize_fp8(x)
+    codes, scale = gpu.quantize_dynamic(x)
+    assert scale[0] == want.scale[0]
+    _assert_same_codes(codes, want.data)
+
+
 @pytest.mark.parametrize("ub", [None, 0.5, "device"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_per_token_matches_cpu(gpu, dtype, ub):
