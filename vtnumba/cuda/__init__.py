@@ -5,7 +5,8 @@ kernels launched through cupy (``launch.py``) on cupy's current stream.
   zero-copy through ``__cuda_array_interface__`` / DLPack). Strided inputs are copied to C order
   first, so they give the bytes of their contiguous copies.
 - Scales: a host float32, or a float32 size-1 device array that the kernels read on the device (never
-  synchronized, never written).
+  synchronized, never written). A static activation's ``scale`` is a device array shared by every
+  activation quantized with the same host value (``scale_array``): read-only.
 - Encoder: ``VT_CUDA_ENCODER`` = ``auto`` (default: the hardware ``cvt`` on sm_89+, else the
   portable encoder), ``hardware`` or ``portable``; the ``encoder=`` argument of the functions below
   overrides it (tests use it to prove both).

@@ -32,9 +32,6 @@ ENCODERS = ("hardware", "portable")
 HARDWARE_MIN_CC = (8, 9)  # cvt.*.e4m3x2.f32 needs sm_89 (Ada) or newer
 
 _device_inline = DEVICE_INLINE
-_U32_LOW_HALF = np.uint32(0xFFFF)
-_U32_HIGH_HALF = np.uint32(0xFFFF0000)
-_U32_16 = np.uint32(16)
 _U32_8 = np.uint32(8)
 _U32_BYTE = np.uint32(0xFF)
 _U32_NAN_CODE = np.uint32(_format.E4M3_NAN_CODE)

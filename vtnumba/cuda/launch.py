@@ -1,4 +1,4 @@
-"""Cheap kernel launches: compile with Numba, launch through cupy.
+"""Cheap kernel launches: compile with Numba, load with cupy, launch through the CUDA driver.
 
 Why: a numba-cuda launch with cupy arrays costs ~96 us of host time, and none of numba-cuda's own
 launch paths gets under ~25 us (ANCHORS.md), while an FP8 layer's GPU work at decode is 4-30 us.

@@ -48,8 +48,6 @@ DYNAMIC_BLOCKS_PER_SM = 8
 
 _device_inline = DEVICE_INLINE
 _U32_16 = np.uint32(16)
-_U32_8 = np.uint32(8)
-_U32_24 = np.uint32(24)
 _U32_BYTE = np.uint32(0xFF)
 _U32_LOW_HALF = np.uint32(0xFFFF)
 _U32_HIGH_HALF = np.uint32(0xFFFF0000)
