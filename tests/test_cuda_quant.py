@@ -326,3 +326,55 @@ def test_unusable_gpu_messages_name_the_cause(monkeypatch):
     monkeypatch.setattr(target, "gpu_unavailable_reason", lambda: "no usable CUDA driver (test)")
     with pytest.raises(RuntimeError, match=r"needs a usable CUDA GPU: no usable CUDA driver \(test\)"):
         target.require_gpu()
+
+
+# --- the launcher's ABI packing (runs anywhere numba-cuda imports; no GPU needed) -------------------
+PTX_ENTRY = """
+.visible .entry _ZN8__main__1kE(
+	.param .u64 _ZN8__main__1kE_param_0,
+	.param .u64 .ptr .align 1 _ZN8__main__1kE_param_1,
+	.param .f32 _ZN8__main__1kE_param_2,
+	.param .u8 _ZN8__main__1kE_param_3
+)
+{
+	ret;
+}
+"""
+
+
+def test_entry_params_reads_the_ptx_parameter_list():
+    from vtnumba.cuda.launch import entry_params
+
+    assert entry_params(PTX_ENTRY) == ("_ZN8__main__1kE", [8, 8, 4, 1])
+    with pytest.raises(RuntimeError, match="exactly one .entry"):
+        entry_params(PTX_ENTRY + PTX_ENTRY)
+
+
+def test_launcher_packs_numba_array_abi():
+    import struct
+
+    from vtnumba.cuda.launch import Buffer, Kernel, compile_kernel
+    from vtnumba.cuda.target import types
+
+    def kernel(x, out, alpha, n, big, flag):
+        pass
+
+    sig = (types.float32[::1], types.uint8[:, :], types.float32, types.int32, types.uint64, types.boolean)
+    k = Kernel(kernel, sig)
+    values = k.flatten((Buffer(0x1000, (10,), (4,)), Buffer(0x2000, (3, 4), (8, 1)), 0.5, -7, 2 ** 63 + 5, True))
+    struct.pack_into(k._format, k._slot_bytes, 0, *values)
+    slots = k._slots
+    assert slots.size == 7 + 9 + 4  # one 8-byte slot per PTX parameter
+    # meminfo, parent, nitems, itemsize, data, shape..., strides...
+    assert list(slots[:7]) == [0, 0, 10, 4, 0x1000, 10, 4]
+    assert list(slots[7:16]) == [0, 0, 12, 1, 0x2000, 3, 4, 8, 1]
+    assert slots[16:17].view(np.float32)[0] == F32(0.5)
+    assert slots[17:18].view(np.int32)[0] == -7
+    assert int(slots[18]) == 2 ** 63 + 5
+    assert slots[19:20].view(np.uint8)[0] == 1
+    assert list(k._param_ptrs) == [slots.ctypes.data + 8 * i for i in range(slots.size)]
+    with pytest.raises(ValueError, match="array argument must be 1-D"):
+        k.flatten((Buffer(0x1000, (2, 5), (20, 4)), Buffer(0x2000, (3, 4), (8, 1)), 0.5, 1, 1, True))
+    with pytest.raises(TypeError, match="takes 6 arguments, got 2"):
+        k.flatten((1, 2))
+    assert compile_kernel(kernel, sig) is compile_kernel(kernel, sig)  # one object per (kernel, signature)

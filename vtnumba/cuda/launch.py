@@ -217,15 +217,20 @@ class Kernel:
         return fn if fn is not None else self._load(device_id)
 
     # -- launch -----------------------------------------------------------------------------
-    def __call__(self, grid, block, *args, shared_mem=0):
-        if SIMULATOR:
-            return self._simulate(grid, block, args, shared_mem)
+    def flatten(self, args):
+        """The kernel's parameter values for ``args``, in Numba's flattened order."""
         plan = self._plan
         if len(args) != len(plan):
             raise TypeError(f"{self.name} takes {len(plan)} arguments, got {len(args)}")
         values = []
         for arg, value in zip(plan, args):
             arg.flatten(value, values)
+        return values
+
+    def __call__(self, grid, block, *args, shared_mem=0):
+        if SIMULATOR:
+            return self._simulate(grid, block, args, shared_mem)
+        values = self.flatten(args)
         gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
         fn = self._functions.get(_get_device()) if _get_device is not None else None
