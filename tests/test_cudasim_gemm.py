@@ -133,6 +133,39 @@ def test_decode_gemv_codes(gemm, m, bias_dtype):
     assert assert_g3(y2, a, b, sa, sb, bias, np.float32) > 0
 
 
+def test_decode_gemv_float16_staging(gemm):
+    # M x K too large for float32 staging (4 x 3088 x 4 bytes > 48 KiB): float16 planes instead
+    from vtnumba.cuda import gemm_kernels as gk
+
+    rng = np.random.default_rng(25)
+    m, n, k = 4, 16, 3088
+    assert not gk.gemv_stages_float32(m, k) and gk.gemv_shared_bytes(m, k) <= gk.GEMV_SHARED_BYTES
+    a, b = random_codes(rng, (m, k), nan_codes=True), random_codes(rng, (n, k))
+    y = gemm.scaled_mm(a, b, np.float32(0.01), np.float32(0.02), np.dtype(np.float32), None, "decode_gemv")
+    assert assert_g3(y, a, b, np.float32(0.01), np.float32(0.02), None, np.float32) > 0
+    assert np.isnan(y[0]).all() and np.isnan(y[-1]).all() and not np.isnan(y[1]).any()
+
+
+def test_bit_placed_weight_decode_is_exact_for_every_code(gemm):
+    from vtnumba.cuda import gemm_kernels as gk
+
+    codes = np.arange(256, dtype=np.uint32)
+    words = codes | (np.roll(codes, 1) << 8) | (np.roll(codes, 2) << 16) | (np.roll(codes, 3) << 24)
+    want = reference.decode(codes.astype(np.uint8))
+    compared = 0
+    for i, w in enumerate(words):
+        got = np.array(gk.e4m3x4_scaled(np.uint32(w)), dtype=np.float64) * 2.0 ** 120
+        flagged = int(gk.nan_code_bits(np.uint32(w)))
+        for byte in range(4):
+            code = int(codes[(i - byte) % 256])
+            is_nan = (code & 0x7F) == 0x7F
+            assert bool(flagged & (0x80 << (8 * byte))) == is_nan
+            if not is_nan:
+                assert got[byte] == want[code] and np.signbit(got[byte]) == np.signbit(want[code])
+                compared += 1
+    assert compared == 4 * 254
+
+
 @pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
 def test_fused_quant_gemv(gemm, scheme):
     rng = np.random.default_rng(30)
@@ -194,8 +227,8 @@ def test_selection_reasons_and_forcing(gemm, monkeypatch):
     monkeypatch.delenv("VT_DISABLE_KERNELS")
     with pytest.raises(ValueError, match="kernel must be one of"):
         gemm.scaled_mm(a, b, np.float32(1), np.float32(1), np.dtype(np.float32), None, "nope")
-    with pytest.raises(ValueError, match="M <= 16"):
-        gemm.scaled_mm(random_codes(rng, (17, 32)), b, np.float32(1), np.float32(1), np.dtype(np.float32), None,
+    with pytest.raises(ValueError, match="M <= 4"):
+        gemm.scaled_mm(random_codes(rng, (5, 32)), b, np.float32(1), np.float32(1), np.dtype(np.float32), None,
                        "decode_gemv")
     assert [k.name for k in gemm.kernel_order(1)][0] == "decode_gemv"
     assert [k.name for k in gemm.kernel_order(4096)][0] == "cublaslt"

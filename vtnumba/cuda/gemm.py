@@ -18,7 +18,7 @@ The kernels, and where each applies:
                            scales, adds the bias and rounds: every call cuBLASLt's own epilogue cannot
                            express exactly (a float32 bias with a bf16 output would otherwise have to
                            be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable).
-``decode_gemv``            the Numba decode kernel for M <= 16 (gemm_kernels.py): streams the weight
+``decode_gemv``            the Numba decode kernel for M <= 4 (gemm_kernels.py): streams the weight
                            with 128-bit loads at memory speed; first choice at small M, where
                            cuBLASLt reads the weight at 45-92% of the ceiling (ANCHORS.md).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
@@ -41,23 +41,37 @@ from .target import SIMULATOR, require_gpu
 
 # Up to this M the decode GEMV is tried before cuBLASLt (measured on the H200: see the module's
 # benchmark, benchmarks/bench_gpu_gemm.py). The GEMV's own limits still apply.
-DECODE_GEMV_PREFERRED_MAX_M = 4
+DECODE_GEMV_PREFERRED_MAX_M = 1
 
 _OUT_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _arrays.BFLOAT16: 2}
 _BIAS_KIND = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, _arrays.BFLOAT16: 3}
 _X_KIND = {np.dtype(np.float32): gk.X_FLOAT32, np.dtype(np.float16): gk.X_FLOAT16, _arrays.BFLOAT16: gk.X_BFLOAT16}
 
 
-def _xp():
-    if SIMULATOR:
-        return np
-    import cupy
+_array_module = None
 
-    return cupy
+
+def _xp():
+    """numpy under the simulator, else cupy (imported once: an import statement per call costs)."""
+    global _array_module, _get_device
+    if _array_module is None:
+        if SIMULATOR:
+            _array_module = np
+        else:
+            import cupy
+
+            _array_module, _get_device = cupy, cupy.cuda.runtime.getDevice
+    return _array_module
+
+
+def _get_device():
+    return 0
 
 
 def _device_id():
-    return 0 if SIMULATOR else _xp().cuda.runtime.getDevice()
+    if _array_module is None:
+        _xp()
+    return _get_device()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,18 +110,21 @@ def _placeholder(kind):
     return arr
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _scale(scale, rows):
     """(float32 device vector, step) for a scale given as a host float32 or a device array (1,) /
     (rows,): step 0 reads the one value for every row."""
     if isinstance(scale, (np.floating, float, int)):
         return device_scalar(scale), 0
-    xp = _xp()
-    vec = scale.reshape(-1)
-    if vec.dtype != np.float32:
-        vec = vec.astype(np.float32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
-    if not vec.flags.c_contiguous:
-        vec = xp.ascontiguousarray(vec)
-    return vec, (0 if vec.shape[0] == 1 else 1)
+    vec = scale if len(scale.shape) == 1 else scale.reshape(-1)
+    if vec.dtype != _F32:
+        vec = vec.astype(_F32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
+    size = vec.shape[0]
+    if size > 1 and vec.strides[0] != 4:
+        vec = _xp().ascontiguousarray(vec)
+    return vec, (0 if size == 1 else 1)
 
 
 def _bias_bits(bias):
@@ -242,11 +259,18 @@ class CublasLtF32Epilogue:
         return y
 
 
+_CAPABILITY = {}
+
+
 def _compute_capability():
     if SIMULATOR:
         return (0, 0)
-    cc = _xp().cuda.Device().compute_capability
-    return (int(cc[:-1]), int(cc[-1]))
+    device = _device_id()
+    cc = _CAPABILITY.get(device)
+    if cc is None:
+        text = _xp().cuda.Device(device).compute_capability  # "90"
+        cc = _CAPABILITY[device] = (int(text[:-1]), int(text[-1]))
+    return cc
 
 
 class DecodeGemv:
@@ -259,7 +283,7 @@ class DecodeGemv:
     def run(self, call):
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
         bias, bias_kind = _bias_bits(call.bias)
-        launcher = gk.gemv_launcher(gk.gemv_m_tile(call.m), gk.hardware_path_available(_compute_capability()),
+        launcher = gk.gemv_launcher(call.m, call.k, gk.hardware_path_available(_compute_capability()),
                                     call.out_dtype == np.float32)
         launcher((call.n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
                  call.a, _placeholder("u16_2d"), 0, gk.STAGE_CODES, _placeholder("f32"), call.b,
@@ -275,8 +299,8 @@ def gemv_reason(m, k, b):
     if k % 16:
         return f"the decode GEMV reads the weight 16 bytes at a time: K must be a multiple of 16, got {k}"
     if gk.gemv_shared_bytes(m, k) > gk.GEMV_SHARED_BYTES:
-        return (f"the decode GEMV stages M x K activations in 48 KiB of shared memory: "
-                f"M * K <= {gk.GEMV_SHARED_BYTES // 2}, got {m} x {k}")
+        return (f"the decode GEMV stages the activation in 48 KiB of shared memory (M rounded up to "
+                f"1, 2 or 4, 2 bytes per value at least): M x K = {m} x {k} does not fit")
     if not SIMULATOR:
         if b.strides[1] != 1 or b.strides[0] % 16 or b.data.ptr % 16:
             return "the decode GEMV needs 16-byte aligned weight rows (contiguous K, row stride % 16 == 0)"
@@ -367,7 +391,7 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
 
     The activation's quantization follows DESIGN.md: ``input_scale`` given -> static per-tensor;
     None -> dynamic per-tensor; ``per_token=True`` -> dynamic per-row (``scale_ub`` caps amax). At
-    decode (M <= 16 and M x K fits the GEMV's shared memory) it is ONE launch: the decode GEMV
+    decode (M <= 4 and M x K fits the GEMV's shared memory) it is ONE launch: the decode GEMV
     quantizes the activation itself while staging it. Otherwise vtnumba's GPU quantization runs,
     then ``scaled_mm``.
     """
@@ -410,8 +434,7 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
     scale_b_vec, sb_step = _scale(sb, n)
     y, y_bits = _empty_out(m, n, out_dt)
     bias_bits, bias_kind = _bias_bits(bias)
-    launcher = gk.gemv_launcher(gk.gemv_m_tile(m), gk.hardware_path_available(_compute_capability()),
-                                out_dt == np.float32)
+    launcher = gk.gemv_launcher(m, k, gk.hardware_path_available(_compute_capability()), out_dt == np.float32)
     launcher((n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
              _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], mode, qscale, b, _placeholder("f32"), 0,
              scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt],

@@ -16,9 +16,11 @@ fixed signatures):
 - output: float32 [M, N], or uint16 [M, N] holding float16 (out_kind 1) or bfloat16 (out_kind 2)
   bits; out_kind 0 is float32.
 
-Two decoders, one result: the portable one is ``vtnumba._format.decode_e4m3_scalar`` compiled for
-the GPU (and run by the simulator as plain Python); on sm_89+ the decode kernel uses the hardware
-``cvt.rn.f16x2.e4m3x2`` (exact: every e4m3 value is a float16) through inline PTX.
+Decoding: the tiled GEMM, the epilogue and the GEMV's activation staging use
+``vtnumba._format.decode_e4m3_scalar`` compiled for the GPU (run by the simulator as plain Python).
+The GEMV's weight stream, where decoding is the bottleneck, places the code's bits into a float32
+(exact, scaled by a power of two; see the GEMV section for why and the proof). On sm_89+ its 16-byte
+loads and float16 reads are inline PTX; elsewhere, and in the simulator, plain indexing.
 """
 
 import functools
@@ -200,25 +202,6 @@ def _make_ptx_intrinsics():
         return sig, codegen
 
     @intrinsic
-    def e4m3x4_to_float32(typingctx, word):
-        """The four e4m3 codes of a uint32 (byte 0 first) as float32, exact: cvt.rn.f16x2.e4m3x2
-        (sm_89+) then cvt.f32.f16. 0x7F / 0xFF give NaN."""
-        ret = types.UniTuple(types.float32, 4)
-        sig = ret(types.uint32)
-
-        def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32])
-            asm = ir.InlineAsm(fnty, "{ .reg .b16 l, h, a, b, c, d; .reg .b32 p, q; mov.b32 {l, h}, $4; "
-                                     "cvt.rn.f16x2.e4m3x2 p, l; cvt.rn.f16x2.e4m3x2 q, h; "
-                                     "mov.b32 {a, b}, p; mov.b32 {c, d}, q; cvt.f32.f16 $0, a; "
-                                     "cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
-                               "=f,=f,=f,=f,r")
-            res = builder.call(asm, [args[0]])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-
-        return sig, codegen
-
-    @intrinsic
     def half2_to_float32(typingctx, word):
         """The two float16 halves of a uint32 (low half first) as float32 (exact)."""
         ret = types.UniTuple(types.float32, 2)
@@ -233,7 +216,7 @@ def _make_ptx_intrinsics():
 
         return sig, codegen
 
-    return load_u32x4, e4m3x4_to_float32, half2_to_float32
+    return load_u32x4, half2_to_float32
 
 
 def _portable_load_u32x4(arr, row, col):
@@ -257,19 +240,12 @@ def _portable_load_u32x4_gpu(arr, row, col):
     return w0, w1, w2, w3
 
 
-def _portable_e4m3x4_to_float32(word):
-    w = np.uint32(word)
-    return (decode_e4m3(w & np.uint32(0xFF)), decode_e4m3((w >> np.uint32(8)) & np.uint32(0xFF)),
-            decode_e4m3((w >> np.uint32(16)) & np.uint32(0xFF)), decode_e4m3(w >> np.uint32(24)))
-
-
 def _portable_half2_to_float32(word):
     w = np.uint32(word)
     return half_bits_to_float32(w & np.uint32(0xFFFF)), half_bits_to_float32(w >> np.uint32(16))
 
 
 _portable_load = cuda.jit(**_DEVICE)(_portable_load_u32x4 if SIMULATOR else _portable_load_u32x4_gpu)
-_portable_dec4 = cuda.jit(**_DEVICE)(_portable_e4m3x4_to_float32)
 _portable_half2 = cuda.jit(**_DEVICE)(_portable_half2_to_float32)
 _HW = None if SIMULATOR else _make_ptx_intrinsics()
 
@@ -361,14 +337,27 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 
 
 # ------------------------------------------------------------------------------------------------
-# the decode GEMV (M <= 16): streams the weight once at memory speed.
+# the decode GEMV (M <= 4): streams the weight once at memory speed.
 #
 # Layout of the work: a block of GEMV_WARPS warps; each warp owns GEMV_ROWS weight rows; each lane
-# reads 16 contiguous weight bytes per row per step (one 128-bit load), GEMV_UNROLL steps at a time,
-# so that enough loads are in flight to cover HBM latency. The activation rows are staged once per
-# block in shared memory as float16 bits (exact for e4m3 values; half the bytes of float32, so
-# K = 14336 fits at M = 1), laid out plane by plane so that the 32 lanes of a warp read 32
-# consecutive words (no bank conflicts): word (m, p, c) holds k = 16 c + 2 p and 16 c + 2 p + 1.
+# reads 16 contiguous weight bytes of each of its rows per step (one 128-bit load per row, so
+# GEMV_ROWS loads in flight per lane). The activation rows are staged once per block in shared
+# memory, laid out plane by plane so that the 32 lanes of a warp read 32 consecutive words (no bank
+# conflicts): as float32 when M x K x 4 bytes fit in 48 KiB (no conversion in the inner loop), else
+# as float16 bits (exact for e4m3 values; half the bytes, so K = 14336 fits at M = 1).
+#
+# Why the weight is decoded by bit placement and not by the cvt.rn.f16x2.e4m3x2 instruction: the
+# first version (cvt e4m3x2 -> f16x2, then cvt f16 -> f32) ran at 13.1 us for N = K = 4096, M = 1 on
+# the H200, twice cuBLASLt's 6.2 us: conversions issue at 16 per clock per SM, and it took 1.5 per
+# weight byte. Placing the 7 magnitude bits of an e4m3 code at float32 bits 26..20 and its sign at
+# bit 31 (three integer operations, 64 per clock) gives exactly code_value * 2^-120 for every
+# finite code, subnormals included (e4m3's subnormals land on float32 subnormals, exactly). The
+# activation is staged times 2^60, so every product is code_a * code_b * 2^-60: a normal float32,
+# exact, far from underflow and overflow, and float32 sums of such products round exactly as the
+# unscaled sums would (scaling by a power of two commutes with rounding when nothing underflows).
+# The accumulator is multiplied back by 2^60 (exact) before the scales. The one code the placement
+# does not give is NaN (0x7F / 0xFF): a per-row flag catches it, and the row's outputs become NaN,
+# as NaN * x would.
 #
 # Staging modes (one kernel, a runtime switch; only the staging differs):
 #   0 codes:     a holds e4m3 codes, the dequantization scale is scale_a
@@ -377,18 +366,44 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 #   3 per_token: per-row scale = max(min(amax_row, ub) / 448, floor), codes = encode(x / scale_row)
 # Modes 1-3 make an FP8 linear layer at decode one launch: quantization and GEMM fused.
 
-GEMV_WARPS = 8
-GEMV_ROWS = 2
-GEMV_UNROLL = 2
+GEMV_WARPS = 4
+GEMV_ROWS = 4
 GEMV_THREADS = 32 * GEMV_WARPS
 GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS
-GEMV_MAX_M = 16
+GEMV_MAX_M = 4
 GEMV_SHARED_BYTES = 48 * 1024  # the static per-block limit without an opt-in attribute
 STAGE_CODES, STAGE_STATIC, STAGE_DYNAMIC, STAGE_PER_TOKEN = 0, 1, 2, 3
 X_FLOAT32, X_FLOAT16, X_BFLOAT16 = 0, 1, 2
 
 _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
+_F32_NAN = np.float32(np.nan)
+_F32_2P60 = np.float32(2.0 ** 60)
+_U32_MAG_AT_20 = np.uint32(0x07F00000)
+_U32_SIGN32 = np.uint32(0x80000000)
+_U32_LOW7X4 = np.uint32(0x7F7F7F7F)
+_U32_ONEX4 = np.uint32(0x01010101)
+_U32_HIGHX4 = np.uint32(0x80808080)
+
+
+def e4m3x4_scaled(word):
+    """The four e4m3 codes of a uint32 (byte 0 first) as float32 values times 2^-120, exact for
+    every finite code (see the comment above); NaN codes give finite garbage (callers flag them)."""
+    w = np.uint32(word)
+    v0 = bits_float32(((w << np.uint32(20)) & _U32_MAG_AT_20) | ((w << np.uint32(24)) & _U32_SIGN32))
+    v1 = bits_float32(((w << np.uint32(12)) & _U32_MAG_AT_20) | ((w << _U32_16) & _U32_SIGN32))
+    v2 = bits_float32(((w << np.uint32(4)) & _U32_MAG_AT_20) | ((w << np.uint32(8)) & _U32_SIGN32))
+    v3 = bits_float32(((w >> np.uint32(4)) & _U32_MAG_AT_20) | (w & _U32_SIGN32))
+    return v0, v1, v2, v3
+
+
+def nan_code_bits(word):
+    """Bit 7 of a byte is set where that byte of ``word`` is an e4m3 NaN code (0x7F or 0xFF)."""
+    return ((np.uint32(word) & _U32_LOW7X4) + _U32_ONEX4) & _U32_HIGHX4
+
+
+e4m3x4_scaled = _device(e4m3x4_scaled)
+nan_code_bits = _device(nan_code_bits)
 
 
 def _load_x(x, x_kind, m, k):
@@ -429,24 +444,36 @@ _warp_sum = cuda.jit(**_DEVICE)(_simulated_warp_sum if SIMULATOR else _shfl_warp
 _WARP_SUM_SCRATCH = GEMV_THREADS if SIMULATOR else 1
 
 
+def gemv_stages_float32(m, k):
+    """Whether the activation is staged as float32 (else float16 bits) for M rows of K."""
+    return gemv_m_tile(m) * k * 4 <= GEMV_SHARED_BYTES
+
+
 def gemv_shared_bytes(m, k):
-    return m * k * 2
+    """Dynamic shared memory of the GEMV for M rows of K (rows up to the compiled tile are staged)."""
+    return gemv_m_tile(m) * k * (4 if gemv_stages_float32(m, k) else 2)
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(m_tile, hardware):
-    """The GEMV kernel for up to ``m_tile`` activation rows (1, 2, 4, 8 or 16; compiled per value so
-    the accumulators live in registers), hardware decode or portable."""
+def gemv_kernel(m_tile, hardware, stage_float32):
+    """The GEMV kernel for up to ``m_tile`` activation rows (1, 2 or 4; compiled per value so the
+    accumulators live in registers), with hardware loads (inline PTX) or portable ones, and the
+    activation staged as float32 or float16 bits."""
     if hardware:
-        load16, dec4, half2 = _HW
+        load16, half2 = _HW
     else:
-        load16, dec4, half2 = _portable_load, _portable_dec4, _portable_half2
+        load16, half2 = _portable_load, _portable_half2
     n_acc = GEMV_ROWS * m_tile
-    n_w = GEMV_ROWS * GEMV_UNROLL * 16
+    n_x = 16 * m_tile
+    n_words = 4 * GEMV_ROWS
     load_x = _load_x_dev
     encode = encode_e4m3
     decode = decode_e4m3
     to_half = float32_to_half_bits
+    to_bits = _PRIMITIVES.get("float32_bits", float32_bits)
+    from_bits = _PRIMITIVES.get("bits_float32", bits_float32)
+    dec4 = e4m3x4_scaled
+    nan_bits = nan_code_bits
     epilogue = epilogue_value
     store = store_out
     warp_sum = _warp_sum
@@ -460,9 +487,10 @@ def gemv_kernel(m_tile, hardware):
         stage = cuda.shared.array(0, types.uint32)
         row_scale = cuda.shared.array(m_tile, types.float32)
         row_amax = cuda.shared.array(m_tile, types.float32)
+        scratch = cuda.shared.array(scratch_size, types.float32)
         tid = cuda.threadIdx.x
 
-        # -- staging: activation rows -> float16 bits of their decoded e4m3 values -------------
+        # -- staging: activation rows -> their decoded e4m3 values (rows >= M staged as zeros) --
         if mode != STAGE_CODES:
             if tid < m_tile:
                 row_amax[tid] = _F32_ZERO
@@ -489,83 +517,82 @@ def gemv_kernel(m_tile, hardware):
                     s = max(t / np.float32(448.0), _format.F32_MIN_SCALE)
                 row_scale[tid] = s
             cuda.syncthreads()
-        for word in range(tid, m_total * kh, GEMV_THREADS):
-            m = word // kh
-            rest = word - m * kh
-            p = rest // k16
-            c = rest - p * k16
-            k = 16 * c + 2 * p
-            if mode == STAGE_CODES:
-                c0 = a[m, k]
-                c1 = a[m, k + 1]
-            elif mode == STAGE_PER_TOKEN:
-                s = row_scale[m]
-                c0 = encode(np.float32(load_x(x, x_kind, m, k) / s))
-                c1 = encode(np.float32(load_x(x, x_kind, m, k + 1) / s))
+        per_word = 1 if stage_float32 else 2  # activation values per staged 32-bit word
+        words_per_row = k_total // per_word
+        for word in range(tid, m_tile * words_per_row, GEMV_THREADS):
+            m = word // words_per_row
+            rest = word - m * words_per_row
+            plane = rest // k16
+            c = rest - plane * k16
+            k = 16 * c + per_word * plane
+            v0 = _F32_ZERO
+            v1 = _F32_ZERO
+            if m < m_total:
+                if mode == STAGE_CODES:
+                    c0 = a[m, k]
+                    c1 = a[m, k + per_word - 1]
+                elif mode == STAGE_PER_TOKEN:
+                    s = row_scale[m]
+                    c0 = encode(np.float32(load_x(x, x_kind, m, k) / s))
+                    c1 = encode(np.float32(load_x(x, x_kind, m, k + per_word - 1) / s))
+                else:
+                    inv = np.float32(_F32_ONE / row_scale[m])
+                    c0 = encode(np.float32(load_x(x, x_kind, m, k) * inv))
+                    c1 = encode(np.float32(load_x(x, x_kind, m, k + per_word - 1) * inv))
+                v0 = decode(c0)
+                v1 = decode(c1)
+            if stage_float32:
+                stage[word] = np.uint32(to_bits(np.float32(v0 * _F32_2P60)))
             else:
-                inv = np.float32(_F32_ONE / row_scale[m])
-                c0 = encode(np.float32(load_x(x, x_kind, m, k) * inv))
-                c1 = encode(np.float32(load_x(x, x_kind, m, k + 1) * inv))
-            h0 = np.uint32(to_half(decode(c0)))
-            h1 = np.uint32(to_half(decode(c1)))
-            stage[word] = h0 | (h1 << np.uint32(16))
+                stage[word] = np.uint32(to_half(v0)) | (np.uint32(to_half(v1)) << np.uint32(16))
         cuda.syncthreads()
 
-        # -- streaming: 128-bit weight loads, f32 FMA, warp reduction ---------------------------
+        # -- streaming: 128-bit weight loads, bit-placed decode, f32 FMA, warp reduction --------
         lane = tid % 32
         warp = tid // 32
         n_base = (cuda.blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS
         acc = cuda.local.array(n_acc, types.float32)
-        wv = cuda.local.array(n_w, types.float32)
-        xv = cuda.local.array(16, types.float32)
+        xv = cuda.local.array(n_x, types.float32)
+        words = cuda.local.array(n_words, types.uint32)
+        nan_flags = cuda.local.array(GEMV_ROWS, types.uint32)
         for i in range(n_acc):
             acc[i] = _F32_ZERO
-        for c_first in range(lane, k16, 32 * GEMV_UNROLL):
-            # issue every load of this step before any arithmetic (latency hiding)
-            for u in range(GEMV_UNROLL):
-                c = min(c_first + 32 * u, k16 - 1)
-                for r in range(GEMV_ROWS):
-                    n = min(n_base + r, n_total - 1)
-                    w0, w1, w2, w3 = load16(b, n, 16 * c)
-                    base = (u * GEMV_ROWS + r) * 16
-                    f0, f1, f2, f3 = dec4(w0)
-                    wv[base + 0] = f0
-                    wv[base + 1] = f1
-                    wv[base + 2] = f2
-                    wv[base + 3] = f3
-                    f0, f1, f2, f3 = dec4(w1)
-                    wv[base + 4] = f0
-                    wv[base + 5] = f1
-                    wv[base + 6] = f2
-                    wv[base + 7] = f3
-                    f0, f1, f2, f3 = dec4(w2)
-                    wv[base + 8] = f0
-                    wv[base + 9] = f1
-                    wv[base + 10] = f2
-                    wv[base + 11] = f3
-                    f0, f1, f2, f3 = dec4(w3)
-                    wv[base + 12] = f0
-                    wv[base + 13] = f1
-                    wv[base + 14] = f2
-                    wv[base + 15] = f3
-            for u in range(GEMV_UNROLL):
-                c = c_first + 32 * u
-                if c < k16:
+        for r in range(GEMV_ROWS):
+            nan_flags[r] = np.uint32(0)
+        for c in range(lane, k16, 32):
+            for r in range(GEMV_ROWS):  # every load of this step before any arithmetic
+                n = min(n_base + r, n_total - 1)
+                w0, w1, w2, w3 = load16(b, n, 16 * c)
+                words[4 * r] = w0
+                words[4 * r + 1] = w1
+                words[4 * r + 2] = w2
+                words[4 * r + 3] = w3
+            for m in range(m_tile):
+                if stage_float32:
+                    for j in range(16):
+                        xv[16 * m + j] = from_bits(stage[m * k_total + j * k16 + c])
+                else:
+                    for p in range(8):
+                        lo, hi = half2(stage[m * kh + p * k16 + c])
+                        xv[16 * m + 2 * p] = np.float32(lo * _F32_2P60)
+                        xv[16 * m + 2 * p + 1] = np.float32(hi * _F32_2P60)
+            for r in range(GEMV_ROWS):
+                for q in range(4):
+                    w = words[4 * r + q]
+                    nan_flags[r] |= nan_bits(w)
+                    f0, f1, f2, f3 = dec4(w)
                     for m in range(m_tile):
-                        if m < m_total:
-                            for p in range(8):
-                                lo, hi = half2(stage[m * kh + p * k16 + c])
-                                xv[2 * p] = lo
-                                xv[2 * p + 1] = hi
-                            for r in range(GEMV_ROWS):
-                                base = (u * GEMV_ROWS + r) * 16
-                                s = acc[r * m_tile + m]
-                                for j in range(16):
-                                    s += wv[base + j] * xv[j]
-                                acc[r * m_tile + m] = s
-        scratch = cuda.shared.array(scratch_size, types.float32)
+                        s = acc[r * m_tile + m]
+                        s += f0 * xv[16 * m + 4 * q]
+                        s += f1 * xv[16 * m + 4 * q + 1]
+                        s += f2 * xv[16 * m + 4 * q + 2]
+                        s += f3 * xv[16 * m + 4 * q + 3]
+                        acc[r * m_tile + m] = s
         for i in range(n_acc):
             acc[i] = warp_sum(acc[i], scratch, lane, warp)
+        for r in range(GEMV_ROWS):
+            has_nan = warp_sum(_F32_ONE if nan_flags[r] != np.uint32(0) else _F32_ZERO, scratch, lane, warp)
+            nan_flags[r] = np.uint32(1) if has_nan > _F32_ZERO else np.uint32(0)
         if lane == 0:
             for r in range(GEMV_ROWS):
                 n = n_base + r
@@ -574,7 +601,10 @@ def gemv_kernel(m_tile, hardware):
                     for m in range(m_tile):
                         if m < m_total:
                             sa = scale_a[m * sa_step] if mode == STAGE_CODES else row_scale[m]
-                            v = epilogue(acc[r * m_tile + m], sa, sb, bias, bias_kind, n)
+                            total = np.float32(acc[r * m_tile + m] * _F32_2P60)  # exact: undo 2^-60
+                            if nan_flags[r] != np.uint32(0):
+                                total = _F32_NAN
+                            v = epilogue(total, sa, sb, bias, bias_kind, n)
                             store(y, m, n, v, out_kind)
 
     return gemv
@@ -582,7 +612,7 @@ def gemv_kernel(m_tile, hardware):
 
 def gemv_m_tile(m):
     """The compiled row count that covers ``m`` activation rows."""
-    for tile in (1, 2, 4, 8, 16):
+    for tile in (1, 2, 4):
         if m <= tile:
             return tile
     raise ValueError(f"m must be <= {GEMV_MAX_M} for the decode GEMV, got {m}")
@@ -603,20 +633,24 @@ def _out_type(out_is_float32):
     return types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
 
 
+@functools.lru_cache(maxsize=None)
 def epilogue_kernel(out_is_float32):
     sig = (types.float32[:, ::1], _out_type(out_is_float32), _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32, _i32)
     return compile_kernel(_epilogue_kernel, sig)
 
 
+@functools.lru_cache(maxsize=None)
 def tiled_kernel(out_is_float32):
     sig = (_u8_2d, _u8_2d, _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
     return compile_kernel(_tiled_kernel, sig)
 
 
-def gemv_launcher(m_tile, hardware, out_is_float32):
+@functools.lru_cache(maxsize=None)
+def gemv_launcher(m, k, hardware, out_is_float32):
+    """The GEMV for M rows of K: its compiled variant follows from M and K."""
     sig = (_u8_2d, _u16_2d, _i32, _i32, _f32_1d, _u8_2d, _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32,
            _out_type(out_is_float32), _i32)
-    return compile_kernel(gemv_kernel(m_tile, hardware), sig)
+    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, gemv_stages_float32(m, k)), sig)
 
 
 __all__ = ["epilogue_kernel", "tiled_kernel", "gemv_launcher", "gemv_m_tile", "hardware_path_available",
