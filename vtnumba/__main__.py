@@ -161,21 +161,19 @@ def layer_shapes(reduce):
         yield name, n // reduce, k // reduce
 
 
-def _kernel_label(dev, m, n, k):
-    """Which GEMM implementation the backend picks for this shape, when it says."""
-    import vtnumba.ops
-
-    backend = vtnumba.ops.backend(dev.name)
-    chooser = getattr(backend, "choose_kernel", None)
-    if chooser is None and dev.name == "cpu":
-        from vtnumba.cpu import gemm
-
-        chooser = gemm.choose_kernel
-    if chooser is None:
-        return "auto"
+def _kernel_label(dev, q, weight):
+    """Which GEMM implementation the backend picks for this call (informational: 'auto' when the
+    backend does not say)."""
     try:
-        return str(chooser(m, n, k))
-    except Exception:  # a chooser that needs more than the shape: the label is informational
+        if dev.name == "cpu":
+            from vtnumba.cpu import gemm
+
+            return gemm.choose_kernel(q.data.shape[0], weight.shape[0], weight.shape[1])
+        from vtnumba.cuda import gemm
+
+        call = gemm.GemmCall(q.data, weight.data, q.scale, weight.weight_scale, np.float32, weight.bias)
+        return gemm.select(call).name
+    except Exception:  # a backend without these hooks: the label is not worth failing the run for
         return "auto"
 
 
@@ -208,7 +206,8 @@ def run_layer(dev, name, m, n, k, repeats, rng):
     quant = profile.profile_op(vt.quantize_fp8, xd, repeats=repeats, name=f"{name} (quantize)")
     base = profile.profile_op(lambda a, b: a @ b.T, xd, w32, repeats=repeats, name=f"{name} (sgemm)",
                               flops=fp8.flops, bytes=float(4 * (m * k + n * k + m * n)), shape=fp8.shape)
-    return dict(layer=name, m=m, n=n, k=k, path=f"matmul_fp8 dynamic, {_kernel_label(dev, m, n, k)}",
+    label = _kernel_label(dev, vt.quantize_fp8(xd), wd)
+    return dict(layer=name, m=m, n=n, k=k, path=f"matmul_fp8 dynamic, {label}",
                 time_s=fp8.time_s, quant_time_s=quant.time_s, gflops=fp8.gflops, gbytes_per_s=fp8.gbytes_per_s,
                 baseline=dev.baseline_label(), baseline_time_s=base.time_s,
                 speedup=base.time_s / fp8.time_s, g3_ratio=g3, g3_ok=bool(g3 <= 1.0),

@@ -365,8 +365,9 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
     """Measure the copy bandwidth and the BLAS peak of ``device`` now, in this process.
 
     CPU: numpy copyto of a ``size_mb`` MB float32 array; float32 sgemm (numpy's BLAS) on
-    gemm_n^3 (1024 by default). GPU: a cupy device copy; cuBLAS sgemm and bf16 GEMMs through cupy
-    (gemm_n 8192 by default)."""
+    gemm_n^3 (1024 by default). GPU: a cupy device copy; cuBLAS sgemm and hgemm through cupy and
+    vtnumba's FP8 scaled_mm (cuBLASLt at this size), gemm_n^3 (8192 by default); the peak is the
+    highest of them, all of them are in ``extra``."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and gpu_unavailable_reason() is not None:
@@ -394,6 +395,15 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
         b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(dt)
         rec = profile_op(cp.matmul, a, b, repeats=10, device="cuda")
         peaks[f"{label} {n}^3"] = 2.0 * n ** 3 / rec.time_s / 1e9
+    try:  # the FP8 GEMM's own peak (cuBLASLt for this shape): FP8 layers can run above hgemm's
+        from . import ops
+
+        codes = cp.random.randint(0, 0x7E, size=(n, n), dtype=cp.uint8)  # finite e4m3 codes
+        rec = profile_op(ops.scaled_mm, codes, codes, np.float32(1), np.float32(1), out_dtype="bfloat16",
+                         repeats=10, device="cuda")
+        peaks[f"vtnumba scaled_mm FP8 {n}^3"] = 2.0 * n ** 3 / rec.time_s / 1e9
+    except Exception as exc:  # a GPU without FP8 (before sm_89) still has the other ceilings
+        peaks[f"vtnumba scaled_mm FP8 unavailable ({exc.__class__.__name__})"] = 0.0
     best = max(peaks, key=peaks.get)
     return Ceilings("cuda", 2 * src.nbytes / copy_rec.time_s / 1e9, peaks[best], best, peaks)
 
