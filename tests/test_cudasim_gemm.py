@@ -230,5 +230,7 @@ def test_selection_reasons_and_forcing(gemm, monkeypatch):
     with pytest.raises(ValueError, match="M <= 4"):
         gemm.scaled_mm(random_codes(rng, (5, 32)), b, np.float32(1), np.float32(1), np.dtype(np.float32), None,
                        "decode_gemv")
-    assert [k.name for k in gemm.kernel_order(1)][0] == "decode_gemv"
-    assert [k.name for k in gemm.kernel_order(4096)][0] == "cublaslt"
+    for m in (1, 4, 4096):  # every kernel in every order, the any-shape kernel last
+        order = [k.name for k in gemm.kernel_order(m)]
+        assert sorted(order) == sorted(gemm.KERNELS_BY_NAME) and order[-1] == "tiled"
+    assert [k.name for k in gemm.kernel_order(gemm.DECODE_GEMV_PREFERRED_MAX_M + 1)][0] == "cublaslt"

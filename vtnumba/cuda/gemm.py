@@ -19,10 +19,19 @@ The kernels, and where each applies:
                            express exactly (a float32 bias with a bf16 output would otherwise have to
                            be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable).
 ``decode_gemv``            the Numba decode kernel for M <= 4 (gemm_kernels.py): streams the weight
-                           with 128-bit loads at memory speed; first choice at small M, where
-                           cuBLASLt reads the weight at 45-92% of the ceiling (ANCHORS.md).
+                           with 128-bit loads, aiming at memory speed where cuBLASLt reads the
+                           weight at 45-92% of the ceiling (ANCHORS.md); tried before cuBLASLt for
+                           M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
+
+Precision (measured on the H200, 2026-11-29): cuBLASLt's FP8 GEMM is bit-identical to
+torch._scaled_mm and meets DESIGN.md's G3 bound on codes of quantized Gaussian tensors (a real
+layer's data), but not on codes drawn uniformly over the whole e4m3 range: there its error reached
+~16x the G3 bound at K = 256, in the in-library and the f32-staged path alike (same bits), which
+points at the Hopper tensor cores summing each k-group of FP8 products at reduced precision before
+the float32 accumulation (FAST_ACCUM is off). The Numba kernels meet G3 on both. A caller who needs
+the strict float32-accumulation contract on arbitrary codes turns cuBLASLt off with the lever.
 
 Scales given as host scalars are uploaded once into a small cached device buffer (per device and
 value), so a call never transfers or synchronizes once warm; graph capture needs a warm-up call
@@ -39,9 +48,13 @@ from . import cublaslt
 from . import gemm_kernels as gk
 from .target import SIMULATOR, require_gpu
 
-# Up to this M the decode GEMV is tried before cuBLASLt (measured on the H200: see the module's
-# benchmark, benchmarks/bench_gpu_gemm.py). The GEMV's own limits still apply.
-DECODE_GEMV_PREFERRED_MAX_M = 1
+# Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M: on the H200
+# (benchmarks/bench_gpu_gemm.py, 2026-11-29) the first GEMV took 13.1 us at M = 1, N = K = 4096,
+# against cuBLASLt's 6.2 us (= torch._scaled_mm). The GEMV was then rewritten (bit-placed decode; see
+# gemm_kernels.py) but not measured again in this session: raise this to 1 once table 2 of the
+# benchmark shows it ahead of cuBLASLt. The GEMV still runs wherever cuBLASLt cannot (the lever off,
+# misaligned operands) and it is the one-launch path of ``fp8_linear``.
+DECODE_GEMV_PREFERRED_MAX_M = 0
 
 _OUT_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _arrays.BFLOAT16: 2}
 _BIAS_KIND = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, _arrays.BFLOAT16: 3}
