@@ -212,6 +212,18 @@ def test_f32_epilogue_kernel(gemm):
     assert assert_g3(y.view(BF16), a, b, sa, sb, bias, BF16) > 0
 
 
+def test_empty_and_zero_k(gemm):
+    rng = np.random.default_rng(60)
+    y = gemm.scaled_mm(np.zeros((0, 32), np.uint8), random_codes(rng, (8, 32)), np.float32(1), np.float32(1),
+                       np.dtype(np.float32), None, None)
+    assert y.shape == (0, 8)
+    bias = np.linspace(-2, 2, 8).astype(np.float32)
+    for m in (1, 9):  # the GEMV and the tiled kernel: an empty sum is 0, so y = bias
+        y = gemm.scaled_mm(np.zeros((m, 0), np.uint8), np.zeros((8, 0), np.uint8), np.float32(1), np.float32(1),
+                           np.dtype(np.float32), bias, None)
+        np.testing.assert_array_equal(y, np.broadcast_to(bias, (m, 8)))
+
+
 def test_selection_reasons_and_forcing(gemm, monkeypatch):
     rng = np.random.default_rng(50)
     a, b = random_codes(rng, (2, 32)), random_codes(rng, (16, 32))

@@ -389,6 +389,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=No
     dtype, kernel None or a kernel name (see the module docstring)."""
     if not SIMULATOR:
         require_gpu()
+    if a.shape[0] == 0 or b.shape[0] == 0:  # nothing to compute (and no kernel takes an empty grid)
+        return _xp().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
     call = GemmCall(a, b, scale_a, scale_b, out_dtype, bias)
     return select(call, kernel).run(call)
 
