@@ -105,13 +105,16 @@ def test_progress_bar_draws_on_a_terminal():
 
     tty = Tty()
     bar = cli.Progress(4, stream=tty, width=8)
-    bar.step("one")
-    bar.step("two")
+    for label in ("one", "two"):
+        bar.begin(label)
+        bar.end()
+    bar.begin("three")
     bar.close()
     text = tty.getvalue()
-    assert "[####----] 2/4" in text and "two" in text and text.endswith("\r")
+    assert "[--------] 0/4" in text and "one" in text
+    assert "[####----] 2/4" in text and "three" in text and text.endswith("\r")
     pipe = io.StringIO()
-    cli.Progress(4, stream=pipe).step("one")
+    cli.Progress(4, stream=pipe).begin("one")
     assert pipe.getvalue() == ""
 
 

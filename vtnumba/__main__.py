@@ -117,8 +117,8 @@ class Progress:
         self.enabled = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
 
-    def step(self, label):
-        self.done += 1
+    def begin(self, label):
+        """Show ``label`` as running now, with the steps finished so far."""
         if not self.enabled:
             return
         filled = self.width * self.done // max(self.total, 1)
@@ -126,6 +126,9 @@ class Progress:
         elapsed = time.perf_counter() - self.t0
         self.stream.write(f"\r[{bar}] {self.done}/{self.total} {elapsed:5.1f}s {label:<28.28s}")
         self.stream.flush()
+
+    def end(self):
+        self.done += 1
 
     def close(self):
         if self.enabled:
@@ -179,6 +182,7 @@ def _kernel_label(dev, q, weight):
 
 def run_layer(dev, name, m, n, k, repeats, rng):
     """One layer: accuracy against float64, then FP8 path and baseline timings."""
+    import vtnumba as vt
     from vtnumba import profile, seam
     from vtnumba.testing import reference
 
@@ -192,11 +196,11 @@ def run_layer(dev, name, m, n, k, repeats, rng):
     wd = weight if dev.name == "cpu" else seam.ResidentFp8(weight, dev.name).weight
     w32 = dev.put(w)
 
-    import vtnumba as vt
-
+    # G3 judges the GEMM alone: the reference takes the codes and scale this device's quantizer
+    # made (the same call matmul_fp8 makes; the self-check holds the quantizer to the oracle).
     y = dev.get(seam.matmul_fp8(xd, wd))
-    q = vt.quantize_fp8(x)  # the dynamic per-tensor quantization matmul_fp8 applies
-    ref, bound = reference.scaled_mm(q.data, weight.data, q.scale[0], weight.weight_scale[0])
+    qd = vt.quantize_fp8(xd)
+    ref, bound = reference.scaled_mm(dev.get(qd.data), weight.data, dev.get(qd.scale)[0], weight.weight_scale[0])
     allowed = bound + reference.out_rounding(ref, np.float32)
     g3 = float(np.max(np.abs(y.astype(np.float64) - ref) / allowed))
     exact = x.astype(np.float64) @ w.astype(np.float64).T
@@ -206,7 +210,7 @@ def run_layer(dev, name, m, n, k, repeats, rng):
     quant = profile.profile_op(vt.quantize_fp8, xd, repeats=repeats, name=f"{name} (quantize)")
     base = profile.profile_op(lambda a, b: a @ b.T, xd, w32, repeats=repeats, name=f"{name} (sgemm)",
                               flops=fp8.flops, bytes=float(4 * (m * k + n * k + m * n)), shape=fp8.shape)
-    label = _kernel_label(dev, vt.quantize_fp8(xd), wd)
+    label = _kernel_label(dev, qd, wd)
     return dict(layer=name, m=m, n=n, k=k, path=f"matmul_fp8 dynamic, {label}",
                 time_s=fp8.time_s, quant_time_s=quant.time_s, gflops=fp8.gflops, gbytes_per_s=fp8.gbytes_per_s,
                 baseline=dev.baseline_label(), baseline_time_s=base.time_s,
@@ -269,21 +273,24 @@ def run(args, out=None):
     dev = _Device(device)
 
     progress = Progress(len(shapes) * len(tokens) + 2, enabled=not args.no_progress)
+    progress.begin("quantization self-check")
     checks = [] if args.skip_selfcheck else selfcheck(dev)
-    progress.step("quantization self-check")
+    progress.end()
+    progress.begin("measuring ceilings")
     ceilings = profile.measure_ceilings(device)
-    progress.step("ceilings")
+    progress.end()
     rng = np.random.default_rng(8)
     rows, records = [], []
     try:
         for m in tokens:
             for name, n, k in shapes:
+                progress.begin(f"{name} M={m}")
                 row, fp8, _ = run_layer(dev, name, m, n, k, repeats, rng)
                 rows.append(row)
                 records.append(profile.ProfileRecord(f"{name} M={m}", fp8.device, fp8.method, fp8.time_s,
                                                      fp8.min_s, fp8.repeats, fp8.host_s, fp8.flops,
                                                      fp8.bytes, fp8.shape))
-                progress.step(f"{name} M={m}")
+                progress.end()
     finally:
         progress.close()
     ok = all(r["mismatches"] == 0 for r in checks) and all(r["g3_ok"] for r in rows)

@@ -242,15 +242,15 @@ def _time_gpu(call, repeats, warmup, method):
             graph.upload(graph_stream)
             graph.launch(graph_stream)  # warm the replay
             graph_stream.synchronize()
-            h0 = time.perf_counter()
             _spin(cp, int(min(max(20 * rough, 1e-3), 0.5) * 1e9), graph_stream)
             start.record(graph_stream)
+            h0 = time.perf_counter()
             graph.launch(graph_stream)
-            end.record(graph_stream)
             host = (time.perf_counter() - h0) / repeats
+            end.record(graph_stream)
             end.synchronize()
         device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
-        return device, device, host, "one graph of all repeats; host = per-call share of one replay"
+        return device, device, host, "one graph of all repeats; host = one replay's launch / repeats"
     for attempt in range(3):
         spin_s = min(max(2.0 * rough * repeats, 1e-3), 2.0)
         _spin(cp, int(spin_s * 1e9), stream)
