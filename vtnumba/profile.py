@@ -251,7 +251,7 @@ def _time_gpu(call, repeats, warmup, method):
             end.synchronize()
         device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
         return device, device, host, "one graph of all repeats; host = one replay's launch / repeats"
-    for attempt in range(3):
+    for _ in range(3):
         spin_s = min(max(2.0 * rough * repeats, 1e-3), 2.0)
         _spin(cp, int(spin_s * 1e9), stream)
         start.record(stream)
