@@ -4,8 +4,28 @@ numpy arrays run on the CPU (``@njit`` kernels); cupy arrays run on the GPU (``@
 and cuBLASLt). See DESIGN.md for the exact semantics every function follows.
 """
 
-from ._format import E4M3_MAX
-from .ops import (
+import importlib.machinery as _machinery
+import sys as _sys
+
+
+class _VtnumbaCudaFinder:
+    """numba-cuda 0.30 installs an import redirector that claims every module whose name CONTAINS
+    "numba.cuda" (``_numba_cuda_redirector.py``: ``if "numba.cuda" in name``), so ``vtnumba.cuda``
+    would be sent looking for itself until RecursionError. This finder, first on sys.meta_path,
+    resolves vtnumba's own subpackage the ordinary way before the redirector sees the name."""
+
+    @staticmethod
+    def find_spec(name, path, target=None):
+        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
+            return _machinery.PathFinder.find_spec(name, path, target)
+        return None
+
+
+if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _VtnumbaCudaFinder)
+
+from ._format import E4M3_MAX  # noqa: E402
+from .ops import (  # noqa: E402
     QuantizedActivation,
     decode_e4m3,
     dequantize_fp8,

@@ -5,8 +5,10 @@ device arrays, torch CUDA tensors) run on the GPU. bfloat16 and float8_e4m3fn ar
 types users hold; kernels see them as uint16 / uint8 bits.
 """
 
-import numpy as np
+import sys
+
 import ml_dtypes
+import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -19,10 +21,20 @@ _OUT_DTYPE_NAMES = {
 }
 
 
+def _cupy_ndarray():
+    """cupy's ndarray type if cupy is already imported (never imports it: CPU users pay nothing)."""
+    cupy = sys.modules.get("cupy")
+    return getattr(cupy, "ndarray", None)
+
+
 def device_of(x, name):
     """'cpu' for a numpy array, 'cuda' for a GPU array; TypeError naming ``name`` otherwise."""
     if isinstance(x, np.ndarray):
         return "cpu"
+    cupy_ndarray = _cupy_ndarray()
+    # isinstance first: hasattr on __cuda_array_interface__ builds the interface dict (0.6 us)
+    if cupy_ndarray is not None and isinstance(x, cupy_ndarray):
+        return "cuda"
     if hasattr(x, "__cuda_array_interface__"):
         return "cuda"
     raise TypeError(
@@ -42,9 +54,27 @@ def same_device(named_arrays):
     return next(iter(found), "cpu")
 
 
+_TORCH_DTYPES = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),
+                 "torch.bfloat16": BFLOAT16, "torch.uint8": np.dtype(np.uint8)}
+
+
+def dtype_of(x):
+    """numpy dtype of an array; torch tensors' dtypes are mapped by name (np.dtype refuses them)."""
+    dt = x.dtype
+    if isinstance(dt, np.dtype):
+        return dt
+    name = str(dt)
+    if name in _TORCH_DTYPES:
+        return _TORCH_DTYPES[name]
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        raise TypeError(f"dtype {name} is not one vtnumba handles") from None
+
+
 def float_dtype(x, name):
     """The float dtype of ``x`` (float32, float16 or ml_dtypes.bfloat16); TypeError otherwise."""
-    dt = np.dtype(x.dtype)
+    dt = dtype_of(x)
     if dt not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a float32, float16 or bfloat16 array, got dtype {dt}")
     return dt
@@ -52,7 +82,7 @@ def float_dtype(x, name):
 
 def codes_uint8(x, name):
     """e4m3 codes as uint8 (a float8_e4m3fn array is viewed, not copied); TypeError otherwise."""
-    dt = np.dtype(x.dtype)
+    dt = dtype_of(x)
     if dt == FLOAT8_E4M3:
         return x.view(np.uint8)
     if dt != np.dtype(np.uint8):
