@@ -268,30 +268,19 @@ def plan_key(a, b, out_dtype, bias_dtype, mode_a, mode_b, d_align=256):
             alignment(a.data.ptr), alignment(b.data.ptr), d_align)
 
 
-def _current_stream_ptr_function():
-    """cupy's cheapest way to the current stream's handle (a Cython call where available)."""
-    import cupy
-
-    try:
-        from cupy_backends.cuda import stream as backend_stream
-
-        backend_stream.get_current_stream_ptr()
-        return backend_stream.get_current_stream_ptr
-    except Exception:  # older / other cupy layouts
-        return lambda: cupy.cuda.get_current_stream().ptr
-
-
-_stream_ptr = None
+_get_current_stream = None  # cupy.cuda.get_current_stream, bound at the first call
 
 
 def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
     """Run ``plan`` on cupy arrays: a [M, K] / b [N, K] uint8 (row stride = leading dimension,
     contiguous rows), scale_a / scale_b float32 device arrays (1,) or (M,) / (N,), bias None or a
     contiguous device vector of the plan's bias type, d the contiguous [M, N] output."""
-    global _stream_ptr
-    if _stream_ptr is None:
-        _stream_ptr = _current_stream_ptr_function()
-    stream_ptr = _stream_ptr()
+    global _get_current_stream
+    if _get_current_stream is None:
+        import cupy
+
+        _get_current_stream = cupy.cuda.get_current_stream
+    stream_ptr = _get_current_stream().ptr
     workspace = state.workspaces.get(stream_ptr)
     if workspace is None:
         import cupy

@@ -265,7 +265,7 @@ class CublasLtF32Epilogue:
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
         bias, bias_kind = _bias_bits(call.bias)
         total = call.m * call.n
-        blocks = max(1, min((total + 255) // 256, 132 * 16))
+        blocks = max(1, min((total + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
         gk.epilogue_kernel(call.out_dtype == np.float32)(
             blocks, 256, acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
             _OUT_KIND[call.out_dtype])
@@ -298,7 +298,8 @@ class DecodeGemv:
         bias, bias_kind = _bias_bits(call.bias)
         launcher = gk.gemv_launcher(call.m, call.k, gk.hardware_path_available(_compute_capability()),
                                     call.out_dtype == np.float32)
-        launcher((call.n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
+        rows = gk.gemv_rows_per_block(call.m)
+        launcher((call.n + rows - 1) // rows, gk.GEMV_THREADS,
                  call.a, _placeholder("u16_2d"), 0, gk.STAGE_CODES, _placeholder("f32"), call.b,
                  call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
                  _OUT_KIND[call.out_dtype], shared_mem=gk.gemv_shared_bytes(call.m, call.k))
@@ -450,7 +451,8 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
     y, y_bits = _empty_out(m, n, out_dt)
     bias_bits, bias_kind = _bias_bits(bias)
     launcher = gk.gemv_launcher(m, k, gk.hardware_path_available(_compute_capability()), out_dt == np.float32)
-    launcher((n + gk.GEMV_ROWS_PER_BLOCK - 1) // gk.GEMV_ROWS_PER_BLOCK, gk.GEMV_THREADS,
+    rows = gk.gemv_rows_per_block(m)
+    launcher((n + rows - 1) // rows, gk.GEMV_THREADS,
              _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], mode, qscale, b, _placeholder("f32"), 0,
              scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt],
              shared_mem=gk.gemv_shared_bytes(m, k))

@@ -339,9 +339,9 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 # ------------------------------------------------------------------------------------------------
 # the decode GEMV (M <= 4): streams the weight once at memory speed.
 #
-# Layout of the work: a block of GEMV_WARPS warps; each warp owns GEMV_ROWS weight rows; each lane
-# reads 16 contiguous weight bytes of each of its rows per step (one 128-bit load per row, so
-# GEMV_ROWS loads in flight per lane). The activation rows are staged once per block in shared
+# Layout of the work: a block of GEMV_WARPS warps; each warp owns a few weight rows
+# (gemv_rows_per_warp: 4 at M = 1); each lane reads 16 contiguous weight bytes of each of its rows
+# per step (one 128-bit load per row, all issued before any arithmetic). The activation rows are staged once per block in shared
 # memory, laid out plane by plane so that the 32 lanes of a warp read 32 consecutive words (no bank
 # conflicts): as float32 when M x K x 4 bytes fit in 48 KiB (no conversion in the inner loop), else
 # as float16 bits (exact for e4m3 values; half the bytes, so K = 14336 fits at M = 1).
@@ -367,9 +367,7 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 # Modes 1-3 make an FP8 linear layer at decode one launch: quantization and GEMM fused.
 
 GEMV_WARPS = 4
-GEMV_ROWS = 4
 GEMV_THREADS = 32 * GEMV_WARPS
-GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS
 GEMV_MAX_M = 4
 GEMV_SHARED_BYTES = 48 * 1024  # the static per-block limit without an opt-in attribute
 STAGE_CODES, STAGE_STATIC, STAGE_DYNAMIC, STAGE_PER_TOKEN = 0, 1, 2, 3
@@ -444,6 +442,17 @@ _warp_sum = cuda.jit(**_DEVICE)(_simulated_warp_sum if SIMULATOR else _shfl_warp
 _WARP_SUM_SCRATCH = GEMV_THREADS if SIMULATOR else 1
 
 
+def gemv_rows_per_warp(m_tile):
+    """Weight rows per warp: 4 at M = 1 (four 128-bit loads in flight per lane, one activation read
+    shared by four rows); 2 for M = 2..4, whose activation registers (16 per row of x) would
+    otherwise spill (checked with ptxas -v for sm_90)."""
+    return 4 if m_tile == 1 else 2
+
+
+def gemv_rows_per_block(m):
+    return GEMV_WARPS * gemv_rows_per_warp(gemv_m_tile(m))
+
+
 def gemv_stages_float32(m, k):
     """Whether the activation is staged as float32 (else float16 bits) for M rows of K."""
     return gemv_m_tile(m) * k * 4 <= GEMV_SHARED_BYTES
@@ -463,9 +472,10 @@ def gemv_kernel(m_tile, hardware, stage_float32):
         load16, half2 = _HW
     else:
         load16, half2 = _portable_load, _portable_half2
-    n_acc = GEMV_ROWS * m_tile
+    rows = gemv_rows_per_warp(m_tile)
+    n_acc = rows * m_tile
     n_x = 16 * m_tile
-    n_words = 4 * GEMV_ROWS
+    n_words = 4 * rows
     load_x = _load_x_dev
     encode = encode_e4m3
     decode = decode_e4m3
@@ -550,17 +560,17 @@ def gemv_kernel(m_tile, hardware, stage_float32):
         # -- streaming: 128-bit weight loads, bit-placed decode, f32 FMA, warp reduction --------
         lane = tid % 32
         warp = tid // 32
-        n_base = (cuda.blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS
+        n_base = (cuda.blockIdx.x * GEMV_WARPS + warp) * rows
         acc = cuda.local.array(n_acc, types.float32)
         xv = cuda.local.array(n_x, types.float32)
         words = cuda.local.array(n_words, types.uint32)
-        nan_flags = cuda.local.array(GEMV_ROWS, types.uint32)
+        nan_flags = cuda.local.array(rows, types.uint32)
         for i in range(n_acc):
             acc[i] = _F32_ZERO
-        for r in range(GEMV_ROWS):
+        for r in range(rows):
             nan_flags[r] = np.uint32(0)
         for c in range(lane, k16, 32):
-            for r in range(GEMV_ROWS):  # every load of this step before any arithmetic
+            for r in range(rows):  # every load of this step before any arithmetic
                 n = min(n_base + r, n_total - 1)
                 w0, w1, w2, w3 = load16(b, n, 16 * c)
                 words[4 * r] = w0
@@ -576,7 +586,7 @@ def gemv_kernel(m_tile, hardware, stage_float32):
                         lo, hi = half2(stage[m * kh + p * k16 + c])
                         xv[16 * m + 2 * p] = np.float32(lo * _F32_2P60)
                         xv[16 * m + 2 * p + 1] = np.float32(hi * _F32_2P60)
-            for r in range(GEMV_ROWS):
+            for r in range(rows):
                 for q in range(4):
                     w = words[4 * r + q]
                     nan_flags[r] |= nan_bits(w)
@@ -590,11 +600,11 @@ def gemv_kernel(m_tile, hardware, stage_float32):
                         acc[r * m_tile + m] = s
         for i in range(n_acc):
             acc[i] = warp_sum(acc[i], scratch, lane, warp)
-        for r in range(GEMV_ROWS):
+        for r in range(rows):
             has_nan = warp_sum(_F32_ONE if nan_flags[r] != np.uint32(0) else _F32_ZERO, scratch, lane, warp)
             nan_flags[r] = np.uint32(1) if has_nan > _F32_ZERO else np.uint32(0)
         if lane == 0:
-            for r in range(GEMV_ROWS):
+            for r in range(rows):
                 n = n_base + r
                 if n < n_total:
                     sb = scale_b[n * sb_step]
@@ -654,6 +664,6 @@ def gemv_launcher(m, k, hardware, out_is_float32):
 
 
 __all__ = ["epilogue_kernel", "tiled_kernel", "gemv_launcher", "gemv_m_tile", "hardware_path_available",
-           "gemv_shared_bytes", "TILE_M", "TILE_N", "TILED_THREADS", "GEMV_THREADS", "GEMV_ROWS_PER_BLOCK",
+           "gemv_shared_bytes", "TILE_M", "TILE_N", "TILED_THREADS", "GEMV_THREADS", "gemv_rows_per_block",
            "GEMV_MAX_M", "GEMV_SHARED_BYTES", "STAGE_CODES", "STAGE_STATIC", "STAGE_DYNAMIC",
            "STAGE_PER_TOKEN", "X_FLOAT32", "X_FLOAT16", "X_BFLOAT16"]
