@@ -15,28 +15,12 @@ Run: python3 benchmarks/bench_gpu_gemm.py   (needs cupy, torch, numba-cuda, nvma
 """
 
 import datetime
-import importlib.machinery
 import subprocess
-import sys
 import time
 
 import ml_dtypes
 import numpy as np
 
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector swallows every module name containing "numba.cuda"
-    (vtnumba.cuda.* included) and recurses; resolve vtnumba.cuda.* first."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 import cupy as cp  # noqa: E402
 import torch  # noqa: E402

@@ -12,7 +12,6 @@ the host microseconds of one ``vt.quantize_fp8`` call. Needs cupy, torch and a G
 """
 
 import argparse
-import importlib.machinery
 import os
 import sys
 import time
@@ -22,20 +21,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector treats "vtnumba.cuda" as numba's own and recurses; resolve
-    vtnumba.cuda.* before it does (a no-op once vtnumba installs the same fix itself)."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 import cupy as cp  # noqa: E402
 import ml_dtypes  # noqa: E402

@@ -5,8 +5,6 @@ cuBLASLt bit-identical to torch._scaled_mm for per-tensor scales; bias and every
 per-row x per-channel scales; the lever; strided and misaligned views; graph capture.
 """
 
-import importlib.machinery
-import sys
 import zlib
 
 import ml_dtypes
@@ -20,22 +18,6 @@ pytestmark = pytest.mark.gpu
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 OUT_DTYPES = [F32, F16, BF16]
-
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector treats every module name containing "numba.cuda" as
-    numba's own, so "vtnumba.cuda.gemm" recurses until RecursionError; resolve vtnumba.cuda.*
-    before it does (a no-op once vtnumba installs the same fix itself)."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 
 @pytest.fixture(scope="module")

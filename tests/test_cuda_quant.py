@@ -5,8 +5,6 @@ CUDA graph capture on a cupy stream, torch tensors, and the errors a GPU call gi
 The two tests at the end run anywhere: they pin the one clear error of a GPU call that cannot run.
 """
 
-import importlib.machinery
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -15,21 +13,6 @@ import pytest
 import vtnumba as vt
 from vtnumba.testing import reference
 
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector treats every module name containing "numba.cuda" as
-    numba's own, so "vtnumba.cuda" recurses until RecursionError; resolve vtnumba.cuda.* before it
-    does (a no-op once vtnumba installs the same fix itself)."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 

@@ -5,8 +5,6 @@ Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py st
 the arrays are numpy arrays and cuBLASLt is unavailable, so the Numba kernels carry every call.
 """
 
-import importlib.machinery
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -18,22 +16,6 @@ pytestmark = pytest.mark.cudasim
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OUT_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
-
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector treats every module name containing "numba.cuda" as
-    numba's own, so "vtnumba.cuda.gemm" recurses until RecursionError; resolve vtnumba.cuda.*
-    before it does (a no-op once vtnumba installs the same fix itself)."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ tiny (the simulator runs each thread as a Python thread), but they cover both th
 and the scalar tail, every mode, every input dtype, host and device scales, and strided inputs.
 """
 
-import importlib.machinery
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -23,22 +21,6 @@ F32 = np.float32
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 DTYPE_IDS = ["f32", "f16", "bf16"]
 SCALES = (1.0, 0.0092, 0.13, 7.25)  # 0.0092 and 0.13 expose a divide-for-multiply slip (DESIGN.md)
-
-
-class _VtnumbaCudaFinder:
-    """numba-cuda 0.30's import redirector treats every module name containing "numba.cuda" as
-    numba's own, so "vtnumba.cuda" recurses until RecursionError; resolve vtnumba.cuda.* before it
-    does (a no-op once vtnumba installs the same fix itself)."""
-
-    @staticmethod
-    def find_spec(name, path, target=None):
-        if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return importlib.machinery.PathFinder.find_spec(name, path, target)
-        return None
-
-
-if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in sys.meta_path):
-    sys.meta_path.insert(0, _VtnumbaCudaFinder)
 
 
 @pytest.fixture(scope="module")
