@@ -5,8 +5,8 @@ dequantized in float32 (4x the weight memory), measured in the same run.
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_gemm.py --crossover  # small_m vs blas by M
 
 The peer's dequantization is not timed (its weights are already float32, as a user would keep them);
-vtnumba's time includes decoding both operands. The two are timed interleaved, call after call, and
-each side's best time is kept, so a burst of load from another process hits both alike. The ratio
+vtnumba's time includes decoding both operands. The two are timed in alternating streaks and each
+side's best time is kept (see ``interleaved_best``). The ratio
 is peer time / vtnumba time: above 1 means vtnumba is faster. torch's CPU ``_scaled_mm`` runs beside
 them when torch is installed (it is not a dependency).
 
@@ -35,22 +35,29 @@ def random_codes(rng, shape):
     return vt.encode_e4m3(rng.standard_normal(shape, dtype=np.float32))
 
 
-def interleaved_best(fns, repeats):
-    """Best time of each function, calling them in turn ``repeats`` times after one warm-up each."""
-    for fn in fns:
-        fn()
+def interleaved_best(fns, repeats, rounds=3):
+    """Best time of each function over ``rounds`` rounds; in each round every function runs
+    ``repeats`` times back to back (the first call of a streak is a warm-up and is not timed).
+
+    Streaks, not call-by-call alternation: the peer's OpenBLAS threads (and Numba's OpenMP threads)
+    keep spinning for a while after each call, and on two cores that steals the other side's second
+    core. Alternating single calls measured that hand-over (vtnumba at M = 1 went from 0.5 ms to
+    3.7 ms), not either side's speed. Rounds still alternate, so load from another process hits
+    both sides alike."""
     best = [float("inf")] * len(fns)
-    for _ in range(repeats):
+    for _ in range(rounds):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
             fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
 def repeats_for(m, k):
     work = m * k
-    return 30 if work <= 4096 * 16 else 10 if work <= 4096 * 128 else 4
+    return 10 if work <= 4096 * 16 else 4 if work <= 4096 * 128 else 2
 
 
 def torch_scaled_mm(a, b, sa, sb):
@@ -75,14 +82,12 @@ def issue_table(rng):
         for m in MS:
             a = random_codes(rng, (m, k))
             x = vt.decode_e4m3(a) * sa
-            fns = [lambda: x @ w.T, lambda: vt.scaled_mm(a, b, sa, sb)]
-            torch_fn = torch_scaled_mm(a, b, sa, sb) if m <= 128 or k == 4096 else None
-            if torch_fn is not None:
-                fns.append(torch_fn)
-            times = interleaved_best(fns, repeats_for(m, k))
-            peer, ours = times[0], times[1]
+            peer, ours = interleaved_best([lambda: x @ w.T, lambda: vt.scaled_mm(a, b, sa, sb)],
+                                          repeats_for(m, k))
+            # torch's CPU _scaled_mm is ~100x slower (ANCHORS.md: 108 ms at M = 1): timed apart, twice
+            torch_fn = torch_scaled_mm(a, b, sa, sb) if m <= 128 else None
+            torch_ms = f"{interleaved_best([torch_fn], 1, rounds=1)[0] * 1e3:9.2f}" if torch_fn else f"{'-':>9s}"
             kernel = gemm.choose_kernel(m, n, k)
-            torch_ms = f"{times[2] * 1e3:9.2f}" if len(times) > 2 else f"{'-':>9s}"
             ratio = peer / ours
             flag = "" if ratio >= TARGETS[m] else "  MISSED"
             print(f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {peer * 1e3:9.2f} {ours * 1e3:9.2f} "

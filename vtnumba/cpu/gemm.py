@@ -30,8 +30,12 @@ from .codec import decode_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
 
-# Largest M that takes the small_m kernel by default; above it decode + sgemm wins. Measured with
-# benchmarks/bench_cpu_gemm.py (see the table in its docstring).
+# Largest M that takes the small_m kernel by default; above it decode + sgemm wins or ties.
+# Measured (`benchmarks/bench_cpu_gemm.py --crossover`, N = K = 4096, 2-core AMD EPYC, ms):
+#   M        8     16     24     32     48     64     96    128
+#   small_m  1.99   3.14   7.90   7.91  10.15  16.97  13.70  19.58
+#   blas     4.86   6.07   9.94   8.42  10.10  12.45  16.36  20.88
+# Past M = 32 the two trade places from run to run; sgemm's time is the steadier one.
 SMALL_M_MAX = 32
 
 # Reassociation lets LLVM split each float32 sum over k into vector lanes ('contract' lets it use
@@ -46,6 +50,7 @@ _REASSOC = {"reassoc", "contract"}
 # 18x slower than this decoder at M = 16 on a Xeon (fast on AMD). No kernel here feeds subnormals
 # to arithmetic.
 _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
+_K_CHUNK = 4096  # K per pass of the small-M kernel: 4 decoded rows + 16 x rows = 320 KiB, in L2
 
 
 @njit(**CPU_INLINE)
@@ -117,29 +122,34 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
 def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     """Small M > 1: out from x = dec(a) and codes b.
 
-    Four rows of b at a time are decoded into a float32 buffer (L1-resident), then multiplied with
-    four rows of x at a time: 16 accumulators, 8 loads per 16 FMAs, which runs near the core's FMA
-    peak. Blocks past the edge of b are decoded as zeros and not stored; rows of x past a multiple
-    of 4 take a 1 x 4 loop."""
+    Four rows of b at a time are decoded into a float32 buffer, then multiplied with four rows of x
+    at a time: 16 accumulators, 8 loads per 16 FMAs, which runs near the core's FMA peak. K is
+    walked in chunks of _K_CHUNK so the buffer and the x rows it meets stay in L2 (unchunked, K =
+    14336 spilled to L3 and ran at 0.9x sgemm instead of 1.5x); each chunk's partial sums are added
+    into float32 accumulators. Rows past the edge of b are zeros in the buffer and are not stored;
+    rows of x past a multiple of 4 take a 1 x 4 loop."""
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
+    chunk = min(k_len, _K_CHUNK)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         n0 = block * _SMALL_M_ROWS
-        rows = np.zeros((_SMALL_M_ROWS, k_len), dtype=np.float32)
-        for j in range(min(_SMALL_M_ROWS, n_rows - n0)):
-            w = b[n0 + j]
-            dst = rows[j]
-            for k in range(k_len):
-                dst[k] = decode_e4m3(w[k])
-        w0, w1, w2, w3 = rows[0], rows[1], rows[2], rows[3]
-        acc = np.empty((_SMALL_M_ROWS, _SMALL_M_ROWS), dtype=np.float32)
-        m_full = m_rows - m_rows % _SMALL_M_ROWS
-        for m0 in range(0, m_rows, _SMALL_M_ROWS):
-            if m0 < m_full:
-                x0, x1, x2, x3 = x[m0], x[m0 + 1], x[m0 + 2], x[m0 + 3]
+        valid = min(_SMALL_M_ROWS, n_rows - n0)
+        rows = np.zeros((_SMALL_M_ROWS, chunk), dtype=np.float32)
+        acc = np.zeros((m_rows, _SMALL_M_ROWS), dtype=np.float32)
+        for k0 in range(0, k_len, chunk):
+            kc = min(chunk, k_len - k0)
+            for j in range(valid):
+                w = b[n0 + j, k0:k0 + kc]
+                dst = rows[j]
+                for k in range(kc):
+                    dst[k] = decode_e4m3(w[k])
+            w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
+            m_full = m_rows - m_rows % _SMALL_M_ROWS
+            for m0 in range(0, m_full, _SMALL_M_ROWS):
+                x0, x1, x2, x3 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc], x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
                 a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
                 a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-                for k in range(k_len):
+                for k in range(kc):
                     p, q, r, s = w0[k], w1[k], w2[k], w3[k]
                     u = x0[k]
                     a00 += u * p; a01 += u * q; a02 += u * r; a03 += u * s  # noqa: E702
@@ -149,23 +159,22 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
                     a20 += u * p; a21 += u * q; a22 += u * r; a23 += u * s  # noqa: E702
                     u = x3[k]
                     a30 += u * p; a31 += u * q; a32 += u * r; a33 += u * s  # noqa: E702
-                acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = a00, a01, a02, a03
-                acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = a10, a11, a12, a13
-                acc[2, 0], acc[2, 1], acc[2, 2], acc[2, 3] = a20, a21, a22, a23
-                acc[3, 0], acc[3, 1], acc[3, 2], acc[3, 3] = a30, a31, a32, a33
-            else:
-                for i in range(m_rows - m0):
-                    xi = x[m0 + i]
-                    a0 = a1 = a2 = a3 = np.float32(0.0)
-                    for k in range(k_len):
-                        u = xi[k]
-                        a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                    acc[i, 0], acc[i, 1], acc[i, 2], acc[i, 3] = a0, a1, a2, a3
-            for i in range(min(_SMALL_M_ROWS, m_rows - m0)):
-                sa = _scale_at(scale_a, m0 + i)
-                for j in range(min(_SMALL_M_ROWS, n_rows - n0)):
-                    n = n0 + j
-                    out[m0 + i, n] = _epilogue_value(acc[i, j], sa, _scale_at(scale_b, n), bias, n)
+                acc[m0, 0] += a00; acc[m0, 1] += a01; acc[m0, 2] += a02; acc[m0, 3] += a03  # noqa: E702
+                acc[m0 + 1, 0] += a10; acc[m0 + 1, 1] += a11; acc[m0 + 1, 2] += a12; acc[m0 + 1, 3] += a13  # noqa: E702
+                acc[m0 + 2, 0] += a20; acc[m0 + 2, 1] += a21; acc[m0 + 2, 2] += a22; acc[m0 + 2, 3] += a23  # noqa: E702
+                acc[m0 + 3, 0] += a30; acc[m0 + 3, 1] += a31; acc[m0 + 3, 2] += a32; acc[m0 + 3, 3] += a33  # noqa: E702
+            for m in range(m_full, m_rows):
+                xm = x[m, k0:k0 + kc]
+                a0 = a1 = a2 = a3 = np.float32(0.0)
+                for k in range(kc):
+                    u = xm[k]
+                    a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
+                acc[m, 0] += a0; acc[m, 1] += a1; acc[m, 2] += a2; acc[m, 3] += a3  # noqa: E702
+        for m in range(m_rows):
+            sa = _scale_at(scale_a, m)
+            for j in range(valid):
+                n = n0 + j
+                out[m, n] = _epilogue_value(acc[m, j], sa, _scale_at(scale_b, n), bias, n)
 
 
 # -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------
@@ -221,12 +230,14 @@ def blas_kernel(a, b, scale_a, scale_b, bias, out, block_rows, panel_rows):
 # -- the entry point -----------------------------------------------------------------------------
 
 # Tiles of the blas path: 512 weight rows per panel (the fastest of 256..2048 at M = 128 and 1024,
-# K = 4096 and 14336: 512 rows beat one whole sgemm by keeping its panel in cache), and as many
-# activation rows per block as fit in 8 Mi float32 values (32 MiB). Panels are capped at 8 Mi values
-# too, so the extra memory stays under 64 MiB at N = K = 4096 for any M (32 + 8 + 4 MiB at most).
+# K = 4096 and 14336), and as many activation rows per block as fit in 8 Mi float32 values (32 MiB),
+# but never fewer than 1024: sgemm needs tall blocks (K = 14336 with 292-row blocks ran at 0.64x of
+# one sgemm, with 1024 rows at 0.85x). Panels are capped at 8 Mi values too. At N = K = 4096 the
+# extra memory is then at most 32 + 8 + 4 MiB (block, panel, accumulator) for any M.
 _PANEL_ROWS = 512
 _PANEL_ELEMENTS = 8 * 1024 * 1024
 _BLOCK_ELEMENTS = 8 * 1024 * 1024
+_MIN_BLOCK_ROWS = 1024
 
 
 def choose_kernel(m, n, k):
@@ -237,7 +248,7 @@ def choose_kernel(m, n, k):
 def blas_tiles(m, n, k):
     """(activation rows per block, weight rows per panel) of the blas kernel for this shape."""
     panel = min(n, _PANEL_ROWS, max(16, _PANEL_ELEMENTS // k))
-    block = min(m, max(16, _BLOCK_ELEMENTS // k))
+    block = min(m, max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // k))
     return block, panel
 
 
