@@ -67,9 +67,9 @@ MUTATIONS = [
     Mutation(
         name="out rounding by truncation",
         path=GEMM,
-        old="out = out.astype(out_dtype)  # numpy / ml_dtypes casts round to nearest, ties to even",
-        new=("nearest = out.astype(out_dtype)\n"
-             "        out = np.where(np.abs(nearest.astype(np.float32)) > np.abs(out),\n"
-             "                       np.nextafter(nearest, np.zeros((), out_dtype)), nearest)"),
+        old="            out = out.astype(out_dtype)\n",
+        new=("            nearest = out.astype(out_dtype)\n"
+             "            out = np.where(np.abs(nearest.astype(np.float32)) > np.abs(out),\n"
+             "                           np.nextafter(nearest, np.zeros((), out_dtype)), nearest)\n"),
         tests=GEMM_TESTS, smoke=SMOKE),
 ]

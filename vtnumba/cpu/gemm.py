@@ -279,5 +279,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             decode_rows(a, x)
             (gemv_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
     if out.dtype != out_dtype:
-        out = out.astype(out_dtype)  # numpy / ml_dtypes casts round to nearest, ties to even
+        # numpy / ml_dtypes casts round to nearest, ties to even; past the dtype's largest finite
+        # value that rounding gives inf, which is the defined result, not a warning
+        with np.errstate(over="ignore"):
+            out = out.astype(out_dtype)
     return out
