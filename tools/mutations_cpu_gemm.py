@@ -62,7 +62,7 @@ MUTATIONS = [
         extra_edits=_IMPORT_BITS, tests=GEMM_TESTS, smoke=SMOKE),
     Mutation(
         name="blas epilogue indexes every panel as the first",
-        path=GEMM, old="            n = n0 + j\n            out[m0 + i, n]", new="            n = j\n            out[m0 + i, n]",
+        path=GEMM, old="dst = out[m0 + i, n0:n0 + nb]", new="dst = out[m0 + i, 0:nb]",
         tests=GEMM_TESTS, smoke=SMOKE),
     Mutation(
         name="out rounding by truncation",
