@@ -35,29 +35,34 @@ def random_codes(rng, shape):
     return vt.encode_e4m3(rng.standard_normal(shape, dtype=np.float32))
 
 
-def interleaved_best(fns, repeats, rounds=3):
-    """Best time of each function over ``rounds`` rounds; in each round every function runs
-    ``repeats`` times back to back (the first call of a streak is a warm-up and is not timed).
+def round_times(fns, repeats, rounds=5):
+    """Best time of each function in each of ``rounds`` rounds: array [rounds, len(fns)]. In a
+    round every function runs ``repeats`` times back to back after one untimed warm-up call.
 
     Streaks, not call-by-call alternation: the peer's OpenBLAS threads (and Numba's OpenMP threads)
     keep spinning for a while after each call, and on two cores that steals the other side's second
     core. Alternating single calls measured that hand-over (vtnumba at M = 1 went from 0.5 ms to
-    3.7 ms), not either side's speed. Rounds still alternate, so load from another process hits
-    both sides alike."""
-    best = [float("inf")] * len(fns)
-    for _ in range(rounds):
+    3.7 ms), not either side's speed. Rounds alternate, so load from another process hits both
+    sides alike, and the ratio is taken per round (both sides seeing the same load)."""
+    times = np.full((rounds, len(fns)), np.inf)
+    for r in range(rounds):
         for i, fn in enumerate(fns):
             fn()
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 fn()
-                best[i] = min(best[i], time.perf_counter() - t0)
-    return best
+                times[r, i] = min(times[r, i], time.perf_counter() - t0)
+    return times
+
+
+def interleaved_best(fns, repeats, rounds=3):
+    """Best time of each function over ``rounds`` rounds of ``round_times``."""
+    return list(round_times(fns, repeats, rounds).min(axis=0))
 
 
 def repeats_for(m, k):
     work = m * k
-    return 10 if work <= 4096 * 16 else 4 if work <= 4096 * 128 else 2
+    return 6 if work <= 4096 * 16 else 3 if work <= 4096 * 128 else 1
 
 
 def torch_scaled_mm(a, b, sa, sb):
@@ -74,24 +79,28 @@ def torch_scaled_mm(a, b, sa, sb):
 
 def issue_table(rng):
     sa, sb = np.float32(0.02), np.float32(0.003)
+    print("ms: best over all rounds; ratio: median over rounds of peer / vtnumba (low-high in brackets)")
     print(f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'peer ms':>9s} {'vt ms':>9s} {'vt GFLOP/s':>11s} "
-          f"{'ratio':>6s} {'target':>7s} {'torch ms':>9s}")
+          f"{'ratio':>6s} {'(low-high)':>12s} {'target':>7s} {'torch ms':>9s}")
     for n, k in SHAPES:
         b = random_codes(rng, (n, k))
         w = vt.decode_e4m3(b) * sb  # the peer's resident float32 weight, dequantized once, untimed
         for m in MS:
             a = random_codes(rng, (m, k))
             x = vt.decode_e4m3(a) * sa
-            peer, ours = interleaved_best([lambda: x @ w.T, lambda: vt.scaled_mm(a, b, sa, sb)],
-                                          repeats_for(m, k))
+            times = round_times([lambda: x @ w.T, lambda: vt.scaled_mm(a, b, sa, sb)], repeats_for(m, k))
+            peer, ours = times.min(axis=0)
+            ratios = times[:, 0] / times[:, 1]
             # torch's CPU _scaled_mm is ~100x slower (ANCHORS.md: 108 ms at M = 1): timed apart, twice
             torch_fn = torch_scaled_mm(a, b, sa, sb) if m <= 128 else None
             torch_ms = f"{interleaved_best([torch_fn], 1, rounds=1)[0] * 1e3:9.2f}" if torch_fn else f"{'-':>9s}"
             kernel = gemm.choose_kernel(m, n, k)
-            ratio = peer / ours
+            ratio = float(np.median(ratios))
             flag = "" if ratio >= TARGETS[m] else "  MISSED"
+            spread = f"({ratios.min():.2f}-{ratios.max():.2f})"
             print(f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {peer * 1e3:9.2f} {ours * 1e3:9.2f} "
-                  f"{2 * m * n * k / ours / 1e9:11.1f} {ratio:6.2f} {TARGETS[m]:7.2f} {torch_ms}{flag}", flush=True)
+                  f"{2 * m * n * k / ours / 1e9:11.1f} {ratio:6.2f} {spread:>12s} {TARGETS[m]:7.2f} {torch_ms}{flag}",
+                  flush=True)
 
 
 def crossover_table(rng):
