@@ -35,18 +35,24 @@ def random_codes(rng, shape):
     return vt.encode_e4m3(rng.standard_normal(shape, dtype=np.float32))
 
 
+# Pause before each streak: OpenBLAS's worker threads busy-wait about 2^28 cycles (~80 ms) after
+# every call (its THREAD_TIMEOUT), and Numba's OpenMP workers spin too. On two cores the next
+# streak's threads then share a core with a spinning one: measured, vtnumba's M = 16 kernel took
+# 8.0 ms right after a numpy matmul, 2.1 ms after a 0.5 s pause (or with OPENBLAS_THREAD_TIMEOUT=4).
+SETTLE_S = 0.25
+
+
 def round_times(fns, repeats, rounds=5):
     """Best time of each function in each of ``rounds`` rounds: array [rounds, len(fns)]. In a
-    round every function runs ``repeats`` times back to back after one untimed warm-up call.
+    round every function runs ``repeats`` times back to back, after a pause (SETTLE_S) and one
+    untimed warm-up call, so no side is timed while the other side's threads still spin.
 
-    Streaks, not call-by-call alternation: the peer's OpenBLAS threads (and Numba's OpenMP threads)
-    keep spinning for a while after each call, and on two cores that steals the other side's second
-    core. Alternating single calls measured that hand-over (vtnumba at M = 1 went from 0.5 ms to
-    3.7 ms), not either side's speed. Rounds alternate, so load from another process hits both
-    sides alike, and the ratio is taken per round (both sides seeing the same load)."""
+    Rounds alternate, so load from another process hits both sides alike, and the ratio is taken
+    per round (both sides seeing the same load)."""
     times = np.full((rounds, len(fns)), np.inf)
     for r in range(rounds):
         for i, fn in enumerate(fns):
+            time.sleep(SETTLE_S)
             fn()
             for _ in range(repeats):
                 t0 = time.perf_counter()

@@ -21,6 +21,12 @@ per output and serves per-row x per-channel scales in the same expression.
 
 Kernels never validate (``vtnumba.ops`` does); they take uint8 codes, scale vectors of length 1
 (per-tensor) or M / N, and a float32 bias of length N or 0 (none).
+
+Threads: ``small_m`` runs on Numba's threads, ``blas`` on BLAS's (its decode and epilogue are
+serial, see ``decode_rows``). OpenBLAS's workers busy-wait ~80 ms after each call (its
+THREAD_TIMEOUT): on a machine with few cores, a small-M call made right after a numpy matmul or
+a ``blas``-path call shares its cores with them and ran 3-4x slower (2.1 -> 8.0 ms at M = 16,
+N = K = 4096, two cores). ``OPENBLAS_THREAD_TIMEOUT=4`` in the environment removes that.
 """
 
 import numpy as np
@@ -52,8 +58,8 @@ _REASSOC = {"reassoc", "contract"}
 # 3.4 ms on the AMD box. No kernel here feeds subnormals to arithmetic.
 _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
 # K per pass of the small-M kernel: the 4 decoded weight rows (16 KiB) stay in L1 while the x rows
-# stream from L2. Measured at M = 16, N = 4096: chunks of 1024 / 2048 / 4096 / 8192 took 2.09 / 2.20
-# / 2.60 / 7.82 ms at K = 4096 and 9.4 / 9.4 / 22.1 / 22.2 ms at K = 14336.
+# stream from L2. Measured at M = 16, N = 4096: chunks of 1024 / 2048 / 4096 / 8192 took 2.25 / 3.39
+# / 3.35 / 3.22 ms at K = 4096 and 9.5 / 12.5 / 11.1 / 11.1 ms at K = 14336.
 _K_CHUNK = 1024
 
 
