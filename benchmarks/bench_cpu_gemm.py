@@ -110,20 +110,23 @@ def issue_table(rng):
 
 
 def crossover_table(rng):
-    """Both fast kernels forced, by M: where blas overtakes small_m (SMALL_M_MAX in gemm.py)."""
-    n = k = 4096
-    b = random_codes(rng, (n, k))
-    w = vt.decode_e4m3(b)
+    """Both fast kernels forced, by M and K: where blas overtakes small_m (SMALL_M_ELEMENTS in
+    gemm.py)."""
+    n = 4096
     one = np.float32(1.0)
-    print(f"{'M':>5s} {'peer ms':>9s} {'small_m ms':>11s} {'blas ms':>9s}  faster")
-    for m in (2, 4, 8, 16, 24, 32, 48, 64, 96, 128):
-        a = random_codes(rng, (m, k))
-        x = vt.decode_e4m3(a)
-        times = interleaved_best([lambda: x @ w.T,
-                                  lambda: vt.scaled_mm(a, b, one, one, kernel="small_m"),
-                                  lambda: vt.scaled_mm(a, b, one, one, kernel="blas")], repeats_for(m, k))
-        print(f"{m:5d} {times[0] * 1e3:9.2f} {times[1] * 1e3:11.2f} {times[2] * 1e3:9.2f}  "
-              f"{'small_m' if times[1] < times[2] else 'blas'}", flush=True)
+    print(f"{'K':>6s} {'M':>5s} {'peer ms':>9s} {'small_m ms':>11s} {'blas ms':>9s}  faster  default")
+    for k in (4096, 14336):
+        b = random_codes(rng, (n, k))
+        w = vt.decode_e4m3(b)
+        for m in (16, 128, 256, 512, 1024):
+            a = random_codes(rng, (m, k))
+            x = vt.decode_e4m3(a)
+            times = interleaved_best([lambda: x @ w.T,
+                                      lambda: vt.scaled_mm(a, b, one, one, kernel="small_m"),
+                                      lambda: vt.scaled_mm(a, b, one, one, kernel="blas")],
+                                     repeats_for(m, k), rounds=2)
+            print(f"{k:6d} {m:5d} {times[0] * 1e3:9.2f} {times[1] * 1e3:11.2f} {times[2] * 1e3:9.2f}  "
+                  f"{'small_m' if times[1] < times[2] else 'blas':>7s}  {gemm.choose_kernel(m, n, k)}", flush=True)
 
 
 def _status_bytes(field):

@@ -1,10 +1,10 @@
 """The CPU FP8 GEMM: ``y = (dec(a) @ dec(b).T) * scale_a * scale_b + bias``, float32 accumulate.
 
-Three kernels behind one entry point (``scaled_mm``), picked by M (the token count):
+Three kernels behind one entry point (``scaled_mm``), picked by M * K (the decoded activation):
 
 - ``reference``: plain loops, one float32 accumulator per output, k in order. Kept readable on
   purpose: it is the tests' second oracle, beside the float64 one in ``vtnumba.testing``.
-- ``small_m`` (decode, M small): rows of b spread over the cores; each weight byte is decoded
+- ``small_m`` (decode and modest prefill): rows of b spread over the cores; each weight byte is decoded
   once, branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it): straight
   into the dot product's registers at M = 1, into a small cache-resident buffer shared by every
   row of a otherwise. The weight is read once at 1 byte per value, a quarter of what sgemv reads
@@ -37,13 +37,14 @@ from .codec import decode_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
 
-# Largest M that takes the small_m kernel by default; above it decode + sgemm wins or ties.
-# Measured (`benchmarks/bench_cpu_gemm.py --crossover`, N = K = 4096, 2-core AMD EPYC, ms):
-#   M        8     16     24     32     48     64     96    128
-#   small_m  1.99   3.14   7.90   7.91  10.15  16.97  13.70  19.58
-#   blas     4.86   6.07   9.94   8.42  10.10  12.45  16.36  20.88
-# Past M = 32 the two trade places from run to run; sgemm's time is the steadier one.
-SMALL_M_MAX = 32
+# The small_m kernel takes a shape by default while its decoded activations (M * K float32) fit in
+# 16 MiB: its x rows are re-read once per 4 weight rows, fast while they sit in cache. Past that
+# decode + sgemm wins. Measured (N = 4096, 2-core AMD EPYC, ms, each side after a 0.25 s pause):
+#   K = 4096    M      16    128    256    512   1024      K = 14336   M    128    256    512   1024
+#   peer sgemm       4.45   18.8   34.5   67.3  136.0      peer sgemm      68.0  125.3  244.2  472.2
+#   small_m          2.61   15.2   28.5   54.2  145.8      small_m         52.5  101.8  551.0 1192.6
+#   blas             7.08   21.2   37.2   88.8  163.9      blas            93.9  157.3  309.1  551.8
+SMALL_M_ELEMENTS = 4 * 1024 * 1024
 
 # Reassociation lets LLVM split each float32 sum over k into vector lanes ('contract' lets it use
 # FMA). Every sum stays float32; only its order changes, which G3's 4*K*eps32 bound allows for any
@@ -262,8 +263,8 @@ _MIN_BLOCK_ROWS = 1024
 
 
 def choose_kernel(m, n, k):
-    """The kernel a shape gets when none is forced (the crossover is measured, see SMALL_M_MAX)."""
-    return "small_m" if m <= SMALL_M_MAX else "blas"
+    """The kernel a shape gets when none is forced (the crossover is measured, see SMALL_M_ELEMENTS)."""
+    return "small_m" if m * k <= SMALL_M_ELEMENTS else "blas"
 
 
 def blas_tiles(m, n, k):
