@@ -225,9 +225,10 @@ def test_scale_forms_agree():
 
 def test_kernel_choice_by_decoded_activation_size():
     assert gemm.choose_kernel(1, 4096, 14336) == "small_m"
-    assert gemm.choose_kernel(1024, 4096, 4096) == "small_m"  # 16 MiB of decoded activations
-    assert gemm.choose_kernel(1025, 4096, 4096) == "blas"
-    assert gemm.choose_kernel(512, 4096, 14336) == "blas"
+    assert gemm.choose_kernel(768, 4096, 4096) == "small_m"  # 12 MiB of decoded activations
+    assert gemm.choose_kernel(769, 4096, 4096) == "blas"
+    assert gemm.choose_kernel(1024, 4096, 4096) == "blas"
+    assert gemm.choose_kernel(256, 4096, 14336) == "blas"
 
 
 def test_blas_tiles_cover_several_blocks_and_panels():

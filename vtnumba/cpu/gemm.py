@@ -37,14 +37,16 @@ from .codec import decode_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
 
-# The small_m kernel takes a shape by default while its decoded activations (M * K float32) fit in
-# 16 MiB: its x rows are re-read once per 4 weight rows, fast while they sit in cache. Past that
-# decode + sgemm wins. Measured (N = 4096, 2-core AMD EPYC, ms, each side after a 0.25 s pause):
-#   K = 4096    M      16    128    256    512   1024      K = 14336   M    128    256    512   1024
-#   peer sgemm       4.45   18.8   34.5   67.3  136.0      peer sgemm      68.0  125.3  244.2  472.2
-#   small_m          2.61   15.2   28.5   54.2  145.8      small_m         52.5  101.8  551.0 1192.6
-#   blas             7.08   21.2   37.2   88.8  163.9      blas            93.9  157.3  309.1  551.8
-SMALL_M_ELEMENTS = 4 * 1024 * 1024
+# The small_m kernel takes a shape by default while its decoded activations (M * K float32) stay
+# under 12 MiB: its x rows are re-read once per 4 weight rows, fast while they sit in cache. Past
+# that decode + sgemm is steadier. Measured (`bench_cpu_gemm.py --crossover`, N = 4096, 2-core AMD
+# EPYC, ms; two runs where they disagreed):
+#   K = 4096    M      16    128    256    512   1024     K = 14336   M    128    256    512   1024
+#   peer sgemm       4.39   18.2   35.9   67.5  141.7     peer sgemm      72.0  131.3  252.9  485.1
+#   small_m          2.02   15.4   30.2   59.5  146-194   small_m         54.6  102-141 591   1411
+#   blas             6.11   20.8   45.4   81.2  161-164   blas            99.3  157-157 290    544
+# At 16 MiB and more (M = 1024 at K = 4096) small_m swung with the load on the shared L3.
+SMALL_M_ELEMENTS = 3 * 1024 * 1024
 
 # Reassociation lets LLVM split each float32 sum over k into vector lanes ('contract' lets it use
 # FMA). Every sum stays float32; only its order changes, which G3's 4*K*eps32 bound allows for any
