@@ -4,8 +4,8 @@ Three kernels behind one entry point (``scaled_mm``), picked by M * K (the decod
 
 - ``reference``: plain loops, one float32 accumulator per output, k in order. Kept readable on
   purpose: it is the tests' second oracle, beside the float64 one in ``vtnumba.testing``.
-- ``small_m`` (decode and modest prefill): rows of b spread over the cores; each weight byte is decoded
-  once, branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it): straight
+- ``small_m`` (decode and modest prefill): rows of b spread over the cores; each weight byte is
+  decoded once, branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it): straight
   into the dot product's registers at M = 1, into a small cache-resident buffer shared by every
   row of a otherwise. The weight is read once at 1 byte per value, a quarter of what sgemv reads
   from weights kept dequantized in float32.
@@ -44,7 +44,7 @@ KERNELS = ("reference", "small_m", "blas")
 #   K = 4096    M      16    128    256    512   1024     K = 14336   M    128    256    512   1024
 #   peer sgemm       4.39   18.2   35.9   67.5  141.7     peer sgemm      72.0  131.3  252.9  485.1
 #   small_m          2.02   15.4   30.2   59.5  146-194   small_m         54.6  102-141 591   1411
-#   blas             6.11   20.8   45.4   81.2  161-164   blas            99.3  157-157 290    544
+#   blas             6.11   20.8   45.4   81.2  161-164   blas            99.3  157     290    544
 # At 16 MiB and more (M = 1024 at K = 4096) small_m swung with the load on the shared L3.
 SMALL_M_ELEMENTS = 3 * 1024 * 1024
 
@@ -55,8 +55,7 @@ _REASSOC = {"reassoc", "contract"}
 
 # Every fast kernel decodes with the codec's one decoder (vtnumba._format, branch-free selects that
 # LLVM vectorizes). A shorter decode exists -- the code's bits shifted into float32's fields read as
-# 2^-120 times the value -- but it turns e4m3 subnormals (and zero's neighbours) into float32
-# subnormals, and Intel cores take a microcode assist on arithmetic with a subnormal input: at
+# 2^-120 times the value -- but it turns e4m3 subnormals into float32 subnormals, and Intel cores take a microcode assist on arithmetic with a subnormal input: at
 # M = 16, N = K = 4096 that kernel took 128 ms on a Xeon (sgemm on float32 weights: 17 ms) and
 # 3.4 ms on the AMD box. No kernel here feeds subnormals to arithmetic.
 _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
