@@ -55,7 +55,8 @@ _REASSOC = {"reassoc", "contract"}
 
 # Every fast kernel decodes with the codec's one decoder (vtnumba._format, branch-free selects that
 # LLVM vectorizes). A shorter decode exists -- the code's bits shifted into float32's fields read as
-# 2^-120 times the value -- but it turns e4m3 subnormals into float32 subnormals, and Intel cores take a microcode assist on arithmetic with a subnormal input: at
+# 2^-120 times the value -- but it turns e4m3 subnormals into float32 subnormals, and Intel cores
+# take a microcode assist on arithmetic with a subnormal input: at
 # M = 16, N = K = 4096 that kernel took 128 ms on a Xeon (sgemm on float32 weights: 17 ms) and
 # 3.4 ms on the AMD box. No kernel here feeds subnormals to arithmetic.
 _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
