@@ -171,7 +171,8 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     a: [M, K] e4m3 codes, b: [N, K] codes (nn.Linear's weight layout), float32 accumulation, then
     rounded (RNE) to ``out_dtype``. scale_a: scalar or per-row [M, 1]; scale_b: scalar or
     per-channel [N] / [N, 1]; any finite values. ``kernel`` forces one implementation by name (for
-    tests and benchmarks); by default the backend picks by shape.
+    tests and benchmarks); by default the backend picks by shape. CPU kernels: "reference",
+    "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "decode_gemv", "tiled".
     """
     device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
     a = _arrays.codes_uint8(a, "a")
