@@ -110,7 +110,16 @@ def main(argv=None):
     table += [f"| {' | '.join(r)} |" for r in rows]
     print("\n".join(table))
     if args.markdown:
-        pathlib.Path(args.markdown).write_text("\n".join(table) + "\n")
+        import datetime
+
+        header = [
+            "# Mutations the gates must kill (DESIGN.md)", "",
+            f"Written by `python3 tools/mutate.py --markdown {args.markdown}` on "
+            f"{datetime.date.today().isoformat()}: each mutation is applied to a scratch copy of the repo, "
+            "a smoke call must compile it, then its gate tests run. \"killed\" = compiles and a test failed.",
+            "",
+        ]
+        pathlib.Path(args.markdown).write_text("\n".join(header + table) + "\n")
     return 0 if all(r[3] == "yes" for r in rows) else 1
 
 
