@@ -14,8 +14,10 @@ _CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
 CPU_INLINE = dict(inline="always")
 # Element-wise kernels: exact IEEE arithmetic (no fastmath: the encoder's float32 rounding tricks
 # depend on it), parallel over both cores, cached.
-CPU_KERNEL = dict(parallel=True, cache=_CACHE, nogil=True)
-CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True)
+# error_model="numpy": float division follows IEEE (x / 0 -> inf) instead of Python's
+# ZeroDivisionError, whose per-element check kept the per-token divide loop from vectorizing.
+CPU_KERNEL = dict(parallel=True, cache=_CACHE, nogil=True, error_model="numpy")
+CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True, error_model="numpy")
 
 # Elements per parallel work item of the element-wise CPU kernels: large enough that the inner loop
 # vectorizes and threads do not share cache lines, small enough to balance two cores.

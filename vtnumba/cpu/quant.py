@@ -77,20 +77,6 @@ def finite_amax(x):
 
 
 @njit(**CPU_INLINE)
-def _encode_divided_and_amax(x, scale, out, next_row):
-    """Encode one row while reducing the next row's amax: the next row streams in from memory while
-    this one (already in cache from its own amax pass) is encoded, so per-token quantization reads
-    memory once, like the static kernel (benchmarks/bench_cpu_quant.py measures it)."""
-    amax_bits = np.uint32(0)
-    for i in range(x.size):
-        out[i] = _per_token_code(x[i], scale)
-        b = float32_bits(load_float32(next_row[i])) & _U32_ABS_MASK
-        b = b if b < _U32_INF_BITS else np.uint32(0)
-        amax_bits = max(amax_bits, b)
-    return bits_float32(amax_bits)
-
-
-@njit(**CPU_INLINE)
 def _token_scale(amax, scale_ub):
     # t = min(amax_row, scale_ub); s = max(t / 448, floor), float32 throughout, as upstream's
     # dynamic_per_token_scaled_fp8_quant. scale_ub <= 0 means "no bound" (the boundary has already
@@ -99,25 +85,17 @@ def _token_scale(amax, scale_ub):
     return max(t / F32_E4M3_MAX, F32_MIN_SCALE)
 
 
-_ROWS_PER_TASK = 16  # rows one thread pipelines; the first row of each task is read twice
-
-
 @njit(**CPU_KERNEL)
 def quantize_per_token(x, scale_ub, out, scales):
     """Row-wise dynamic scales, then out = encode(x / s_row) -- a divide, as upstream's per-token
-    kernel and its reference do (not the static path's reciprocal multiply)."""
-    rows = x.shape[0]
-    for task in prange((rows + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
-        lo = task * _ROWS_PER_TASK
-        hi = min(rows, lo + _ROWS_PER_TASK)
-        amax = _finite_amax(x[lo])
-        for r in range(lo, hi):
-            s = _token_scale(amax, scale_ub)
-            scales[r, 0] = s
-            if r + 1 < hi:
-                amax = _encode_divided_and_amax(x[r], s, out[r], x[r + 1])
-            else:
-                _encode_divided(x[r], s, out[r])
+    kernel and its reference do (not the static path's reciprocal multiply). Each row is read twice,
+    the second time from cache. (A variant that reduced the next row's amax inside this row's encode
+    loop measured slower once the encoder ran in 32-bit lanes: 2.4 vs 2.1 ms for f32, 2.7 vs 1.7 ms
+    for bf16 on 4096 x 4096.)"""
+    for r in prange(x.shape[0]):
+        s = _token_scale(_finite_amax(x[r]), scale_ub)
+        scales[r, 0] = s
+        _encode_divided(x[r], s, out[r])
 
 
 def dynamic_scale(amax):
