@@ -15,19 +15,13 @@ UNDER_CUDASIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 @functools.lru_cache(maxsize=None)
 def gpu_unavailable_reason():
-    """None when a real GPU is usable through cupy, else why not."""
+    """None when a real GPU is usable, else why not (the library's own check, so tests skip for
+    exactly the reasons a user's GPU call would fail)."""
     if UNDER_CUDASIM:
         return "running under the CUDA simulator"
-    try:
-        import cupy
-    except Exception as exc:  # ImportError, or a broken CUDA install
-        return f"cupy is not importable ({exc.__class__.__name__}: {exc})"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:
-        return f"no usable CUDA driver ({exc})"
-    return None
+    from vtnumba.profile import gpu_unavailable_reason as library_reason
+
+    return library_reason()
 
 
 def pytest_collection_modifyitems(config, items):
