@@ -221,20 +221,28 @@ def _signature_input(kind):
 
 
 @functools.lru_cache(maxsize=None)
+def _scalar_reader(on_device):
+    """A device function reading a float32 kernel argument that is either a device float32[1] (read
+    on the GPU, never synchronized) or a plain float32 passed by value."""
+    if on_device:
+        @cuda.jit(**_device_inline)
+        def read(value):
+            return value[0]
+    else:
+        @cuda.jit(**_device_inline)
+        def read(value):
+            return value
+    return read
+
+
+@functools.lru_cache(maxsize=None)
 def static_kernel(kind, encoder, device_scale):
     """codes = encode(x * (1 / scale)); ``scale`` a float32 argument or a device float32[1]."""
     encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
     encode = codec.encode_one(encoder)
     load = _LOADERS[kind]
 
-    if device_scale:
-        @cuda.jit(**_device_inline)
-        def read_scale(scale):
-            return scale[0]
-    else:
-        @cuda.jit(**_device_inline)
-        def read_scale(scale):
-            return scale
+    read_scale = _scalar_reader(device_scale)
 
     def quantize_static(x, out, scale, ngroups):
         inv = F32_ONE / read_scale(scale)  # float32, as the CPU's np.float32(1.0) / np.float32(scale)
@@ -308,14 +316,7 @@ def per_token_kernel(kind, encoder, device_ub):
     encode = codec.encode_one(encoder)
     load = _LOADERS[kind]
 
-    if device_ub:
-        @cuda.jit(**_device_inline)
-        def read_ub(ub):
-            return ub[0]
-    else:
-        @cuda.jit(**_device_inline)
-        def read_ub(ub):
-            return ub
+    read_ub = _scalar_reader(device_ub)
 
     def quantize_per_token(x, out, scales, scale_ub, cols, row_groups):
         shared = cuda.shared.array(THREADS, types.float32)
