@@ -215,13 +215,17 @@ def test_numba_meets_g3_where_cublaslt_cannot(gemm, cp, monkeypatch):
     assert assert_g3(y1, a[:1], b, sa, sb, None, F32) > n // 2
 
 
-def test_fp8_linear_float16_staging_and_fallback(gemm, cp):
+def test_fp8_linear_long_k_unaligned_x_and_fallback(gemm, cp):
     rng = np.random.default_rng(18)
     b = layer_codes(rng, (256, 14336))
     x = rng.standard_normal((1, 14336)).astype(np.float32)
     q = reference.quantize(x, np.float32(0.01))
     y = gemm.fp8_linear(cp.asarray(x), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
     assert assert_g3(y, q.data, b, q.scale.reshape(-1), np.float32(0.5), None, F32) > 128
+    shifted = cp.zeros(14336 + 1, dtype=cp.float32)  # a row starting 4 bytes past an alignment
+    shifted[1:] = cp.asarray(x[0])
+    y1 = gemm.fp8_linear(shifted[1:].reshape(1, -1), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
+    np.testing.assert_array_equal(y1.get(), y.get())
     x8 = rng.standard_normal((8, 512)).astype(np.float32)  # M = 8: quantize, then scaled_mm
     b8 = layer_codes(rng, (64, 512))
     q8 = reference.quantize(x8, np.float32(0.01))
@@ -342,7 +346,7 @@ def test_graph_capture(gemm, cp, kernel):
 @pytest.mark.parametrize("x_dtype", [F32, F16, BF16], ids=str)
 def test_fp8_linear_fused(gemm, cp, scheme, x_dtype):
     rng = np.random.default_rng(15)
-    m, n, k = 2, 4096, 4096  # 2 x 4096 x 4 bytes: float32 staging; K = 14336 below: float16 staging
+    m, n, k = 2, 4096, 4096
     x = (rng.standard_normal((m, k)) * 2).astype(x_dtype)
     b = random_codes(rng, (n, k))
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32)

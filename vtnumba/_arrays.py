@@ -41,17 +41,23 @@ def device_of(x, name):
         f"{name} must be a numpy array (CPU) or a GPU array such as a cupy array, got {type(x).__name__}")
 
 
+_SCALAR_TYPES = (float, int, np.generic)
+
+
 def same_device(named_arrays):
-    """The one device of several arrays (None entries skipped); ValueError if they differ."""
-    found = {}
+    """The one device of several arrays (None entries and scalars skipped); ValueError if they
+    differ. Written for the per-call path: a type check per argument, no numpy helpers."""
+    found = None
+    first = None
     for name, arr in named_arrays:
-        if arr is None or np.isscalar(arr) or isinstance(arr, (float, int)):
+        if arr is None or isinstance(arr, _SCALAR_TYPES):
             continue
-        found.setdefault(device_of(arr, name), name)
-    if len(found) > 1:
-        desc = ", ".join(f"{n} on {d}" for d, n in found.items())
-        raise ValueError(f"arrays must all be on one device, got {desc}")
-    return next(iter(found), "cpu")
+        device = device_of(arr, name)
+        if found is None:
+            found, first = device, name
+        elif device != found:
+            raise ValueError(f"arrays must all be on one device, got {first} on {found}, {name} on {device}")
+    return found or "cpu"
 
 
 _TORCH_DTYPES = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),

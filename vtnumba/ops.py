@@ -27,10 +27,16 @@ _BACKENDS = {"cpu": "vtnumba.cpu", "cuda": "vtnumba.cuda"}
 SCHEMES = ("static", "dynamic", "per_token")
 
 
+_LOADED = {}
+
+
 def backend(device):
     """The module implementing the ops on ``device`` ('cpu' or 'cuda'); imported on first use so
     that ``import vtnumba`` pulls in nothing CUDA."""
-    return importlib.import_module(_BACKENDS[device])
+    module = _LOADED.get(device)
+    if module is None:
+        module = _LOADED[device] = importlib.import_module(_BACKENDS[device])
+    return module
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def _host_float32(value, name):
 def quant_scale(scale, name="scale"):
     """A quantization scale: > 0 and finite once rounded to float32 (that is what the kernel uses)."""
     if hasattr(scale, "__cuda_array_interface__"):
-        if int(np.prod(scale.shape)) != 1:
+        if math.prod(scale.shape) != 1:
             raise ValueError(f"{name} must be a scalar or a size-1 array, got shape {tuple(scale.shape)}")
         if np.dtype(scale.dtype) != np.float32:
             raise TypeError(f"{name} on the GPU must be a float32 array, got dtype {scale.dtype}")
@@ -146,7 +152,7 @@ def dequantize_fp8(codes, scale, dtype=np.float32):
 
 def _mm_scale(scale, name, rows):
     """scaled_mm's dequantization scale as float32 of shape (1,) or (rows,): any finite value."""
-    if np.isscalar(scale) or isinstance(scale, (float, int)):
+    if isinstance(scale, _arrays._SCALAR_TYPES):
         s = _host_float32(scale, name)
         if not math.isfinite(s):
             raise ValueError(f"{name} must be finite, got {scale!r}")
@@ -158,9 +164,11 @@ def _mm_scale(scale, name, rows):
         scale = scale.astype(np.float32)
         if not np.isfinite(scale).all():
             raise ValueError(f"{name} must be finite, got non-finite values {scale[~np.isfinite(scale)][:4]}")
-    if int(np.prod(shape)) == 1 and len(shape) <= 2:
+    if shape == (1,) or shape == (rows,):  # already a vector: no reshape (a device view costs us)
+        return scale
+    if math.prod(shape) == 1 and len(shape) <= 2:
         return scale.reshape(1)
-    if shape in ((rows,), (rows, 1)):
+    if shape == (rows, 1):
         return scale.reshape(rows)
     raise ValueError(f"{name} must be a scalar, shape (1,), ({rows},) or ({rows}, 1), got shape {shape}")
 

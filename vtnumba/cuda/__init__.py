@@ -116,7 +116,13 @@ def _scalar_arg(scale):
 
 
 def _input(x):
-    """(flat kernel input, kind, shape, size, 16-byte groups usable) for a float input array."""
+    """(flat kernel input, kind, shape, size, 16-byte groups usable, owner) for a float input array.
+
+    ``owner`` is the array the flat input points into: a caller must hold it until the kernel is
+    launched. When x is strided it is a fresh contiguous copy, and a ``Buffer`` keeps no reference:
+    dropped early, its memory goes back to cupy's pool and the very next allocation (the output)
+    may receive it, so the kernel would read its own output (seen on the H200 as a few wrong codes
+    on strided per-token inputs, now and then)."""
     x = _as_device_array(x)
     kind = _KINDS[np.dtype(x.dtype)]
     try:
@@ -126,7 +132,7 @@ def _input(x):
     if not contiguous:
         x = _xp().ascontiguousarray(x)
     aligned = SIMULATOR or x.data.ptr % 16 == 0
-    return _flat(x), kind, x.shape, x.size, aligned
+    return _flat(x), kind, x.shape, x.size, aligned, x
 
 
 def _blocks(units, cap):
@@ -161,18 +167,19 @@ def scale_array(scale):
 
 def quantize_static(x, scale, *, encoder=None):
     quant = _backend()
-    xin, kind, shape, n, aligned = _input(x)
+    xin, kind, shape, n, aligned, owner = _input(x)
     device_scale, scale_arg = _scalar_arg(scale)
     out = _xp().empty(shape, dtype=np.uint8)
     ngroups = n // quant.GROUP if aligned else 0
     kernel = quant.static_kernel(kind, _encoder(encoder, _device()), device_scale)
     kernel(_elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), scale_arg, ngroups)
+    del owner  # a strided input's copy may go back to the pool only now that its kernel is queued
     return out
 
 
 def quantize_dynamic(x, *, encoder=None):
     quant = _backend()
-    xin, kind, shape, n, aligned = _input(x)
+    xin, kind, shape, n, aligned, owner = _input(x)
     info = _device()
     xp = _xp()
     out = xp.empty(shape, dtype=np.uint8)
@@ -188,12 +195,13 @@ def quantize_dynamic(x, *, encoder=None):
     blocks = min(_elementwise_grid(n, ngroups), info[1] * quant.DYNAMIC_BLOCKS_PER_SM)
     quant.dynamic_kernel(kind, _encoder(encoder, info))(
         blocks, quant.THREADS, xin, _flat(out), partials, scale, ngroups)
+    del owner  # see quantize_static
     return out, scale
 
 
 def quantize_per_token(x, scale_ub, *, encoder=None):
     quant = _backend()
-    xin, kind, shape, n, aligned = _input(x)
+    xin, kind, shape, n, aligned, owner = _input(x)
     rows, cols = shape
     xp = _xp()
     out = xp.empty(shape, dtype=np.uint8)
@@ -204,6 +212,7 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
     quant.per_token_kernel(kind, _encoder(encoder, _device()), device_ub)(
         rows, quant.THREADS, xin, _flat(out), _flat(scales), ub_arg, cols, row_groups)
+    del owner  # see quantize_static
     return out, scales
 
 

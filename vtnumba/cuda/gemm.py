@@ -290,34 +290,38 @@ class DecodeGemv:
     name = "decode_gemv"
 
     def can_implement(self, call):
-        reason = gemv_reason(call.m, call.k, call.b)
+        reason = gemv_reason(call.m, call.k, call.b, a=call.a)
         return (False, reason) if reason else (True, "")
 
     def run(self, call):
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
         bias, bias_kind = _bias_bits(call.bias)
-        launcher = gk.gemv_launcher(call.m, call.k, gk.hardware_path_available(_compute_capability()),
-                                    call.out_dtype == np.float32)
-        rows = gk.gemv_rows_per_block(call.m)
-        launcher((call.n + rows - 1) // rows, gk.GEMV_THREADS,
-                 call.a, _placeholder("u16_2d"), 0, gk.STAGE_CODES, _placeholder("f32"), call.b,
+        launcher = gk.gemv_launcher(call.m, gk.hardware_path_available(_compute_capability()),
+                                    call.out_dtype == np.float32, gk.STAGE_CODES)
+        launcher(-(-call.n // gk.gemv_rows(call.m)), gk.GEMV_THREADS,
+                 call.a, _placeholder("u16_2d"), 0, _placeholder("f32"), call.b,
                  call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-                 _OUT_KIND[call.out_dtype], shared_mem=gk.gemv_shared_bytes(call.m, call.k))
+                 _OUT_KIND[call.out_dtype])
         return y
 
 
-def gemv_reason(m, k, b):
-    """Why the decode GEMV cannot run M rows against weight b [N, K] (None if it can)."""
+def _rows_aligned(arr):
+    """Whether every row of a 2-D device array starts on 16 bytes with its elements contiguous."""
+    return arr.strides[1] == arr.itemsize and arr.strides[0] % 16 == 0 and arr.data.ptr % 16 == 0
+
+
+def gemv_reason(m, k, b, a=None):
+    """Why the decode GEMV cannot run M activation rows (codes ``a`` if given) against the weight
+    b [N, K] (None if it can)."""
     if m > gk.GEMV_MAX_M:
         return f"the decode GEMV takes M <= {gk.GEMV_MAX_M}, got M = {m}"
     if k % 16:
         return f"the decode GEMV reads the weight 16 bytes at a time: K must be a multiple of 16, got {k}"
-    if gk.gemv_shared_bytes(m, k) > gk.GEMV_SHARED_BYTES:
-        return (f"the decode GEMV stages the activation in 48 KiB of shared memory (M rounded up to "
-                f"1, 2 or 4, 2 bytes per value at least): M x K = {m} x {k} does not fit")
     if not SIMULATOR:
-        if b.strides[1] != 1 or b.strides[0] % 16 or b.data.ptr % 16:
+        if not _rows_aligned(b):
             return "the decode GEMV needs 16-byte aligned weight rows (contiguous K, row stride % 16 == 0)"
+        if a is not None and not _rows_aligned(a):
+            return "the decode GEMV needs 16-byte aligned activation rows (contiguous K, row stride % 16 == 0)"
     return None
 
 
@@ -407,8 +411,8 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
 
     The activation's quantization follows DESIGN.md: ``input_scale`` given -> static per-tensor;
     None -> dynamic per-tensor; ``per_token=True`` -> dynamic per-row (``scale_ub`` caps amax). At
-    decode (M <= 4 and M x K fits the GEMV's shared memory) it is ONE launch: the decode GEMV
-    quantizes the activation itself while staging it. Otherwise vtnumba's GPU quantization runs,
+    decode (M <= 4, K a multiple of 16) it is ONE launch: the decode GEMV quantizes the activation
+    itself as it reads it. Otherwise vtnumba's GPU quantization runs,
     then ``scaled_mm``.
     """
     from .. import ops
@@ -446,16 +450,16 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
         qscale = s.reshape(1) if hasattr(s, "__cuda_array_interface__") else device_scalar(s)
     xp = _xp()
     x = xp.ascontiguousarray(x)
+    if not SIMULATOR and not _rows_aligned(x):  # e.g. a view starting mid-row: realign by copying
+        x = x.copy()
     x_bits = x.view(np.uint16)  # float32 rows become 2K halves; the kernel reassembles them
     scale_b_vec, sb_step = _scale(sb, n)
     y, y_bits = _empty_out(m, n, out_dt)
     bias_bits, bias_kind = _bias_bits(bias)
-    launcher = gk.gemv_launcher(m, k, gk.hardware_path_available(_compute_capability()), out_dt == np.float32)
-    rows = gk.gemv_rows_per_block(m)
-    launcher((n + rows - 1) // rows, gk.GEMV_THREADS,
-             _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], mode, qscale, b, _placeholder("f32"), 0,
-             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt],
-             shared_mem=gk.gemv_shared_bytes(m, k))
+    launcher = gk.gemv_launcher(m, gk.hardware_path_available(_compute_capability()), out_dt == np.float32, mode)
+    launcher(-(-n // gk.gemv_rows(m)), gk.GEMV_THREADS,
+             _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], qscale, b, _placeholder("f32"), 0,
+             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt])
     return y
 
 

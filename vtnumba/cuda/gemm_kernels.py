@@ -16,7 +16,7 @@ fixed signatures):
 - output: float32 [M, N], or uint16 [M, N] holding float16 (out_kind 1) or bfloat16 (out_kind 2)
   bits; out_kind 0 is float32.
 
-Decoding: the tiled GEMM, the epilogue and the GEMV's activation staging use
+Decoding: the tiled GEMM and the epilogue use
 ``vtnumba._format.decode_e4m3_scalar`` compiled for the GPU (run by the simulator as plain Python).
 The GEMV's weight stream, where decoding is the bottleneck, places the code's bits into a float32
 (exact, scaled by a power of two; see the GEMV section for why and the proof). On sm_89+ its 16-byte
@@ -339,37 +339,44 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 # ------------------------------------------------------------------------------------------------
 # the decode GEMV (M <= 4): streams the weight once at memory speed.
 #
-# Layout of the work: a block of GEMV_WARPS warps; each warp owns a few weight rows
-# (gemv_rows_per_warp: 4 at M = 1); each lane reads 16 contiguous weight bytes of each of its rows
-# per step (one 128-bit load per row, all issued before any arithmetic). The activation rows are staged once per block in shared
-# memory, laid out plane by plane so that the 32 lanes of a warp read 32 consecutive words (no bank
-# conflicts): as float32 when M x K x 4 bytes fit in 48 KiB (no conversion in the inner loop), else
-# as float16 bits (exact for e4m3 values; half the bytes, so K = 14336 fits at M = 1).
+# Layout of the work: a block owns gemv_rows(M) weight rows; its threads split K, each taking 16
+# weight bytes of every one of those rows per step (that many 128-bit loads in flight before any
+# arithmetic) and the same 16 activation values, read straight from global memory (every block
+# reads the same activation, so it is served by the caches). At N = K = 4096 that is 256 threads x
+# 16 bytes = one step per row, 1024 blocks: enough loads in flight to cover the memory latency. The
+# partial sums meet through warp shuffles and one shared-memory step. No activation staging: the
+# first version staged the whole activation in shared memory per block (serial, uncoalesced) and
+# ran at 13-22 us where cuBLASLt takes 6.2 (H200, 2026-11-29).
 #
-# Why the weight is decoded by bit placement and not by the cvt.rn.f16x2.e4m3x2 instruction: the
-# first version (cvt e4m3x2 -> f16x2, then cvt f16 -> f32) ran at 13.1 us for N = K = 4096, M = 1 on
-# the H200, twice cuBLASLt's 6.2 us: conversions issue at 16 per clock per SM, and it took 1.5 per
-# weight byte. Placing the 7 magnitude bits of an e4m3 code at float32 bits 26..20 and its sign at
-# bit 31 (three integer operations, 64 per clock) gives exactly code_value * 2^-120 for every
-# finite code, subnormals included (e4m3's subnormals land on float32 subnormals, exactly). The
-# activation is staged times 2^60, so every product is code_a * code_b * 2^-60: a normal float32,
-# exact, far from underflow and overflow, and float32 sums of such products round exactly as the
-# unscaled sums would (scaling by a power of two commutes with rounding when nothing underflows).
-# The accumulator is multiplied back by 2^60 (exact) before the scales. The one code the placement
-# does not give is NaN (0x7F / 0xFF): a per-row flag catches it, and the row's outputs become NaN,
-# as NaN * x would.
+# The weight is decoded by bit placement, not by cvt.rn.f16x2.e4m3x2 (conversions issue at 16 per
+# clock per SM; integer operations at 64): placing the 7 magnitude bits of an e4m3 code at float32
+# bits 26..20 and its sign at bit 31 gives exactly code_value * 2^-120 for every finite code,
+# subnormals included (e4m3's subnormals land on float32 subnormals, exactly). The activation
+# factor is its e4m3 value times 2^60, so every product is code_a * code_b * 2^-60: a normal
+# float32, exact, far from underflow and overflow, and float32 sums of such products round exactly
+# as the unscaled sums would (scaling by a power of two commutes with rounding when nothing
+# underflows). The sum is multiplied back by 2^60 (exact) before the scales. The one code the
+# placement does not give is NaN (0x7F / 0xFF): flags per weight row and per activation row catch
+# it, and the affected outputs become NaN, as NaN * x would.
 #
-# Staging modes (one kernel, a runtime switch; only the staging differs):
+# Activation modes (one kernel body, compiled per mode; only the activation's source differs):
 #   0 codes:     a holds e4m3 codes, the dequantization scale is scale_a
 #   1 static:    x is float, codes = encode(x * (1 / scale)), scale given (DESIGN.md static)
 #   2 dynamic:   per-tensor scale = max(amax / 448, floor) over all of x, then as static
 #   3 per_token: per-row scale = max(min(amax_row, ub) / 448, floor), codes = encode(x / scale_row)
-# Modes 1-3 make an FP8 linear layer at decode one launch: quantization and GEMM fused.
+# Modes 1-3 make an FP8 linear layer at decode one launch: quantization and GEMM fused. Modes 2-3
+# first read the activation once for its amax (every block does; it is small and cached).
 
-GEMV_WARPS = 4
-GEMV_THREADS = 32 * GEMV_WARPS
+GEMV_THREADS = 64 if SIMULATOR else 256  # the simulator runs each thread as a Python thread
+GEMV_WARPS = GEMV_THREADS // 32
 GEMV_MAX_M = 4
-GEMV_SHARED_BYTES = 48 * 1024  # the static per-block limit without an opt-in attribute
+
+
+def gemv_rows(m):
+    """Weight rows per block for M activation rows: 4 (four 128-bit loads in flight per thread, one
+    activation read shared by four rows), 2 at M = 3..4, whose 64 activation values per step would
+    otherwise push the kernel past 160 registers (ptxas -v, sm_90)."""
+    return 4 if gemv_m_tile(m) <= 2 else 2
 STAGE_CODES, STAGE_STATIC, STAGE_DYNAMIC, STAGE_PER_TOKEN = 0, 1, 2, 3
 X_FLOAT32, X_FLOAT16, X_BFLOAT16 = 0, 1, 2
 
@@ -377,11 +384,13 @@ _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
 _F32_NAN = np.float32(np.nan)
 _F32_2P60 = np.float32(2.0 ** 60)
+_F32_2P120 = np.float32(2.0 ** 120)
 _U32_MAG_AT_20 = np.uint32(0x07F00000)
 _U32_SIGN32 = np.uint32(0x80000000)
 _U32_LOW7X4 = np.uint32(0x7F7F7F7F)
 _U32_ONEX4 = np.uint32(0x01010101)
 _U32_HIGHX4 = np.uint32(0x80808080)
+_U32_HIGH16 = np.uint32(0xFFFF0000)
 
 
 def e4m3x4_scaled(word):
@@ -404,17 +413,16 @@ e4m3x4_scaled = _device(e4m3x4_scaled)
 nan_code_bits = _device(nan_code_bits)
 
 
-def _load_x(x, x_kind, m, k):
-    """x[m, k] as float32 from a uint16 view: float32 (two halves), float16 or bfloat16 bits."""
-    if x_kind == 0:
-        return bits_float32(np.uint32(x[m, 2 * k]) | (np.uint32(x[m, 2 * k + 1]) << np.uint32(16)))
-    if x_kind == 1:
-        return half_bits_to_float32(x[m, k])
-    return bfloat16_bits_to_float32(x[m, k])
+def _portable_load_u16x8(arr, row, col):
+    """The 16 bytes at &arr[row, col] of a uint16 array as four uint32 words (element col lowest)."""
+    w0 = np.uint32(arr[row, col]) | (np.uint32(arr[row, col + 1]) << np.uint32(16))
+    w1 = np.uint32(arr[row, col + 2]) | (np.uint32(arr[row, col + 3]) << np.uint32(16))
+    w2 = np.uint32(arr[row, col + 4]) | (np.uint32(arr[row, col + 5]) << np.uint32(16))
+    w3 = np.uint32(arr[row, col + 6]) | (np.uint32(arr[row, col + 7]) << np.uint32(16))
+    return w0, w1, w2, w3
 
 
-_load_x_dev = _device(_load_x, half_bits_to_float32=half_bits_to_float32,
-                      bfloat16_bits_to_float32=bfloat16_bits_to_float32)
+_portable_load_u16 = cuda.jit(**_DEVICE)(_portable_load_u16x8)
 
 
 def _shfl_warp_sum(v, scratch, lane, warp):
@@ -442,154 +450,185 @@ _warp_sum = cuda.jit(**_DEVICE)(_simulated_warp_sum if SIMULATOR else _shfl_warp
 _WARP_SUM_SCRATCH = GEMV_THREADS if SIMULATOR else 1
 
 
-def gemv_rows_per_warp(m_tile):
-    """Weight rows per warp: 4 at M = 1 (four 128-bit loads in flight per lane, one activation read
-    shared by four rows); 2 for M = 2..4, whose activation registers (16 per row of x) would
-    otherwise spill (checked with ptxas -v for sm_90)."""
-    return 4 if m_tile == 1 else 2
+def _gemv_block_max(v, shared):
+    """Max of ``v`` over the block's GEMV_THREADS threads, returned to every thread."""
+    t = cuda.threadIdx.x
+    shared[t] = v
+    cuda.syncthreads()
+    step = GEMV_THREADS // 2
+    while step > 0:
+        if t < step:
+            shared[t] = max(shared[t], shared[t + step])
+        cuda.syncthreads()
+        step //= 2
+    result = shared[0]
+    cuda.syncthreads()  # the slots are reused by the next reduction
+    return result
 
 
-def gemv_rows_per_block(m):
-    return GEMV_WARPS * gemv_rows_per_warp(gemv_m_tile(m))
-
-
-def gemv_stages_float32(m, k):
-    """Whether the activation is staged as float32 (else float16 bits) for M rows of K."""
-    return gemv_m_tile(m) * k * 4 <= GEMV_SHARED_BYTES
-
-
-def gemv_shared_bytes(m, k):
-    """Dynamic shared memory of the GEMV for M rows of K (rows up to the compiled tile are staged)."""
-    return gemv_m_tile(m) * k * (4 if gemv_stages_float32(m, k) else 2)
+_block_max = cuda.jit(**_DEVICE)(_gemv_block_max)
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(m_tile, hardware, stage_float32):
+def gemv_kernel(m_tile, hardware, mode, rows):
     """The GEMV kernel for up to ``m_tile`` activation rows (1, 2 or 4; compiled per value so the
-    accumulators live in registers), with hardware loads (inline PTX) or portable ones, and the
-    activation staged as float32 or float16 bits."""
+    accumulators live in registers), with hardware loads and encoder (inline PTX, sm_89+) or
+    portable ones, for one activation ``mode`` (compiled per mode: the codes-only kernel then
+    carries none of the quantizer's registers), owning ``rows`` weight rows per block."""
+    from . import codec
+
     if hardware:
         load16, half2 = _HW
+        load16_u16 = load16  # the inline-PTX load takes any element type
     else:
-        load16, half2 = _portable_load, _portable_half2
-    rows = gemv_rows_per_warp(m_tile)
+        load16, half2, load16_u16 = _portable_load, _portable_half2, _portable_load_u16
+    pair = codec.encode_pair("hardware" if hardware else "portable")
+    finite_abs = codec.finite_abs
     n_acc = rows * m_tile
-    n_x = 16 * m_tile
+    n_partial = GEMV_WARPS * n_acc
     n_words = 4 * rows
-    load_x = _load_x_dev
-    encode = encode_e4m3
-    decode = decode_e4m3
-    to_half = float32_to_half_bits
-    to_bits = _PRIMITIVES.get("float32_bits", float32_bits)
+    n_x = 16 * m_tile
     from_bits = _PRIMITIVES.get("bits_float32", bits_float32)
     dec4 = e4m3x4_scaled
     nan_bits = nan_code_bits
     epilogue = epilogue_value
     store = store_out
     warp_sum = _warp_sum
+    block_max = _block_max
     scratch_size = _WARP_SUM_SCRATCH
 
-    def gemv(a, x, x_kind, mode, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+    @cuda.jit(**_DEVICE)
+    def load_x16(x, x_kind, m, c, vals):
+        """vals[0..16) = x[m, 16 c .. 16 c + 16) as float32 (x: a uint16 view of the float rows)."""
+        if x_kind == X_FLOAT32:
+            for i in range(4):
+                w0, w1, w2, w3 = load16_u16(x, m, 32 * c + 8 * i)
+                vals[4 * i] = from_bits(w0)
+                vals[4 * i + 1] = from_bits(w1)
+                vals[4 * i + 2] = from_bits(w2)
+                vals[4 * i + 3] = from_bits(w3)
+        else:
+            for i in range(2):
+                w0, w1, w2, w3 = load16_u16(x, m, 16 * c + 8 * i)
+                if x_kind == X_FLOAT16:
+                    vals[8 * i], vals[8 * i + 1] = half2(w0)
+                    vals[8 * i + 2], vals[8 * i + 3] = half2(w1)
+                    vals[8 * i + 4], vals[8 * i + 5] = half2(w2)
+                    vals[8 * i + 6], vals[8 * i + 7] = half2(w3)
+                else:  # bfloat16: the upper 16 bits of a float32
+                    vals[8 * i] = from_bits(w0 << _U32_16)
+                    vals[8 * i + 1] = from_bits(w0 & _U32_HIGH16)
+                    vals[8 * i + 2] = from_bits(w1 << _U32_16)
+                    vals[8 * i + 3] = from_bits(w1 & _U32_HIGH16)
+                    vals[8 * i + 4] = from_bits(w2 << _U32_16)
+                    vals[8 * i + 5] = from_bits(w2 & _U32_HIGH16)
+                    vals[8 * i + 6] = from_bits(w3 << _U32_16)
+                    vals[8 * i + 7] = from_bits(w3 & _U32_HIGH16)
+
+    @cuda.jit(**_DEVICE)
+    def encode4(vals, i, mult, divide):
+        """The codes of vals[4 i .. 4 i + 4) times (or divided by) ``mult``, as one uint32."""
+        if divide:
+            lo = pair(vals[4 * i] / mult, vals[4 * i + 1] / mult)
+            hi = pair(vals[4 * i + 2] / mult, vals[4 * i + 3] / mult)
+        else:
+            lo = pair(vals[4 * i] * mult, vals[4 * i + 1] * mult)
+            hi = pair(vals[4 * i + 2] * mult, vals[4 * i + 3] * mult)
+        return np.uint32(lo) | (np.uint32(hi) << _U32_16)
+
+    def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         n_total, k_total = b.shape
         m_total = y.shape[0]
         k16 = k_total // 16
-        kh = k_total // 2
-        stage = cuda.shared.array(0, types.uint32)
-        row_scale = cuda.shared.array(m_tile, types.float32)
-        row_amax = cuda.shared.array(m_tile, types.float32)
-        scratch = cuda.shared.array(scratch_size, types.float32)
         tid = cuda.threadIdx.x
-
-        # -- staging: activation rows -> their decoded e4m3 values (rows >= M staged as zeros) --
-        if mode != STAGE_CODES:
-            if tid < m_tile:
-                row_amax[tid] = _F32_ZERO
-            cuda.syncthreads()
-            if mode != STAGE_STATIC:
-                for m in range(m_total):
-                    local = _F32_ZERO
-                    for k in range(tid, k_total, GEMV_THREADS):
-                        v = abs(load_x(x, x_kind, m, k))
-                        if v <= _F32_FLT_MAX:  # finite only: NaN and inf stay out of amax
-                            local = max(local, v)
-                    slot = m if mode == STAGE_PER_TOKEN else 0
-                    cuda.atomic.max(row_amax, slot, local)
-                cuda.syncthreads()
-            if tid < m_total:
-                if mode == STAGE_STATIC:
-                    s = qscale[0]
-                elif mode == STAGE_DYNAMIC:
-                    s = max(row_amax[0] / np.float32(448.0), _format.F32_MIN_SCALE)
-                else:
-                    t = row_amax[tid]
-                    if qscale[0] > _F32_ZERO:
-                        t = min(t, qscale[0])
-                    s = max(t / np.float32(448.0), _format.F32_MIN_SCALE)
-                row_scale[tid] = s
-            cuda.syncthreads()
-        per_word = 1 if stage_float32 else 2  # activation values per staged 32-bit word
-        words_per_row = k_total // per_word
-        for word in range(tid, m_tile * words_per_row, GEMV_THREADS):
-            m = word // words_per_row
-            rest = word - m * words_per_row
-            plane = rest // k16
-            c = rest - plane * k16
-            k = 16 * c + per_word * plane
-            v0 = _F32_ZERO
-            v1 = _F32_ZERO
-            if m < m_total:
-                if mode == STAGE_CODES:
-                    c0 = a[m, k]
-                    c1 = a[m, k + per_word - 1]
-                elif mode == STAGE_PER_TOKEN:
-                    s = row_scale[m]
-                    c0 = encode(np.float32(load_x(x, x_kind, m, k) / s))
-                    c1 = encode(np.float32(load_x(x, x_kind, m, k + per_word - 1) / s))
-                else:
-                    inv = np.float32(_F32_ONE / row_scale[m])
-                    c0 = encode(np.float32(load_x(x, x_kind, m, k) * inv))
-                    c1 = encode(np.float32(load_x(x, x_kind, m, k + per_word - 1) * inv))
-                v0 = decode(c0)
-                v1 = decode(c1)
-            if stage_float32:
-                stage[word] = np.uint32(to_bits(np.float32(v0 * _F32_2P60)))
-            else:
-                stage[word] = np.uint32(to_half(v0)) | (np.uint32(to_half(v1)) << np.uint32(16))
-        cuda.syncthreads()
-
-        # -- streaming: 128-bit weight loads, bit-placed decode, f32 FMA, warp reduction --------
         lane = tid % 32
         warp = tid // 32
-        n_base = (cuda.blockIdx.x * GEMV_WARPS + warp) * rows
+        n_base = cuda.blockIdx.x * rows
+        red = cuda.shared.array(GEMV_THREADS, types.float32)
+        partial = cuda.shared.array(n_partial, types.float32)
+        row_scale = cuda.shared.array(m_tile, types.float32)  # dynamic modes: dequantization scale
+        row_mult = cuda.shared.array(m_tile, types.float32)  # and quantization multiplier / divisor
+        scratch = cuda.shared.array(scratch_size, types.float32)
+        vals = cuda.local.array(16, types.float32)
+        qw = cuda.local.array(4, types.uint32)
         acc = cuda.local.array(n_acc, types.float32)
         xv = cuda.local.array(n_x, types.float32)
         words = cuda.local.array(n_words, types.uint32)
-        nan_flags = cuda.local.array(rows, types.uint32)
+        w_nan = cuda.local.array(rows, types.uint32)
+        x_nan = cuda.local.array(m_tile, types.uint32)
         for i in range(n_acc):
             acc[i] = _F32_ZERO
         for r in range(rows):
-            nan_flags[r] = np.uint32(0)
-        for c in range(lane, k16, 32):
-            for r in range(rows):  # every load of this step before any arithmetic
-                n = min(n_base + r, n_total - 1)
-                w0, w1, w2, w3 = load16(b, n, 16 * c)
+            w_nan[r] = np.uint32(0)
+        for m in range(m_tile):
+            x_nan[m] = np.uint32(0)
+
+        # The first step's weight loads go out before anything waits: a scale read, a barrier or
+        # an amax pass ahead of them would add a whole memory latency to every block.
+        c = tid
+        if c < k16:
+            for r in range(rows):
+                w0, w1, w2, w3 = load16(b, min(n_base + r, n_total - 1), 16 * c)
                 words[4 * r] = w0
                 words[4 * r + 1] = w1
                 words[4 * r + 2] = w2
                 words[4 * r + 3] = w3
+
+        # -- the activation's scales -------------------------------------------------------------
+        static_mult = _F32_ONE
+        if mode == STAGE_STATIC:
+            static_mult = np.float32(_F32_ONE / qscale[0])  # each thread: the same float32 quotient
+        if mode == STAGE_DYNAMIC or mode == STAGE_PER_TOKEN:  # one read of x for its amax
+            total = _F32_ZERO
             for m in range(m_tile):
-                if stage_float32:
-                    for j in range(16):
-                        xv[16 * m + j] = from_bits(stage[m * k_total + j * k16 + c])
+                local = _F32_ZERO
+                if m < m_total:
+                    for cc in range(tid, k16, GEMV_THREADS):
+                        load_x16(x, x_kind, m, cc, vals)
+                        for j in range(16):
+                            local = max(local, finite_abs(vals[j]))
+                amax = block_max(local, red)
+                total = max(total, amax)
+                if mode == STAGE_PER_TOKEN and tid == 0:
+                    ub = qscale[0]
+                    if ub > _F32_ZERO:
+                        amax = min(amax, ub)
+                    s = max(amax / np.float32(448.0), _format.F32_MIN_SCALE)
+                    row_scale[m] = s
+                    row_mult[m] = s
+            if mode == STAGE_DYNAMIC and tid == 0:
+                s = max(total / np.float32(448.0), _format.F32_MIN_SCALE)
+                for m in range(m_tile):
+                    row_scale[m] = s
+                    row_mult[m] = np.float32(_F32_ONE / s)
+            cuda.syncthreads()
+
+        # -- streaming: bit-placed decode, float32 FMA; the next step's loads after each step -----
+        divide = mode == STAGE_PER_TOKEN
+        while c < k16:
+            for m in range(m_tile):
+                if m < m_total:
+                    if mode == STAGE_CODES:
+                        qw[0], qw[1], qw[2], qw[3] = load16(a, m, 16 * c)
+                    else:
+                        load_x16(x, x_kind, m, c, vals)
+                        mult = static_mult if mode == STAGE_STATIC else row_mult[m]
+                        for i in range(4):
+                            qw[i] = encode4(vals, i, mult, divide)
+                    for i in range(4):
+                        x_nan[m] |= nan_bits(qw[i])
+                        f0, f1, f2, f3 = dec4(qw[i])  # the e4m3 value times 2^-120, then times 2^60
+                        xv[16 * m + 4 * i] = np.float32(np.float32(f0 * _F32_2P120) * _F32_2P60)
+                        xv[16 * m + 4 * i + 1] = np.float32(np.float32(f1 * _F32_2P120) * _F32_2P60)
+                        xv[16 * m + 4 * i + 2] = np.float32(np.float32(f2 * _F32_2P120) * _F32_2P60)
+                        xv[16 * m + 4 * i + 3] = np.float32(np.float32(f3 * _F32_2P120) * _F32_2P60)
                 else:
-                    for p in range(8):
-                        lo, hi = half2(stage[m * kh + p * k16 + c])
-                        xv[16 * m + 2 * p] = np.float32(lo * _F32_2P60)
-                        xv[16 * m + 2 * p + 1] = np.float32(hi * _F32_2P60)
+                    for j in range(16):
+                        xv[16 * m + j] = _F32_ZERO
             for r in range(rows):
                 for q in range(4):
                     w = words[4 * r + q]
-                    nan_flags[r] |= nan_bits(w)
+                    w_nan[r] |= nan_bits(w)
                     f0, f1, f2, f3 = dec4(w)
                     for m in range(m_tile):
                         s = acc[r * m_tile + m]
@@ -598,24 +637,42 @@ def gemv_kernel(m_tile, hardware, stage_float32):
                         s += f2 * xv[16 * m + 4 * q + 2]
                         s += f3 * xv[16 * m + 4 * q + 3]
                         acc[r * m_tile + m] = s
-        for i in range(n_acc):
-            acc[i] = warp_sum(acc[i], scratch, lane, warp)
+            c += GEMV_THREADS
+            if c < k16:
+                for r in range(rows):
+                    w0, w1, w2, w3 = load16(b, min(n_base + r, n_total - 1), 16 * c)
+                    words[4 * r] = w0
+                    words[4 * r + 1] = w1
+                    words[4 * r + 2] = w2
+                    words[4 * r + 3] = w3
+
+        # -- reduction: NaN codes poison their outputs, then warp shuffles and one shared step ----
         for r in range(rows):
-            has_nan = warp_sum(_F32_ONE if nan_flags[r] != np.uint32(0) else _F32_ZERO, scratch, lane, warp)
-            nan_flags[r] = np.uint32(1) if has_nan > _F32_ZERO else np.uint32(0)
-        if lane == 0:
-            for r in range(rows):
-                n = n_base + r
-                if n < n_total:
-                    sb = scale_b[n * sb_step]
-                    for m in range(m_tile):
-                        if m < m_total:
-                            sa = scale_a[m * sa_step] if mode == STAGE_CODES else row_scale[m]
-                            total = np.float32(acc[r * m_tile + m] * _F32_2P60)  # exact: undo 2^-60
-                            if nan_flags[r] != np.uint32(0):
-                                total = _F32_NAN
-                            v = epilogue(total, sa, sb, bias, bias_kind, n)
-                            store(y, m, n, v, out_kind)
+            for m in range(m_tile):
+                if w_nan[r] != np.uint32(0) or x_nan[m] != np.uint32(0):
+                    acc[r * m_tile + m] = _F32_NAN
+        for i in range(n_acc):
+            v = warp_sum(acc[i], scratch, lane, warp)
+            if lane == 0:
+                partial[warp * n_acc + i] = v
+        cuda.syncthreads()
+        if tid < n_acc:
+            r = tid // m_tile
+            m = tid - r * m_tile
+            n = n_base + r
+            if n < n_total and m < m_total:
+                total = _F32_ZERO
+                for w in range(GEMV_WARPS):
+                    total += partial[w * n_acc + tid]
+                total = np.float32(total * _F32_2P60)  # exact: undo the 2^-60
+                if mode == STAGE_CODES:
+                    sa = scale_a[m * sa_step]
+                elif mode == STAGE_STATIC:
+                    sa = qscale[0]
+                else:
+                    sa = row_scale[m]
+                v = epilogue(total, sa, scale_b[n * sb_step], bias, bias_kind, n)
+                store(y, m, n, v, out_kind)
 
     return gemv
 
@@ -656,14 +713,14 @@ def tiled_kernel(out_is_float32):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_launcher(m, k, hardware, out_is_float32):
-    """The GEMV for M rows of K: its compiled variant follows from M and K."""
-    sig = (_u8_2d, _u16_2d, _i32, _i32, _f32_1d, _u8_2d, _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32,
+def gemv_launcher(m, hardware, out_is_float32, mode, rows=None):
+    """The GEMV for M activation rows in activation ``mode``, launched on ceil(N / rows) blocks;
+    ``rows`` defaults to gemv_rows(M) (benchmarks/sweep_gemv.py tries others)."""
+    sig = (_u8_2d, _u16_2d, _i32, _f32_1d, _u8_2d, _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32,
            _out_type(out_is_float32), _i32)
-    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, gemv_stages_float32(m, k)), sig)
+    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, mode, rows or gemv_rows(m)), sig)
 
 
 __all__ = ["epilogue_kernel", "tiled_kernel", "gemv_launcher", "gemv_m_tile", "hardware_path_available",
-           "gemv_shared_bytes", "TILE_M", "TILE_N", "TILED_THREADS", "GEMV_THREADS", "gemv_rows_per_block",
-           "GEMV_MAX_M", "GEMV_SHARED_BYTES", "STAGE_CODES", "STAGE_STATIC", "STAGE_DYNAMIC",
+           "TILE_M", "TILE_N", "TILED_THREADS", "GEMV_THREADS", "gemv_rows", "GEMV_MAX_M", "STAGE_CODES", "STAGE_STATIC", "STAGE_DYNAMIC",
            "STAGE_PER_TOKEN", "X_FLOAT32", "X_FLOAT16", "X_BFLOAT16"]

@@ -124,6 +124,27 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None):
     return ref, bound
 
 
+# cuBLASLt's FP8 GEMM on Hopper does not accumulate every product in float32 (measured on the H200:
+# up to ~16x the G3 bound on uniformly drawn codes, bit-identical to torch._scaled_mm, FAST_ACCUM
+# off). The model behind this bound: the tensor cores add each 32-wide k-group of exact FP8 products
+# to their accumulator after aligning them to the largest magnitude present, keeping about 14
+# significant bits (DeepSeek-V3 technical report, section 3.3.2: "limited to retaining around 14
+# bits"), and the library promotes the accumulator to float32 registers every 4 such groups (128
+# products, CUTLASS's FP8 mainloop promotion interval). Per group that loses at most 33 units of
+# 2^-13 of the chunk's magnitude; 4 groups per chunk give 132 * 2^-13 of the chunk's sum of |terms|.
+TENSOR_CORE_REL = 132 * 2.0 ** -13
+
+
+def tensor_core_bound(a, b, scale_a, scale_b):
+    """The error allowance for a GEMM run on Hopper FP8 tensor cores (cuBLASLt): |sa * sb| *
+    sum_k |dec(a) dec(b)| * TENSOR_CORE_REL, on top of G3's float32 bound. A model, loose by design
+    (it catches a wrong scale, bias or layout, not a subtle accumulation change); the strict G3
+    bound holds for every Numba kernel and the CPU."""
+    _, g3 = scaled_mm(a, b, scale_a, scale_b)
+    k = decode(a).shape[1]
+    return g3 * (1.0 + TENSOR_CORE_REL / (4.0 * k * EPS32))
+
+
 def out_rounding(ref, out_dtype):
     """Half an ulp of ``out_dtype`` at |ref| (the allowance for the final RNE rounding), with the
     float32 product-with-scales rounding folded in."""

@@ -1,0 +1,61 @@
+"""Rows per block of the decode GEMV, swept on the device: device time at M = 1 and 4 for each
+candidate, beside cuBLASLt (vtnumba's own path, = torch._scaled_mm) in the same run. It chose
+``gemv_rows`` in vtnumba/cuda/gemm_kernels.py.
+
+Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
+"""
+
+import ml_dtypes
+import numpy as np
+
+import cupy as cp
+import torch
+
+from vtnumba.cuda import gemm
+from vtnumba.cuda import gemm_kernels as gk
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
+
+
+def gpu_us(fn, n=50, repeats=3):
+    """Device microseconds per call behind a queued sleep, best of ``repeats``."""
+    best = float("inf")
+    for _ in range(repeats):
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(1e8))
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / n * 1e3)
+    return best
+
+
+def main():
+    rng = np.random.default_rng(0)
+    hw = gk.hardware_path_available((9, 0))
+    one = cp.asarray(np.array([0.01], np.float32))
+    print("| mode | M | N x K | cublaslt us | " + " | ".join(f"rows={r} us" for r in (1, 2, 4, 8)) + " |")
+    for mode, m in ((gk.STAGE_CODES, 1), (gk.STAGE_STATIC, 1), (gk.STAGE_CODES, 4)):
+        for n, k in SHAPES:
+            a = cp.asarray(rng.integers(0, 0x7E, size=(m, k), dtype=np.uint8))
+            b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
+            x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32)).view(cp.uint16)
+            y = cp.empty((m, n), dtype=cp.uint16)
+            bias = cp.zeros(1, dtype=cp.uint16)
+            t_lt = gpu_us(lambda: gemm.scaled_mm(a, b, one, one, BF16, None, "cublaslt"))
+            cells = []
+            for rows in (1, 2, 4, 8):
+                launcher = gk.gemv_launcher(m, hw, False, mode, rows)
+                args = (a, x, gk.X_FLOAT32, one, b, one, 0, one, 0, bias, 0, y, 2)
+                cells.append(gpu_us(lambda: launcher(-(-n // rows), gk.GEMV_THREADS, *args)))
+            name = {gk.STAGE_CODES: "codes", gk.STAGE_STATIC: "fused static"}[mode]
+            print(f"| {name} | {m} | {n} x {k} | {t_lt:.1f} | " + " | ".join(f"{t:.1f}" for t in cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
