@@ -246,11 +246,16 @@ def dequantize(codes, scale, dtype):
     return _round_to(values, np.dtype(dtype))
 
 
-def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
-    _backend()
-    from .gemm import scaled_mm as impl  # the GEMM kernels and cuBLASLt load only when first used
+_GEMM = []  # vtnumba.cuda.gemm once loaded: the GEMM kernels and cuBLASLt load only when first used
 
-    return impl(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+    if not _GEMM:
+        _backend()
+        from . import gemm
+
+        _GEMM.append(gemm)
+    return _GEMM[0].scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
 
 
 def encoder_in_use():

@@ -26,12 +26,14 @@ The kernels, and where each applies:
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
 
 Precision (measured on the H200, 2026-11-29): cuBLASLt's FP8 GEMM is bit-identical to
-torch._scaled_mm and meets DESIGN.md's G3 bound on codes of quantized Gaussian tensors (a real
-layer's data), but not on codes drawn uniformly over the whole e4m3 range: there its error reached
-~16x the G3 bound at K = 256, in the in-library and the f32-staged path alike (same bits), which
+torch._scaled_mm, but it does not accumulate every product in float32 (FAST_ACCUM is off): on codes
+drawn uniformly over the whole e4m3 range its error reached ~16x DESIGN.md's G3 bound at K = 256,
+in the in-library and the f32-staged path alike (same bits), and layers whose weight rows span a
+10x range of magnitudes under one per-tensor scale exceed G3 too (tests/test_seam_gpu.py). That
 points at the Hopper tensor cores summing each k-group of FP8 products at reduced precision before
-the float32 accumulation (FAST_ACCUM is off). The Numba kernels meet G3 on both. A caller who needs
-the strict float32-accumulation contract on arbitrary codes turns cuBLASLt off with the lever.
+the float32 accumulation; ``vtnumba.testing.reference.tensor_core_bound`` is the bound the tests
+hold it to. The Numba kernels meet G3 everywhere. A caller who needs the strict float32-accumulation
+contract turns cuBLASLt off with the lever (VT_DENSE_CUBLASLT_FP8=0).
 
 Scales given as host scalars are uploaded once into a small cached device buffer (per device and
 value), so a call never transfers or synchronizes once warm; graph capture needs a warm-up call
@@ -48,12 +50,16 @@ from . import cublaslt
 from . import gemm_kernels as gk
 from .target import SIMULATOR, require_gpu
 
-# Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M: on the H200
-# (benchmarks/bench_gpu_gemm.py, 2026-11-29) the first GEMV took 13.1 us at M = 1, N = K = 4096,
-# against cuBLASLt's 6.2 us (= torch._scaled_mm). The GEMV was then rewritten (bit-placed decode; see
-# gemm_kernels.py) but not measured again in this session: raise this to 1 once table 2 of the
-# benchmark shows it ahead of cuBLASLt. The GEMV still runs wherever cuBLASLt cannot (the lever off,
-# misaligned operands) and it is the one-launch path of ``fp8_linear``.
+# Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
+# (benchmarks/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
+# 9.3 us against cuBLASLt's 6.2 (= torch._scaled_mm); 1.2-1.6x slower on every shape, 4.7-5.6x at
+# M = 4. The reason is arithmetic, not memory: an exact float32 accumulation on CUDA cores decodes
+# every weight byte (3 integer operations at half the FMA rate) and every activation value per
+# block, ~240 issue slots per 16 weight bytes, which at the H200's ~33 T lane-operations/s is ~7 us
+# for 16 MiB before a byte is late; cuBLASLt's tensor cores decode for free (and accumulate less
+# exactly, see above). The first GEMV (activation staged in shared memory) took 13.1-21.8 us. The
+# GEMV still runs wherever cuBLASLt cannot (the lever off, misaligned operands) and it is the
+# one-launch path of ``fp8_linear``.
 DECODE_GEMV_PREFERRED_MAX_M = 0
 
 _OUT_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _arrays.BFLOAT16: 2}

@@ -24,14 +24,21 @@ __all__ = [
 ]
 
 
+_CUDA_KEYS = tuple(f"cuda:{i}" for i in range(64))  # formatted once: this runs on every call
+
+
 def _device_key(arr, name):
     """'cpu' for a numpy array, 'cuda:N' for a GPU array (N read from the array itself)."""
     if _arrays.device_of(arr, name) == "cpu":
         return "cpu"
-    return f"cuda:{_cuda_index(arr)}"
+    idx = _cuda_index(arr)
+    return _CUDA_KEYS[idx] if idx < len(_CUDA_KEYS) else f"cuda:{idx}"
 
 
 def _cuda_index(arr):
+    device_id = getattr(getattr(arr, "data", None), "device_id", None)  # cupy: an int on its pointer,
+    if isinstance(device_id, int):  # no Device object built
+        return device_id
     dev = getattr(arr, "device", None)
     for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
         idx = getattr(dev, attr, None)
