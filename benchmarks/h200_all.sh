@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The whole H200 proof in one call (device time is scarce): every gpu-marked test, then the GPU
 # benchmarks, logs under the given folder, short tables last.
-#   bash benchmarks/h200_all.sh "$OUT"     (after installing the .whl wheels, DEVICE.md)
+#   VT_COMMIT=<commit> bash benchmarks/h200_all.sh "$OUT"   (after installing the .whl wheels, DEVICE.md;
+#   the device copy of the tree may carry a stale .git, so the commit is passed in)
 set -u
 out=${1:-h200_logs}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0
 cd "$(dirname "$0")/.."
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) commit $(git rev-parse --short HEAD 2>/dev/null)"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) commit ${VT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs -s tests/test_cuda_quant.py tests/test_cuda_gemm.py tests/test_seam_gpu.py 2>&1 | tee "$out/gpu_tests.log" | grep -v "^\." | tail -60
 timeout 60 python3 benchmarks/bench_gpu_quant.py > "$out/bench_gpu_quant.log" 2>&1
 timeout 60 python3 benchmarks/bench_gpu_gemm.py > "$out/bench_gpu_gemm.log" 2>&1
 timeout 90 python3 benchmarks/sweep_gemv.py > "$out/sweep_gemv.log" 2>&1
-timeout 30 python3 benchmarks/bench_seam_overhead.py --device cuda --rounds 21 > "$out/bench_seam_cuda.log" 2>&1
+timeout 60 python3 benchmarks/bench_seam_overhead.py --device cuda --rounds 41 > "$out/bench_seam_cuda.log" 2>&1
 echo "==== quant ===="; sed -n '/==== GPU quantization table ====/,$p' "$out/bench_gpu_quant.log" | tail -30
 echo "==== gemm ===="; tail -60 "$out/bench_gpu_gemm.log"
 echo "==== seam ===="; tail -12 "$out/bench_seam_cuda.log"
