@@ -450,32 +450,13 @@ _warp_sum = cuda.jit(**_DEVICE)(_simulated_warp_sum if SIMULATOR else _shfl_warp
 _WARP_SUM_SCRATCH = GEMV_THREADS if SIMULATOR else 1
 
 
-def _gemv_block_max(v, shared):
-    """Max of ``v`` over the block's GEMV_THREADS threads, returned to every thread."""
-    t = cuda.threadIdx.x
-    shared[t] = v
-    cuda.syncthreads()
-    step = GEMV_THREADS // 2
-    while step > 0:
-        if t < step:
-            shared[t] = max(shared[t], shared[t + step])
-        cuda.syncthreads()
-        step //= 2
-    result = shared[0]
-    cuda.syncthreads()  # the slots are reused by the next reduction
-    return result
-
-
-_block_max = cuda.jit(**_DEVICE)(_gemv_block_max)
-
-
 @functools.lru_cache(maxsize=None)
 def gemv_kernel(m_tile, hardware, mode, rows):
     """The GEMV kernel for up to ``m_tile`` activation rows (1, 2 or 4; compiled per value so the
     accumulators live in registers), with hardware loads and encoder (inline PTX, sm_89+) or
     portable ones, for one activation ``mode`` (compiled per mode: the codes-only kernel then
     carries none of the quantizer's registers), owning ``rows`` weight rows per block."""
-    from . import codec
+    from . import codec, quant
 
     if hardware:
         load16, half2 = _HW
@@ -494,7 +475,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
     epilogue = epilogue_value
     store = store_out
     warp_sum = _warp_sum
-    block_max = _block_max
+    block_max = quant.block_max_for(GEMV_THREADS)
     scratch_size = _WARP_SUM_SCRATCH
 
     @cuda.jit(**_DEVICE)
@@ -524,6 +505,17 @@ def gemv_kernel(m_tile, hardware, mode, rows):
                     vals[8 * i + 5] = from_bits(w2 & _U32_HIGH16)
                     vals[8 * i + 6] = from_bits(w3 << _U32_16)
                     vals[8 * i + 7] = from_bits(w3 & _U32_HIGH16)
+
+    @cuda.jit(**_DEVICE)
+    def load_rows(b, n_base, n_total, c, words):
+        """The 16 weight bytes of step ``c`` of each of the block's rows, as 4 words a row, every
+        load issued before any is used (rows past N reread the last one; their sums are dropped)."""
+        for r in range(rows):
+            w0, w1, w2, w3 = load16(b, min(n_base + r, n_total - 1), 16 * c)
+            words[4 * r] = w0
+            words[4 * r + 1] = w1
+            words[4 * r + 2] = w2
+            words[4 * r + 3] = w3
 
     @cuda.jit(**_DEVICE)
     def encode4(vals, i, mult, divide):
@@ -567,12 +559,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
         # an amax pass ahead of them would add a whole memory latency to every block.
         c = tid
         if c < k16:
-            for r in range(rows):
-                w0, w1, w2, w3 = load16(b, min(n_base + r, n_total - 1), 16 * c)
-                words[4 * r] = w0
-                words[4 * r + 1] = w1
-                words[4 * r + 2] = w2
-                words[4 * r + 3] = w3
+            load_rows(b, n_base, n_total, c, words)
 
         # -- the activation's scales -------------------------------------------------------------
         static_mult = _F32_ONE
@@ -639,12 +626,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
                         acc[r * m_tile + m] = s
             c += GEMV_THREADS
             if c < k16:
-                for r in range(rows):
-                    w0, w1, w2, w3 = load16(b, min(n_base + r, n_total - 1), 16 * c)
-                    words[4 * r] = w0
-                    words[4 * r + 1] = w1
-                    words[4 * r + 2] = w2
-                    words[4 * r + 3] = w3
+                load_rows(b, n_base, n_total, c, words)
 
         # -- reduction: NaN codes poison their outputs, then warp shuffles and one shared step ----
         for r in range(rows):

@@ -193,21 +193,31 @@ def _group_ops(kind, encode_pair, scale_op):
 _LOADERS = {"float32": _load_f32, "bfloat16": _load_bf16, "float16": _load_f16}
 
 
-@cuda.jit(**_device_inline)
-def _block_max(v, shared):
-    """Max of ``v`` over the block (THREADS threads), returned to every thread."""
-    t = cuda.threadIdx.x
-    shared[t] = v
-    cuda.syncthreads()
-    step = THREADS // 2
-    while step > 0:
-        if t < step:
-            shared[t] = max(shared[t], shared[t + step])
+@functools.lru_cache(maxsize=None)
+def block_max_for(threads):
+    """A device function: the max of ``v`` over a block of ``threads`` threads (a power of two),
+    returned to every thread, through ``shared`` (``threads`` float32 slots). Every thread of the
+    block must call it (it synchronizes the block)."""
+
+    @cuda.jit(**_device_inline)
+    def block_max(v, shared):
+        t = cuda.threadIdx.x
+        shared[t] = v
         cuda.syncthreads()
-        step //= 2
-    result = shared[0]
-    cuda.syncthreads()  # the shared slots may be reused after this
-    return result
+        step = threads // 2
+        while step > 0:
+            if t < step:
+                shared[t] = max(shared[t], shared[t + step])
+            cuda.syncthreads()
+            step //= 2
+        result = shared[0]
+        cuda.syncthreads()  # the shared slots may be reused after this
+        return result
+
+    return block_max
+
+
+_block_max = block_max_for(THREADS)
 
 
 @cuda.jit(**_device_inline)
