@@ -134,6 +134,10 @@ def test_gpu_requested_without_one(capsys):
 
 @pytest.mark.gpu
 def test_fp8_on_the_gpu_meets_the_targets():
+    import importlib.util
+
+    if importlib.util.find_spec(ex.PACKAGE) is None:  # the lent H200 has no network to install it
+        pytest.skip(f"the MiniLM weights ({ex.PACKAGE}, the 'examples' extra) are not installed here")
     result = ex.run(device="cuda")
     for label in ("fp8-static", "fp8-per-token"):
         fig = result["variants"][label]
