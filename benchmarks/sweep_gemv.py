@@ -1,6 +1,6 @@
-"""Rows per block of the decode GEMV, swept on the device: device time at M = 1 and 4 for each
-candidate, beside cuBLASLt (vtnumba's own path, = torch._scaled_mm) in the same run. It chose
-``gemv_rows`` in vtnumba/cuda/gemm_kernels.py.
+"""The decode GEMV's block shape, swept on the device: rows per block, threads per block and
+launch bounds, device time at M = 1 and 4 beside cuBLASLt (vtnumba's own path, = torch._scaled_mm)
+in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/gemm_kernels.py.
 
 Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
 """
@@ -35,12 +35,24 @@ def gpu_us(fn, n=50, repeats=3):
     return best
 
 
+# (rows per block, threads per block, min resident blocks per SM for the launch bounds or None)
+VARIANTS = {
+    ("codes", 1): [(4, 256, None), (4, 256, 4), (2, 256, None), (4, 128, 8), (2, 128, 8), (8, 256, 2)],
+    ("fused static", 1): [(4, 256, None), (4, 256, 3), (8, 256, None), (4, 128, 6)],
+    ("codes", 4): [(2, 256, None), (1, 256, None), (2, 128, None)],
+}
+
+
 def main():
     rng = np.random.default_rng(0)
-    hw = gk.hardware_path_available((9, 0))
+    cc = cp.cuda.Device().compute_capability
+    hw = gk.hardware_path_available((int(cc[:-1]), int(cc[-1])))
     one = cp.asarray(np.array([0.01], np.float32))
-    print("| mode | M | N x K | cublaslt us | " + " | ".join(f"rows={r} us" for r in (1, 2, 4, 8)) + " |")
-    for mode, m in ((gk.STAGE_CODES, 1), (gk.STAGE_STATIC, 1), (gk.STAGE_CODES, 4)):
+    for (name, m), variants in VARIANTS.items():
+        mode = gk.STAGE_CODES if name == "codes" else gk.STAGE_STATIC
+        print(f"\n{name}, M = {m}: device us per call (rows / threads / min blocks per SM)")
+        print("| N x K | cublaslt | " + " | ".join(f"{r}/{t}/{b or '-'}" for r, t, b in variants) + " |")
+        print("|" + "---|" * (2 + len(variants)))
         for n, k in SHAPES:
             a = cp.asarray(rng.integers(0, 0x7E, size=(m, k), dtype=np.uint8))
             b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
@@ -49,12 +61,11 @@ def main():
             bias = cp.zeros(1, dtype=cp.uint16)
             t_lt = gpu_us(lambda: gemm.scaled_mm(a, b, one, one, BF16, None, "cublaslt"))
             cells = []
-            for rows in (1, 2, 4, 8):
-                launcher = gk.gemv_launcher(m, hw, False, mode, rows)
+            for rows, threads, min_blocks in variants:
+                launcher = gk.gemv_launcher(m, hw, False, mode, rows, threads, min_blocks)
                 args = (a, x, gk.X_FLOAT32, one, b, one, 0, one, 0, bias, 0, y, 2)
-                cells.append(gpu_us(lambda: launcher(-(-n // rows), gk.GEMV_THREADS, *args)))
-            name = {gk.STAGE_CODES: "codes", gk.STAGE_STATIC: "fused static"}[mode]
-            print(f"| {name} | {m} | {n} x {k} | {t_lt:.1f} | " + " | ".join(f"{t:.1f}" for t in cells) + " |", flush=True)
+                cells.append(gpu_us(lambda: launcher(-(-n // rows), threads, *args)))
+            print(f"| {n} x {k} | {t_lt:.1f} | " + " | ".join(f"{t:.1f}" for t in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ class Plan:
     same key; only the scale and bias pointers change per call."""
 
     __slots__ = ("desc", "layout_a", "layout_b", "layout_d", "heuristic", "algo_addr", "has_bias",
-                 "_ptr", "_ptr_addr", "_attr_scale_a", "_attr_scale_b", "_attr_bias", "__weakref__")
+                 "_ptr", "_ptr_addr", "_attr_scale_a", "_attr_scale_b", "_attr_bias", "_last_pointers",
+                 "__weakref__")
 
     def __init__(self, handle, key, workspace_bytes):
         lt, cublas = _lt, _cublas
@@ -172,17 +173,29 @@ class Plan:
         self._attr_scale_a = A.A_SCALE_POINTER
         self._attr_scale_b = A.B_SCALE_POINTER
         self._attr_bias = A.BIAS_POINTER
+        self._last_pointers = (None, None, None)  # (scale_b, scale_a, bias) as last set on desc
 
     def _set_pointer(self, attr, ptr):
         self._ptr[0] = ptr
         _lt.matmul_desc_set_attribute(self.desc, attr, self._ptr_addr, 8)
 
     def run(self, handle, a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, d_ptr, workspace, stream_ptr):
-        """Enqueue D = (a @ b^T) * scales (+ bias). All pointers are device pointers (ints)."""
-        self._set_pointer(self._attr_scale_a, scale_b_ptr)  # cuBLASLt's A is the weight b
-        self._set_pointer(self._attr_scale_b, scale_a_ptr)
-        if self.has_bias:
-            self._set_pointer(self._attr_bias, bias_ptr)
+        """Enqueue D = (a @ b^T) * scales (+ bias). All pointers are device pointers (ints).
+
+        The descriptor keeps the pointer attributes between calls, and cuBLASLt reads them when a
+        matmul is enqueued, so only those that changed are set again (a layer's weight scale, bias
+        and a static activation scale keep their buffers: ~1 us of host time per call saved).
+        Callers hold the device state's lock."""
+        pointers = (scale_b_ptr, scale_a_ptr, bias_ptr)
+        last = self._last_pointers
+        if pointers != last:
+            if scale_b_ptr != last[0]:
+                self._set_pointer(self._attr_scale_a, scale_b_ptr)  # cuBLASLt's A is the weight b
+            if scale_a_ptr != last[1]:
+                self._set_pointer(self._attr_scale_b, scale_a_ptr)
+            if self.has_bias and bias_ptr != last[2]:
+                self._set_pointer(self._attr_bias, bias_ptr)
+            self._last_pointers = pointers
         _check("matmul", _lt.matmul, handle, self.desc, _ONE_ADDR, b_ptr, self.layout_a, a_ptr, self.layout_b,
                _ZERO_ADDR, d_ptr, self.layout_d, d_ptr, self.layout_d, self.algo_addr,
                workspace.data.ptr, workspace.nbytes, stream_ptr)

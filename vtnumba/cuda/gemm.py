@@ -52,8 +52,8 @@ from .target import SIMULATOR, require_gpu
 
 # Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
 # (benchmarks/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
-# 9.3 us against cuBLASLt's 6.2 (= torch._scaled_mm); 1.2-1.6x slower on every shape, 4.7-5.6x at
-# M = 4. The reason is arithmetic, not memory: an exact float32 accumulation on CUDA cores decodes
+# 8.9-9.4 us against cuBLASLt's 6.2 (= torch._scaled_mm); 1.2-1.6x slower on every shape, 3.5-5.6x
+# at M = 4. The reason is arithmetic, not memory: an exact float32 accumulation on CUDA cores decodes
 # every weight byte (3 integer operations at half the FMA rate) and every activation value per
 # block, ~240 issue slots per 16 weight bytes, which at the H200's ~33 T lane-operations/s is ~7 us
 # for 16 MiB before a byte is late; cuBLASLt's tensor cores decode for free (and accumulate less

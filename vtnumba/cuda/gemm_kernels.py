@@ -114,12 +114,18 @@ def load_bias(bias, kind, n):
     return bfloat16_bits_to_float32(bias[n])
 
 
+def scaled_value(acc, scale_a, scale_b, has_bias, bias_value):
+    """(acc * sa) * sb + bias_value, in float32 (the bias already read as float32)."""
+    v = np.float32(np.float32(acc * scale_a) * scale_b)
+    if has_bias:
+        v = np.float32(v + bias_value)
+    return v
+
+
 def epilogue_value(acc, scale_a, scale_b, bias, bias_kind, n):
     """(acc * sa) * sb + float32(bias[n]), in float32."""
-    v = np.float32(np.float32(acc * scale_a) * scale_b)
-    if bias_kind != 0:
-        v = np.float32(v + load_bias(bias, bias_kind, n))
-    return v
+    return scaled_value(acc, scale_a, scale_b, bias_kind != 0,
+                        load_bias(bias, bias_kind, n) if bias_kind != 0 else np.float32(0.0))
 
 
 def store_out(y, m, n, v, out_kind):
@@ -165,7 +171,8 @@ float32_to_half_bits = _device(float32_to_half_bits)
 float32_to_bfloat16_bits = _device(float32_to_bfloat16_bits)
 load_bias = _device(load_bias, half_bits_to_float32=half_bits_to_float32,
                     bfloat16_bits_to_float32=bfloat16_bits_to_float32)
-epilogue_value = _device(epilogue_value, load_bias=load_bias)
+scaled_value = _device(scaled_value)
+epilogue_value = _device(epilogue_value, load_bias=load_bias, scaled_value=scaled_value)
 store_out = _device(store_out, float32_to_half_bits=float32_to_half_bits,
                     float32_to_bfloat16_bits=float32_to_bfloat16_bits)
 
@@ -339,14 +346,15 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 # ------------------------------------------------------------------------------------------------
 # the decode GEMV (M <= 4): streams the weight once at memory speed.
 #
-# Layout of the work: a block owns gemv_rows(M) weight rows; its threads split K, each taking 16
+# Layout of the work: a block owns gemv_rows(M) weight rows; its 128 threads split K, each taking 16
 # weight bytes of every one of those rows per step (that many 128-bit loads in flight before any
 # arithmetic) and the same 16 activation values, read straight from global memory (every block
-# reads the same activation, so it is served by the caches). At N = K = 4096 that is 256 threads x
-# 16 bytes = one step per row, 1024 blocks: enough loads in flight to cover the memory latency. The
-# partial sums meet through warp shuffles and one shared-memory step. No activation staging: the
-# first version staged the whole activation in shared memory per block (serial, uncoalesced) and
-# ran at 13-22 us where cuBLASLt takes 6.2 (H200, 2026-11-29).
+# reads the same activation, so it is served by the caches). At N = K = 4096 that is two steps of
+# 128 threads x 16 bytes per row, 1024 blocks. The epilogue's scales and bias are read at the start,
+# beside the first weight loads. The partial sums meet through warp shuffles and one shared-memory
+# step. No activation staging: the first version staged the whole activation in shared memory per
+# block (serial, uncoalesced) and ran at 13-22 us where cuBLASLt takes 6.2 (H200, 2026-11-29); this
+# one takes 8.9 (benchmarks/sweep_gemv.py), bounded by the exact decode's arithmetic (gemm.py).
 #
 # The weight is decoded by bit placement, not by cvt.rn.f16x2.e4m3x2 (conversions issue at 16 per
 # clock per SM; integer operations at 64): placing the 7 magnitude bits of an e4m3 code at float32
@@ -367,8 +375,9 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
 # Modes 1-3 make an FP8 linear layer at decode one launch: quantization and GEMM fused. Modes 2-3
 # first read the activation once for its amax (every block does; it is small and cached).
 
-GEMV_THREADS = 64 if SIMULATOR else 256  # the simulator runs each thread as a Python thread
-GEMV_WARPS = GEMV_THREADS // 32
+# 128 threads a block: the fastest of 128 / 256 at every M in benchmarks/sweep_gemv.py (H200,
+# 2026-11-29); the simulator runs each thread as a Python thread, so it gets 64 (still two warps).
+GEMV_THREADS = 64 if SIMULATOR else 128
 GEMV_MAX_M = 4
 
 
@@ -377,6 +386,16 @@ def gemv_rows(m):
     activation read shared by four rows), 2 at M = 3..4, whose 64 activation values per step would
     otherwise push the kernel past 160 registers (ptxas -v, sm_90)."""
     return 4 if gemv_m_tile(m) <= 2 else 2
+
+
+def gemv_min_blocks(m, mode):
+    """Resident blocks per SM the launch bounds ask for (None: no bound). At M = 1, 8 blocks of
+    the codes kernel (64 registers, a 16-byte spill) and 6 of the fused static one beat the
+    unbounded kernels in benchmarks/sweep_gemv.py: 8.9 against ~10 us, 11.3 against ~12 us at
+    N = K = 4096."""
+    if gemv_m_tile(m) != 1:
+        return None
+    return 8 if mode == STAGE_CODES else 6
 STAGE_CODES, STAGE_STATIC, STAGE_DYNAMIC, STAGE_PER_TOKEN = 0, 1, 2, 3
 X_FLOAT32, X_FLOAT16, X_BFLOAT16 = 0, 1, 2
 
@@ -447,15 +466,15 @@ def _simulated_warp_sum(v, scratch, lane, warp):
 
 
 _warp_sum = cuda.jit(**_DEVICE)(_simulated_warp_sum if SIMULATOR else _shfl_warp_sum)
-_WARP_SUM_SCRATCH = GEMV_THREADS if SIMULATOR else 1
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(m_tile, hardware, mode, rows):
+def gemv_kernel(m_tile, hardware, mode, rows, threads):
     """The GEMV kernel for up to ``m_tile`` activation rows (1, 2 or 4; compiled per value so the
     accumulators live in registers), with hardware loads and encoder (inline PTX, sm_89+) or
     portable ones, for one activation ``mode`` (compiled per mode: the codes-only kernel then
-    carries none of the quantizer's registers), owning ``rows`` weight rows per block."""
+    carries none of the quantizer's registers), owning ``rows`` weight rows per block of
+    ``threads`` threads."""
     from . import codec, quant
 
     if hardware:
@@ -466,17 +485,19 @@ def gemv_kernel(m_tile, hardware, mode, rows):
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
     n_acc = rows * m_tile
-    n_partial = GEMV_WARPS * n_acc
+    warps = threads // 32
+    n_partial = warps * n_acc
     n_words = 4 * rows
     n_x = 16 * m_tile
     from_bits = _PRIMITIVES.get("bits_float32", bits_float32)
     dec4 = e4m3x4_scaled
     nan_bits = nan_code_bits
-    epilogue = epilogue_value
     store = store_out
     warp_sum = _warp_sum
-    block_max = quant.block_max_for(GEMV_THREADS)
-    scratch_size = _WARP_SUM_SCRATCH
+    block_max = quant.block_max_for(threads)
+    scratch_size = threads if SIMULATOR else 1
+    load_bias_value = load_bias
+    finish = scaled_value
 
     @cuda.jit(**_DEVICE)
     def load_x16(x, x_kind, m, c, vals):
@@ -536,7 +557,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
         lane = tid % 32
         warp = tid // 32
         n_base = cuda.blockIdx.x * rows
-        red = cuda.shared.array(GEMV_THREADS, types.float32)
+        red = cuda.shared.array(threads, types.float32)
         partial = cuda.shared.array(n_partial, types.float32)
         row_scale = cuda.shared.array(m_tile, types.float32)  # dynamic modes: dequantization scale
         row_mult = cuda.shared.array(m_tile, types.float32)  # and quantization multiplier / divisor
@@ -560,6 +581,21 @@ def gemv_kernel(m_tile, hardware, mode, rows):
         c = tid
         if c < k16:
             load_rows(b, n_base, n_total, c, words)
+        # the epilogue's operands too: read at the end they would add a memory latency per block
+        out_r = tid // m_tile
+        out_m = tid - out_r * m_tile
+        out_n = min(n_base + out_r, n_total - 1)
+        sb = _F32_ONE
+        sa = _F32_ONE
+        bias_value = _F32_ZERO
+        if tid < n_acc:
+            sb = scale_b[out_n * sb_step]
+            if bias_kind != 0:
+                bias_value = load_bias_value(bias, bias_kind, out_n)
+            if mode == STAGE_CODES:
+                sa = scale_a[min(out_m, m_total - 1) * sa_step]
+            elif mode == STAGE_STATIC:
+                sa = qscale[0]
 
         # -- the activation's scales -------------------------------------------------------------
         static_mult = _F32_ONE
@@ -570,7 +606,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
             for m in range(m_tile):
                 local = _F32_ZERO
                 if m < m_total:
-                    for cc in range(tid, k16, GEMV_THREADS):
+                    for cc in range(tid, k16, threads):
                         load_x16(x, x_kind, m, cc, vals)
                         for j in range(16):
                             local = max(local, finite_abs(vals[j]))
@@ -624,7 +660,7 @@ def gemv_kernel(m_tile, hardware, mode, rows):
                         s += f2 * xv[16 * m + 4 * q + 2]
                         s += f3 * xv[16 * m + 4 * q + 3]
                         acc[r * m_tile + m] = s
-            c += GEMV_THREADS
+            c += threads
             if c < k16:
                 load_rows(b, n_base, n_total, c, words)
 
@@ -638,23 +674,14 @@ def gemv_kernel(m_tile, hardware, mode, rows):
             if lane == 0:
                 partial[warp * n_acc + i] = v
         cuda.syncthreads()
-        if tid < n_acc:
-            r = tid // m_tile
-            m = tid - r * m_tile
-            n = n_base + r
-            if n < n_total and m < m_total:
-                total = _F32_ZERO
-                for w in range(GEMV_WARPS):
-                    total += partial[w * n_acc + tid]
-                total = np.float32(total * _F32_2P60)  # exact: undo the 2^-60
-                if mode == STAGE_CODES:
-                    sa = scale_a[m * sa_step]
-                elif mode == STAGE_STATIC:
-                    sa = qscale[0]
-                else:
-                    sa = row_scale[m]
-                v = epilogue(total, sa, scale_b[n * sb_step], bias, bias_kind, n)
-                store(y, m, n, v, out_kind)
+        if tid < n_acc and n_base + out_r < n_total and out_m < m_total:
+            total = _F32_ZERO
+            for w in range(warps):
+                total += partial[w * n_acc + tid]
+            total = np.float32(total * _F32_2P60)  # exact: undo the 2^-60
+            if mode == STAGE_DYNAMIC or mode == STAGE_PER_TOKEN:
+                sa = row_scale[out_m]
+            store(y, out_m, n_base + out_r, finish(total, sa, sb, bias_kind != 0, bias_value), out_kind)
 
     return gemv
 
@@ -695,12 +722,18 @@ def tiled_kernel(out_is_float32):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_launcher(m, hardware, out_is_float32, mode, rows=None):
-    """The GEMV for M activation rows in activation ``mode``, launched on ceil(N / rows) blocks;
-    ``rows`` defaults to gemv_rows(M) (benchmarks/sweep_gemv.py tries others)."""
+def gemv_launcher(m, hardware, out_is_float32, mode, rows=None, threads=GEMV_THREADS, min_blocks=None):
+    """The GEMV for M activation rows in activation ``mode``, launched on ceil(N / rows) blocks of
+    ``threads``; ``rows`` defaults to gemv_rows(M); ``min_blocks`` (resident per SM; default
+    gemv_min_blocks, 0 for none) caps the registers through launch bounds
+    (benchmarks/sweep_gemv.py tries the alternatives)."""
     sig = (_u8_2d, _u16_2d, _i32, _f32_1d, _u8_2d, _f32_1d, _i64, _f32_1d, _i64, _u16_1d, _i32,
            _out_type(out_is_float32), _i32)
-    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, mode, rows or gemv_rows(m)), sig)
+    if min_blocks is None:
+        min_blocks = gemv_min_blocks(m, mode)
+    bounds = None if SIMULATOR or not min_blocks else (threads, min_blocks)
+    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, mode, rows or gemv_rows(m), threads), sig,
+                          launch_bounds=bounds)
 
 
 __all__ = ["epilogue_kernel", "tiled_kernel", "gemv_launcher", "gemv_m_tile", "hardware_path_available",

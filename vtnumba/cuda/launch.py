@@ -160,12 +160,14 @@ class Kernel:
     """A kernel compiled once per device and launched through the CUDA driver (see the module
     docstring)."""
 
-    def __init__(self, pyfunc, signature, *, lineinfo=False):
+    def __init__(self, pyfunc, signature, *, lineinfo=False, launch_bounds=None):
         self.pyfunc = pyfunc
         self.signature = tuple(signature)
         self.name = getattr(pyfunc, "__qualname__", repr(pyfunc))
         self._plan = _arg_plan(self.signature)
         self._lineinfo = lineinfo
+        # (max threads per block, min resident blocks per SM): ptxas then caps the registers
+        self._launch_bounds = launch_bounds
         self._functions = {}  # device id -> cupy Function (it keeps its module loaded)
         self._lock = threading.Lock()
         self._dispatcher = None  # simulator only
@@ -185,7 +187,7 @@ class Kernel:
     def ptx(self, cc):
         """PTX for compute capability ``cc`` (a (major, minor) tuple)."""
         ptx, _ = cuda.compile(self.pyfunc, self.signature, device=False, abi="numba", cc=cc, output="ptx",
-                              lineinfo=self._lineinfo)
+                              lineinfo=self._lineinfo, launch_bounds=self._launch_bounds)
         return ptx
 
     def _load(self, device_id):
