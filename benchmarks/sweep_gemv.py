@@ -35,11 +35,11 @@ def gpu_us(fn, n=50, repeats=3):
     return best
 
 
-# (rows per block, threads per block, min resident blocks per SM for the launch bounds or None)
+# (rows per block, threads per block, min resident blocks per SM for the launch bounds; 0: none)
 VARIANTS = {
-    ("codes", 1): [(4, 256, None), (4, 256, 4), (2, 256, None), (4, 128, 8), (2, 128, 8), (8, 256, 2)],
-    ("fused static", 1): [(4, 256, None), (4, 256, 3), (8, 256, None), (4, 128, 6)],
-    ("codes", 4): [(2, 256, None), (1, 256, None), (2, 128, None)],
+    ("codes", 1): [(4, 256, 0), (4, 256, 4), (2, 256, 0), (4, 128, 0), (4, 128, 8), (2, 128, 8), (8, 256, 2)],
+    ("fused static", 1): [(4, 256, 0), (4, 256, 3), (8, 256, 0), (4, 128, 0), (4, 128, 6)],
+    ("codes", 4): [(2, 256, 0), (1, 256, 0), (2, 128, 0)],
 }
 
 
