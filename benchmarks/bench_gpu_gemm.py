@@ -16,7 +16,6 @@ Run: python3 benchmarks/bench_gpu_gemm.py   (needs cupy, torch, numba-cuda, nvma
 
 import datetime
 import subprocess
-import time
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +24,7 @@ import numpy as np
 import cupy as cp  # noqa: E402
 import torch  # noqa: E402
 
+from gpu_timing import best_of, host_us  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
 from vtnumba.cuda import gemm  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -42,36 +42,6 @@ def table(title, header):
 def row(*cells):
     ROWS.append("| " + " | ".join(str(c) for c in cells) + " |")
     print(ROWS[-1], flush=True)
-
-
-def gpu_us(fn, n=50):
-    """Device microseconds per call, behind a queued sleep."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(1e8))  # ~50 ms: longer than enqueueing n calls of any path here
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3
-
-
-def best_of(fn, n=50, repeats=3):
-    return min(gpu_us(fn, n) for _ in range(repeats))
-
-
-def host_us(fn, n=2000):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
 
 
 def codes(rows, cols, gen):

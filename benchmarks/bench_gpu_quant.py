@@ -12,6 +12,7 @@ the host microseconds of one ``vt.quantize_fp8`` call. Needs cupy, torch and a G
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -30,6 +31,11 @@ import vtnumba as vt  # noqa: E402
 import vtnumba.cuda as backend  # noqa: E402
 from vtnumba.cuda import quant  # noqa: E402
 
+import gpu_timing  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
+
+# 8192^2 float32 quantizations take ~80 us each: 30 calls behind a ~100 ms sleep
+gpu_us = functools.partial(gpu_timing.gpu_us, n=30, sleep_cycles=int(2e8))
+host_us = functools.partial(gpu_timing.host_us, warmup=50)
 FP8 = torch.float8_e4m3fn
 FLOOR = 1.0 / (448.0 * 512.0)
 ROWS = []
@@ -38,32 +44,6 @@ ROWS = []
 def row(*cells):
     ROWS.append(cells)
     print(" | ".join(str(c) for c in cells), flush=True)
-
-
-def gpu_us(fn, n=30):
-    """Device microseconds per call, behind a queued sleep."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(2e8))  # ~100 ms of spinning: the host enqueues all N calls meanwhile
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3
-
-
-def host_us(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
 
 
 def as_cupy(t):

@@ -9,30 +9,13 @@ import ml_dtypes
 import numpy as np
 
 import cupy as cp
-import torch
+from gpu_timing import best_of  # benchmarks/ is on sys.path as the script's folder
 
 from vtnumba.cuda import gemm
 from vtnumba.cuda import gemm_kernels as gk
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
-
-
-def gpu_us(fn, n=50, repeats=3):
-    """Device microseconds per call behind a queued sleep, best of ``repeats``."""
-    best = float("inf")
-    for _ in range(repeats):
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(1e8))
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / n * 1e3)
-    return best
 
 
 # (rows per block, threads per block, min resident blocks per SM for the launch bounds; 0: none)
@@ -59,12 +42,12 @@ def main():
             x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32)).view(cp.uint16)
             y = cp.empty((m, n), dtype=cp.uint16)
             bias = cp.zeros(1, dtype=cp.uint16)
-            t_lt = gpu_us(lambda: gemm.scaled_mm(a, b, one, one, BF16, None, "cublaslt"))
+            t_lt = best_of(lambda: gemm.scaled_mm(a, b, one, one, BF16, None, "cublaslt"))
             cells = []
             for rows, threads, min_blocks in variants:
                 launcher = gk.gemv_launcher(m, hw, False, mode, rows, threads, min_blocks)
                 args = (a, x, gk.X_FLOAT32, one, b, one, 0, one, 0, bias, 0, y, 2)
-                cells.append(gpu_us(lambda: launcher(-(-n // rows), threads, *args)))
+                cells.append(best_of(lambda: launcher(-(-n // rows), threads, *args)))
             print(f"| {n} x {k} | {t_lt:.1f} | " + " | ".join(f"{t:.1f}" for t in cells) + " |", flush=True)
 
 

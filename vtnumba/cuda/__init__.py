@@ -246,16 +246,15 @@ def dequantize(codes, scale, dtype):
     return _round_to(values, np.dtype(dtype))
 
 
-_GEMM = []  # vtnumba.cuda.gemm once loaded: the GEMM kernels and cuBLASLt load only when first used
+_gemm = None  # vtnumba.cuda.gemm: the GEMM kernels and cuBLASLt load only when first used
 
 
 def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
-    if not _GEMM:
+    global _gemm
+    if _gemm is None:
         _backend()
-        from . import gemm
-
-        _GEMM.append(gemm)
-    return _GEMM[0].scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+        from . import gemm as _gemm
+    return _gemm.scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
 
 
 def encoder_in_use():

@@ -204,6 +204,17 @@ def _cublaslt_reason(call):
     return None
 
 
+def _take_plan(call, out_dtype, bias_dtype, mode_a, mode_b):
+    """(True, "") with cuBLASLt's cached plan for ``call`` in these settings kept on the call for
+    ``run``, or (False, why) when cuBLASLt has none."""
+    state = cublaslt.device_state(_device_id())
+    plan = state.plan_or_reason(cublaslt.plan_key(call.a, call.b, out_dtype, bias_dtype, mode_a, mode_b))
+    if isinstance(plan, str):
+        return False, plan
+    call.plan, call.state = plan, state
+    return True, ""
+
+
 def _bias_for_cublaslt(call):
     """The bias as cuBLASLt's epilogue reads it (contiguous, 16-byte aligned), or None."""
     bias = call.bias
@@ -219,7 +230,6 @@ class CublasLt:
         reason = _cublaslt_reason(call)
         if reason:
             return False, reason
-        state = cublaslt.device_state(_device_id())
         bias_dt = None
         if call.bias is not None:
             bias_dt = np.dtype(call.bias.dtype)
@@ -232,15 +242,10 @@ class CublasLt:
         mode_a = cublaslt.VECTOR if call.sa_step else cublaslt.SCALAR
         mode_b = cublaslt.VECTOR if call.sb_step else cublaslt.SCALAR
         if call.sa_step or call.sb_step:
-            reason = state.outer_vec_reason
+            reason = cublaslt.device_state(_device_id()).outer_vec_reason
             if reason:
                 return False, reason
-        key = cublaslt.plan_key(call.a, call.b, call.out_dtype, bias_dt, mode_a, mode_b)
-        plan = state.plan_or_reason(key)
-        if isinstance(plan, str):
-            return False, plan
-        call.plan, call.state = plan, state
-        return True, ""
+        return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b)
 
     def run(self, call):
         y = _xp().empty((call.m, call.n), dtype=call.out_dtype)
@@ -255,13 +260,7 @@ class CublasLtF32Epilogue:
         reason = _cublaslt_reason(call)
         if reason:
             return False, reason
-        state = cublaslt.device_state(_device_id())
-        key = cublaslt.plan_key(call.a, call.b, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
-        plan = state.plan_or_reason(key)
-        if isinstance(plan, str):
-            return False, plan
-        call.plan, call.state = plan, state
-        return True, ""
+        return _take_plan(call, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
 
     def run(self, call):
         xp = _xp()

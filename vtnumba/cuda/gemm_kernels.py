@@ -54,7 +54,6 @@ _U32_F16_EXP_REBIAS = np.uint32(112 << 10)
 _F32_2M24 = np.float32(2.0 ** -24)
 _F32_2P24 = np.float32(2.0 ** 24)
 _F32_2P23 = np.float32(2.0 ** 23)
-_F32_FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def float32_bits(x):
@@ -164,7 +163,6 @@ if not SIMULATOR:
     _PRIMITIVES = dict(float32_bits=_gpu_float32_bits, bits_float32=_gpu_bits_float32)
 
 decode_e4m3 = _device(_format.decode_e4m3_scalar)
-encode_e4m3 = _device(_format.encode_e4m3_scalar)
 bfloat16_bits_to_float32 = _device(_format.bfloat16_bits_to_float32)
 half_bits_to_float32 = _device(half_bits_to_float32)
 float32_to_half_bits = _device(float32_to_half_bits)

@@ -11,10 +11,9 @@ layer's path, and its budget is 2 us of host time per call over the ops it wraps
 
 import numpy as np
 
-from .. import _arrays
 from .._config import dense_cublaslt_fp8_enabled
 from ..ops import QuantizedActivation, quantize_fp8, scaled_mm
-from .weights import _CUDA_KEYS, Fp8Weight, ResidentFp8, _device_key
+from .weights import Fp8Weight, ResidentFp8, _device_key
 
 __all__ = ["matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
 
@@ -30,11 +29,6 @@ def _weight_for(weight, x, name):
         w = weight
     else:
         raise TypeError(f"weight must be an Fp8Weight or a ResidentFp8, got {type(weight).__name__}")
-    cupy_ndarray = _arrays._cupy_ndarray()
-    if cupy_ndarray is not None and type(x) is cupy_ndarray:  # the per-call path of a resident GPU weight
-        device_id = x.data.device_id  # an int on the pointer: no Device object is built
-        if device_id < len(_CUDA_KEYS) and w.device == _CUDA_KEYS[device_id]:
-            return w
     if isinstance(x, np.ndarray):
         if w.device != "cpu":
             raise ValueError(f"{name} must be on the weight's device {w.device}, got a numpy array (cpu)")

@@ -28,17 +28,19 @@ _CUDA_KEYS = tuple(f"cuda:{i}" for i in range(64))  # formatted once: this runs 
 
 
 def _device_key(arr, name):
-    """'cpu' for a numpy array, 'cuda:N' for a GPU array (N read from the array itself)."""
-    if _arrays.device_of(arr, name) == "cpu":
+    """'cpu' for a numpy array, 'cuda:N' for a GPU array (N read from the array itself). On every
+    call's path: a cupy array's device id is an int on its pointer (no Device object is built)."""
+    cupy_ndarray = _arrays._cupy_ndarray()
+    if cupy_ndarray is not None and type(arr) is cupy_ndarray:
+        idx = arr.data.device_id
+    elif _arrays.device_of(arr, name) == "cpu":
         return "cpu"
-    idx = _cuda_index(arr)
+    else:
+        idx = _cuda_index(arr)
     return _CUDA_KEYS[idx] if idx < len(_CUDA_KEYS) else f"cuda:{idx}"
 
 
 def _cuda_index(arr):
-    device_id = getattr(getattr(arr, "data", None), "device_id", None)  # cupy: an int on its pointer,
-    if isinstance(device_id, int):  # no Device object built
-        return device_id
     dev = getattr(arr, "device", None)
     for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
         idx = getattr(dev, attr, None)
