@@ -1,4 +1,4 @@
-"""CPU FP8 GEMM speed (issue 3): vt.scaled_mm against numpy/OpenBLAS sgemm on weights kept
+"""CPU FP8 GEMM speed: vt.scaled_mm against numpy/OpenBLAS sgemm on weights kept
 dequantized in float32 (4x the weight memory), measured in the same run.
 
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_gemm.py            # the issue's table
@@ -10,7 +10,7 @@ side's best time is kept (see ``interleaved_best``). The ratio
 is peer time / vtnumba time: above 1 means vtnumba is faster. torch's CPU ``_scaled_mm`` runs beside
 them when torch is installed (it is not a dependency).
 
-Targets (issue 3): ratio >= 0.85 at M = 128 and 1024; >= 2 at M = 1; >= 1.5 at M = 16. Extra memory
+Targets: ratio >= 0.85 at M = 128 and 1024; >= 2 at M = 1; >= 1.5 at M = 16. Extra memory
 at N = K = 4096 under 64 MiB beyond inputs and output (measured in a fresh process from the peak RSS).
 """
 

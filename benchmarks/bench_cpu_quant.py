@@ -1,4 +1,4 @@
-"""CPU quantization speed (issue 2): vtnumba against numpy's memcpy and numpy + ml_dtypes, same run.
+"""CPU quantization speed: vtnumba against numpy's memcpy and numpy + ml_dtypes, same run.
 
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_quant.py
 
@@ -8,24 +8,18 @@ GB/s counts bytes read plus bytes written (float32: 4 + 1 per value; bfloat16: 2
 import os
 import subprocess
 import sys
-import time
 
 import ml_dtypes
 import numpy as np
 
 import vtnumba as vt
+from vtnumba import profile
 
 N = 1 << 24  # 16M values, as ANCHORS.md
 
 
 def median_time(fn, repeats=9):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[repeats // 2]
+    return profile.cpu_time(fn, repeats)[0]
 
 
 def first_call_seconds():

@@ -1,10 +1,9 @@
 """GPU FP8 GEMM on the H200: vtnumba's kernels against torch measured in the same run.
 
-Device time: a long torch.cuda._sleep is queued first, then an event, N launches, an event: the
-host has enqueued everything before the GPU starts, so the interval is GPU time alone (DEVICE.md).
-Host cost: a loop of launches timed with a host clock, synchronized once at the end.
+Device time and host cost: ``vtnumba.profile``'s timers (a spin kernel queued before the timed
+launches, so the interval is GPU time alone; a host-clock loop synchronized once at the end).
 
-Tables (targets from issue 5):
+Tables (targets):
   1. M >= 1024: the cuBLASLt path vs torch._scaled_mm            (target >= 0.97x)
   2. M = 1, 4, 16: the best vtnumba path vs torch._scaled_mm       (>= 1.0x; >= 1.3x at N = K = 4096)
   3. the FP8 layer at M = 1 (quant + GEMM) vs torch bf16 matmul    (>= 1.8x)
@@ -24,8 +23,10 @@ import numpy as np
 import cupy as cp  # noqa: E402
 import torch  # noqa: E402
 
-from gpu_timing import best_of, host_us  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
+import vtnumba as vt  # noqa: E402
 from vtnumba.cuda import gemm  # noqa: E402
+from vtnumba.profile import best_device_us as best_of  # noqa: E402
+from vtnumba.profile import host_us  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
@@ -106,11 +107,10 @@ def main():
         xc = cp.asarray(x.view(torch.int16)).view(BF16)
         b = cp.asarray(w8.view(torch.uint8))
         in_scale = cp.asarray([0.02], dtype=cp.float32)
-        t_static = best_of(lambda: gemm.fp8_linear(xc, b, sb, in_scale, out_dtype=BF16))
-        t_token = best_of(lambda: gemm.fp8_linear(xc, b, sb, per_token=True, out_dtype=BF16))
+        t_static = best_of(lambda: vt.fp8_linear(xc, b, sb, in_scale, out_dtype=BF16))
+        t_token = best_of(lambda: vt.fp8_linear(xc, b, sb, per_token=True, out_dtype=BF16))
         t_two = float("nan")
         try:  # vtnumba's GPU quantization (another module) then the cuBLASLt GEMM: two launches
-            import vtnumba as vt
 
             def two_launches():
                 q = vt.quantize_fp8(xc, in_scale)
@@ -143,7 +143,6 @@ def main():
     a, ta = codes(1, k, gen)
     b, tb = codes(n, k, gen)
     row("torch._scaled_mm", f"{host_us(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16)):.1f}", "peer")
-    import vtnumba as vt
     from vtnumba import cuda as backend
 
     if hasattr(backend, "scaled_mm"):
@@ -152,7 +151,7 @@ def main():
     row("gemm.scaled_mm kernel=cublaslt", f"{host_us(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, 'cublaslt')):.1f}", "<= 15")
     row("gemm.scaled_mm kernel=decode_gemv", f"{host_us(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, 'decode_gemv')):.1f}", "")
     xc = cp.asarray(torch.randn(1, k, device="cuda", dtype=torch.bfloat16).view(torch.int16)).view(BF16)
-    row("gemm.fp8_linear (fused, static)", f"{host_us(lambda: gemm.fp8_linear(xc, b, sb, sa, out_dtype=BF16)):.1f}", "")
+    row("vt.fp8_linear (fused, static)", f"{host_us(lambda: vt.fp8_linear(xc, b, sb, sa, out_dtype=BF16)):.1f}", "")
 
     print("\n==== TABLES ====")
     print("\n".join(ROWS))

@@ -1,8 +1,7 @@
 """GPU quantization speed against torch.compile, measured in the same run (DEVICE.md's method).
 
-- Device time: a long sleep kernel is queued first, then events around N calls, so the host has
-  enqueued everything before the GPU starts and the interval is GPU time only.
-- Host time: a loop of N calls timed with a host clock, synchronized once at the end.
+- Device time and host time: ``vtnumba.profile``'s timers (a spin kernel queued before the timed
+  calls; a host-clock loop synchronized once at the end).
 - Graph replay: N quantize calls captured on a cupy stream, the graph replayed in a loop.
 
 Prints GB/s (bytes read + written) against torch's copy and torch.compile of the same formula, and
@@ -31,11 +30,11 @@ import vtnumba as vt  # noqa: E402
 import vtnumba.cuda as backend  # noqa: E402
 from vtnumba.cuda import quant  # noqa: E402
 
-import gpu_timing  # noqa: E402  (benchmarks/ is on sys.path as the script's folder)
+from vtnumba import profile  # noqa: E402
 
-# 8192^2 float32 quantizations take ~80 us each: 30 calls behind a ~100 ms sleep
-gpu_us = functools.partial(gpu_timing.gpu_us, n=30, sleep_cycles=int(2e8))
-host_us = functools.partial(gpu_timing.host_us, warmup=50)
+# 8192^2 float32 quantizations take ~80 us each: 30 calls behind the spin per measurement
+gpu_us = functools.partial(profile.device_us, repeats=30)
+host_us = functools.partial(profile.host_us, warmup=50)
 FP8 = torch.float8_e4m3fn
 FLOOR = 1.0 / (448.0 * 512.0)
 ROWS = []

@@ -43,7 +43,7 @@ def main():
         "vt.quantize_fp8 per-token": lambda: vt.quantize_fp8(x, per_token=True),
         "vt.scaled_mm public auto": lambda: vt.scaled_mm(a, b, sa, sb, out_dtype=bf16),
         "gemm.scaled_mm cublaslt": lambda: gemm.scaled_mm(a, b, sa, sb, bf16, None, "cublaslt"),
-        "gemm.fp8_linear fused static": lambda: gemm.fp8_linear(x, b, sb, sa, out_dtype=bf16),
+        "vt.fp8_linear fused static": lambda: vt.fp8_linear(x, b, sb, sa, out_dtype=bf16),
         "seam.matmul_fp8 static": lambda: seam.matmul_fp8(x, weight),
     }
     for name, fn in calls.items():

@@ -1,6 +1,6 @@
 """The decode GEMV's block shape, swept on the device: rows per block, threads per block and
 launch bounds, device time at M = 1 and 4 beside cuBLASLt (vtnumba's own path, = torch._scaled_mm)
-in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/gemm_kernels.py.
+in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/gemv.py.
 
 Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
 """
@@ -9,10 +9,10 @@ import ml_dtypes
 import numpy as np
 
 import cupy as cp
-from gpu_timing import best_of  # benchmarks/ is on sys.path as the script's folder
 
-from vtnumba.cuda import gemm
-from vtnumba.cuda import gemm_kernels as gk
+from vtnumba.cuda import device, gemm, gemv
+from vtnumba.cuda.codec import hardware_available
+from vtnumba.profile import best_device_us as best_of
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
@@ -28,11 +28,10 @@ VARIANTS = {
 
 def main():
     rng = np.random.default_rng(0)
-    cc = cp.cuda.Device().compute_capability
-    hw = gk.hardware_path_available((int(cc[:-1]), int(cc[-1])))
+    hw = hardware_available(device.current().cc)
     one = cp.asarray(np.array([0.01], np.float32))
     for (name, m), variants in VARIANTS.items():
-        mode = gk.STAGE_CODES if name == "codes" else gk.STAGE_STATIC
+        mode = gemv.GemvStage.CODES if name == "codes" else gemv.GemvStage.STATIC
         print(f"\n{name}, M = {m}: device us per call (rows / threads / min blocks per SM)")
         print("| N x K | cublaslt | " + " | ".join(f"{r}/{t}/{b or '-'}" for r, t, b in variants) + " |")
         print("|" + "---|" * (2 + len(variants)))
@@ -45,8 +44,8 @@ def main():
             t_lt = best_of(lambda: gemm.scaled_mm(a, b, one, one, BF16, None, "cublaslt"))
             cells = []
             for rows, threads, min_blocks in variants:
-                launcher = gk.gemv_launcher(m, hw, False, mode, rows, threads, min_blocks)
-                args = (a, x, gk.X_FLOAT32, one, b, one, 0, one, 0, bias, 0, y, 2)
+                launcher = gemv.gemv_launcher(m, hw, False, mode, rows, threads, min_blocks)
+                args = (a, x, gemv.XKind.FLOAT32, one, b, one, 0, one, 0, bias, 0, y, 2)
                 cells.append(best_of(lambda: launcher(-(-n // rows), threads, *args)))
             print(f"| {n} x {k} | {t_lt:.1f} | " + " | ".join(f"{t:.1f}" for t in cells) + " |", flush=True)
 

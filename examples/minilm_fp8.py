@@ -286,7 +286,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.device == "cuda":
-            from vtnumba.profile import gpu_unavailable_reason
+            from vtnumba.cuda import gpu_unavailable_reason
 
             reason = gpu_unavailable_reason()
             if reason is not None:

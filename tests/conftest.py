@@ -19,7 +19,7 @@ def gpu_unavailable_reason():
     exactly the reasons a user's GPU call would fail)."""
     if UNDER_CUDASIM:
         return "running under the CUDA simulator"
-    from vtnumba.profile import gpu_unavailable_reason as library_reason
+    from vtnumba.cuda import gpu_unavailable_reason as library_reason
 
     return library_reason()
 

@@ -14,6 +14,7 @@ import vtnumba as vt
 from vtnumba.cpu import gemm
 from vtnumba.testing import reference
 from vtnumba.testing import strategies as fst
+from vtnumba.testing.gates import assert_g3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.float32
@@ -31,32 +32,6 @@ def random_codes(rng, shape, nan=False):
 
 def as_float64(y):
     return np.asarray(y).astype(np.float64)
-
-
-def g3_violations(y, ref, bound, out_dtype):
-    """Elements outside G3 bound + out rounding. A narrow out dtype overflows to inf by RNE when the
-    result rounds past its largest finite value (65520 -> inf in float16): that inf is correct."""
-    allowed = bound + reference.out_rounding(ref, out_dtype)
-    yf = as_float64(y)
-    err = np.abs(yf - ref)
-    top = float(np.finfo(np.float16).max) if np.dtype(out_dtype) == np.float16 else float(ml_dtypes.finfo(out_dtype).max)
-    overflow = np.isinf(yf) & (np.sign(yf) == np.sign(ref)) & (np.abs(ref) + allowed >= top)
-    return ~((err <= allowed) | overflow), err, allowed
-
-
-def assert_g3(y, a, b, scale_a, scale_b, bias=None, out_dtype=np.float32, require_nonzero=True):
-    """|y - ref| <= G3 bound + out rounding, elementwise; returns how many elements were compared."""
-    ref, bound = reference.scaled_mm(a, b, scale_a, scale_b, bias)
-    assert y.shape == ref.shape, f"shape {y.shape} != {ref.shape}"
-    assert y.dtype == np.dtype(out_dtype), f"dtype {y.dtype} != {np.dtype(out_dtype)}"
-    bad, err, allowed = g3_violations(y, ref, bound, out_dtype)
-    if bad.any():
-        i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"G3 violated at {i}: y={y[i]!r} ref={ref[i]!r} err={err[i]:.3g} "
-                             f"allowed={allowed[i]:.3g} ({int(bad.sum())} of {bad.size} elements)")
-    # vacuity guard: the comparison saw real, non-zero results
-    assert not require_nonzero or np.count_nonzero(ref) > 0, "every reference element is zero: compared nothing"
-    return ref.size
 
 
 def _scales(rng, m, n, kind):

@@ -11,7 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import vtnumba as vt
 from vtnumba.testing import reference
+from vtnumba.testing.devices import to_host
+from vtnumba.testing.gates import assert_g3
 
 pytestmark = pytest.mark.gpu
 
@@ -65,31 +68,6 @@ def layer_codes(rng, shape, nan_codes=False):
 def codes_for(kernel, rng, shape, nan_codes=False):
     """Adversarial codes for the Numba kernels, layer-like codes wherever cuBLASLt may run."""
     return (random_codes if kernel in ("tiled", "decode_gemv") else layer_codes)(rng, shape, nan_codes)
-
-
-def host(y):
-    """A cupy result as numpy, bf16 included (read as bits, viewed back)."""
-    dt = np.dtype(y.dtype)
-    if dt.itemsize == 2 and dt != F16:
-        return y.view(np.uint16).get().view(dt)
-    return y.get()
-
-
-def assert_g3(y, a, b, sa, sb, bias, out_dtype):
-    """Within G3 of the float64 reference, NaN exactly where it has NaN; returns the count of
-    non-zero finite elements compared (callers assert it is not vacuous)."""
-    assert np.dtype(y.dtype) == out_dtype and tuple(y.shape) == (a.shape[0], b.shape[0])
-    got = host(y).astype(np.float64)
-    ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
-    tol = bound + reference.out_rounding(ref, out_dtype)
-    nan = np.isnan(ref)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    err = np.abs(got - ref)
-    bad = ~nan & ~(err <= tol)
-    assert not bad.any(), f"{bad.sum()} outside G3; worst err {err[bad].max()}, tol {tol[bad].min()}"
-    compared = int((~nan & (ref != 0)).sum())
-    assert compared > 0
-    return compared
 
 
 def run(gemm, cp, a, b, sa, sb, out_dtype, bias=None, kernel=None):
@@ -180,7 +158,7 @@ def test_float32_bias_is_not_rounded_to_bfloat16(gemm, cp):
     b = random_codes(rng, (n, k))
     bias = np.full(n, 1.0 + 2.0 ** -20, dtype=np.float32)
     y = run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, bias)
-    np.testing.assert_array_equal(host(y), np.broadcast_to(bias, (m, n)))
+    np.testing.assert_array_equal(to_host(y), np.broadcast_to(bias, (m, n)))
 
 
 # -- per-row x per-channel scales ------------------------------------------------------------------
@@ -220,16 +198,16 @@ def test_fp8_linear_long_k_unaligned_x_and_fallback(gemm, cp):
     b = layer_codes(rng, (256, 14336))
     x = rng.standard_normal((1, 14336)).astype(np.float32)
     q = reference.quantize(x, np.float32(0.01))
-    y = gemm.fp8_linear(cp.asarray(x), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
+    y = vt.fp8_linear(cp.asarray(x), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
     assert assert_g3(y, q.data, b, q.scale.reshape(-1), np.float32(0.5), None, F32) > 128
     shifted = cp.zeros(14336 + 1, dtype=cp.float32)  # a row starting 4 bytes past an alignment
     shifted[1:] = cp.asarray(x[0])
-    y1 = gemm.fp8_linear(shifted[1:].reshape(1, -1), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
+    y1 = vt.fp8_linear(shifted[1:].reshape(1, -1), cp.asarray(b), np.float32(0.5), np.float32(0.01), out_dtype=F32)
     np.testing.assert_array_equal(y1.get(), y.get())
     x8 = rng.standard_normal((8, 512)).astype(np.float32)  # M = 8: quantize, then scaled_mm
     b8 = layer_codes(rng, (64, 512))
     q8 = reference.quantize(x8, np.float32(0.01))
-    y8 = gemm.fp8_linear(cp.asarray(x8), cp.asarray(b8), np.float32(0.5), np.float32(0.01), out_dtype=F32)
+    y8 = vt.fp8_linear(cp.asarray(x8), cp.asarray(b8), np.float32(0.5), np.float32(0.01), out_dtype=F32)
     assert assert_g3(y8, q8.data, b8, q8.scale.reshape(-1), np.float32(0.5), None, F32) > 256
 
 
@@ -311,7 +289,7 @@ def test_strided_and_misaligned_views(gemm, cp):
         assert assert_g3(y, a.get(), b.get(), sa, sb, None, F32) > 0
         assert assert_g3(y_contig, a.get(), b.get(), sa, sb, None, F32) > 0
         yt = gemm.scaled_mm(a, b, sa, sb, F32, None, "tiled")
-        np.testing.assert_array_equal(host(yt).view(np.uint32), host(y_contig).view(np.uint32))
+        np.testing.assert_array_equal(to_host(yt).view(np.uint32), to_host(y_contig).view(np.uint32))
 
 
 # -- graph capture ---------------------------------------------------------------------------------
@@ -354,13 +332,13 @@ def test_fp8_linear_fused(gemm, cp, scheme, x_dtype):
     kw = dict(out_dtype=BF16)
     if scheme == "static":
         q = reference.quantize(x, np.float32(0.013))
-        y = gemm.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), np.float32(0.013), **kw)
+        y = vt.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), np.float32(0.013), **kw)
     elif scheme == "dynamic":
         q = reference.quantize(x)
-        y = gemm.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), **kw)
+        y = vt.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), **kw)
     else:
         q = reference.quantize(x, per_token=True, scale_ub=np.float32(5.0))
-        y = gemm.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), per_token=True, scale_ub=np.float32(5.0), **kw)
+        y = vt.fp8_linear(xd, cp.asarray(b), cp.asarray(sb), per_token=True, scale_ub=np.float32(5.0), **kw)
     assert assert_g3(y, q.data, b, q.scale.reshape(-1), sb, None, BF16) > m * n // 2
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from vtnumba.testing import reference
+from vtnumba.testing.gates import assert_g3
 
 pytestmark = pytest.mark.cudasim
 
@@ -25,6 +26,13 @@ def gemm():
     return gemm
 
 
+def backend_fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32):
+    """The GPU backend's half of vt.fp8_linear (what a GPU array reaches), on simulator arrays."""
+    import vtnumba.cuda as backend
+
+    return backend.fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, np.dtype(out_dtype), None)
+
+
 def random_codes(rng, shape, nan_codes=False):
     """e4m3 codes over the whole finite range, no NaN unless asked (then a few 0x7F / 0xFF)."""
     codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
@@ -35,29 +43,12 @@ def random_codes(rng, shape, nan_codes=False):
     return codes
 
 
-def assert_g3(y, a, b, sa, sb, bias, out_dtype):
-    """y within DESIGN.md's G3 bound of the float64 reference; NaN exactly where the reference has
-    NaN. Returns the number of finite elements compared (vacuity guard at the call sites)."""
-    assert y.dtype == out_dtype and y.shape == (a.shape[0], b.shape[0])
-    ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
-    tol = bound + reference.out_rounding(ref, out_dtype)
-    got = y.astype(np.float64)
-    nan = np.isnan(ref)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    err = np.abs(got - ref)
-    bad = ~nan & ~(err <= tol)
-    assert not bad.any(), f"{bad.sum()} outside G3, worst err {err[bad].max()} vs tol {tol[bad].min()}"
-    compared = int((~nan & (ref != 0)).sum())
-    assert compared > 0
-    return compared
-
-
 def test_half_and_bfloat16_helpers_match_numpy(gemm):
-    from vtnumba.cuda import gemm_kernels as gk
+    from vtnumba.cuda import codec
 
     halves = np.arange(0, 1 << 16, 97, dtype=np.uint32).astype(np.uint16)
     want = halves.view(np.float16).astype(np.float32)
-    got = np.array([gk.half_bits_to_float32(h) for h in halves], dtype=np.float32)
+    got = np.array([codec.half_bits_to_float32(h) for h in halves], dtype=np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = ~np.isnan(want)
     np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
@@ -69,13 +60,13 @@ def test_half_and_bfloat16_helpers_match_numpy(gemm):
         # exact float16 ties: the midpoint between 1 + k*2^-10 and its neighbour
         (np.float32(1.0) + (np.arange(8, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0 ** -10)),
     ])
-    got_h = np.array([gk.float32_to_half_bits(x) for x in xs], dtype=np.uint16)
+    got_h = np.array([codec.float32_to_half_bits(x) for x in xs], dtype=np.uint16)
     with np.errstate(over="ignore"):  # the overflow to inf is what is being checked
         want_h = xs.astype(np.float16).view(np.uint16)
     np.testing.assert_array_equal(got_h, want_h)
-    got_b = np.array([gk.float32_to_bfloat16_bits(x) for x in xs], dtype=np.uint16)
+    got_b = np.array([codec.float32_to_bfloat16_bits(x) for x in xs], dtype=np.uint16)
     np.testing.assert_array_equal(got_b, xs.astype(BF16).view(np.uint16))
-    assert gk.float32_to_half_bits(np.float32(np.nan)) & 0x7FFF > 0x7C00
+    assert codec.float32_to_half_bits(np.float32(np.nan)) & 0x7FFF > 0x7C00
 
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
@@ -126,15 +117,15 @@ def test_decode_gemv_long_k_and_nan_activation_codes(gemm):
 
 
 def test_bit_placed_weight_decode_is_exact_for_every_code(gemm):
-    from vtnumba.cuda import gemm_kernels as gk
+    from vtnumba.cuda import codec
 
     codes = np.arange(256, dtype=np.uint32)
     words = codes | (np.roll(codes, 1) << 8) | (np.roll(codes, 2) << 16) | (np.roll(codes, 3) << 24)
     want = reference.decode(codes.astype(np.uint8))
     compared = 0
     for i, w in enumerate(words):
-        got = np.array(gk.e4m3x4_scaled(np.uint32(w)), dtype=np.float64) * 2.0 ** 120
-        flagged = int(gk.nan_code_bits(np.uint32(w)))
+        got = np.array(codec.e4m3x4_scaled(np.uint32(w)), dtype=np.float64) * 2.0 ** 120
+        flagged = int(codec.nan_code_bits(np.uint32(w)))
         for byte in range(4):
             code = int(codes[(i - byte) % 256])
             is_nan = (code & 0x7F) == 0x7F
@@ -156,13 +147,13 @@ def test_fused_quant_gemv(gemm, scheme):
     sb = np.float32(0.004)
     if scheme == "static":
         q = reference.quantize(x, np.float32(0.05))
-        y = gemm.fp8_linear(x, b, sb, np.float32(0.05), out_dtype=np.float32)
+        y = backend_fp8_linear(x, b, sb, np.float32(0.05), out_dtype=np.float32)
     elif scheme == "dynamic":
         q = reference.quantize(x)
-        y = gemm.fp8_linear(x, b, sb, out_dtype=np.float32)
+        y = backend_fp8_linear(x, b, sb, out_dtype=np.float32)
     else:
         q = reference.quantize(x, per_token=True, scale_ub=np.float32(1000.0))
-        y = gemm.fp8_linear(x, b, sb, per_token=True, scale_ub=np.float32(1000.0), out_dtype=np.float32)
+        y = backend_fp8_linear(x, b, sb, per_token=True, scale_ub=np.float32(1000.0), out_dtype=np.float32)
     assert assert_g3(y, q.data, b, q.scale.reshape(-1), sb, None, np.float32) > 0
     assert np.isnan(y[0]).all() and not np.isnan(y[1]).any()
 
@@ -172,12 +163,12 @@ def test_fused_quant_bfloat16_input(gemm):
     x = rng.standard_normal((1, 32)).astype(BF16)
     b = random_codes(rng, (8, 32))
     q = reference.quantize(x, per_token=True)
-    y = gemm.fp8_linear(x, b, np.float32(0.01), per_token=True, out_dtype=np.float16)
+    y = backend_fp8_linear(x, b, np.float32(0.01), per_token=True, out_dtype=np.float16)
     assert assert_g3(y, q.data, b, q.scale.reshape(-1), np.float32(0.01), None, np.float16) > 0
 
 
 def test_f32_epilogue_kernel(gemm):
-    from vtnumba.cuda import gemm_kernels as gk
+    from vtnumba.cuda import epilogue
 
     rng = np.random.default_rng(40)
     m, n, k = 3, 20, 16
@@ -187,7 +178,7 @@ def test_f32_epilogue_kernel(gemm):
     sb = np.array([0.25], dtype=np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     y = np.full((m, n), 0x7FFF, dtype=np.uint16)  # poison: every element must be written
-    gk.epilogue_kernel(False)(4, 32, acc, y, sa, 1, sb, 0, bias.view(np.uint16), 1, 2)
+    epilogue.epilogue_kernel(False)(4, 32, acc, y, sa, 1, sb, 0, bias.view(np.uint16), 1, 2)
     assert assert_g3(y.view(BF16), a, b, sa, sb, bias, BF16) > 0
 
 

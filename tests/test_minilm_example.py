@@ -123,7 +123,7 @@ def test_unreadable_model_dir_is_one_line(tmp_path, capsys):
 
 
 def test_gpu_requested_without_one(capsys):
-    from vtnumba.profile import gpu_unavailable_reason
+    from vtnumba.cuda import gpu_unavailable_reason
 
     reason = gpu_unavailable_reason()
     if reason is None:

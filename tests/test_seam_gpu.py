@@ -48,14 +48,6 @@ def _host_weight(n=64, k=128, scheme="dynamic", per_channel=False, bias=True):
                                      bias=RNG.standard_normal(n).astype(np.float32) if bias else None)
 
 
-def _quantize_like(x, w):
-    if w.activation_scheme == "static":
-        return vt.quantize_fp8(x, w.input_scale)
-    if w.activation_scheme == "dynamic":
-        return vt.quantize_fp8(x)
-    return vt.quantize_fp8(x, per_token=True)
-
-
 def _current(cp):
     return f"cuda:{cp.cuda.runtime.getDevice()}"
 
@@ -165,11 +157,11 @@ def test_gpu_matmul_equals_prequant_bitwise_and_cpu_within_g3(cp, monkeypatch, l
     r = seam.ResidentFp8(w, "cuda")
     y = seam.matmul_fp8(x, r)
     assert isinstance(y, cp.ndarray) and y.shape == (m, 64) and np.dtype(y.dtype) == np.dtype(np_dtype)
-    q = _quantize_like(x, r.weight)
+    q = seam.quantize_activation(x, r.weight)
     y_pre = seam.matmul_fp8_prequant(q, r, out_dtype=np_dtype)
     np.testing.assert_array_equal(_host(y).view(np.uint8), _host(y_pre).view(np.uint8))
     # G2 on the activation, then the GPU GEMM and the CPU's against the same float64 oracle
-    q_cpu = _quantize_like(x_host, w)
+    q_cpu = seam.quantize_activation(x_host, w)
     np.testing.assert_array_equal(q.data.get(), q_cpu.data)
     ref, bound = reference.scaled_mm(q_cpu.data, w.data, q_cpu.scale, w.weight_scale, w.bias)
     y_cpu = seam.matmul_fp8(x_host, w)

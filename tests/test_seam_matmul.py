@@ -22,12 +22,19 @@ def _weight(n, k, scheme, per_channel, bias, rng=RNG):
                                      activation_scheme=scheme, bias=b)
 
 
-def _quantize_like(x2, w):
-    if w.activation_scheme == "static":
-        return vt.quantize_fp8(x2, w.input_scale)
-    if w.activation_scheme == "dynamic":
-        return vt.quantize_fp8(x2)
-    return vt.quantize_fp8(x2, per_token=True)
+@pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
+def test_quantize_activation_is_the_scheme_s_quantize_call(scheme):
+    """The one scheme -> call mapping, pinned against the explicit calls DESIGN.md names."""
+    rng = np.random.default_rng(61)  # its own: the module's RNG feeds the tests below
+    w = _weight(24, 48, scheme, per_channel=False, bias=False, rng=rng)
+    x = rng.standard_normal((5, 48)).astype(np.float32)
+    want = {"static": lambda: vt.quantize_fp8(x, w.input_scale), "dynamic": lambda: vt.quantize_fp8(x),
+            "per_token": lambda: vt.quantize_fp8(x, per_token=True)}[scheme]()
+    got = seam.quantize_activation(x, w)
+    assert got.scheme == scheme == want.scheme
+    np.testing.assert_array_equal(got.data, want.data)
+    np.testing.assert_array_equal(got.scale, want.scale)
+    assert np.count_nonzero(got.data) > 0
 
 
 def _bits(y):
@@ -43,7 +50,7 @@ def test_matmul_equals_prequant_bitwise_and_the_float64_oracle(scheme, per_chann
     x = (RNG.standard_normal((m, k)) * 2).astype(dtype)
     y = seam.matmul_fp8(x, w)
     assert y.dtype == np.dtype(dtype) and y.shape == (m, n)
-    q = _quantize_like(x, w)
+    q = seam.quantize_activation(x, w)
     y_pre = seam.matmul_fp8_prequant(q, w, out_dtype=dtype)
     np.testing.assert_array_equal(_bits(y), _bits(y_pre))
     # G3: the float64 oracle over the same lossy pipeline, quantized by the independent reference
@@ -67,7 +74,7 @@ def test_leading_dimensions_are_flattened_and_restored(scheme):
     np.testing.assert_array_equal(y1, seam.matmul_fp8(x[0, :1], w)[0])
     # prequantized N-D codes (per-tensor schemes quantize any shape)
     if scheme != "per_token":
-        q = _quantize_like(x, w)
+        q = seam.quantize_activation(x, w)
         np.testing.assert_array_equal(seam.matmul_fp8_prequant(q, w), y)
 
 

@@ -1,4 +1,4 @@
-"""CPU GEMM mutations (DESIGN.md's list plus issue 3's): each must be killed by tests/test_cpu_gemm.py."""
+"""CPU GEMM mutations (DESIGN.md's list plus the CPU GEMM's own): each must be killed by tests/test_cpu_gemm.py."""
 
 from tools.mutate import Mutation
 

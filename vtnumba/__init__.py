@@ -12,12 +12,16 @@ class _VtnumbaCudaFinder:
     """numba-cuda 0.30 installs an import redirector that claims every module whose name CONTAINS
     "numba.cuda" (``_numba_cuda_redirector.py``: ``if "numba.cuda" in name``), so ``vtnumba.cuda``
     would be sent looking for itself until RecursionError. This finder, first on sys.meta_path,
-    resolves vtnumba's own subpackage the ordinary way before the redirector sees the name."""
+    resolves vtnumba's own subpackage the ordinary way before the redirector sees the name (and
+    says plainly that a module is missing, where the redirector would recurse)."""
 
     @staticmethod
     def find_spec(name, path, target=None):
         if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
-            return _machinery.PathFinder.find_spec(name, path, target)
+            spec = _machinery.PathFinder.find_spec(name, path, target)
+            if spec is None:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return spec
         return None
 
 
@@ -26,10 +30,12 @@ if not any(getattr(f, "__name__", "") == "_VtnumbaCudaFinder" for f in _sys.meta
 
 from ._format import E4M3_MAX  # noqa: E402
 from .ops import (  # noqa: E402
+    ActivationScheme,
     QuantizedActivation,
     decode_e4m3,
     dequantize_fp8,
     encode_e4m3,
+    fp8_linear,
     quantize_fp8,
     scaled_mm,
 )
@@ -42,9 +48,11 @@ __all__ = [
     "encode_e4m3",
     "decode_e4m3",
     # quantization
+    "ActivationScheme",
     "QuantizedActivation",
     "quantize_fp8",
     "dequantize_fp8",
-    # GEMM
+    # GEMM and the fused linear layer
     "scaled_mm",
+    "fp8_linear",
 ]

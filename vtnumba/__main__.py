@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from vtnumba.profile import gpu_unavailable_reason  # why --device cuda cannot run here
+from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
 
 # One decoder block of Llama-3-8B (config.json: hidden_size 4096, intermediate_size 14336,
 # num_key_value_heads 8 x head_dim 128 = 1024). (name, N out_features, K in_features).

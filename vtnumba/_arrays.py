@@ -1,10 +1,11 @@
 """What an input is: which device it lives on, and which of vtnumba's dtypes it holds.
 
-numpy arrays run on the CPU. Objects exposing ``__cuda_array_interface__`` (cupy arrays, numba
-device arrays, torch CUDA tensors) run on the GPU. bfloat16 and float8_e4m3fn are the ml_dtypes
+numpy arrays run on the CPU ('cpu'). Objects exposing ``__cuda_array_interface__`` (cupy arrays,
+numba device arrays, torch CUDA tensors) run on the GPU they live on ('cuda:N'). bfloat16 and float8_e4m3fn are the ml_dtypes
 types users hold; kernels see them as uint16 / uint8 bits.
 """
 
+import re
 import sys
 
 import ml_dtypes
@@ -27,18 +28,77 @@ def _cupy_ndarray():
     return getattr(cupy, "ndarray", None)
 
 
+# -- devices ----------------------------------------------------------------------------------
+# A device is named by one string everywhere: 'cpu', or 'cuda:N' with N the GPU's ordinal. The
+# names are formatted once (device_of runs on every call's path).
+CPU = "cpu"
+_CUDA_NAMES = tuple(f"cuda:{i}" for i in range(64))
+_DEVICE_NAME = re.compile(r"cuda(?::(\d+))?")
+
+
+def cuda_device(index):
+    """The name of GPU ``index``: 'cuda:N'."""
+    return _CUDA_NAMES[index] if 0 <= index < len(_CUDA_NAMES) else f"cuda:{index}"
+
+
+def is_cuda(device):
+    return device != CPU
+
+
+def cuda_index(device):
+    """N of 'cuda:N'."""
+    return int(device[5:])
+
+
+def _gpu_index(x):
+    """The ordinal of the GPU holding ``x``: cupy's and torch's arrays say it; for a bare
+    ``__cuda_array_interface__`` object the driver is asked where its pointer lives."""
+    dev = getattr(x, "device", None)
+    for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
+        idx = getattr(dev, attr, None)
+        if isinstance(idx, int):
+            return idx
+    try:
+        import cupy
+
+        ptr = x.__cuda_array_interface__["data"][0]
+        return int(cupy.cuda.runtime.pointerGetAttributes(ptr).device) if ptr else cupy.cuda.runtime.getDevice()
+    except Exception:  # no cupy: numba treats such arrays as on the current device, device 0 by default
+        return 0
+
+
 def device_of(x, name):
-    """'cpu' for a numpy array, 'cuda' for a GPU array; TypeError naming ``name`` otherwise."""
+    """'cpu' for a numpy array, 'cuda:N' for an array on GPU N; TypeError naming ``name`` otherwise."""
     if isinstance(x, np.ndarray):
-        return "cpu"
+        return CPU
     cupy_ndarray = _cupy_ndarray()
-    # isinstance first: hasattr on __cuda_array_interface__ builds the interface dict (0.6 us)
+    # isinstance first: hasattr on __cuda_array_interface__ builds the interface dict (0.6 us); a
+    # cupy array's device ordinal is an int on its memory pointer (no Device object is built)
     if cupy_ndarray is not None and isinstance(x, cupy_ndarray):
-        return "cuda"
+        return cuda_device(x.data.device_id)
     if hasattr(x, "__cuda_array_interface__"):
-        return "cuda"
+        return cuda_device(_gpu_index(x))
     raise TypeError(
         f"{name} must be a numpy array (CPU) or a GPU array such as a cupy array, got {type(x).__name__}")
+
+
+def parse_device(device, name="device"):
+    """'cpu' or 'cuda:N' for a device named 'cpu', 'cuda' (cupy's current device) or 'cuda:N'."""
+    if device == CPU:
+        return CPU
+    m = _DEVICE_NAME.fullmatch(device) if isinstance(device, str) else None
+    if m is None:
+        raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # ImportError, or a CUDA install without a usable driver
+        raise RuntimeError(f"{name} {device!r} needs cupy and a CUDA GPU, got {exc.__class__.__name__}: {exc}") from None
+    idx = int(m.group(1)) if m.group(1) is not None else cupy.cuda.runtime.getDevice()
+    if idx >= count:
+        raise ValueError(f"{name} must name one of the {count} CUDA devices (cuda:0..cuda:{count - 1}), got {device!r}")
+    return cuda_device(idx)
 
 
 _SCALAR_TYPES = (float, int, np.generic)
@@ -57,7 +117,7 @@ def same_device(named_arrays):
             found, first = device, name
         elif device != found:
             raise ValueError(f"arrays must all be on one device, got {first} on {found}, {name} on {device}")
-    return found or "cpu"
+    return found or CPU
 
 
 _TORCH_DTYPES = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),
@@ -110,3 +170,11 @@ def out_dtype_of(out_dtype, name="out_dtype"):
     if dt not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32, float16 or bfloat16, got {dt}")
     return dt
+
+
+def bias_vector(bias, n, name="bias"):
+    """A bias for N outputs as a float vector (N,): float32, float16 or bfloat16, shape (N,) or (1, N)."""
+    float_dtype(bias, name)
+    if tuple(bias.shape) not in ((n,), (1, n)):
+        raise ValueError(f"{name} must have shape ({n},), got shape {tuple(bias.shape)}")
+    return bias.reshape(n)

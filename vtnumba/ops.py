@@ -1,41 +1,82 @@
 """vtnumba's ops: each declared once here (signature and checks), implemented per device.
 
 The boundary validates and normalizes; the device's backend module (``vtnumba.cpu`` or
-``vtnumba.cuda``) does the work and never validates. A backend exposes:
-
-    quantize_static(x, scale)            -> codes                 (scale: float32 scalar)
-    quantize_dynamic(x)                  -> codes, scale (1,)
-    quantize_per_token(x, scale_ub)      -> codes, scales (M, 1)  (scale_ub: float32 or None)
-    decode(codes)                        -> float32 values
-    scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel) -> y
+``vtnumba.cuda``) does the work and never validates. What a backend provides is the ``Backend``
+protocol below; both backends satisfy it (tests/test_backends.py checks names and signatures).
 
 Errors are shaped "<name> must be <expected>, got <actual>". Nothing is written to a caller's
 buffer on error: every check runs before any kernel.
 """
 
+import enum
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import _arrays
 from ._format import E4M3_MAX
 
-_BACKENDS = {"cpu": "vtnumba.cpu", "cuda": "vtnumba.cuda"}
-SCHEMES = ("static", "dynamic", "per_token")
+
+class ActivationScheme(enum.StrEnum):
+    """How an activation's scale is obtained (DESIGN.md): a static per-tensor scale given by the
+    caller, a dynamic per-tensor scale from the tensor's amax, or one dynamic scale per row."""
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    PER_TOKEN = "per_token"
+
+    def __repr__(self):  # the value, as the plain strings these once were print (error messages, reprs)
+        return repr(self.value)
 
 
+SCHEMES = tuple(ActivationScheme)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a device's backend module implements. Arguments arrive validated and normalized by the
+    ops below: arrays on the backend's device, codes as uint8, scales as float32 host scalars or
+    float32 device vectors (1,) / (rows,), bias None or a float vector (N,), dtypes as numpy dtypes."""
+
+    def scale_array(self, scale):
+        """The (1,) float32 array of a static activation scale, on the device."""
+
+    def quantize_static(self, x, scale):
+        """codes = encode(x * (1 / scale))."""
+
+    def quantize_dynamic(self, x):
+        """(codes, scale (1,)) with the dynamic per-tensor scale."""
+
+    def quantize_per_token(self, x, scale_ub):
+        """(codes, scales (M, 1)); scale_ub a float32 scalar, a device (1,) array or None."""
+
+    def decode(self, codes):
+        """float32 values of e4m3 codes."""
+
+    def dequantize(self, codes, scale, dtype):
+        """decode(codes) * scale in float32, rounded to dtype."""
+
+    def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, kernel):
+        """y = round_out((a @ b^T) * scale_a * scale_b + bias); kernel None or a kernel name."""
+
+    def fp8_linear(self, x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
+        """Quantize x by its scheme, then the GEMM with codes b (one launch where the device can)."""
+
+
+_BACKEND_MODULES = {"cpu": "vtnumba.cpu", "cuda": "vtnumba.cuda"}
 _LOADED = {}
 
 
 def backend(device):
-    """The module implementing the ops on ``device`` ('cpu' or 'cuda'); imported on first use so
+    """The module implementing the ops on ``device`` ('cpu' or 'cuda:N'); imported on first use so
     that ``import vtnumba`` pulls in nothing CUDA."""
     module = _LOADED.get(device)
     if module is None:
-        module = _LOADED[device] = importlib.import_module(_BACKENDS[device])
+        kind = "cuda" if _arrays.is_cuda(device) else "cpu"
+        module = _LOADED[device] = importlib.import_module(_BACKEND_MODULES[kind])
     return module
 
 
@@ -47,11 +88,11 @@ class QuantizedActivation:
 
     data: Any
     scale: Any
-    scheme: str
+    scheme: ActivationScheme
 
     @property
     def per_token(self):
-        return self.scheme == "per_token"
+        return self.scheme == ActivationScheme.PER_TOKEN
 
     @property
     def shape(self):
@@ -106,15 +147,15 @@ def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None):
             raise ValueError(f"x must be 2-D [tokens, features] for per_token=True, got shape {tuple(x.shape)}")
         ub = None if scale_ub is None else quant_scale(scale_ub, "scale_ub")
         codes, scales = impl.quantize_per_token(x, ub)
-        return QuantizedActivation(codes, scales, "per_token")
+        return QuantizedActivation(codes, scales, ActivationScheme.PER_TOKEN)
     if scale_ub is not None:
         raise ValueError(f"scale_ub must be None unless per_token=True, got {scale_ub!r}")
     if scale is None:
         codes, s = impl.quantize_dynamic(x)
-        return QuantizedActivation(codes, s, "dynamic")
+        return QuantizedActivation(codes, s, ActivationScheme.DYNAMIC)
     s = quant_scale(scale, "scale")
     codes = impl.quantize_static(x, s)
-    return QuantizedActivation(codes, impl.scale_array(s), "static")
+    return QuantizedActivation(codes, impl.scale_array(s), ActivationScheme.STATIC)
 
 
 def encode_e4m3(x):
@@ -150,7 +191,7 @@ def dequantize_fp8(codes, scale, dtype=np.float32):
     return impl.dequantize(codes, scale, dt)
 
 
-def _mm_scale(scale, name, rows):
+def mm_scale(scale, name, rows):
     """scaled_mm's dequantization scale as float32 of shape (1,) or (rows,): any finite value."""
     if isinstance(scale, _arrays._SCALAR_TYPES):
         s = _host_float32(scale, name)
@@ -193,15 +234,45 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     if k != kb:
         raise ValueError(f"b must have K = {k} columns like a, got shape {tuple(b.shape)} (a is {tuple(a.shape)})")
     out_dt = _arrays.out_dtype_of(out_dtype)
-    sa = _mm_scale(scale_a, "scale_a", m)
-    sb = _mm_scale(scale_b, "scale_b", n)
+    sa = mm_scale(scale_a, "scale_a", m)
+    sb = mm_scale(scale_b, "scale_b", n)
     if bias is not None:
-        _arrays.float_dtype(bias, "bias")
-        if tuple(bias.shape) not in ((n,), (1, n)):
-            raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
-        bias = bias.reshape(n)
+        bias = _arrays.bias_vector(bias, n)
     return backend(device).scaled_mm(a, b, sa, sb, out_dt, bias, kernel)
 
 
-__all__ = ["QuantizedActivation", "quantize_fp8", "dequantize_fp8", "encode_e4m3", "decode_e4m3",
-           "scaled_mm", "backend", "E4M3_MAX", "SCHEMES"]
+def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32,
+               bias=None):
+    """One FP8 W8A8 linear layer: quantize the float activation x [M, K] as ``quantize_fp8`` does
+    (``input_scale`` given: static; None: dynamic per-tensor; ``per_token=True``: one scale per row,
+    ``scale_ub`` capping amax), then ``scaled_mm`` with the e4m3 weight b [N, K], its dequantization
+    scale ``scale_b`` (scalar or per-channel) and ``bias``.
+
+    The same arithmetic as the two ops in sequence; the backend may fuse them (on the GPU, at
+    decode, the GEMV quantizes the activation as it reads it: one launch)."""
+    device = _arrays.same_device([("x", x), ("b", b), ("scale_b", scale_b), ("input_scale", input_scale),
+                                  ("bias", bias)])
+    _arrays.float_dtype(x, "x")
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    b = _arrays.codes_uint8(b, "b")
+    if len(b.shape) != 2 or b.shape[1] != x.shape[1]:
+        raise ValueError(f"b must be [N, {x.shape[1]}] e4m3 codes, got shape {tuple(b.shape)}")
+    if per_token:
+        if input_scale is not None:
+            raise ValueError(f"input_scale must be None with per_token=True, got {input_scale!r}")
+        ub = None if scale_ub is None else quant_scale(scale_ub, "scale_ub")
+    else:
+        if scale_ub is not None:
+            raise ValueError(f"scale_ub must be None unless per_token=True, got {scale_ub!r}")
+        ub = None
+    s_in = None if input_scale is None else quant_scale(input_scale, "input_scale")
+    n = b.shape[0]
+    sb = mm_scale(scale_b, "scale_b", n)
+    if bias is not None:
+        bias = _arrays.bias_vector(bias, n)
+    return backend(device).fp8_linear(x, b, sb, s_in, per_token, ub, _arrays.out_dtype_of(out_dtype), bias)
+
+
+__all__ = ["QuantizedActivation", "ActivationScheme", "Backend", "quantize_fp8", "dequantize_fp8", "encode_e4m3",
+           "decode_e4m3", "scaled_mm", "fp8_linear", "backend", "E4M3_MAX", "SCHEMES"]

@@ -27,12 +27,13 @@ the extra to install when they are missing.
 
 import html
 import math
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from .cuda import gpu_unavailable_reason
+from .timing import _device_of, _time_gpu, best_device_us, cpu_time, device_us, host_us
 
 __all__ = [
     "MissingDependencyError",
@@ -41,6 +42,10 @@ __all__ = [
     "ProfileResults",
     "Ceilings",
     "profile_op",
+    "cpu_time",
+    "device_us",
+    "best_device_us",
+    "host_us",
     "profile_linear",
     "measure_ceilings",
     "roofline_plot",
@@ -61,17 +66,6 @@ def require(module, extra, feature):
         raise MissingDependencyError(
             f"{feature} needs {module.split('.')[0]}, which is not installed: "
             f"pip install 'vtnumba[{extra}]'") from None
-
-
-def gpu_unavailable_reason():
-    """None when the GPU path can run here, else one line saying why not: the GPU backend's own
-    check (``vtnumba.cuda.target.gpu_unavailable_reason``: numba-cuda vs numpy clash, no cupy, no
-    driver, no device), or why the backend itself failed to import."""
-    try:
-        from .cuda import target
-    except Exception as exc:  # a broken install of the backend; the message is what a user can act on
-        return f"the GPU backend failed to import ({exc.__class__.__name__}: {str(exc)[:200]})"
-    return target.gpu_unavailable_reason()
 
 
 # ----------------------------------------------------------------------------------------- records
@@ -173,112 +167,6 @@ class ProfileResults(list):
         return roofline_plot(self, ceilings, path=path, ax=ax, title=title)
 
 
-# ------------------------------------------------------------------------------------------ timing
-
-def _device_of(args):
-    from . import _arrays
-
-    for a in args:
-        if hasattr(a, "shape") and hasattr(a, "dtype"):
-            return _arrays.device_of(a, "argument")
-    return "cpu"
-
-
-# OpenBLAS's worker threads spin for ~80 ms after a BLAS call; a Numba-parallel kernel started in that
-# window shares the cores with them and ran 3-4x slower on a 2-core machine (measured, see
-# benchmarks/bench_cpu_gemm.py). Each CPU measurement starts after this quiet pause, so one record's
-# BLAS calls (numpy's sgemm baseline, say) do not tax the next record's kernel.
-_BLAS_SPIN_PAUSE_S = 0.15
-
-
-def _time_cpu(call, repeats, warmup):
-    time.sleep(_BLAS_SPIN_PAUSE_S)
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times)
-
-
-# A kernel that holds the GPU for a given number of nanoseconds (globaltimer is in ns on every
-# architecture since Pascal). Queued before the timed calls, it lets the host enqueue all of them
-# before the GPU starts, so the events between them measure GPU time, not launch gaps (DEVICE.md's
-# torch.cuda._sleep recipe, without needing torch).
-_SPIN_SOURCE = r"""
-extern "C" __global__ void vt_spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
-"""
-_spin_kernel = None
-
-
-def _spin(cp, ns, stream):
-    global _spin_kernel
-    if _spin_kernel is None:
-        _spin_kernel = cp.RawKernel(_SPIN_SOURCE, "vt_spin")
-    _spin_kernel((1,), (1,), (np.uint64(ns),), stream=stream)
-
-
-def _time_gpu(call, repeats, warmup, method):
-    import cupy as cp
-
-    stream = cp.cuda.get_current_stream()
-    for _ in range(warmup):
-        call()
-    stream.synchronize()
-    # A first host-clock estimate sizes the spin: it must outlast the enqueueing of every call.
-    t0 = time.perf_counter()
-    call()
-    stream.synchronize()
-    rough = time.perf_counter() - t0
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    note = ""
-    if method == "graph":
-        graph_stream = cp.cuda.Stream(non_blocking=True)
-        with graph_stream:
-            graph_stream.begin_capture()
-            try:
-                for _ in range(repeats):
-                    call()
-            finally:
-                graph = graph_stream.end_capture()
-            graph.upload(graph_stream)
-            graph.launch(graph_stream)  # warm the replay
-            graph_stream.synchronize()
-            _spin(cp, int(min(max(20 * rough, 1e-3), 0.5) * 1e9), graph_stream)
-            start.record(graph_stream)
-            h0 = time.perf_counter()
-            graph.launch(graph_stream)
-            host = (time.perf_counter() - h0) / repeats
-            end.record(graph_stream)
-            end.synchronize()
-        device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
-        return device, device, host, "one graph of all repeats; host = one replay's launch / repeats"
-    for _ in range(3):
-        spin_s = min(max(2.0 * rough * repeats, 1e-3), 2.0)
-        _spin(cp, int(spin_s * 1e9), stream)
-        start.record(stream)
-        h0 = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        enqueue = time.perf_counter() - h0
-        end.record(stream)
-        end.synchronize()
-        if enqueue < spin_s:
-            break
-        rough = enqueue / repeats  # the host outran the spin: the interval holds launch gaps, retry
-    else:
-        note = "host-bound: device time includes launch gaps"
-    device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
-    # Events give one interval for all repeats, so the median and the minimum are that mean.
-    return device, device, enqueue / repeats, note
-
-
 def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=None, repeats=None,
                warmup=3, method="queued", **kwargs):
     """Time ``fn(*args, **kwargs)`` on the device its array arguments live on.
@@ -303,7 +191,7 @@ def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=No
 
     name = name or getattr(fn, "__name__", repr(fn))
     if device == "cpu":
-        median, best = _time_cpu(call, repeats, warmup)
+        median, best = cpu_time(call, repeats, warmup)
         return ProfileRecord(name, "cpu", "median of repeats", median, best, repeats,
                              flops=flops, bytes=bytes, shape=shape)
     median, best, host, note = _time_gpu(call, repeats, warmup, method)
@@ -384,11 +272,11 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
     if device == "cpu":
         src = np.random.default_rng(0).standard_normal(count, dtype=np.float32)
         dst = np.empty_like(src)
-        copy_t, _ = _time_cpu(lambda: np.copyto(dst, src), repeats, 1)
+        copy_t, _ = cpu_time(lambda: np.copyto(dst, src), repeats, 1)
         n = gemm_n or 1024
         a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
         b = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
-        gemm_t, _ = _time_cpu(lambda: a @ b, repeats, 1)
+        gemm_t, _ = cpu_time(lambda: a @ b, repeats, 1)
         return Ceilings("cpu", 2 * src.nbytes / copy_t / 1e9, 2.0 * n ** 3 / gemm_t / 1e9,
                         f"numpy sgemm {n}^3")
     import cupy as cp

@@ -1,5 +1,5 @@
-"""The CPU backend of vtnumba's ops (see ``vtnumba.ops`` for the interface): numpy in, numpy out,
-Numba ``@njit`` kernels inside."""
+"""The CPU backend of vtnumba's ops (``vtnumba.ops.Backend``): numpy in, numpy out, Numba ``@njit``
+kernels inside. The reference every other backend is compared with."""
 
 import numpy as np
 
@@ -65,3 +65,15 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
     from .gemm import scaled_mm as impl  # the GEMM kernels compile only when first used
 
     return impl(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+
+
+def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
+    """Quantize, then the GEMM: the two ops in sequence (the CPU has nothing to gain from fusing)."""
+    if per_token:
+        codes, scale_a = quantize_per_token(x, scale_ub)
+        scale_a = scale_a.reshape(-1)
+    elif input_scale is None:
+        codes, scale_a = quantize_dynamic(x)
+    else:
+        codes, scale_a = quantize_static(x, input_scale), input_scale
+    return scaled_mm(codes, b, scale_a, scale_b, out_dtype, bias, None)

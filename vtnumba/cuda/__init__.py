@@ -1,5 +1,16 @@
-"""The GPU backend of vtnumba's ops (interface: ``vtnumba.ops``): cupy in, cupy out, numba-cuda
-kernels launched through cupy (``launch.py``) on cupy's current stream.
+"""The GPU backend of vtnumba's ops (``vtnumba.ops.Backend``): cupy in, cupy out, numba-cuda kernels
+launched through cupy (``launch.py``) on cupy's current stream.
+
+The modules, by concern:
+    target.py    the one import of numba-cuda; why the GPU path can or cannot run here
+    device.py    one cached record per GPU: capability, SM count, cuBLASLt state, small device buffers
+    codec.py     every bit-level primitive (bit casts, 16-bit floats, e4m3 encode/decode, 16-byte loads)
+    launch.py    cheap kernel launches (Numba compiles, cupy loads, the driver launches)
+    quant.py     the quantization kernels
+    epilogue.py  the GEMM epilogue (scales, bias, rounding) and its f32-staged kernel
+    tiled.py     the tiled CUDA-core GEMM;  gemv.py  the decode GEMV (with fused quantization)
+    cublaslt.py  cuBLASLt through nvmath-python's bindings
+    gemm.py      which GEMM kernel runs a call, and the fused linear layer
 
 - Inputs: cupy arrays of float32, float16 or ml_dtypes.bfloat16 (torch CUDA tensors are taken
   zero-copy through ``__cuda_array_interface__`` / DLPack). Strided inputs are copied to C order
@@ -21,82 +32,53 @@ import os
 
 import numpy as np
 
-from .. import _arrays, _format
-from .target import SIMULATOR, require_gpu
+from .. import _arrays
+from .target import SIMULATOR, gpu_unavailable_reason, require_gpu
 
 _ENCODER_SETTING = os.environ.get("VT_CUDA_ENCODER", "auto").lower()
 _KINDS = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", _arrays.BFLOAT16: "bfloat16"}
-_DECODE_TABLE = np.array([_format.decode_e4m3_scalar(c) for c in range(256)], dtype=np.float32)
 
 _quant = None  # vtnumba.cuda.quant, imported after require_gpu() (it needs numba-cuda)
-_cupy = None
+_device = None  # vtnumba.cuda.device
 _Buffer = None
-_device_info = {}  # device id -> (SM count, default encoder, decode table)
-# Static scales as device arrays, one per (device, float32 value): see scale_array.
-_STATIC_SCALES = {}
-_STATIC_SCALES_MAX = 1024
 
 
 def _backend():
     """Import what the GPU path needs, once; raise the one clear error if it cannot run."""
-    global _quant, _cupy, _Buffer
+    global _quant, _device, _Buffer
     if _quant is None:
         require_gpu()
-        from . import launch, quant
+        from . import device, launch, quant
 
-        if not SIMULATOR:
-            import cupy
-
-            _cupy = cupy
         _Buffer = launch.Buffer
+        _device = device
+        device.array_module()
         _quant = quant
     return _quant
 
 
-def _device():
-    """(device id, SM count, default encoder, decode table) of the current device."""
-    dev = -1 if SIMULATOR else _cupy.cuda.runtime.getDevice()
-    info = _device_info.get(dev)
-    if info is None:
-        if SIMULATOR:
-            info = (dev, 1, "portable", _DECODE_TABLE)
-        else:
-            from .codec import HARDWARE_MIN_CC
-
-            d = _cupy.cuda.Device(dev)
-            cc = int(d.compute_capability)
-            hw = (cc // 10, cc % 10) >= HARDWARE_MIN_CC
-            info = (dev, d.attributes["MultiProcessorCount"], "hardware" if hw else "portable",
-                    _cupy.asarray(_DECODE_TABLE))
-        _device_info[dev] = info
-    return info
-
-
-def _encoder(requested, info):
+def _encoder(requested, dev):
     if requested is None:
         requested = _ENCODER_SETTING
     if requested == "auto":
-        return info[2]
+        return dev.default_encoder
     if requested not in ("hardware", "portable"):
         raise ValueError(f"encoder must be 'auto', 'hardware' or 'portable' (env VT_CUDA_ENCODER), got {requested!r}")
     return requested
-
-
-def _xp():
-    return np if SIMULATOR else _cupy
 
 
 def _as_device_array(x):
     """A cupy array viewing ``x`` (numpy under the simulator)."""
     if SIMULATOR:
         return np.asarray(x)
-    if isinstance(x, _cupy.ndarray):
+    cupy = _device.xp
+    if isinstance(x, cupy.ndarray):
         return x
     if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # bf16 has no __cuda_array_interface__ typestr
         import torch
 
-        return _cupy.asarray(x.view(torch.int16)).view(_arrays.BFLOAT16)
-    return _cupy.asarray(x)
+        return cupy.asarray(x.view(torch.int16)).view(_arrays.BFLOAT16)
+    return cupy.asarray(x)
 
 
 def _flat(a):
@@ -130,7 +112,7 @@ def _input(x):
     except AttributeError:
         contiguous = x.flags.c_contiguous
     if not contiguous:
-        x = _xp().ascontiguousarray(x)
+        x = _device.xp.ascontiguousarray(x)
     aligned = SIMULATOR or x.data.ptr % 16 == 0
     return _flat(x), kind, x.shape, x.size, aligned, x
 
@@ -149,29 +131,21 @@ def scale_array(scale):
     A host scale is uploaded once per (device, value) and the array shared by every activation
     quantized with it -- as upstream returns the layer's own ``input_scale`` tensor as the
     activation's scale -- so a static quantization allocates nothing for its scale: treat
-    ``q.scale`` as read-only. (An upload costs a cupy fill, 10+ us of host time; a lookup 0.2 us.)
-    """
+    ``q.scale`` as read-only."""
     if not isinstance(scale, (float, np.floating)):
         a = _as_device_array(scale)
         return a if a.shape == (1,) else a.reshape(1)
     _backend()
-    key = (_device()[0], float(np.float32(scale)))
-    array = _STATIC_SCALES.get(key)
-    if array is None:
-        if len(_STATIC_SCALES) >= _STATIC_SCALES_MAX:  # a sweep over many scales: start over
-            _STATIC_SCALES.clear()
-        array = _xp().full((1,), scale, dtype=np.float32)
-        _STATIC_SCALES[key] = array
-    return array
+    return _device.current().scalar(scale)
 
 
 def quantize_static(x, scale, *, encoder=None):
     quant = _backend()
     xin, kind, shape, n, aligned, owner = _input(x)
     device_scale, scale_arg = _scalar_arg(scale)
-    out = _xp().empty(shape, dtype=np.uint8)
+    out = _device.xp.empty(shape, dtype=np.uint8)
     ngroups = n // quant.GROUP if aligned else 0
-    kernel = quant.static_kernel(kind, _encoder(encoder, _device()), device_scale)
+    kernel = quant.static_kernel(kind, _encoder(encoder, _device.current()), device_scale)
     kernel(_elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), scale_arg, ngroups)
     del owner  # a strided input's copy may go back to the pool only now that its kernel is queued
     return out
@@ -180,11 +154,11 @@ def quantize_static(x, scale, *, encoder=None):
 def quantize_dynamic(x, *, encoder=None):
     quant = _backend()
     xin, kind, shape, n, aligned, owner = _input(x)
-    info = _device()
-    xp = _xp()
+    dev = _device.current()
+    xp = _device.xp
     out = xp.empty(shape, dtype=np.uint8)
     ngroups = n // quant.GROUP if aligned else 0
-    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), info[1] * quant.AMAX_BLOCKS_PER_SM)
+    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), dev.sm_count * quant.AMAX_BLOCKS_PER_SM)
     # The amax partials live in the scale's own allocation (scale = buf[:1]): a captured CUDA graph
     # keeps writing them on replay, so they must stay owned for as long as the scale is, never
     # go back to the memory pool as a freed temporary would.
@@ -192,8 +166,8 @@ def quantize_dynamic(x, *, encoder=None):
     scale = buf[:1]
     partials = buf[1:] if SIMULATOR else _Buffer(buf.data.ptr + 4, (parts,), (4,))
     quant.amax_kernel(kind)(parts, quant.THREADS, xin, partials, ngroups)
-    blocks = min(_elementwise_grid(n, ngroups), info[1] * quant.DYNAMIC_BLOCKS_PER_SM)
-    quant.dynamic_kernel(kind, _encoder(encoder, info))(
+    blocks = min(_elementwise_grid(n, ngroups), dev.sm_count * quant.DYNAMIC_BLOCKS_PER_SM)
+    quant.dynamic_kernel(kind, _encoder(encoder, dev))(
         blocks, quant.THREADS, xin, _flat(out), partials, scale, ngroups)
     del owner  # see quantize_static
     return out, scale
@@ -203,14 +177,14 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     quant = _backend()
     xin, kind, shape, n, aligned, owner = _input(x)
     rows, cols = shape
-    xp = _xp()
+    xp = _device.xp
     out = xp.empty(shape, dtype=np.uint8)
     scales = xp.empty((rows, 1), dtype=np.float32)
     if rows == 0:
         return out, scales
     device_ub, ub_arg = _scalar_arg(np.float32(0.0) if scale_ub is None else scale_ub)  # 0: no bound
     row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
-    quant.per_token_kernel(kind, _encoder(encoder, _device()), device_ub)(
+    quant.per_token_kernel(kind, _encoder(encoder, _device.current()), device_ub)(
         rows, quant.THREADS, xin, _flat(out), _flat(scales), ub_arg, cols, row_groups)
     del owner  # see quantize_static
     return out, scales
@@ -218,8 +192,7 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
 
 def decode(codes):
     _backend()
-    table = _device()[3]
-    return table[_as_device_array(codes)]
+    return _device.current().decode_table[_as_device_array(codes)]
 
 
 def _round_to(values, dtype):
@@ -234,7 +207,7 @@ def _round_to(values, dtype):
     bits = values.view(np.uint32)
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
     nan = values != values
-    return _xp().where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16).view(_arrays.BFLOAT16)
+    return _device.xp.where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16).view(_arrays.BFLOAT16)
 
 
 def dequantize(codes, scale, dtype):
@@ -249,19 +222,43 @@ def dequantize(codes, scale, dtype):
 _gemm = None  # vtnumba.cuda.gemm: the GEMM kernels and cuBLASLt load only when first used
 
 
-def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+def _gemm_module():
     global _gemm
     if _gemm is None:
         _backend()
         from . import gemm as _gemm
-    return _gemm.scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+    return _gemm
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
+    return _gemm_module().scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+
+
+def _quantize(x, input_scale, per_token, scale_ub):
+    """(codes, scale_a as scaled_mm takes it) of x by the activation's scheme."""
+    if per_token:
+        codes, scales = quantize_per_token(x, scale_ub)
+        return codes, scales.reshape(-1)
+    if input_scale is None:
+        return quantize_dynamic(x)
+    return quantize_static(x, input_scale), scale_array(input_scale)
+
+
+def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
+    """One launch where the decode GEMV can take the call (it quantizes x as it reads it), else
+    the quantization kernel, then ``scaled_mm``."""
+    gemm = _gemm_module()
+    if gemm.fused_linear_reason(x, b) is None:
+        return gemm.fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias)
+    codes, scale_a = _quantize(x, input_scale, per_token, scale_ub)
+    return gemm.scaled_mm(codes, b, scale_a, scale_b, out_dtype, bias)
 
 
 def encoder_in_use():
     """The encoder quantization uses on the current device ('hardware' or 'portable')."""
     _backend()
-    return _encoder(None, _device())
+    return _encoder(None, _device.current())
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "scaled_mm", "encoder_in_use"]
+           "scaled_mm", "fp8_linear", "encoder_in_use", "gpu_unavailable_reason"]

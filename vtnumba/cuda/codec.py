@@ -1,25 +1,34 @@
-"""The e4m3 codec for the GPU: two encoders behind one switch, input widening, and wide loads.
+"""Every bit-level primitive of vtnumba's GPU kernels, behind one simulator/hardware switch.
+
+- bit casts: ``float32_bits`` / ``bits_float32``;
+- 16-bit floats: ``half_bits_to_float32``, ``bfloat16_bits_to_float32``, ``half2_to_float32`` (two
+  halves of a word), and the RNE narrowings ``float32_to_half_bits`` / ``float32_to_bfloat16_bits``;
+- e4m3: ``decode_e4m3`` (one code), ``e4m3x4_scaled`` + ``nan_code_bits`` (four codes of a word by
+  bit placement, the GEMV's weight decode), and the two encoders behind ``encode_pair`` /
+  ``encode_one``;
+- 16-byte memory access: ``load_u32x4`` / ``store_u32x4`` (the i-th 16-byte word of a flat buffer)
+  and ``load_row_words`` (the 16 bytes at ``&arr[row, col]`` of a 2-D array).
+
+The switch: on a real GPU the primitives that have a PTX instruction are inline PTX (llvmlite
+``InlineAsm`` intrinsics) or libdevice calls; under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1),
+which runs device functions as Python and has neither PTX nor libdevice (its calls return None),
+the same names are portable Python. The plain-Python helpers of ``vtnumba._format`` (the encoder and
+decoder the CPU runs) are compiled here with this target's bit casts, so every target runs the same
+statements.
 
 Encoders (``ENCODERS``):
 
-- ``"hardware"``: PTX ``cvt.rn.satfinite.e4m3x2.f32`` (sm_89 and newer) through an inline-PTX
-  intrinsic, two values per instruction. The instruction alone does not give vtnumba's NaN policy
-  (probe 2 clamped first, and the clamp turns NaN into 448 = 0x7E, as upstream vLLM's kernel does),
-  so NaN is tested *before* the clamp and replaced by 0x7F afterwards (DESIGN.md, "NaN policy").
-- ``"portable"``: ``vtnumba._format.encode_e4m3_scalar`` -- the very source the CPU runs --
-  compiled as an inline device function with the bit casts spelled through libdevice
-  (``float_as_int`` / ``int_as_float``). Used on GPUs older than sm_89 and under the CUDA simulator,
-  where the plain-Python bit casts of ``_format`` work as they are (the simulator has no libdevice:
-  its calls return None).
+- ``"hardware"``: PTX ``cvt.rn.satfinite.e4m3x2.f32`` (sm_89 and newer), two values per
+  instruction. The instruction alone does not give vtnumba's NaN policy: a clamp first turns NaN
+  into 448 = 0x7E, as upstream vLLM's kernel does, so NaN is tested *before* the clamp and replaced
+  by 0x7F afterwards (DESIGN.md, "NaN policy").
+- ``"portable"``: ``vtnumba._format.encode_e4m3_scalar``, the very source the CPU runs. Used on GPUs
+  older than sm_89 and under the simulator.
 
-Both encoders give the same bytes for all 2^32 float32 inputs (the exhaustive gpu test proves it
-against the CPU kernel).
-
-Wide memory access: ``load_u32x4`` / ``store_u32x4`` read and write 16 bytes per instruction
-(``ld.v4.u32`` / ``st.v4.u32``) from an array's buffer; one element per thread reached only 1.39
-TB/s on the H200 and 8-byte loads 2.90 (ANCHORS.md). They need 16-byte-aligned addresses: callers
-check alignment on the host and fall back to scalar indexing otherwise. They do not exist under the
-simulator, whose kernels index element by element.
+Both give the same bytes for all 2^32 float32 inputs (the exhaustive gpu test proves it against the
+CPU kernel). 16-byte accesses move four words per instruction: one element per thread reached only
+1.39 TB/s on the H200 and 8-byte loads 2.90 (ANCHORS.md). They need 16-byte-aligned addresses, which
+callers check on the host; the simulator's forms index element by element.
 """
 
 import numpy as np
@@ -29,32 +38,71 @@ from .._format import F32_E4M3_MAX, F32_ZERO
 from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, libdevice, types
 
 ENCODERS = ("hardware", "portable")
-HARDWARE_MIN_CC = (8, 9)  # cvt.*.e4m3x2.f32 needs sm_89 (Ada) or newer
+HARDWARE_MIN_CC = (8, 9)  # cvt.*.e4m3x2.f32 (and cvt.rn.f16x2.e4m3x2) need sm_89 (Ada) or newer
 
-_device_inline = DEVICE_INLINE
 _U32_8 = np.uint32(8)
+_U32_16 = np.uint32(16)
 _U32_BYTE = np.uint32(0xFF)
+_U32_LOW_HALF = np.uint32(0xFFFF)
+_U32_HIGH_HALF = np.uint32(0xFFFF0000)
 _U32_NAN_CODE = np.uint32(_format.E4M3_NAN_CODE)
 _F32_INF = np.float32(np.inf)
 
+
+def hardware_available(cc):
+    """Whether the inline-PTX paths (hardware encoder, e4m3 conversions) run on compute capability
+    ``cc``: sm_89 and newer, and a real GPU."""
+    return not SIMULATOR and tuple(cc) >= HARDWARE_MIN_CC
+
+
+# ------------------------------------------------------------------------------------------------
+# the switch: bit casts, float16 widening and 16-byte access, hardware or simulated
+
 if SIMULATOR:
     # The simulator runs device functions as Python: _format's numpy bit casts work as they are.
-    float32_bits = cuda.jit(**_device_inline)(_format.float32_bits)
-    bits_float32 = cuda.jit(**_device_inline)(_format.bits_float32)
+    float32_bits = cuda.jit(**DEVICE_INLINE)(_format.float32_bits)
+    bits_float32 = cuda.jit(**DEVICE_INLINE)(_format.bits_float32)
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def half_bits_to_float32(h):
         """float16 bits -> float32 (exact)."""
         return np.float32(np.uint16(h).view(np.float16))
 
+    @cuda.jit(**DEVICE_INLINE)
+    def load_u32x4(arr, index):
+        """The ``index``-th 16-byte word of a flat float32 or 16-bit buffer as 4 uint32."""
+        if arr.dtype.itemsize == 4:
+            b = 4 * index
+            return (np.uint32(float32_bits(arr[b])), np.uint32(float32_bits(arr[b + 1])),
+                    np.uint32(float32_bits(arr[b + 2])), np.uint32(float32_bits(arr[b + 3])))
+        b = 8 * index
+        return (np.uint32(arr[b]) | (np.uint32(arr[b + 1]) << _U32_16),
+                np.uint32(arr[b + 2]) | (np.uint32(arr[b + 3]) << _U32_16),
+                np.uint32(arr[b + 4]) | (np.uint32(arr[b + 5]) << _U32_16),
+                np.uint32(arr[b + 6]) | (np.uint32(arr[b + 7]) << _U32_16))
+
+    @cuda.jit(**DEVICE_INLINE)
+    def store_u32x4(arr, index, w0, w1, w2, w3):
+        """Write 4 uint32 as the ``index``-th 16-byte word of a flat uint8 buffer."""
+        b = 16 * index
+        for k, w in enumerate((w0, w1, w2, w3)):
+            for j in range(4):
+                arr[b + 4 * k + j] = np.uint8((np.uint32(w) >> np.uint32(8 * j)) & _U32_BYTE)
+
+    load_row_words = None  # no inline PTX: kernels take the portable row loads below
+    half2_to_float32 = None
+
 else:
     from llvmlite import ir
+    from numba.core import cgutils
 
-    @cuda.jit(**_device_inline)
+    _i32, _f32 = ir.IntType(32), ir.FloatType()
+
+    @cuda.jit(**DEVICE_INLINE)
     def float32_bits(x):
         return np.uint32(libdevice.float_as_int(np.float32(x)))
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def bits_float32(b):
         return libdevice.int_as_float(np.int32(b))
 
@@ -70,7 +118,7 @@ else:
 
         return (sig, codegen) if isinstance(h, types.Integer) and h.bitwidth >= 16 else None
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def half_bits_to_float32(h):
         """float16 bits -> float32 (exact)."""
         return _cvt_f16_bits_to_f32(np.uint32(h))
@@ -127,14 +175,192 @@ else:
 
         return sig, codegen
 
+    @intrinsic
+    def load_row_words(typingctx, arr, row, col):
+        """Four uint32 words from the 16 bytes at &arr[row, col] (16-byte aligned, any element type),
+        one non-coherent 128-bit global load (the operand is read-only for the kernel's lifetime)."""
+        ret = types.UniTuple(types.uint32, 4)
+        sig = ret(arr, row, col)
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            idx = [_index_to_intp(context, builder, signature.args[1], args[1]),
+                   _index_to_intp(context, builder, signature.args[2], args[2])]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx)
+            addr = builder.ptrtoint(ptr, ir.IntType(64))
+            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 4), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                                     "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }", "=r,=r,=r,=r,l")
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def half2_to_float32(typingctx, word):
+        """The two float16 halves of a uint32 (low half first) as float32 (exact)."""
+        ret = types.UniTuple(types.float32, 2)
+        sig = ret(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 2), [_i32])
+            asm = ir.InlineAsm(fnty, "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; "
+                                     "cvt.f32.f16 $1, b; }", "=f,=f,r")
+            res = builder.call(asm, [args[0]])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+
+        return sig, codegen
+
+
+def compile_device(fn, **extra):
+    """A plain-Python helper compiled as an inline device function of this target: its bit casts
+    are this module's, ``extra`` names replace other globals of its source."""
+    return _format.compile_for_target(fn, cuda.jit(**DEVICE_INLINE), float32_bits=float32_bits,
+                                      bits_float32=bits_float32, **extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# portable helpers (plain Python: valid device code and valid simulator code)
+
+_U32_SIGN16 = np.uint32(0x8000)
+_U32_ABS_MASK = np.uint32(0x7FFFFFFF)
+_U32_F32_INF_BITS = np.uint32(0x7F800000)
+_U32_F16_OVERFLOW = np.uint32(0x477FF000)  # 65520: rounds (to even) up to inf in float16
+_U32_F16_MIN_NORMAL_AS_F32 = np.uint32(0x38800000)  # 2^-14
+_U32_F16_NAN = np.uint32(0x7E00)
+_U32_F16_INF = np.uint32(0x7C00)
+_U32_BF16_QUIET = np.uint32(0x40)
+_U32_2P23_BITS = np.uint32(0x4B000000)
+_U32_F16_EXP_REBIAS = np.uint32(112 << 10)  # (127 - 15) << 10
+_F32_2P24 = np.float32(2.0 ** 24)
+_F32_2P23 = np.float32(2.0 ** 23)
+
+
+def _float32_to_half_bits(x):
+    """float32 -> float16 bits, round to nearest even, overflow to inf, NaN -> quiet NaN."""
+    bits = np.uint32(float32_bits(x))
+    sign = (bits >> np.uint32(16)) & _U32_SIGN16
+    mag = bits & _U32_ABS_MASK
+    # normal range: drop 13 mantissa bits with RNE (add 0xFFF plus the kept LSB, truncate)
+    normal_mag = max(mag, _U32_F16_MIN_NORMAL_AS_F32)
+    rounded = normal_mag + np.uint32(0xFFF) + ((normal_mag >> np.uint32(13)) & np.uint32(1))
+    normal = (rounded >> np.uint32(13)) - _U32_F16_EXP_REBIAS
+    # subnormal range (|x| < 2^-14): |x| * 2^24 is exact; adding 2^23 rounds it to an integer (RNE);
+    # a carry to 1024 is exactly the smallest normal's code
+    scaled = np.float32(abs(x) * _F32_2P24) + _F32_2P23
+    subnormal = np.uint32(float32_bits(scaled)) - _U32_2P23_BITS
+    code = subnormal if mag < _U32_F16_MIN_NORMAL_AS_F32 else normal
+    code = _U32_F16_INF if mag >= _U32_F16_OVERFLOW else code
+    code = _U32_F16_NAN if mag > _U32_F32_INF_BITS else code
+    return np.uint16(code | sign)
+
+
+def _float32_to_bfloat16_bits(x):
+    """float32 -> bfloat16 bits, round to nearest even (overflow to inf), NaN kept quiet."""
+    bits = np.uint32(float32_bits(x))
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    quiet = (bits >> np.uint32(16)) | _U32_BF16_QUIET
+    return np.uint16(quiet if (bits & _U32_ABS_MASK) > _U32_F32_INF_BITS else rounded)
+
+
+# Four e4m3 codes of a word decoded by bit placement (the GEMV's weight stream, where decoding is
+# the bottleneck: conversions issue at 16 per clock per SM, integer operations at 64). Placing a
+# code's 7 magnitude bits at float32 bits 26..20 and its sign at bit 31 gives exactly
+# code_value * 2^-120 for every finite code, subnormals included (e4m3's subnormals land on float32
+# subnormals, exactly). NaN codes (0x7F / 0xFF) come out as finite garbage: ``nan_code_bits`` flags
+# them so the caller can poison what they touch.
+_U32_MAG_AT_20 = np.uint32(0x07F00000)
+_U32_SIGN32 = np.uint32(0x80000000)
+_U32_LOW7X4 = np.uint32(0x7F7F7F7F)
+_U32_ONEX4 = np.uint32(0x01010101)
+_U32_HIGHX4 = np.uint32(0x80808080)
+
+
+def _e4m3x4_scaled(word):
+    """The four e4m3 codes of a uint32 (byte 0 first) as float32 values times 2^-120, exact for
+    every finite code."""
+    w = np.uint32(word)
+    v0 = bits_float32(((w << np.uint32(20)) & _U32_MAG_AT_20) | ((w << np.uint32(24)) & _U32_SIGN32))
+    v1 = bits_float32(((w << np.uint32(12)) & _U32_MAG_AT_20) | ((w << np.uint32(16)) & _U32_SIGN32))
+    v2 = bits_float32(((w << np.uint32(4)) & _U32_MAG_AT_20) | ((w << np.uint32(8)) & _U32_SIGN32))
+    v3 = bits_float32(((w >> np.uint32(4)) & _U32_MAG_AT_20) | (w & _U32_SIGN32))
+    return v0, v1, v2, v3
+
+
+def _nan_code_bits(word):
+    """Bit 7 of a byte is set where that byte of ``word`` is an e4m3 NaN code (0x7F or 0xFF)."""
+    return ((np.uint32(word) & _U32_LOW7X4) + _U32_ONEX4) & _U32_HIGHX4
+
+
+def _load_row_words_u8(arr, row, col):
+    """The 16 bytes at &arr[row, col] of a uint8 array as four uint32 words (byte col lowest)."""
+    w0 = (np.uint32(arr[row, col]) | (np.uint32(arr[row, col + 1]) << np.uint32(8))
+          | (np.uint32(arr[row, col + 2]) << np.uint32(16)) | (np.uint32(arr[row, col + 3]) << np.uint32(24)))
+    w1 = (np.uint32(arr[row, col + 4]) | (np.uint32(arr[row, col + 5]) << np.uint32(8))
+          | (np.uint32(arr[row, col + 6]) << np.uint32(16)) | (np.uint32(arr[row, col + 7]) << np.uint32(24)))
+    w2 = (np.uint32(arr[row, col + 8]) | (np.uint32(arr[row, col + 9]) << np.uint32(8))
+          | (np.uint32(arr[row, col + 10]) << np.uint32(16)) | (np.uint32(arr[row, col + 11]) << np.uint32(24)))
+    w3 = (np.uint32(arr[row, col + 12]) | (np.uint32(arr[row, col + 13]) << np.uint32(8))
+          | (np.uint32(arr[row, col + 14]) << np.uint32(16)) | (np.uint32(arr[row, col + 15]) << np.uint32(24)))
+    return w0, w1, w2, w3
+
+
+def _load_row_words_u16(arr, row, col):
+    """The 16 bytes at &arr[row, col] of a uint16 array as four uint32 words (element col lowest)."""
+    w0 = np.uint32(arr[row, col]) | (np.uint32(arr[row, col + 1]) << np.uint32(16))
+    w1 = np.uint32(arr[row, col + 2]) | (np.uint32(arr[row, col + 3]) << np.uint32(16))
+    w2 = np.uint32(arr[row, col + 4]) | (np.uint32(arr[row, col + 5]) << np.uint32(16))
+    w3 = np.uint32(arr[row, col + 6]) | (np.uint32(arr[row, col + 7]) << np.uint32(16))
+    return w0, w1, w2, w3
+
+
+def _half2_to_float32_portable(word):
+    w = np.uint32(word)
+    return half_bits_to_float32(w & _U32_LOW_HALF), half_bits_to_float32(w >> _U32_16)
+
+
+decode_e4m3 = compile_device(_format.decode_e4m3_scalar)
+bfloat16_bits_to_float32 = compile_device(_format.bfloat16_bits_to_float32)
+float32_to_half_bits = compile_device(_float32_to_half_bits)
+float32_to_bfloat16_bits = compile_device(_float32_to_bfloat16_bits)
+e4m3x4_scaled = compile_device(_e4m3x4_scaled)
+nan_code_bits = compile_device(_nan_code_bits)
+load_row_words_u8 = cuda.jit(**DEVICE_INLINE)(_load_row_words_u8)
+load_row_words_u16 = cuda.jit(**DEVICE_INLINE)(_load_row_words_u16)
+half2_to_float32_portable = compile_device(_half2_to_float32_portable, half_bits_to_float32=half_bits_to_float32)
+
+
+@cuda.jit(**DEVICE_INLINE)
+def bf16_low(w):
+    """The bfloat16 in the low half of a word, as float32 (exact)."""
+    return bits_float32(w << _U32_16)
+
+
+@cuda.jit(**DEVICE_INLINE)
+def bf16_high(w):
+    """The bfloat16 in the high half of a word, as float32 (exact)."""
+    return bits_float32(w & _U32_HIGH_HALF)
+
+
+@cuda.jit(**DEVICE_INLINE)
+def f16_low(w):
+    return half_bits_to_float32(w & _U32_LOW_HALF)
+
+
+@cuda.jit(**DEVICE_INLINE)
+def f16_high(w):
+    return half_bits_to_float32(w >> _U32_16)
+
+
+# ------------------------------------------------------------------------------------------------
+# the encoders
+
 # The portable encoder: the CPU's source, with this target's bit casts.
-_primitives = dict(float32_bits=float32_bits, bits_float32=bits_float32)
-encode_e4m3 = _format.compile_for_target(_format.encode_e4m3_scalar, cuda.jit(**_device_inline), **_primitives)
-bfloat16_bits_to_float32 = _format.compile_for_target(
-    _format.bfloat16_bits_to_float32, cuda.jit(**_device_inline), **_primitives)
+encode_e4m3 = compile_device(_format.encode_e4m3_scalar)
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def encode_pair_portable(lo, hi):
     """Codes of two float32 as uint32: code(lo) | code(hi) << 8."""
     return np.uint32(encode_e4m3(lo)) | (np.uint32(encode_e4m3(hi)) << _U32_8)
@@ -142,7 +368,7 @@ def encode_pair_portable(lo, hi):
 
 if not SIMULATOR:
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def encode_pair_hardware(lo, hi):
         """Codes of two float32 as uint32: code(lo) | code(hi) << 8, by one cvt instruction."""
         lo_nan = lo != lo  # before the clamp: the clamp would turn NaN into 448
@@ -155,15 +381,15 @@ if not SIMULATOR:
         return lo_code | (hi_code << _U32_8)
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def finite_abs(v):
     """|v| for finite v, 0 for NaN and +-inf: amax is taken over finite elements (as the CPU's
-    ``_finite_amax``: NaN encodes to 0x7F and inf saturates, whatever the scale)."""
+    ``finite_amax``: NaN encodes to 0x7F and inf saturates, whatever the scale)."""
     a = abs(v)
     return a if a < _F32_INF else F32_ZERO
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _first_code(pair):
     return pair & _U32_BYTE
 
@@ -173,7 +399,7 @@ def encode_one(encoder):
     the elements outside 16-element groups go through the same instruction as the rest."""
     pair = encode_pair(encoder)
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def encode(v):
         return _first_code(pair(v, F32_ZERO))
 
@@ -191,5 +417,8 @@ def encode_pair(encoder):
     raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
 
 
-__all__ = ["ENCODERS", "HARDWARE_MIN_CC", "encode_e4m3", "encode_pair", "encode_one", "finite_abs", "float32_bits",
-           "bits_float32", "bfloat16_bits_to_float32", "half_bits_to_float32"]
+__all__ = ["ENCODERS", "HARDWARE_MIN_CC", "hardware_available", "compile_device", "float32_bits", "bits_float32",
+           "half_bits_to_float32", "bfloat16_bits_to_float32", "half2_to_float32", "half2_to_float32_portable",
+           "float32_to_half_bits", "float32_to_bfloat16_bits", "bf16_low", "bf16_high", "f16_low", "f16_high",
+           "decode_e4m3", "e4m3x4_scaled", "nan_code_bits", "encode_e4m3", "encode_pair", "encode_one",
+           "finite_abs", "load_u32x4", "store_u32x4", "load_row_words", "load_row_words_u8", "load_row_words_u16"]

@@ -210,16 +210,19 @@ class Plan:
         self.desc = self.layout_a = self.layout_b = self.layout_d = None
 
 
-class _DeviceState:
-    """One cuBLASLt handle per device, with that device's plans and workspaces."""
+class DeviceState:
+    """One cuBLASLt handle per device, with that device's plans and workspaces (held by the
+    device's record, ``vtnumba.cuda.device.GpuDevice.cublaslt``)."""
 
-    def __init__(self, device_id, cupy):
-        with cupy.cuda.Device(device_id):
+    def __init__(self, device):
+        if _bindings() is None:
+            raise RuntimeError(unavailable_reason())
+        import cupy
+
+        with cupy.cuda.Device(device.ordinal):
             self.handle = _check("create", _lt.create)
-            cc = cupy.cuda.Device(device_id).compute_capability  # "90"
-        self.cc = (int(cc[:-1]), int(cc[-1]))
+        self.cc = device.cc
         self.version = _lt.get_version()
-        self.device_id = device_id
         self.lock = threading.Lock()
         self.plans = {}  # key -> Plan, or the reason (str) the key cannot run
         self.workspaces = {}  # stream ptr -> cupy uint8 array
@@ -251,25 +254,6 @@ class _DeviceState:
         if ws is None:
             ws = self.workspaces[stream_ptr] = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
         return ws
-
-
-_STATES = {}
-_STATES_LOCK = threading.Lock()
-
-
-def device_state(device_id):
-    """The cuBLASLt state of a device (handle created on first use)."""
-    state = _STATES.get(device_id)
-    if state is None:
-        import cupy
-
-        if _bindings() is None:
-            raise RuntimeError(unavailable_reason())
-        with _STATES_LOCK:
-            state = _STATES.get(device_id)
-            if state is None:
-                state = _STATES[device_id] = _DeviceState(device_id, cupy)
-    return state
 
 
 def plan_key(a, b, out_dtype, bias_dtype, mode_a, mode_b, d_align=256):
@@ -305,5 +289,5 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
     return d
 
 
-__all__ = ["unavailable_reason", "device_state", "plan_key", "matmul", "alignment", "Plan",
+__all__ = ["unavailable_reason", "DeviceState", "plan_key", "matmul", "alignment", "Plan",
            "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "WORKSPACE_BYTES"]

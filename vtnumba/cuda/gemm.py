@@ -18,7 +18,7 @@ The kernels, and where each applies:
                            scales, adds the bias and rounds: every call cuBLASLt's own epilogue cannot
                            express exactly (a float32 bias with a bf16 output would otherwise have to
                            be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable).
-``decode_gemv``            the Numba decode kernel for M <= 4 (gemm_kernels.py): streams the weight
+``decode_gemv``            the Numba decode kernel for M <= 4 (gemv.py): streams the weight
                            with 128-bit loads, aiming at memory speed where cuBLASLt reads the
                            weight at 45-92% of the ceiling (ANCHORS.md); tried before cuBLASLt for
                            M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
@@ -41,14 +41,15 @@ with the same scale values first (the plan, the workspace and the scale buffers 
 """
 
 import os
-import threading
 
 import numpy as np
 
-from .. import _arrays, _config
-from . import cublaslt
-from . import gemm_kernels as gk
-from .target import SIMULATOR, require_gpu
+from .. import _config
+from . import cublaslt, device, gemv, tiled
+from .codec import hardware_available
+from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_kernel
+from .gemv import GemvStage
+from .target import SIMULATOR
 
 # Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
 # (benchmarks/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
@@ -57,108 +58,39 @@ from .target import SIMULATOR, require_gpu
 # every weight byte (3 integer operations at half the FMA rate) and every activation value per
 # block, ~240 issue slots per 16 weight bytes, which at the H200's ~33 T lane-operations/s is ~7 us
 # for 16 MiB before a byte is late; cuBLASLt's tensor cores decode for free (and accumulate less
-# exactly, see above). The first GEMV (activation staged in shared memory) took 13.1-21.8 us. The
-# GEMV still runs wherever cuBLASLt cannot (the lever off, misaligned operands) and it is the
-# one-launch path of ``fp8_linear``.
+# exactly, see above). The GEMV runs wherever cuBLASLt cannot (the lever off, misaligned operands)
+# and it is the one-launch path of ``fp8_linear``.
 DECODE_GEMV_PREFERRED_MAX_M = 0
-
-_OUT_KIND = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _arrays.BFLOAT16: 2}
-_BIAS_KIND = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, _arrays.BFLOAT16: 3}
-_X_KIND = {np.dtype(np.float32): gk.X_FLOAT32, np.dtype(np.float16): gk.X_FLOAT16, _arrays.BFLOAT16: gk.X_BFLOAT16}
-
-
-_array_module = None
-
-
-def _xp():
-    """numpy under the simulator, else cupy (imported once: an import statement per call costs)."""
-    global _array_module, _get_device
-    if _array_module is None:
-        if SIMULATOR:
-            _array_module = np
-        else:
-            import cupy
-
-            _array_module, _get_device = cupy, cupy.cuda.runtime.getDevice
-    return _array_module
-
-
-def _get_device():
-    return 0
-
-
-def _device_id():
-    if _array_module is None:
-        _xp()
-    return _get_device()
-
-
-# ------------------------------------------------------------------------------------------------
-# small device buffers: host scalars as device float32 (1,), and placeholder arguments
-
-_SCALARS = {}
-_SCALARS_LOCK = threading.Lock()
-_MAX_CACHED_SCALARS = 4096
-
-
-def device_scalar(value):
-    """A float32 device array (1,) holding ``value``, uploaded once per device and value."""
-    value = np.float32(value)
-    key = (_device_id(), int(value.view(np.uint32)))
-    buf = _SCALARS.get(key)
-    if buf is None:
-        with _SCALARS_LOCK:
-            if len(_SCALARS) >= _MAX_CACHED_SCALARS:  # bounded: a caller cycling through values
-                _SCALARS.clear()
-            buf = _SCALARS[key] = _xp().asarray(np.array([value], dtype=np.float32))
-    return buf
-
-
-_PLACEHOLDERS = {}
-
-
-def _placeholder(kind):
-    """Tiny device arrays passed for arguments a kernel variant does not read."""
-    key = (_device_id(), kind)
-    arr = _PLACEHOLDERS.get(key)
-    if arr is None:
-        xp = _xp()
-        shape, dtype = {"u16": ((1,), np.uint16), "f32": ((1,), np.float32),
-                        "u8_2d": ((1, 16), np.uint8), "u16_2d": ((1, 2), np.uint16)}[kind]
-        arr = _PLACEHOLDERS[key] = xp.zeros(shape, dtype=dtype)
-    return arr
-
 
 _F32 = np.dtype(np.float32)
 
 
-def _scale(scale, rows):
+def _scale(scale, rows, dev):
     """(float32 device vector, step) for a scale given as a host float32 or a device array (1,) /
     (rows,): step 0 reads the one value for every row."""
     if isinstance(scale, (np.floating, float, int)):
-        return device_scalar(scale), 0
+        return dev.scalar(scale), 0
     vec = scale if len(scale.shape) == 1 else scale.reshape(-1)
     if vec.dtype != _F32:
         vec = vec.astype(_F32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
     size = vec.shape[0]
     if size > 1 and vec.strides[0] != 4:
-        vec = _xp().ascontiguousarray(vec)
+        vec = device.xp.ascontiguousarray(vec)
     return vec, (0 if size == 1 else 1)
 
 
-def _bias_bits(bias):
-    """(uint16 view, kind) of a bias vector (kind 0 and a placeholder without one)."""
+def _bias_bits(bias, dev):
+    """(uint16 view, BiasKind) of a bias vector (a placeholder and NONE without one)."""
     if bias is None:
-        return _placeholder("u16"), 0
-    xp = _xp()
+        return dev.placeholder("u16"), BiasKind.NONE
     if not bias.flags.c_contiguous:
-        bias = xp.ascontiguousarray(bias)
-    return bias.view(np.uint16), _BIAS_KIND[np.dtype(bias.dtype)]
+        bias = device.xp.ascontiguousarray(bias)
+    return bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
 
 
 def _empty_out(m, n, out_dtype):
     """The output [M, N] and the view the Numba kernels write (float32, or uint16 bits)."""
-    y = _xp().empty((m, n), dtype=out_dtype)
+    y = device.xp.empty((m, n), dtype=out_dtype)
     return y, (y if out_dtype == np.float32 else y.view(np.uint16))
 
 
@@ -166,14 +98,15 @@ class GemmCall:
     """One scaled_mm call, normalized once and shared by every kernel's can_implement / run."""
 
     __slots__ = ("a", "b", "scale_a", "sa_step", "scale_b", "sb_step", "out_dtype", "bias", "m", "n", "k",
-                 "plan", "state")
+                 "device", "plan", "state")
 
     def __init__(self, a, b, scale_a, scale_b, out_dtype, bias):
+        self.device = dev = device.current()
         self.a, self.b = a, b
         self.m, self.k = a.shape
         self.n = b.shape[0]
-        self.scale_a, self.sa_step = _scale(scale_a, self.m)
-        self.scale_b, self.sb_step = _scale(scale_b, self.n)
+        self.scale_a, self.sa_step = _scale(scale_a, self.m, dev)
+        self.scale_b, self.sb_step = _scale(scale_b, self.n, dev)
         self.out_dtype = np.dtype(out_dtype)
         self.bias = bias
         self.plan = self.state = None
@@ -207,7 +140,7 @@ def _cublaslt_reason(call):
 def _take_plan(call, out_dtype, bias_dtype, mode_a, mode_b):
     """(True, "") with cuBLASLt's cached plan for ``call`` in these settings kept on the call for
     ``run``, or (False, why) when cuBLASLt has none."""
-    state = cublaslt.device_state(_device_id())
+    state = call.device.cublaslt()
     plan = state.plan_or_reason(cublaslt.plan_key(call.a, call.b, out_dtype, bias_dtype, mode_a, mode_b))
     if isinstance(plan, str):
         return False, plan
@@ -219,7 +152,7 @@ def _bias_for_cublaslt(call):
     """The bias as cuBLASLt's epilogue reads it (contiguous, 16-byte aligned), or None."""
     bias = call.bias
     if bias is not None and not bias.flags.c_contiguous:
-        bias = _xp().ascontiguousarray(bias)
+        bias = device.xp.ascontiguousarray(bias)
     return bias
 
 
@@ -242,13 +175,13 @@ class CublasLt:
         mode_a = cublaslt.VECTOR if call.sa_step else cublaslt.SCALAR
         mode_b = cublaslt.VECTOR if call.sb_step else cublaslt.SCALAR
         if call.sa_step or call.sb_step:
-            reason = cublaslt.device_state(_device_id()).outer_vec_reason
+            reason = call.device.cublaslt().outer_vec_reason
             if reason:
                 return False, reason
         return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b)
 
     def run(self, call):
-        y = _xp().empty((call.m, call.n), dtype=call.out_dtype)
+        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
         return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b,
                                _bias_for_cublaslt(call), y)
 
@@ -263,32 +196,17 @@ class CublasLtF32Epilogue:
         return _take_plan(call, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
 
     def run(self, call):
-        xp = _xp()
-        acc = xp.empty((call.m, call.n), dtype=np.float32)
-        one = device_scalar(1.0)
+        acc = device.xp.empty((call.m, call.n), dtype=np.float32)
+        one = call.device.scalar(1.0)
         cublaslt.matmul(call.plan, call.state, call.a, call.b, one, one, None, acc)  # f32(sum_k ...)
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        bias, bias_kind = _bias_bits(call.bias)
+        bias, bias_kind = _bias_bits(call.bias, call.device)
         total = call.m * call.n
         blocks = max(1, min((total + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
-        gk.epilogue_kernel(call.out_dtype == np.float32)(
+        epilogue_kernel(call.out_dtype == np.float32)(
             blocks, 256, acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
-            _OUT_KIND[call.out_dtype])
+            OUT_KIND[call.out_dtype])
         return y
-
-
-_CAPABILITY = {}
-
-
-def _compute_capability():
-    if SIMULATOR:
-        return (0, 0)
-    device = _device_id()
-    cc = _CAPABILITY.get(device)
-    if cc is None:
-        text = _xp().cuda.Device(device).compute_capability  # "90"
-        cc = _CAPABILITY[device] = (int(text[:-1]), int(text[-1]))
-    return cc
 
 
 class DecodeGemv:
@@ -299,14 +217,15 @@ class DecodeGemv:
         return (False, reason) if reason else (True, "")
 
     def run(self, call):
+        dev = call.device
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        bias, bias_kind = _bias_bits(call.bias)
-        launcher = gk.gemv_launcher(call.m, gk.hardware_path_available(_compute_capability()),
-                                    call.out_dtype == np.float32, gk.STAGE_CODES)
-        launcher(-(-call.n // gk.gemv_rows(call.m)), gk.GEMV_THREADS,
-                 call.a, _placeholder("u16_2d"), 0, _placeholder("f32"), call.b,
+        bias, bias_kind = _bias_bits(call.bias, dev)
+        launcher = gemv.gemv_launcher(call.m, hardware_available(dev.cc), call.out_dtype == np.float32,
+                                      GemvStage.CODES)
+        launcher(-(-call.n // gemv.gemv_rows(call.m)), gemv.GEMV_THREADS,
+                 call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b,
                  call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-                 _OUT_KIND[call.out_dtype])
+                 OUT_KIND[call.out_dtype])
         return y
 
 
@@ -318,8 +237,8 @@ def _rows_aligned(arr):
 def gemv_reason(m, k, b, a=None):
     """Why the decode GEMV cannot run M activation rows (codes ``a`` if given) against the weight
     b [N, K] (None if it can)."""
-    if m > gk.GEMV_MAX_M:
-        return f"the decode GEMV takes M <= {gk.GEMV_MAX_M}, got M = {m}"
+    if m > gemv.GEMV_MAX_M:
+        return f"the decode GEMV takes M <= {gemv.GEMV_MAX_M}, got M = {m}"
     if k % 16:
         return f"the decode GEMV reads the weight 16 bytes at a time: K must be a multiple of 16, got {k}"
     if not SIMULATOR:
@@ -338,11 +257,11 @@ class Tiled:
 
     def run(self, call):
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        bias, bias_kind = _bias_bits(call.bias)
-        grid = ((call.n + gk.TILE_N - 1) // gk.TILE_N, (call.m + gk.TILE_M - 1) // gk.TILE_M)
-        gk.tiled_kernel(call.out_dtype == np.float32)(
-            grid, gk.TILED_THREADS, call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step,
-            bias, bias_kind, y_bits, _OUT_KIND[call.out_dtype])
+        bias, bias_kind = _bias_bits(call.bias, call.device)
+        grid = ((call.n + tiled.TILE_N - 1) // tiled.TILE_N, (call.m + tiled.TILE_M - 1) // tiled.TILE_M)
+        tiled.tiled_kernel(call.out_dtype == np.float32)(
+            grid, tiled.TILED_THREADS, call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step,
+            bias, bias_kind, y_bits, OUT_KIND[call.out_dtype])
         return y
 
 
@@ -397,76 +316,50 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=No
     (cupy, possibly strided views), scales host float32 scalars or float32 device arrays (1,) /
     (M,) / (N,), bias None or a float32 / float16 / bfloat16 (N,) device vector, out_dtype a numpy
     dtype, kernel None or a kernel name (see the module docstring)."""
-    if not SIMULATOR:
-        require_gpu()
     if a.shape[0] == 0 or b.shape[0] == 0:  # nothing to compute (and no kernel takes an empty grid)
-        return _xp().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+        return device.array_module().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
     call = GemmCall(a, b, scale_a, scale_b, out_dtype, bias)
     return select(call, kernel).run(call)
 
 
 # ------------------------------------------------------------------------------------------------
-# the fused FP8 linear layer for decode
+# the fused FP8 linear layer for decode: the backend half of ``vtnumba.ops.fp8_linear``
 
 
-def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32,
-               bias=None):
-    """One FP8 W8A8 linear layer: quantize the float activation x [M, K], then the GEMM with the
-    e4m3 weight b [N, K].
+def fused_linear_reason(x, b):
+    """Why the quantize+GEMM of x [M, K] against b [N, K] cannot be one GEMV launch (None if it can)."""
+    if "decode_gemv" in disabled_kernels():
+        return "the decode GEMV is disabled by VT_DISABLE_KERNELS"
+    return gemv_reason(x.shape[0], x.shape[1], b)
 
-    The activation's quantization follows DESIGN.md: ``input_scale`` given -> static per-tensor;
-    None -> dynamic per-tensor; ``per_token=True`` -> dynamic per-row (``scale_ub`` caps amax). At
-    decode (M <= 4, K a multiple of 16) it is ONE launch: the decode GEMV quantizes the activation
-    itself as it reads it. Otherwise vtnumba's GPU quantization runs,
-    then ``scaled_mm``.
-    """
-    from .. import ops
 
-    if len(x.shape) != 2:
-        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    x_dtype = _arrays.float_dtype(x, "x")
-    b = _arrays.codes_uint8(b, "b")
-    if len(b.shape) != 2 or b.shape[1] != x.shape[1]:
-        raise ValueError(f"b must be [N, {x.shape[1]}] e4m3 codes, got shape {tuple(b.shape)}")
-    if per_token and input_scale is not None:
-        raise ValueError(f"input_scale must be None with per_token=True, got {input_scale!r}")
-    out_dt = _arrays.out_dtype_of(out_dtype)
-    m, k = x.shape
-    n = b.shape[0]
-    sb = ops._mm_scale(scale_b, "scale_b", n)
-    if bias is not None:
-        _arrays.float_dtype(bias, "bias")
-        if tuple(bias.shape) not in ((n,), (1, n)):
-            raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
-        bias = bias.reshape(n)
-    if gemv_reason(m, k, b) is not None or "decode_gemv" in disabled_kernels():
-        q = ops.quantize_fp8(x, input_scale, per_token=per_token, scale_ub=scale_ub)
-        return scaled_mm(q.data, b, q.scale.reshape(-1), sb, out_dt, bias)
-    if not SIMULATOR:
-        require_gpu()
+def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
+    """One FP8 W8A8 linear layer in ONE launch, arguments as ``vtnumba.ops.fp8_linear`` normalizes
+    them: the decode GEMV quantizes the activation x [M <= 4, K] as it reads it (callers check
+    ``fused_linear_reason`` first)."""
+    dev = device.current()
+    # the stage's scalar operand as a device (1,) array: the per-token cap (0: none), or the static scale
     if per_token:
-        mode = gk.STAGE_PER_TOKEN
-        qscale = device_scalar(0.0 if scale_ub is None else ops.quant_scale(scale_ub, "scale_ub"))
+        stage, qscale = GemvStage.PER_TOKEN, _scale(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
     elif input_scale is None:
-        mode, qscale = gk.STAGE_DYNAMIC, device_scalar(1.0)
+        stage, qscale = GemvStage.DYNAMIC, dev.scalar(1.0)
     else:
-        mode = gk.STAGE_STATIC
-        s = ops.quant_scale(input_scale, "input_scale")
-        qscale = s.reshape(1) if hasattr(s, "__cuda_array_interface__") else device_scalar(s)
-    xp = _xp()
+        stage, qscale = GemvStage.STATIC, _scale(input_scale, 1, dev)[0]
+    xp = device.xp
     x = xp.ascontiguousarray(x)
     if not SIMULATOR and not _rows_aligned(x):  # e.g. a view starting mid-row: realign by copying
         x = x.copy()
     x_bits = x.view(np.uint16)  # float32 rows become 2K halves; the kernel reassembles them
-    scale_b_vec, sb_step = _scale(sb, n)
-    y, y_bits = _empty_out(m, n, out_dt)
-    bias_bits, bias_kind = _bias_bits(bias)
-    launcher = gk.gemv_launcher(m, gk.hardware_path_available(_compute_capability()), out_dt == np.float32, mode)
-    launcher(-(-n // gk.gemv_rows(m)), gk.GEMV_THREADS,
-             _placeholder("u8_2d"), x_bits, _X_KIND[x_dtype], qscale, b, _placeholder("f32"), 0,
-             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, _OUT_KIND[out_dt])
+    m, n = x.shape[0], b.shape[0]
+    scale_b_vec, sb_step = _scale(scale_b, n, dev)
+    y, y_bits = _empty_out(m, n, out_dtype)
+    bias_bits, bias_kind = _bias_bits(bias, dev)
+    launcher = gemv.gemv_launcher(m, hardware_available(dev.cc), out_dtype == np.float32, stage)
+    launcher(-(-n // gemv.gemv_rows(m)), gemv.GEMV_THREADS,
+             dev.placeholder("u8_2d"), x_bits, gemv.X_KIND[np.dtype(x.dtype)], qscale, b, dev.placeholder("f32"), 0,
+             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, OUT_KIND[out_dtype])
     return y
 
 
-__all__ = ["scaled_mm", "fp8_linear", "select", "kernel_order", "disabled_kernels", "device_scalar",
+__all__ = ["scaled_mm", "fused_linear", "fused_linear_reason", "select", "kernel_order", "disabled_kernels",
            "GemmCall", "KERNELS", "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M"]

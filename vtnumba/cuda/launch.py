@@ -41,8 +41,7 @@ Numba's ABI fails loudly at load time instead of launching garbage.
 
 Import trap (numba-cuda 0.30): its import hook ``_numba_cuda_redirector`` treats every module name
 containing "numba.cuda" -- "vtnumba.cuda.launch" does -- as part of numba.cuda and recurses until
-RecursionError. ``vtnumba/__init__.py`` must install a finder for ``vtnumba.cuda*`` ahead of it
-(requested from the lead; the tests install it themselves meanwhile).
+RecursionError; ``vtnumba/__init__.py`` installs a finder for ``vtnumba.cuda*`` ahead of it.
 """
 
 import re
@@ -197,9 +196,9 @@ class Kernel:
             fn = self._functions.get(device_id)
             if fn is not None:
                 return fn
-            cc_str = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
-            cc = (int(cc_str[:-1]), int(cc_str[-1]))
-            ptx = self.ptx(cc)
+            from .device import get
+
+            ptx = self.ptx(get(device_id).cc)
             name, widths = entry_params(ptx)
             expected = [w for arg in self._plan for w in arg.ptx_widths]
             if widths != expected:

@@ -16,8 +16,8 @@ Inputs reach the kernels flat (1-D) as float32 or as the uint16 bits of float16 
 are widened to float32 exactly before any arithmetic. Each thread handles groups of ``GROUP``
 elements with 16-byte loads and one 16-byte store of codes; the few elements that do not fill a
 group (or all of them, for a buffer that is not 16-byte aligned) go through a scalar loop. Under
-the CUDA simulator the 16-byte accesses are emulated element by element, so the simulator runs the
-same kernel statements.
+the CUDA simulator the 16-byte accesses are emulated element by element (``codec``), so the
+simulator runs the same kernel statements.
 
 Kernels never validate (``vtnumba.ops`` does). Host functions here take what the backend
 (``vtnumba.cuda``) hands them: flat C-contiguous arrays on the current device.
@@ -29,7 +29,18 @@ import numpy as np
 
 from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
 from . import codec
-from .codec import bfloat16_bits_to_float32, bits_float32, finite_abs, float32_bits, half_bits_to_float32
+from .codec import (
+    bf16_high,
+    bf16_low,
+    bfloat16_bits_to_float32,
+    bits_float32,
+    f16_high,
+    f16_low,
+    finite_abs,
+    half_bits_to_float32,
+    load_u32x4,
+    store_u32x4,
+)
 from .launch import compile_kernel
 from .target import DEVICE_INLINE, SIMULATOR, cuda, types
 
@@ -46,82 +57,31 @@ MAX_BLOCKS = 1 << 20  # grid-stride loops cover anything beyond
 # torch.compile on the H200.
 DYNAMIC_BLOCKS_PER_SM = 8
 
-_device_inline = DEVICE_INLINE
 _U32_16 = np.uint32(16)
-_U32_BYTE = np.uint32(0xFF)
-_U32_LOW_HALF = np.uint32(0xFFFF)
-_U32_HIGH_HALF = np.uint32(0xFFFF0000)
-
-
-# --- 16-byte access: the hardware instructions, or their element-wise emulation in the simulator ---
-if SIMULATOR:
-
-    @cuda.jit(**_device_inline)
-    def load_u32x4(arr, index):
-        if arr.dtype.itemsize == 4:
-            b = 4 * index
-            return (np.uint32(float32_bits(arr[b])), np.uint32(float32_bits(arr[b + 1])),
-                    np.uint32(float32_bits(arr[b + 2])), np.uint32(float32_bits(arr[b + 3])))
-        b = 8 * index
-        return (np.uint32(arr[b]) | (np.uint32(arr[b + 1]) << _U32_16),
-                np.uint32(arr[b + 2]) | (np.uint32(arr[b + 3]) << _U32_16),
-                np.uint32(arr[b + 4]) | (np.uint32(arr[b + 5]) << _U32_16),
-                np.uint32(arr[b + 6]) | (np.uint32(arr[b + 7]) << _U32_16))
-
-    @cuda.jit(**_device_inline)
-    def store_u32x4(arr, index, w0, w1, w2, w3):
-        b = 16 * index
-        for k, w in enumerate((w0, w1, w2, w3)):
-            for j in range(4):
-                arr[b + 4 * k + j] = np.uint8((np.uint32(w) >> np.uint32(8 * j)) & _U32_BYTE)
-
-else:
-    load_u32x4 = codec.load_u32x4
-    store_u32x4 = codec.store_u32x4
 
 
 # --- per-dtype element access ---------------------------------------------------------------------
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _load_f32(x, i):
     return x[i]
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _load_bf16(x, i):
     return bfloat16_bits_to_float32(x[i])
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _load_f16(x, i):
     return half_bits_to_float32(x[i])
 
 
-@cuda.jit(**_device_inline)
-def _bf16_lo(w):
-    return bits_float32(w << _U32_16)
-
-
-@cuda.jit(**_device_inline)
-def _bf16_hi(w):
-    return bits_float32(w & _U32_HIGH_HALF)
-
-
-@cuda.jit(**_device_inline)
-def _f16_lo(w):
-    return half_bits_to_float32(w & _U32_LOW_HALF)
-
-
-@cuda.jit(**_device_inline)
-def _f16_hi(w):
-    return half_bits_to_float32(w >> _U32_16)
-
-
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _times(v, s):
     return v * s
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _divided(v, s):
     return v / s
 
@@ -131,13 +91,13 @@ def _group_ops(kind, encode_pair, scale_op):
     [16 g, 16 g + 16) of the flat input and codes [16 g, 16 g + 16) of the flat output."""
     if kind == "float32":
 
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def quad(w0, w1, w2, w3, s):  # 4 float32 words -> 4 codes in one uint32, element 0 lowest
             lo = encode_pair(scale_op(bits_float32(w0), s), scale_op(bits_float32(w1), s))
             hi = encode_pair(scale_op(bits_float32(w2), s), scale_op(bits_float32(w3), s))
             return lo | (hi << _U32_16)
 
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def encode_group(x, out, g, s):
             a0, a1, a2, a3 = load_u32x4(x, 4 * g)
             b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
@@ -146,12 +106,12 @@ def _group_ops(kind, encode_pair, scale_op):
             store_u32x4(out, g, quad(a0, a1, a2, a3, s), quad(b0, b1, b2, b3, s),
                         quad(c0, c1, c2, c3, s), quad(d0, d1, d2, d3, s))
 
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def amax4(w0, w1, w2, w3):
             return max(max(finite_abs(bits_float32(w0)), finite_abs(bits_float32(w1))),
                        max(finite_abs(bits_float32(w2)), finite_abs(bits_float32(w3))))
 
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def amax_group(x, g):
             a0, a1, a2, a3 = load_u32x4(x, 4 * g)
             b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
@@ -162,25 +122,25 @@ def _group_ops(kind, encode_pair, scale_op):
 
         return encode_group, amax_group
 
-    lo_of, hi_of = (_bf16_lo, _bf16_hi) if kind == "bfloat16" else (_f16_lo, _f16_hi)
+    lo_of, hi_of = (bf16_low, bf16_high) if kind == "bfloat16" else (f16_low, f16_high)
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def pair_word(wa, wb, s):  # 2 words of 2 halves each -> 4 codes in one uint32, element 0 lowest
         first = encode_pair(scale_op(lo_of(wa), s), scale_op(hi_of(wa), s))
         second = encode_pair(scale_op(lo_of(wb), s), scale_op(hi_of(wb), s))
         return first | (second << _U32_16)
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def encode_group(x, out, g, s):
         a0, a1, a2, a3 = load_u32x4(x, 2 * g)
         b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
         store_u32x4(out, g, pair_word(a0, a1, s), pair_word(a2, a3, s), pair_word(b0, b1, s), pair_word(b2, b3, s))
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def amax2(w):
         return max(finite_abs(lo_of(w)), finite_abs(hi_of(w)))
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def amax_group(x, g):
         a0, a1, a2, a3 = load_u32x4(x, 2 * g)
         b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
@@ -199,7 +159,7 @@ def block_max_for(threads):
     returned to every thread, through ``shared`` (``threads`` float32 slots). Every thread of the
     block must call it (it synchronizes the block)."""
 
-    @cuda.jit(**_device_inline)
+    @cuda.jit(**DEVICE_INLINE)
     def block_max(v, shared):
         t = cuda.threadIdx.x
         shared[t] = v
@@ -220,7 +180,7 @@ def block_max_for(threads):
 _block_max = block_max_for(THREADS)
 
 
-@cuda.jit(**_device_inline)
+@cuda.jit(**DEVICE_INLINE)
 def _dynamic_scale(amax):
     return max(amax / F32_E4M3_MAX, F32_MIN_SCALE)  # float32, as vtnumba.cpu.quant.dynamic_scale
 
@@ -235,11 +195,11 @@ def _scalar_reader(on_device):
     """A device function reading a float32 kernel argument that is either a device float32[1] (read
     on the GPU, never synchronized) or a plain float32 passed by value."""
     if on_device:
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def read(value):
             return value[0]
     else:
-        @cuda.jit(**_device_inline)
+        @cuda.jit(**DEVICE_INLINE)
         def read(value):
             return value
     return read

@@ -13,16 +13,9 @@ MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spel
 from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, load_fp8_linear
 from .config import Fp8Config
 from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
-from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant
-from .weights import (
-    DeviceLoadStats,
-    Fp8Weight,
-    ResidentFp8,
-    fuse_fp8_shards,
-    load_stats,
-    requantize_with_max_scale,
-    reset_load_stats,
-)
+from .fusion import fuse_fp8_shards, requantize_with_max_scale
+from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant, quantize_activation
+from .weights import DeviceLoadStats, Fp8Weight, ResidentFp8, load_stats, reset_load_stats
 
 __all__ = [
     # weights
@@ -34,6 +27,7 @@ __all__ = [
     "fuse_fp8_shards",
     "requantize_with_max_scale",
     # matmul and the lever
+    "quantize_activation",
     "matmul_fp8",
     "matmul_fp8_prequant",
     "dense_cublaslt_fp8_enabled",

@@ -29,7 +29,8 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from .weights import Fp8Weight, fuse_fp8_shards
+from .fusion import fuse_fp8_shards
+from .weights import Fp8Weight
 
 __all__ = ["load_fp8_linear", "load_fp8_fused_linear", "load_float_linear", "Checkpoint"]
 

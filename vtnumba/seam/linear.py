@@ -15,7 +15,7 @@ import numpy as np
 from .. import _arrays
 from ..ops import QuantizedActivation, dequantize_fp8
 from .matmul import matmul_fp8, matmul_fp8_prequant
-from .weights import Fp8Weight, ResidentFp8, _device_key
+from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["LinearMethod", "Fp8W8A8LinearMethod", "UnquantizedLinearMethod", "make_linear_method"]
 
@@ -63,17 +63,15 @@ class UnquantizedLinearMethod:
     __slots__ = ("weight", "bias", "device", "_w32_t", "_bias32")
 
     def __init__(self, weight, bias=None):
-        self.device = _device_key(weight, "weight")
+        self.device = _arrays.device_of(weight, "weight")
         _arrays.float_dtype(weight, "weight")
         if len(weight.shape) != 2:
             raise ValueError(f"weight must be 2-D [N, K] (nn.Linear layout), got shape {tuple(weight.shape)}")
         n = int(weight.shape[0])
         if bias is not None:
-            if _device_key(bias, "bias") != self.device:
-                raise ValueError(f"bias must be on the weight's device {self.device}, got {_device_key(bias, 'bias')}")
-            _arrays.float_dtype(bias, "bias")
-            if tuple(bias.shape) not in ((n,), (1, n)):
-                raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
+            if _arrays.device_of(bias, "bias") != self.device:
+                raise ValueError(f"bias must be on the weight's device {self.device}, got {_arrays.device_of(bias, 'bias')}")
+            _arrays.bias_vector(bias, n)
         self.weight, self.bias = weight, bias
         self._w32_t = weight.astype(np.float32).T
         self._bias32 = None if bias is None else bias.reshape(n).astype(np.float32)
@@ -83,8 +81,8 @@ class UnquantizedLinearMethod:
         return tuple(self.weight.shape)
 
     def apply(self, x, out_dtype=None):
-        if _device_key(x, "x") != self.device:
-            raise ValueError(f"x must be on the weight's device {self.device}, got {_device_key(x, 'x')}")
+        if _arrays.device_of(x, "x") != self.device:
+            raise ValueError(f"x must be on the weight's device {self.device}, got {_arrays.device_of(x, 'x')}")
         dt = _arrays.float_dtype(x, "x") if out_dtype is None else _arrays.out_dtype_of(out_dtype)
         k = self._w32_t.shape[0]
         if len(x.shape) < 1 or x.shape[-1] != k:

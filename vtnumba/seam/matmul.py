@@ -11,11 +11,20 @@ layer's path, and its budget is 2 us of host time per call over the ops it wraps
 
 import numpy as np
 
+from .. import _arrays
 from .._config import dense_cublaslt_fp8_enabled
-from ..ops import QuantizedActivation, quantize_fp8, scaled_mm
-from .weights import Fp8Weight, ResidentFp8, _device_key
+from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
+from .weights import Fp8Weight, ResidentFp8
 
-__all__ = ["matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
+__all__ = ["quantize_activation", "matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
+
+# How each activation scheme quantizes x [M, K] for a weight w: the one place the scheme maps to a
+# ``vt.quantize_fp8`` call (and the text a caller is told to write).
+_QUANTIZERS = {
+    ActivationScheme.STATIC: (lambda x, w: quantize_fp8(x, w.input_scale), "vt.quantize_fp8(x, weight.input_scale)"),
+    ActivationScheme.DYNAMIC: (lambda x, w: quantize_fp8(x), "vt.quantize_fp8(x)"),
+    ActivationScheme.PER_TOKEN: (lambda x, w: quantize_fp8(x, per_token=True), "vt.quantize_fp8(x, per_token=True)"),
+}
 
 
 def _weight_for(weight, x, name):
@@ -35,12 +44,20 @@ def _weight_for(weight, x, name):
         if w.data is None:
             w.host_data()  # raises: the codes were released after an upload
         return w
-    x_device = _device_key(x, name)
+    x_device = _arrays.device_of(x, name)
     if w.device == x_device:
         return w
     if w is weight and w.device == "cpu":
         return ResidentFp8(w, x_device).weight
     raise ValueError(f"{name} must be on the weight's device {w.device}, got an array on {x_device}")
+
+
+def quantize_activation(x, weight):
+    """``x`` [M, K] quantized as ``weight`` (an ``Fp8Weight`` / ``ResidentFp8``) expects its
+    activations: by its ``activation_scheme``, with its ``input_scale`` when static. The result
+    feeds ``matmul_fp8_prequant(q, weight)``."""
+    w = weight.weight if isinstance(weight, ResidentFp8) else weight
+    return _QUANTIZERS[w.activation_scheme][0](x, w)
 
 
 def matmul_fp8(x, weight, out_dtype=None):
@@ -55,23 +72,25 @@ def matmul_fp8(x, weight, out_dtype=None):
     as cupy's own calls do: make x's device current (``with cupy.cuda.Device(i):``).
     """
     w = _weight_for(weight, x, "x")
+    q = _QUANTIZERS[w.activation_scheme][0](_rows(x, w, "x"), w)
+    y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
+                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias)
+    return _unflatten(y, x.shape, w)
+
+
+def _rows(x, w, name):
+    """x [..., K] as [M, K], as upstream's apply_fp8_linear does (input.view(-1, K)); per-token
+    scales are then one per flattened row."""
     shape = x.shape
     k = w.shape[1]
     if len(shape) < 1 or shape[-1] != k:
-        raise ValueError(f"x must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
+        raise ValueError(f"{name} must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
                          f"got shape {tuple(shape)}")
-    # [..., K] -> [M, K] and back, as upstream's apply_fp8_linear does (input.view(-1, K)); per-token
-    # scales are then one per flattened row
-    x2 = x if len(shape) == 2 else x.reshape(-1, k)
-    scheme = w.activation_scheme
-    if scheme == "static":
-        q = quantize_fp8(x2, w.input_scale)
-    elif scheme == "dynamic":
-        q = quantize_fp8(x2)
-    else:
-        q = quantize_fp8(x2, per_token=True)
-    y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
-                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias)
+    return x if len(shape) == 2 else x.reshape(-1, k)
+
+
+def _unflatten(y, shape, w):
+    """y [M, N] back to the input's leading dimensions: [..., N]."""
     return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
 
 
@@ -86,17 +105,8 @@ def matmul_fp8_prequant(q, weight, out_dtype=None):
     w = _weight_for(weight, q.data, "q.data")
     if q.scheme != w.activation_scheme:
         raise ValueError(f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
-                         f"got {q.scheme!r}; quantize with "
-                         + {"static": "vt.quantize_fp8(x, weight.input_scale)",
-                            "dynamic": "vt.quantize_fp8(x)",
-                            "per_token": "vt.quantize_fp8(x, per_token=True)"}[w.activation_scheme])
-    data = q.data
-    shape = data.shape
-    k = w.shape[1]
-    if len(shape) < 1 or shape[-1] != k:
-        raise ValueError(f"q.data must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
-                         f"got shape {tuple(shape)}")
-    a = data if len(shape) == 2 else data.reshape(-1, k)
-    y = scaled_mm(a, w.data, q.scale, w.weight_scale,
+                         f"got {q.scheme!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+                         f"(or seam.quantize_activation(x, weight))")
+    y = scaled_mm(_rows(q.data, w, "q.data"), w.data, q.scale, w.weight_scale,
                   out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias)
-    return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
+    return _unflatten(y, q.data.shape, w)

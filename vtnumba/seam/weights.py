@@ -1,13 +1,12 @@
-"""FP8 weights: ``Fp8Weight`` (codes + scales, validated once), ``ResidentFp8`` (a weight made
-resident on a device, uploaded once, accounted to the byte) and the fusion of q/k/v or gate/up
-shards into one weight (upstream vLLM's ``requantize_with_max_scale``).
+"""FP8 weights: ``Fp8Weight`` (codes + scales, validated once) and ``ResidentFp8`` (a weight made
+resident on a device, uploaded once, accounted to the byte). Devices are named as
+``vtnumba._arrays`` names them: 'cpu' or 'cuda:N'.
 
 Where this differs from the C++ seam it comes from: that seam's ``ResidentFp8`` uploaded weight bytes
 without recording them and kept the host copy alive, while every sibling loader did both. Here every
 upload and every released host copy is recorded in ``load_stats()``.
 """
 
-import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -16,37 +15,9 @@ from typing import Any
 import numpy as np
 
 from .. import _arrays
-from ..ops import SCHEMES, dequantize_fp8, quant_scale, quantize_fp8
+from ..ops import ActivationScheme, dequantize_fp8, quant_scale, quantize_fp8
 
-__all__ = [
-    "Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats",
-    "requantize_with_max_scale", "fuse_fp8_shards",
-]
-
-
-_CUDA_KEYS = tuple(f"cuda:{i}" for i in range(64))  # formatted once: this runs on every call
-
-
-def _device_key(arr, name):
-    """'cpu' for a numpy array, 'cuda:N' for a GPU array (N read from the array itself). On every
-    call's path: a cupy array's device id is an int on its pointer (no Device object is built)."""
-    cupy_ndarray = _arrays._cupy_ndarray()
-    if cupy_ndarray is not None and type(arr) is cupy_ndarray:
-        idx = arr.data.device_id
-    elif _arrays.device_of(arr, name) == "cpu":
-        return "cpu"
-    else:
-        idx = _cuda_index(arr)
-    return _CUDA_KEYS[idx] if idx < len(_CUDA_KEYS) else f"cuda:{idx}"
-
-
-def _cuda_index(arr):
-    dev = getattr(arr, "device", None)
-    for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
-        idx = getattr(dev, attr, None)
-        if isinstance(idx, int):
-            return idx
-    return 0  # a bare __cuda_array_interface__ object does not say; numba uses the current device
+__all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
 
 
 def _is_host_scalar(value):
@@ -96,7 +67,7 @@ class Fp8Weight:
     def __post_init__(self):
         set_ = object.__setattr__
         data = self.data
-        device = _device_key(data, "data")
+        device = _arrays.device_of(data, "data")
         data = _arrays.codes_uint8(data, "data")
         if len(data.shape) != 2:
             raise ValueError(f"data must be 2-D codes [N, K] (nn.Linear layout), got shape {tuple(data.shape)}")
@@ -119,24 +90,23 @@ class Fp8Weight:
 
         scheme = self.activation_scheme
         if scheme is None:
-            scheme = "dynamic" if self.input_scale is None else "static"
-        if scheme not in SCHEMES:
-            raise ValueError(f"activation_scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
-        if scheme == "static" and self.input_scale is None:
+            scheme = ActivationScheme.DYNAMIC if self.input_scale is None else ActivationScheme.STATIC
+        try:
+            scheme = ActivationScheme(scheme)
+        except ValueError:
+            raise ValueError(f"activation_scheme must be one of {', '.join(ActivationScheme)}, got {scheme!r}") from None
+        if scheme == ActivationScheme.STATIC and self.input_scale is None:
             raise ValueError("input_scale must be given for activation_scheme='static', got None")
-        if scheme != "static" and self.input_scale is not None:
+        if scheme != ActivationScheme.STATIC and self.input_scale is not None:
             raise ValueError(f"input_scale must be None for activation_scheme={scheme!r} "
                              f"(its scales come from each input), got {self.input_scale!r}")
         set_(self, "activation_scheme", scheme)
 
         if self.bias is not None:
             bias = self.bias
-            if _device_key(bias, "bias") != device:
-                raise ValueError(f"bias must be on the weight's device {device}, got {_device_key(bias, 'bias')}")
-            _arrays.float_dtype(bias, "bias")
-            if tuple(bias.shape) not in ((n,), (1, n)):
-                raise ValueError(f"bias must have shape ({n},), got shape {tuple(bias.shape)}")
-            set_(self, "bias", bias.reshape(n))
+            if _arrays.device_of(bias, "bias") != device:
+                raise ValueError(f"bias must be on the weight's device {device}, got {_arrays.device_of(bias, 'bias')}")
+            set_(self, "bias", _arrays.bias_vector(bias, n))
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
@@ -173,7 +143,7 @@ class Fp8Weight:
         set_ = object.__setattr__
         for name, value in (("data", data), ("weight_scale", weight_scale), ("input_scale", input_scale),
                             ("bias", bias), ("activation_scheme", activation_scheme), ("source", source),
-                            ("device", _device_key(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
+                            ("device", _arrays.device_of(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
                             ("per_channel", per_channel), ("released_to", None)):
             set_(self, name, value)
         return self
@@ -216,9 +186,9 @@ class Fp8Weight:
 def _weight_scale(value, n, device):
     """(float32 array of shape (1,) or (n,), per_channel) on ``device``; '> 0 and finite' checked."""
     xp_host = _is_host_scalar(value) or isinstance(value, np.ndarray)
-    if not xp_host and _device_key(value, "weight_scale") != device:
+    if not xp_host and _arrays.device_of(value, "weight_scale") != device:
         raise ValueError(f"weight_scale must be on the weight's device {device}, "
-                         f"got {_device_key(value, 'weight_scale')}")
+                         f"got {_arrays.device_of(value, 'weight_scale')}")
     shape = () if _is_host_scalar(value) else tuple(int(d) for d in value.shape)
     if int(np.prod(shape)) == 1 and len(shape) <= 2:
         per_channel = False
@@ -248,7 +218,8 @@ def _weight_scale(value, n, device):
 def _to_device(host, device):
     """A host array copied to ``device`` ('cuda:N') on the current cupy stream."""
     import cupy
-    with cupy.cuda.Device(int(device.split(":")[1])):
+
+    with cupy.cuda.Device(_arrays.cuda_index(device)):
         return cupy.asarray(host)
 
 
@@ -290,27 +261,6 @@ def reset_load_stats():
         _STATS.clear()
 
 
-_DEVICE_RE = re.compile(r"cuda(?::(\d+))?")
-
-
-def normalize_device(device):
-    """'cpu' or 'cuda:N' ('cuda' means cupy's current device)."""
-    if device == "cpu":
-        return "cpu"
-    m = _DEVICE_RE.fullmatch(device) if isinstance(device, str) else None
-    if m is None:
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # ImportError, or a CUDA install without a usable driver
-        raise RuntimeError(f"device {device!r} needs cupy and a CUDA GPU, got {exc.__class__.__name__}: {exc}") from None
-    idx = int(m.group(1)) if m.group(1) is not None else cupy.cuda.runtime.getDevice()
-    if idx >= count:
-        raise ValueError(f"device must name one of the {count} CUDA devices (cuda:0..cuda:{count - 1}), got {device!r}")
-    return f"cuda:{idx}"
-
-
 class ResidentFp8:
     """An ``Fp8Weight`` made resident on a device ('cpu', 'cuda', 'cuda:1'), uploaded once.
 
@@ -329,13 +279,13 @@ class ResidentFp8:
 
     def __new__(cls, weight, device="cpu", *, release_host=False):
         if isinstance(weight, ResidentFp8):
-            if weight.device != normalize_device(device):
+            if weight.device != _arrays.parse_device(device):
                 raise ValueError(f"device must be {weight.device} for a ResidentFp8 already there, got {device!r}; "
                                  f"make the host Fp8Weight resident on the other device instead")
             return weight
         if not isinstance(weight, Fp8Weight):
             raise TypeError(f"weight must be an Fp8Weight, got {type(weight).__name__}")
-        dev = normalize_device(device)
+        dev = _arrays.parse_device(device)
         with _LOCK:
             per_device = _RESIDENT.get(weight)
             self = None if per_device is None else per_device.get(dev)
@@ -378,91 +328,7 @@ def _upload(weight, data, device):
             if part is not None:
                 part.flags.writeable = False
     else:
-        import cupy
-        with cupy.cuda.Device(int(device.split(":")[1])):
-            parts = [cupy.asarray(np.ascontiguousarray(data)), cupy.asarray(scale),
-                     None if bias is None else cupy.asarray(bias)]
+        parts = [_to_device(np.ascontiguousarray(data), device), _to_device(scale, device),
+                 None if bias is None else _to_device(bias, device)]
     return Fp8Weight._trusted(parts[0], parts[1], weight.input_scale, parts[2], weight.activation_scheme,
                               weight.source, weight.per_channel)
-
-
-# -- fused shards (q/k/v, gate/up) -----------------------------------------------------------
-
-def requantize_with_max_scale(codes, weight_scales, logical_widths):
-    """Requantize stacked shards [sum(widths), K] that each have their own per-tensor scale to the
-    largest of those scales; returns ``(max_scale float32, new codes)``.
-
-    Mirrors vLLM's ``w8a8_utils.requantize_with_max_scale``: each shard is dequantized with its own
-    scale and quantized statically with the max scale. Deviations, on purpose: upstream dequantizes
-    to float16 first (``per_tensor_dequantize``), which rounds the value a second time; here the
-    dequantized value is float32 (decode is exact, one float32 product), so only the final e4m3
-    rounding remains. The input is not modified (upstream writes in place). Upstream's "unfused
-    checkpoint" sentinel (scales left at finfo.min) does not arise: every shard's scale is given.
-    """
-    codes = _arrays.codes_uint8(codes, "codes")
-    if not isinstance(codes, np.ndarray) or codes.ndim != 2:
-        raise ValueError(f"codes must be a 2-D numpy array [sum(logical_widths), K], got "
-                         f"{type(codes).__name__} of shape {tuple(getattr(codes, 'shape', ()))}")
-    widths = [int(w) for w in logical_widths]
-    scales = np.asarray(weight_scales, dtype=np.float32).reshape(-1)
-    if len(widths) < 1 or min(widths) < 1:
-        raise ValueError(f"logical_widths must be positive shard heights, got {list(logical_widths)}")
-    if scales.size != len(widths):
-        raise ValueError(f"weight_scales must have one scale per shard ({len(widths)}), got {scales.size}")
-    if sum(widths) != codes.shape[0]:
-        raise ValueError(f"logical_widths must sum to the {codes.shape[0]} rows of codes, got {widths} (sum {sum(widths)})")
-    bad = ~(np.isfinite(scales) & (scales > 0))
-    if bad.any():
-        raise ValueError(f"weight_scales must be positive and finite, got {scales.tolist()}")
-    max_scale = np.float32(scales.max())
-    out = np.empty_like(codes)
-    start = 0
-    for width, scale in zip(widths, scales):
-        rows = slice(start, start + width)
-        out[rows] = quantize_fp8(dequantize_fp8(codes[rows], scale), max_scale).data
-        start += width
-    return max_scale, out
-
-
-def fuse_fp8_shards(shards):
-    """One ``Fp8Weight`` from shards stacked along N (q, k, v or gate, up), as upstream's fused
-    QKV / gate-up layers load them.
-
-    - all shards per-tensor: requantized to the max scale (``requantize_with_max_scale``), so the
-      fused weight keeps one per-tensor scale (what the per-tensor GEMM needs);
-    - any shard per-channel: scales are expanded channel-wise and concatenated, codes unchanged
-      (upstream's ``convert_to_channelwise``; exact);
-    - static input scales: the max of the shards' (upstream: ``layer.input_scale.max()`` in
-      ``process_weights_after_loading``), saturation-safe for every shard;
-    - bias: concatenated when every shard has one (float32).
-    """
-    shards = list(shards)
-    if not shards or not all(isinstance(s, Fp8Weight) for s in shards):
-        raise TypeError(f"shards must be a non-empty sequence of Fp8Weight, got {[type(s).__name__ for s in shards]}")
-    for i, s in enumerate(shards):
-        if s.device != "cpu":
-            raise ValueError(f"shards[{i}] must hold host (numpy) arrays, got arrays on {s.device}")
-        s.host_data(f"shards[{i}]")
-    k = shards[0].shape[1]
-    for i, s in enumerate(shards):
-        if s.shape[1] != k:
-            raise ValueError(f"shards[{i}] must have K = {k} columns like shards[0], got shape {s.shape}")
-    schemes = {s.activation_scheme for s in shards}
-    if len(schemes) != 1:
-        raise ValueError(f"shards must share one activation_scheme, got {sorted(schemes)}")
-    with_bias = [s.bias is not None for s in shards]
-    if any(with_bias) and not all(with_bias):
-        raise ValueError(f"shards must all have a bias or none, got bias on shards {[i for i, b in enumerate(with_bias) if b]}")
-    widths = [s.shape[0] for s in shards]
-    if any(s.per_channel for s in shards):
-        data = np.concatenate([s.data for s in shards], axis=0)
-        scale = np.concatenate([np.broadcast_to(s.weight_scale, (s.shape[0],)) for s in shards])
-    else:
-        scale, data = requantize_with_max_scale(np.concatenate([s.data for s in shards], axis=0),
-                                                [s.weight_scale[0] for s in shards], widths)
-    input_scale = None
-    if schemes == {"static"}:
-        input_scale = max(np.float32(s.input_scale) for s in shards)
-    bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
-    return Fp8Weight(data, scale, input_scale=input_scale, bias=bias, activation_scheme=schemes.pop(),
-                     source={"fused_from": [s.source for s in shards], "logical_widths": widths})

@@ -1,0 +1,88 @@
+"""The tiled GEMM on CUDA cores: any shape, any strides, exact float32 accumulation.
+
+The path of last resort: shapes cuBLASLt and the tensor-core kernels refuse (odd K, unaligned
+views), the CUDA simulator, and the lever turned off where nothing faster applies. Each block owns a
+64 x 64 output tile; its 256 threads decode 64 x 32 codes of each operand into shared memory per K
+step and each accumulate a 4 x 4 block of outputs (strided by 16) with float32 FMAs (a product of
+two e4m3 values is exact in float32, so an FMA gives the bits of a multiply then an add). The
+epilogue is ``epilogue.py``'s.
+"""
+
+import functools
+
+import numpy as np
+
+from .codec import decode_e4m3
+from .epilogue import F32_1D, I32, I64, U8_2D, U16_1D, epilogue_value, out_type, store_out
+from .launch import compile_kernel
+from .target import cuda, types
+
+TILE_M = 64
+TILE_N = 64
+TILE_K = 32
+TILED_THREADS = 256  # 16 x 16, each thread a 4 x 4 block of outputs, strided by 16
+TILED_SHARED_FLOATS = TILE_K * (TILE_M + TILE_N)  # == TILE_M * TILE_N: the output tile fits too
+
+
+def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+    m_total, k_total = a.shape
+    n_total = b.shape[0]
+    # one shared buffer: the k-major A and B tiles while accumulating (the compute loop reads rows
+    # of 64 consecutive floats: no bank conflicts), then the 64 x 64 output tile for the epilogue
+    smem = cuda.shared.array(TILED_SHARED_FLOATS, types.float32)
+    acc = cuda.local.array(16, types.float32)
+    for i in range(16):
+        acc[i] = np.float32(0.0)
+    tid = cuda.threadIdx.x
+    tx = tid % 16
+    ty = tid // 16
+    m0 = cuda.blockIdx.y * TILE_M
+    n0 = cuda.blockIdx.x * TILE_N
+    for k0 in range(0, k_total, TILE_K):
+        # load and decode: consecutive threads take consecutive k (coalesced byte loads)
+        for i in range(TILE_M * TILE_K // TILED_THREADS):
+            idx = tid + i * TILED_THREADS
+            r = idx // TILE_K
+            c = idx - r * TILE_K
+            k = k0 + c
+            va = np.float32(0.0)
+            vb = np.float32(0.0)
+            if k < k_total:
+                if m0 + r < m_total:
+                    va = decode_e4m3(a[m0 + r, k])
+                if n0 + r < n_total:
+                    vb = decode_e4m3(b[n0 + r, k])
+            smem[c * TILE_M + r] = va
+            smem[TILE_K * TILE_M + c * TILE_N + r] = vb
+        cuda.syncthreads()
+        for kk in range(TILE_K):
+            a_row = kk * TILE_M + ty
+            b_row = TILE_K * TILE_M + kk * TILE_N + tx
+            for i in range(4):
+                av = smem[a_row + 16 * i]
+                for j in range(4):
+                    acc[i * 4 + j] += av * smem[b_row + 16 * j]
+        cuda.syncthreads()
+    # stage the accumulators through shared memory: a short loop with constant indices keeps acc in
+    # registers (an epilogue indexing acc in a loop the compiler does not unroll would spill it)
+    for i in range(4):
+        for j in range(4):
+            smem[(ty + 16 * i) * TILE_N + tx + 16 * j] = acc[i * 4 + j]
+    cuda.syncthreads()
+    for idx in range(tid, TILE_M * TILE_N, TILED_THREADS):
+        r = idx // TILE_N
+        c = idx - r * TILE_N
+        m = m0 + r
+        n = n0 + c
+        if m < m_total and n < n_total:
+            v = epilogue_value(smem[idx], scale_a[m * sa_step], scale_b[n * sb_step], bias, bias_kind, n)
+            store_out(y, m, n, v, out_kind)
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_kernel(out_is_float32):
+    sig = (U8_2D, U8_2D, F32_1D, I64, F32_1D, I64, U16_1D, I32, out_type(out_is_float32), I32)
+    return compile_kernel(_tiled_kernel, sig)
+
+
+__all__ = ["tiled_kernel", "TILE_M", "TILE_N", "TILE_K", "TILED_THREADS"]

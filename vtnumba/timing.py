@@ -1,0 +1,152 @@
+"""The timers of ``vtnumba.profile`` and of every benchmark, written once.
+
+- CPU: ``cpu_time`` -- a quiet pause (OpenBLAS's spinning workers), warm-up calls, then the median
+  and the minimum of timed calls.
+- GPU device time: ``device_us`` -- a spin kernel is queued first, so the host has enqueued every
+  timed call before the GPU reaches them; CUDA events around the calls then time the GPU alone
+  (DEVICE.md's method, with a spin kernel of our own instead of torch's ``_sleep``). With method
+  "graph" the calls are captured into a CUDA graph and replayed between the events.
+- GPU host cost: ``host_us`` -- a loop of calls timed with the host clock, synchronized once.
+"""
+
+import statistics
+import time
+
+import numpy as np
+
+from . import _arrays
+
+__all__ = ["cpu_time", "device_us", "best_device_us", "host_us"]
+
+
+def _device_of(args):
+    for a in args:
+        if hasattr(a, "shape") and hasattr(a, "dtype"):
+            return "cuda" if _arrays.is_cuda(_arrays.device_of(a, "argument")) else "cpu"
+    return "cpu"
+
+
+# OpenBLAS's worker threads spin for ~80 ms after a BLAS call; a Numba-parallel kernel started in that
+# window shares the cores with them and ran 3-4x slower on a 2-core machine (measured, see
+# benchmarks/bench_cpu_gemm.py). Each CPU measurement starts after this quiet pause, so one record's
+# BLAS calls (numpy's sgemm baseline, say) do not tax the next record's kernel.
+_BLAS_SPIN_PAUSE_S = 0.15
+
+
+def cpu_time(call, repeats=9, warmup=1):
+    """(median, minimum) seconds per call of ``call()`` on the CPU: a quiet pause (see above),
+    ``warmup`` untimed calls, then ``repeats`` timed ones."""
+    time.sleep(_BLAS_SPIN_PAUSE_S)
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+# A kernel that holds the GPU for a given number of nanoseconds (globaltimer is in ns on every
+# architecture since Pascal). Queued before the timed calls, it lets the host enqueue all of them
+# before the GPU starts, so the events between them measure GPU time, not launch gaps (DEVICE.md's
+# torch.cuda._sleep recipe, without needing torch).
+_SPIN_SOURCE = r"""
+extern "C" __global__ void vt_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+_spin_kernel = None
+
+
+def _spin(cp, ns, stream):
+    global _spin_kernel
+    if _spin_kernel is None:
+        _spin_kernel = cp.RawKernel(_SPIN_SOURCE, "vt_spin")
+    _spin_kernel((1,), (1,), (np.uint64(ns),), stream=stream)
+
+
+def _time_gpu(call, repeats, warmup, method):
+    import cupy as cp
+
+    stream = cp.cuda.get_current_stream()
+    for _ in range(warmup):
+        call()
+    stream.synchronize()
+    # A first host-clock estimate sizes the spin: it must outlast the enqueueing of every call.
+    t0 = time.perf_counter()
+    call()
+    stream.synchronize()
+    rough = time.perf_counter() - t0
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    note = ""
+    if method == "graph":
+        graph_stream = cp.cuda.Stream(non_blocking=True)
+        with graph_stream:
+            graph_stream.begin_capture()
+            try:
+                for _ in range(repeats):
+                    call()
+            finally:
+                graph = graph_stream.end_capture()
+            graph.upload(graph_stream)
+            graph.launch(graph_stream)  # warm the replay
+            graph_stream.synchronize()
+            _spin(cp, int(min(max(20 * rough, 1e-3), 0.5) * 1e9), graph_stream)
+            start.record(graph_stream)
+            h0 = time.perf_counter()
+            graph.launch(graph_stream)
+            host = (time.perf_counter() - h0) / repeats
+            end.record(graph_stream)
+            end.synchronize()
+        device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
+        return device, device, host, "one graph of all repeats; host = one replay's launch / repeats"
+    for _ in range(3):
+        spin_s = min(max(2.0 * rough * repeats, 1e-3), 2.0)
+        _spin(cp, int(spin_s * 1e9), stream)
+        start.record(stream)
+        h0 = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        enqueue = time.perf_counter() - h0
+        end.record(stream)
+        end.synchronize()
+        if enqueue < spin_s:
+            break
+        rough = enqueue / repeats  # the host outran the spin: the interval holds launch gaps, retry
+    else:
+        note = "host-bound: device time includes launch gaps"
+    device = cp.cuda.get_elapsed_time(start, end) * 1e-3 / repeats
+    # Events give one interval for all repeats, so the median and the minimum are that mean.
+    return device, device, enqueue / repeats, note
+
+
+def device_us(call, repeats=50, warmup=3):
+    """Device microseconds per call of ``call()`` on the GPU (method "queued": the calls are all
+    enqueued behind a spin kernel, so the interval between events is GPU work only)."""
+    return _time_gpu(call, repeats, warmup, "queued")[0] * 1e6
+
+
+def best_device_us(call, repeats=50, rounds=3):
+    """The least disturbed of ``rounds`` ``device_us`` measurements."""
+    return min(device_us(call, repeats) for _ in range(rounds))
+
+
+def host_us(call, repeats=2000, warmup=20):
+    """Host microseconds per call of ``call()`` on the GPU: a loop of ``repeats`` calls timed with the
+    host clock, the stream synchronized once after the clock stops (what a Python loop that
+    launches layer after layer pays per call)."""
+    import cupy as cp
+
+    stream = cp.cuda.get_current_stream()
+    for _ in range(warmup):
+        call()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    elapsed = time.perf_counter() - t0
+    stream.synchronize()
+    return elapsed / repeats * 1e6
