@@ -11,6 +11,8 @@ The modules, by concern:
     tiled.py     the tiled CUDA-core GEMM;  gemv.py  the decode GEMV (with fused quantization)
     cublaslt.py  cuBLASLt through nvmath-python's bindings
     gemm.py      which GEMM kernel runs a call, and the fused linear layer
+    bound.py     a linear layer's call prepared once per input signature (the seam's fast path)
+    graphs.py    ``capture``: CUDA graphs as an API
 
 - Inputs: cupy arrays of float32, float16 or ml_dtypes.bfloat16 (torch CUDA tensors are taken
   zero-copy through ``__cuda_array_interface__`` / DLPack). Strided inputs are copied to C order
@@ -139,55 +141,107 @@ def scale_array(scale):
     return _device.current().scalar(scale)
 
 
-def quantize_static(x, scale, *, encoder=None):
-    quant = _backend()
-    xin, kind, shape, n, aligned, owner = _input(x)
+# Each quantization is written as the launches it makes -- (kernel, grid, block, args), the flat
+# input first -- so that a call and a prepared (bound) call run the very same launches.
+
+def _static_launches(xin, kind, n, aligned, out, scale, encoder):
+    quant = _quant
     device_scale, scale_arg = _scalar_arg(scale)
-    out = _device.xp.empty(shape, dtype=np.uint8)
     ngroups = n // quant.GROUP if aligned else 0
-    kernel = quant.static_kernel(kind, _encoder(encoder, _device.current()), device_scale)
-    kernel(_elementwise_grid(n, ngroups), quant.THREADS, xin, _flat(out), scale_arg, ngroups)
+    kernel = quant.static_kernel(kind, encoder, device_scale)
+    return [(kernel, _elementwise_grid(n, ngroups), quant.THREADS, (xin, _flat(out), scale_arg, ngroups))]
+
+
+def _dynamic_buffers(n, aligned, dev):
+    """(scale (1,), partials argument, partial count). The amax partials live in the scale's own
+    allocation (scale = buf[:1]): a captured CUDA graph keeps writing them on replay, so they must
+    stay owned for as long as the scale is, never go back to the memory pool as a freed temporary
+    would."""
+    quant = _quant
+    ngroups = n // quant.GROUP if aligned else 0
+    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), dev.sm_count * quant.AMAX_BLOCKS_PER_SM)
+    buf = _device.xp.empty((1 + parts,), dtype=np.float32)
+    partials = buf[1:] if SIMULATOR else _Buffer(buf.data.ptr + 4, (parts,), (4,))
+    return buf[:1], partials, parts
+
+
+def _dynamic_launches(xin, kind, n, aligned, out, scale, partials, parts, encoder, dev):
+    quant = _quant
+    ngroups = n // quant.GROUP if aligned else 0
+    blocks = min(_elementwise_grid(n, ngroups), dev.sm_count * quant.DYNAMIC_BLOCKS_PER_SM)
+    return [(quant.amax_kernel(kind), parts, quant.THREADS, (xin, partials, ngroups)),
+            (quant.dynamic_kernel(kind, encoder), blocks, quant.THREADS, (xin, _flat(out), partials, scale, ngroups))]
+
+
+def _per_token_launches(xin, kind, shape, aligned, out, scales, scale_ub, encoder):
+    quant = _quant
+    rows, cols = shape
+    device_ub, ub_arg = _scalar_arg(np.float32(0.0) if scale_ub is None else scale_ub)  # 0: no bound
+    row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
+    kernel = quant.per_token_kernel(kind, encoder, device_ub)
+    return [(kernel, rows, quant.THREADS, (xin, _flat(out), _flat(scales), ub_arg, cols, row_groups))]
+
+
+def _run(launches):
+    for kernel, grid, block, args in launches:
+        kernel(grid, block, *args)
+
+
+def quantize_static(x, scale, *, encoder=None):
+    _backend()
+    xin, kind, shape, n, aligned, owner = _input(x)
+    out = _device.xp.empty(shape, dtype=np.uint8)
+    _run(_static_launches(xin, kind, n, aligned, out, scale, _encoder(encoder, _device.current())))
     del owner  # a strided input's copy may go back to the pool only now that its kernel is queued
     return out
 
 
 def quantize_dynamic(x, *, encoder=None):
-    quant = _backend()
+    _backend()
     xin, kind, shape, n, aligned, owner = _input(x)
     dev = _device.current()
-    xp = _device.xp
-    out = xp.empty(shape, dtype=np.uint8)
-    ngroups = n // quant.GROUP if aligned else 0
-    parts = _blocks(ngroups + (n - ngroups * quant.GROUP), dev.sm_count * quant.AMAX_BLOCKS_PER_SM)
-    # The amax partials live in the scale's own allocation (scale = buf[:1]): a captured CUDA graph
-    # keeps writing them on replay, so they must stay owned for as long as the scale is, never
-    # go back to the memory pool as a freed temporary would.
-    buf = xp.empty((1 + parts,), dtype=np.float32)
-    scale = buf[:1]
-    partials = buf[1:] if SIMULATOR else _Buffer(buf.data.ptr + 4, (parts,), (4,))
-    quant.amax_kernel(kind)(parts, quant.THREADS, xin, partials, ngroups)
-    blocks = min(_elementwise_grid(n, ngroups), dev.sm_count * quant.DYNAMIC_BLOCKS_PER_SM)
-    quant.dynamic_kernel(kind, _encoder(encoder, dev))(
-        blocks, quant.THREADS, xin, _flat(out), partials, scale, ngroups)
+    out = _device.xp.empty(shape, dtype=np.uint8)
+    scale, partials, parts = _dynamic_buffers(n, aligned, dev)
+    _run(_dynamic_launches(xin, kind, n, aligned, out, scale, partials, parts, _encoder(encoder, dev), dev))
     del owner  # see quantize_static
     return out, scale
 
 
 def quantize_per_token(x, scale_ub, *, encoder=None):
-    quant = _backend()
+    _backend()
     xin, kind, shape, n, aligned, owner = _input(x)
-    rows, cols = shape
     xp = _device.xp
     out = xp.empty(shape, dtype=np.uint8)
-    scales = xp.empty((rows, 1), dtype=np.float32)
-    if rows == 0:
+    scales = xp.empty((shape[0], 1), dtype=np.float32)
+    if shape[0] == 0:
         return out, scales
-    device_ub, ub_arg = _scalar_arg(np.float32(0.0) if scale_ub is None else scale_ub)  # 0: no bound
-    row_groups = cols // quant.GROUP if aligned and cols % quant.GROUP == 0 else 0
-    quant.per_token_kernel(kind, _encoder(encoder, _device.current()), device_ub)(
-        rows, quant.THREADS, xin, _flat(out), _flat(scales), ub_arg, cols, row_groups)
+    _run(_per_token_launches(xin, kind, shape, aligned, out, scales, scale_ub, _encoder(encoder, _device.current())))
     del owner  # see quantize_static
     return out, scales
+
+
+def prepare_quantize(x, input_scale, per_token, scale_ub):
+    """The activation quantization of a linear layer for inputs shaped, typed and aligned like ``x``
+    (contiguous, 16-byte aligned), as prepared launches into buffers of its own: returns
+    (launches, codes, scale_a as scaled_mm takes it). Each launch's argument 0 is the flat input:
+    set it (``set_arg(0, x)``) and launch, in order. The launches are those ``_quantize`` makes."""
+    _backend()
+    xin, kind, shape, n, aligned, _ = _input(x)
+    dev = _device.current()
+    encoder = _encoder(None, dev)
+    xp = _device.xp
+    codes = xp.empty(shape, dtype=np.uint8)
+    if per_token:
+        scales = xp.empty((shape[0], 1), dtype=np.float32)
+        launches = _per_token_launches(xin, kind, shape, aligned, codes, scales, scale_ub, encoder)
+        scale_a = scales.reshape(-1)
+    elif input_scale is None:
+        scale_a, partials, parts = _dynamic_buffers(n, aligned, dev)
+        launches = _dynamic_launches(xin, kind, n, aligned, codes, scale_a, partials, parts, encoder, dev)
+    else:
+        launches = _static_launches(xin, kind, n, aligned, codes, input_scale, encoder)
+        scale_a = scale_array(input_scale)
+    return [kernel.prepare(grid, block, *args) for kernel, grid, block, args in launches], codes, scale_a
 
 
 def decode(codes):
@@ -254,6 +308,14 @@ def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias)
     return gemm.scaled_mm(codes, b, scale_a, scale_b, out_dtype, bias)
 
 
+def capture(fn, *example_args, stream=None, warmup=1):
+    """Capture ``fn(*example_args)`` (GPU arrays in, GPU arrays out) into a CUDA graph and return
+    a callable that replays it for new arguments of the same shapes (``vtnumba.cuda.graphs``)."""
+    from . import graphs
+
+    return graphs.capture(fn, *example_args, stream=stream, warmup=warmup)
+
+
 def encoder_in_use():
     """The encoder quantization uses on the current device ('hardware' or 'portable')."""
     _backend()
@@ -261,4 +323,4 @@ def encoder_in_use():
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "scaled_mm", "fp8_linear", "encoder_in_use", "gpu_unavailable_reason"]
+           "scaled_mm", "fp8_linear", "prepare_quantize", "capture", "encoder_in_use", "gpu_unavailable_reason"]

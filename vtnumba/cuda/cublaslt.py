@@ -114,12 +114,13 @@ class Plan:
     """One cuBLASLt matmul configuration: descriptor, layouts, algorithm. Reused across calls of the
     same key; only the scale and bias pointers change per call."""
 
-    __slots__ = ("desc", "layout_a", "layout_b", "layout_d", "heuristic", "algo_addr", "has_bias",
+    __slots__ = ("key", "desc", "layout_a", "layout_b", "layout_d", "heuristic", "algo_addr", "has_bias",
                  "_ptr", "_ptr_addr", "_attr_scale_a", "_attr_scale_b", "_attr_bias", "_last_pointers",
                  "__weakref__")
 
     def __init__(self, handle, key, workspace_bytes):
         lt, cublas = _lt, _cublas
+        self.key = key
         (m, n, k, lda, ldb, out_dt, bias_dt, mode_a, mode_b, align_a, align_b, align_d) = key
         A = lt.MatmulDescAttribute
         dtype_of = lt.get_matmul_desc_attribute_dtype
@@ -249,10 +250,23 @@ class DeviceState:
                 self.plans[key] = found
         return found
 
+    def new_plan(self, key):
+        """A plan of its own for ``key`` (one that can run: ``plan_or_reason`` said so), for a bound
+        call that keeps its pointer attributes set once."""
+        return Plan(self.handle, key, WORKSPACE_BYTES)
+
     def workspace(self, stream_ptr, cupy):
         ws = self.workspaces.get(stream_ptr)
         if ws is None:
             ws = self.workspaces[stream_ptr] = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+        return ws
+
+    def workspace_for(self, stream_ptr):
+        ws = self.workspaces.get(stream_ptr)
+        if ws is None:
+            import cupy
+
+            ws = self.workspace(stream_ptr, cupy)
         return ws
 
 
@@ -278,11 +292,7 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
 
         _get_current_stream = cupy.cuda.get_current_stream
     stream_ptr = _get_current_stream().ptr
-    workspace = state.workspaces.get(stream_ptr)
-    if workspace is None:
-        import cupy
-
-        workspace = state.workspace(stream_ptr, cupy)
+    workspace = state.workspace_for(stream_ptr)
     with state.lock:  # the descriptor's pointer attributes are shared state
         plan.run(state.handle, a.data.ptr, b.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
                  0 if bias is None else bias.data.ptr, d.data.ptr, workspace, stream_ptr)

@@ -156,6 +156,42 @@ def _bias_for_cublaslt(call):
     return bias
 
 
+# Each kernel runs a call (``run``: allocate y, enqueue) or binds it (``bind``: everything but
+# the output prepared once, for a caller that repeats the call on the same operands -- a layer's
+# weight, its internal activation buffers -- with a fresh output each time). Both enqueue the very
+# same work; a bound call owns its cuBLASLt descriptor (its scale and bias pointers set once) and
+# packed kernel parameters.
+
+
+def _y_arg(y):
+    """The output as the Numba kernels take it: float32, or uint16 bits (a view only where the
+    simulator needs the dtype; on a GPU only the pointer is read)."""
+    return y if SIMULATOR is False or y.dtype == np.float32 else y.view(np.uint16)
+
+
+class _NumbaKernel:
+    """A kernel written in Numba: ``launch(call, y_bits)`` says what it enqueues (kernel, grid,
+    block, arguments), ``y_bits`` among the arguments."""
+
+    def run(self, call):
+        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
+        kernel, grid, block, args = self.launch(call, y_bits)
+        kernel(grid, block, *args)
+        return y
+
+    def bind(self, call):
+        y_bits = _empty_out(call.m, call.n, call.out_dtype)[1]
+        kernel, grid, block, args = self.launch(call, y_bits)
+        prepared = kernel.prepare(grid, block, *args)
+        index = next(i for i, arg in enumerate(args) if arg is y_bits)
+
+        def enqueue(y, stream_ptr):
+            prepared.set_arg(index, _y_arg(y))
+            prepared.launch(stream_ptr)
+
+        return enqueue
+
+
 class CublasLt:
     name = "cublaslt"
 
@@ -185,6 +221,29 @@ class CublasLt:
         return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b,
                                _bias_for_cublaslt(call), y)
 
+    def bind(self, call):
+        return _BoundMatmul(call, call.scale_a, call.scale_b, _bias_for_cublaslt(call))
+
+
+class _BoundMatmul:
+    """``call``'s cuBLASLt matmul into a given output, on a descriptor of its own (its scale and
+    bias pointers set at the first run, never again); holds its operands."""
+
+    __slots__ = ("state", "plan", "operands", "ptrs")
+
+    def __init__(self, call, scale_a, scale_b, bias):
+        self.state = call.state
+        self.plan = call.state.new_plan(call.plan.key)
+        self.operands = (call.a, call.b, scale_a, scale_b, bias)
+        self.ptrs = (call.a.data.ptr, call.b.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
+                     0 if bias is None else bias.data.ptr)
+
+    def __call__(self, d, stream_ptr):
+        a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr = self.ptrs
+        state = self.state
+        self.plan.run(state.handle, a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, d.data.ptr,
+                      state.workspace_for(stream_ptr), stream_ptr)
+
 
 class CublasLtF32Epilogue:
     name = "cublaslt_f32_epilogue"
@@ -195,38 +254,54 @@ class CublasLtF32Epilogue:
             return False, reason
         return _take_plan(call, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
 
+    def _epilogue(self, call, acc, y_bits):
+        bias, bias_kind = _bias_bits(call.bias, call.device)
+        total = call.m * call.n
+        blocks = max(1, min((total + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
+        return (epilogue_kernel(call.out_dtype == np.float32), blocks, 256,
+                (acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
+                 OUT_KIND[call.out_dtype]))
+
     def run(self, call):
         acc = device.xp.empty((call.m, call.n), dtype=np.float32)
         one = call.device.scalar(1.0)
         cublaslt.matmul(call.plan, call.state, call.a, call.b, one, one, None, acc)  # f32(sum_k ...)
         y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        bias, bias_kind = _bias_bits(call.bias, call.device)
-        total = call.m * call.n
-        blocks = max(1, min((total + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
-        epilogue_kernel(call.out_dtype == np.float32)(
-            blocks, 256, acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
-            OUT_KIND[call.out_dtype])
+        kernel, grid, block, args = self._epilogue(call, acc, y_bits)
+        kernel(grid, block, *args)
         return y
 
+    def bind(self, call):
+        acc = device.xp.empty((call.m, call.n), dtype=np.float32)  # owned by the binding
+        one = call.device.scalar(1.0)
+        matmul = _BoundMatmul(call, one, one, None)
+        kernel, grid, block, args = self._epilogue(call, acc, _empty_out(call.m, call.n, call.out_dtype)[1])
+        prepared = kernel.prepare(grid, block, *args)
 
-class DecodeGemv:
+        def enqueue(y, stream_ptr):
+            matmul(acc, stream_ptr)
+            prepared.set_arg(1, _y_arg(y))
+            prepared.launch(stream_ptr)
+
+        return enqueue
+
+
+class DecodeGemv(_NumbaKernel):
     name = "decode_gemv"
 
     def can_implement(self, call):
         reason = gemv_reason(call.m, call.k, call.b, a=call.a)
         return (False, reason) if reason else (True, "")
 
-    def run(self, call):
+    def launch(self, call, y_bits):
         dev = call.device
-        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
         bias, bias_kind = _bias_bits(call.bias, dev)
         launcher = gemv.gemv_launcher(call.m, hardware_available(dev.cc), call.out_dtype == np.float32,
                                       GemvStage.CODES)
-        launcher(-(-call.n // gemv.gemv_rows(call.m)), gemv.GEMV_THREADS,
-                 call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b,
+        return (launcher, -(-call.n // gemv.gemv_rows(call.m)), gemv.GEMV_THREADS,
+                (call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b,
                  call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-                 OUT_KIND[call.out_dtype])
-        return y
+                 OUT_KIND[call.out_dtype]))
 
 
 def _rows_aligned(arr):
@@ -249,20 +324,18 @@ def gemv_reason(m, k, b, a=None):
     return None
 
 
-class Tiled:
+class Tiled(_NumbaKernel):
     name = "tiled"
 
     def can_implement(self, call):
         return True, ""  # any shape, any strides: the path of last resort
 
-    def run(self, call):
-        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
+    def launch(self, call, y_bits):
         bias, bias_kind = _bias_bits(call.bias, call.device)
         grid = ((call.n + tiled.TILE_N - 1) // tiled.TILE_N, (call.m + tiled.TILE_M - 1) // tiled.TILE_M)
-        tiled.tiled_kernel(call.out_dtype == np.float32)(
-            grid, tiled.TILED_THREADS, call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step,
-            bias, bias_kind, y_bits, OUT_KIND[call.out_dtype])
-        return y
+        return (tiled.tiled_kernel(call.out_dtype == np.float32), grid, tiled.TILED_THREADS,
+                (call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
+                 OUT_KIND[call.out_dtype]))
 
 
 KERNELS = (CublasLt(), CublasLtF32Epilogue(), DecodeGemv(), Tiled())

@@ -253,6 +253,69 @@ class Kernel:
             self._dispatcher = cuda.jit(self.signature)(self.pyfunc)
         self._dispatcher[grid, block, 0, shared_mem](*args)
 
+    def prepare(self, grid, block, *args, shared_mem=0):
+        """This launch with its parameters packed once (see ``PreparedLaunch``)."""
+        return PreparedLaunch(self, grid, block, args, shared_mem)
+
+
+class PreparedLaunch:
+    """One kernel launch whose parameters are packed once, in a buffer of its own.
+
+    A caller that launches the same kernel again and again with arguments that differ only in a few
+    data pointers (a layer's input and output, call after call) replaces those with ``set_arg`` and
+    calls ``launch``: no flattening, no packing, no type dispatch -- the driver call and a few slot
+    writes. ``set_arg(i, value)`` takes what the kernel call would take for argument ``i`` (a cupy
+    array or a ``Buffer`` of the same shape); only its data pointer is read. The caller keeps the
+    arrays alive until the launch is queued, and serializes concurrent use of one object.
+    Under the simulator the arguments are kept and the kernel runs in the simulator."""
+
+    __slots__ = ("kernel", "grid", "block", "shared_mem", "args", "_fn_ptr", "_dims", "_slots", "_param_ptrs",
+                 "_ptrs_address", "_data_slot")
+
+    def __init__(self, kernel, grid, block, args, shared_mem):
+        self.kernel, self.grid, self.block, self.shared_mem = kernel, grid, block, shared_mem
+        self.args = list(args)
+        if SIMULATOR:
+            return
+        self._fn_ptr = kernel.function().ptr
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
+        self._dims = (gx, gy, gz, bx, by, bz)
+        values = kernel.flatten(args)
+        self._slots = np.zeros(len(values), dtype=np.uint64)
+        struct.pack_into(kernel._format, memoryview(self._slots).cast("B"), 0, *values)
+        base = self._slots.ctypes.data
+        self._param_ptrs = np.array([base + 8 * i for i in range(len(values))], dtype=np.uint64)
+        self._ptrs_address = self._param_ptrs.ctypes.data
+        # the slot of each array argument's data pointer (Numba's ABI: meminfo, parent, nitems,
+        # itemsize, data, shape..., strides...)
+        self._data_slot = []
+        slot = 0
+        for arg in kernel._plan:
+            if isinstance(arg, _ArrayArg):
+                self._data_slot.append(slot + 4)
+                slot += 5 + 2 * arg.ndim
+            else:
+                self._data_slot.append(None)
+                slot += 1
+
+    def set_arg(self, index, value):
+        if SIMULATOR:
+            self.args[index] = value
+            return
+        self._slots[self._data_slot[index]] = value.ptr if type(value) is Buffer else value.data.ptr
+
+    def launch(self, stream_ptr):
+        """Queue the launch on the stream with this pointer (never synchronizes)."""
+        if SIMULATOR:
+            return self.kernel(self.grid, self.block, *self.args, shared_mem=self.shared_mem)
+        gx, gy, gz, bx, by, bz = self._dims
+        try:
+            _launch_kernel(self._fn_ptr, gx, gy, gz, bx, by, bz, self.shared_mem, stream_ptr, self._ptrs_address, 0)
+        except _DriverError:  # a thread that never touched cupy: as in Kernel.__call__
+            _cupy().cuda.Device(_get_device()).use()
+            _launch_kernel(self._fn_ptr, gx, gy, gz, bx, by, bz, self.shared_mem, stream_ptr, self._ptrs_address, 0)
+
 
 # bound once cupy is imported (the first load): cupy.cuda.runtime.getDevice,
 # cupy.cuda.get_current_stream, cupy.cuda.driver.launchKernel, cupy.cuda.driver.CUDADriverError
@@ -286,4 +349,4 @@ def compile_kernel(pyfunc, signature, **options):
     return kernel
 
 
-__all__ = ["Buffer", "Kernel", "compile_kernel", "entry_params"]
+__all__ = ["Buffer", "Kernel", "PreparedLaunch", "compile_kernel", "entry_params"]

@@ -9,6 +9,8 @@ applied as ``vt.scaled_mm`` applies them (DESIGN.md: the backend documents wheth
 layer's path, and its budget is 2 us of host time per call over the ops it wraps.
 """
 
+import os
+
 import numpy as np
 
 from .. import _arrays
@@ -60,6 +62,55 @@ def quantize_activation(x, weight):
     return _QUANTIZERS[w.activation_scheme][0](x, w)
 
 
+# -- the bound fast path on the GPU ------------------------------------------------------------
+# A layer called again with an input of the same signature replays the call bound at its first
+# call (vtnumba.cuda.bound): the full path below validates and chooses once per signature. The
+# per-call checks are what could change between calls: the input's type, contiguity, alignment,
+# shape and dtype, the output dtype, the device, the stream, and the settings that steer the
+# kernel choice (the lever, VT_DISABLE_KERNELS). Anything else falls back to the full path.
+_MAX_BOUND_PER_WEIGHT = 16
+_gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
+
+
+def _gpu_parts():
+    global _gpu
+    cupy_ndarray = _arrays._cupy_ndarray()
+    if cupy_ndarray is not None and _gpu is None:
+        import cupy
+
+        from ..cuda import bound
+
+        _gpu = (cupy_ndarray, cupy.cuda.get_current_stream, bound)
+    return _gpu
+
+
+def _bound_key(x, w, out_dtype, get_stream):
+    """The signature a bound call is kept under, or None when x cannot take the bound path."""
+    if not x._c_contiguous or x.data.ptr & 15 or len(x.shape) != 2 or w.data is None:
+        return None
+    return (x.shape, x.dtype, out_dtype, x.data.device_id, get_stream().ptr,
+            os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS"))
+
+
+def _host_weight(weight):
+    return weight.weight if type(weight) is ResidentFp8 else weight
+
+
+def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
+    """Bind ``weight``'s call for x's signature (called after a full-path call succeeded)."""
+    w = _host_weight(weight)
+    key = _bound_key(x, w, out_dtype, gpu[1])
+    if key is None:
+        return
+    calls = w.bound_calls
+    if calls is None:
+        calls = {}
+        object.__setattr__(w, "bound_calls", calls)
+    if len(calls) >= _MAX_BOUND_PER_WEIGHT:  # a caller sweeping over shapes: start over
+        calls.clear()
+    calls[key] = gpu[2].bind_linear(x, w_device, x.dtype if out_dtype is None else out_dtype)
+
+
 def matmul_fp8(x, weight, out_dtype=None):
     """``y = dequant(quant(x)) @ dequant(weight).T + bias`` as FP8 W8A8: ``x`` [..., K] (float32,
     float16 or bfloat16; numpy or cupy) is quantized by the weight's ``activation_scheme`` ('static':
@@ -69,13 +120,36 @@ def matmul_fp8(x, weight, out_dtype=None):
 
     ``weight`` is an ``Fp8Weight`` or a ``ResidentFp8``; a host ``Fp8Weight`` with a GPU ``x`` is
     uploaded once (cached) and reused. On the GPU the ops run on cupy's current device and stream,
-    as cupy's own calls do: make x's device current (``with cupy.cuda.Device(i):``).
+    as cupy's own calls do: make x's device current (``with cupy.cuda.Device(i):``). A GPU call
+    with an input signature seen before replays the call bound at its first occurrence
+    (``vtnumba.cuda.bound``): the same launches, bitwise the same result, a fraction of the host
+    time.
     """
+    gpu = _gpu if _gpu is not None else _gpu_parts()
+    if gpu is not None and type(x) is gpu[0]:
+        w = _host_weight(weight)
+        calls = getattr(w, "bound_calls", None)
+        if calls:
+            key = _bound_key(x, w, out_dtype, gpu[1])
+            bound = calls.get(key)
+            if bound is not None:
+                return bound(x, key[4])
+        y, w_device = _matmul_fp8(x, weight, out_dtype)
+        if type(w) is Fp8Weight:
+            _bind_after_full_call(x, weight, out_dtype, w_device, gpu)
+        return y
+    return _matmul_fp8(x, weight, out_dtype)[0]
+
+
+
+
+def _matmul_fp8(x, weight, out_dtype=None):
+    """The full path of ``matmul_fp8``: (y, the Fp8Weight used, on x's device)."""
     w = _weight_for(weight, x, "x")
     q = _QUANTIZERS[w.activation_scheme][0](_rows(x, w, "x"), w)
     y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
                   out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias)
-    return _unflatten(y, x.shape, w)
+    return _unflatten(y, x.shape, w), w
 
 
 def _rows(x, w, name):

@@ -63,6 +63,8 @@ class Fp8Weight:
     shape: tuple = field(init=False, repr=False)
     per_channel: bool = field(init=False, repr=False)
     released_to: str | None = field(init=False, default=None, repr=False)
+    # the GPU calls bound for this weight (vtnumba.cuda.bound), by input signature; see seam.matmul
+    bound_calls: dict = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -144,7 +146,7 @@ class Fp8Weight:
         for name, value in (("data", data), ("weight_scale", weight_scale), ("input_scale", input_scale),
                             ("bias", bias), ("activation_scheme", activation_scheme), ("source", source),
                             ("device", _arrays.device_of(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
-                            ("per_channel", per_channel), ("released_to", None)):
+                            ("per_channel", per_channel), ("released_to", None), ("bound_calls", None)):
             set_(self, name, value)
         return self
 

@@ -1,0 +1,127 @@
+"""CUDA graphs as an API: capture a function of GPU arrays once, replay it for new inputs.
+
+    step = vtnumba.cuda.capture(lambda x: layer2.apply(silu(layer1.apply(x))), x_example)
+    y = step(x)          # copies x into the graph's input, replays, returns the graph's output
+
+Why: a decode step through vtnumba eagerly costs tens of microseconds of host time per layer,
+more than the layer's GPU work; replayed from a graph, the host pays one launch for the whole
+step (DEVICE.md: ~0.07 us of host time per captured kernel).
+
+How ``capture(fn, *example_args, stream=None)`` works:
+
+1. ``fn(*static_args)`` runs once uncaptured on a private stream (``warmup`` times): kernels
+   compile, cuBLASLt plans and workspaces are made, the seam binds its calls for that stream.
+2. ``fn(*static_args)`` is captured into a graph on that stream. Every allocation made during the
+   warm-up and the capture comes from a memory pool private to the graph, so memory a captured
+   kernel writes on replay is never handed to anyone else (a freed temporary in the default pool
+   would be: the next allocation could receive it while the graph still writes there).
+3. A call copies each new argument into its static twin (device-to-device, on the replay stream)
+   and launches the graph on the replay stream: cupy's current stream by default, or ``stream``
+   (a cupy stream, or a torch stream: anything with ``cuda_stream`` or ``ptr``).
+
+What may not change between replays, because the graph holds pointers and launch shapes:
+- each argument's shape, dtype and contiguity (a call with another is refused, naming it);
+- the layers' weights, scales and settings (the lever, VT_DISABLE_KERNELS) as they were at capture;
+- the returned arrays are the graph's own outputs, overwritten by the next replay: copy what you
+  keep. Python scalars and other non-array arguments are baked in at capture.
+"""
+
+from . import device
+
+__all__ = ["capture", "CapturedCall"]
+
+
+def _stream_ptr_of(stream):
+    """The CUDA stream pointer of a cupy stream, a torch stream or None (cupy's current stream)."""
+    if stream is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    for attr in ("ptr", "cuda_stream"):  # cupy.cuda.Stream, torch.cuda.Stream
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    raise TypeError(f"stream must be a cupy or torch CUDA stream (or None for cupy's current one), "
+                    f"got {type(stream).__name__}")
+
+
+def _is_gpu_array(value):
+    return hasattr(value, "__cuda_array_interface__")
+
+
+def _twin(cupy, a, stream_ptr):
+    """A new cupy array holding a copy of GPU array ``a`` (C-contiguous), enqueued on the stream."""
+    a = cupy.asarray(a)
+    twin = cupy.empty(a.shape, dtype=a.dtype)
+    cupy.cuda.runtime.memcpyAsync(twin.data.ptr, a.data.ptr, a.nbytes, 3, stream_ptr)  # 3: device to device
+    return twin
+
+
+class CapturedCall:
+    """A captured function: call it with arguments like the example's (see the module docstring).
+    ``outputs`` holds the graph's output arrays; ``graph`` the cupy graph."""
+
+    def __init__(self, fn, example_args, stream, warmup):
+        import cupy
+
+        self._cupy = cupy
+        self._pool = cupy.cuda.MemoryPool()  # private to this graph (see the module docstring)
+        self._capture_stream = cupy.cuda.Stream(non_blocking=True)
+        current = cupy.cuda.get_current_stream()
+        with cupy.cuda.using_allocator(self._pool.malloc):
+            # the inputs' static twins, copied as bytes (any dtype, bfloat16 included) in the
+            # caller's stream order, then handed over to the capture stream
+            self.static_args = tuple(_twin(cupy, a, current.ptr) if _is_gpu_array(a) else a for a in example_args)
+            ready = current.record()
+            self._capture_stream.wait_event(ready)
+            with self._capture_stream:
+                for _ in range(warmup):
+                    fn(*self.static_args)
+                self._capture_stream.begin_capture()
+                try:
+                    outputs = fn(*self.static_args)
+                finally:
+                    self.graph = self._capture_stream.end_capture()
+        self.outputs = outputs
+        # the replay stream as cupy launches the graph on it (made once: a torch stream is wrapped)
+        if stream is None or isinstance(stream, cupy.cuda.Stream):
+            self._launch_stream = stream
+        else:
+            self._launch_stream = cupy.cuda.ExternalStream(_stream_ptr_of(stream))
+        self.graph.upload(self._capture_stream)
+        self._capture_stream.synchronize()  # once, at capture time: replays never synchronize
+        self._arg_specs = [(i, a.shape, a.dtype, a.nbytes) for i, a in enumerate(self.static_args)
+                           if _is_gpu_array(a)]
+
+    def __call__(self, *args):
+        if len(args) != len(self.static_args):
+            raise TypeError(f"the captured function takes {len(self.static_args)} arguments, got {len(args)}")
+        stream = self._launch_stream if self._launch_stream is not None else self._cupy.cuda.get_current_stream()
+        stream_ptr = stream.ptr
+        memcpy = self._cupy.cuda.runtime.memcpyAsync
+        for i, shape, dtype, nbytes in self._arg_specs:
+            new = args[i]
+            if new.shape != shape or new.dtype != dtype:
+                raise ValueError(f"argument {i} must have the captured shape {shape} and dtype {dtype}, "
+                                 f"got shape {tuple(new.shape)} and dtype {new.dtype}")
+            if not new.flags.c_contiguous:
+                raise ValueError(f"argument {i} must be C-contiguous like the captured one, got a strided view")
+            memcpy(self.static_args[i].data.ptr, new.data.ptr, nbytes, 3, stream_ptr)  # 3: device to device
+        self.graph.launch(stream)
+        return self.outputs
+
+
+def capture(fn, *example_args, stream=None, warmup=1):
+    """Capture ``fn(*example_args)`` into a CUDA graph; returns a ``CapturedCall`` that replays it
+    for new arguments of the same shapes on ``stream`` (default: cupy's current stream at each
+    call). See the module docstring for what may not change between replays."""
+    device.array_module()  # the one clear error when no GPU can run this
+    if not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup must be an int >= 1 (kernels compile and plans are made there), got {warmup!r}")
+    for i, a in enumerate(example_args):
+        if _is_gpu_array(a) and not a.flags.c_contiguous:
+            raise ValueError(f"example_args[{i}] must be C-contiguous (the graph reads it in place), got a strided view")
+    if stream is not None:
+        _stream_ptr_of(stream)  # refuse a wrong type now, not at the first replay
+    return CapturedCall(fn, example_args, stream, warmup)
+
