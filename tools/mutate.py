@@ -119,7 +119,11 @@ def main(argv=None):
             "a smoke call must compile it, then its gate tests run. \"killed\" = compiles and a test failed.",
             "",
         ]
-        pathlib.Path(args.markdown).write_text("\n".join(header + table) + "\n")
+        path = pathlib.Path(args.markdown)
+        # sections after the table (``## ...``, written by other gates) are kept as they are
+        old = path.read_text() if path.exists() else ""
+        later = old[old.index("\n## "):] if "\n## " in old else ""
+        path.write_text("\n".join(header + table) + "\n" + later)
     return 0 if all(r[3] == "yes" for r in rows) else 1
 
 
