@@ -24,6 +24,19 @@ CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True, error_model="numpy")
 CPU_CHUNK = 1 << 16
 
 
+if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict):
+    _ENVIRON_BYTES = os.environ._data  # os.environ's own store (bytes keys): ~0.05 us a lookup, not ~0.5
+
+    def kernel_settings():
+        """The environment settings that steer the GPU kernel choice, read now: (VT_DENSE_CUBLASLT_FP8,
+        VT_DISABLE_KERNELS) as set (None when unset). A call bound under other settings is not reused."""
+        return _ENVIRON_BYTES.get(b"VT_DENSE_CUBLASLT_FP8"), _ENVIRON_BYTES.get(b"VT_DISABLE_KERNELS")
+else:
+    def kernel_settings():
+        """As above, through os.environ."""
+        return os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS")
+
+
 def dense_cublaslt_fp8_enabled():
     """The lever (the C++ seam's DenseCublasLtFp8Enabled): env VT_DENSE_CUBLASLT_FP8, read at every
     call so a test or a notebook can flip it live. On by default; any value whose first character is

@@ -51,11 +51,15 @@ class BoundLinear:
         self._lock = threading.Lock()  # the prepared parameters are patched per call
 
     def __call__(self, x, stream_ptr):
-        x_arg = _flat_simulated(x) if SIMULATOR else x
         with self._lock:
-            for launch in self._launches:
-                launch.set_arg(0, x_arg)
-                launch.launch(stream_ptr)
+            if SIMULATOR:
+                for launch in self._launches:
+                    launch.set_arg(0, _flat_simulated(x))
+                    launch.launch(stream_ptr)
+            else:
+                x_ptr = x.data.ptr
+                for launch in self._launches:
+                    launch.launch_with(0, x_ptr, stream_ptr)
             y = device.xp.empty(self._out_shape, dtype=self._out_dtype)
             self._gemm(y, stream_ptr)
         return y

@@ -187,19 +187,29 @@ class Plan:
         matmul is enqueued, so only those that changed are set again (a layer's weight scale, bias
         and a static activation scale keep their buffers: ~1 us of host time per call saved).
         Callers hold the device state's lock."""
-        pointers = (scale_b_ptr, scale_a_ptr, bias_ptr)
+        if (scale_b_ptr, scale_a_ptr, bias_ptr) != self._last_pointers:
+            self.set_pointers(scale_a_ptr, scale_b_ptr, bias_ptr)
+        self.enqueue(handle, a_ptr, b_ptr, d_ptr, workspace.data.ptr, workspace.nbytes, stream_ptr)
+
+    def set_pointers(self, scale_a_ptr, scale_b_ptr, bias_ptr):
+        """Set the scale and bias pointer attributes that differ from those set last."""
         last = self._last_pointers
-        if pointers != last:
-            if scale_b_ptr != last[0]:
-                self._set_pointer(self._attr_scale_a, scale_b_ptr)  # cuBLASLt's A is the weight b
-            if scale_a_ptr != last[1]:
-                self._set_pointer(self._attr_scale_b, scale_a_ptr)
-            if self.has_bias and bias_ptr != last[2]:
-                self._set_pointer(self._attr_bias, bias_ptr)
-            self._last_pointers = pointers
-        _check("matmul", _lt.matmul, handle, self.desc, _ONE_ADDR, b_ptr, self.layout_a, a_ptr, self.layout_b,
-               _ZERO_ADDR, d_ptr, self.layout_d, d_ptr, self.layout_d, self.algo_addr,
-               workspace.data.ptr, workspace.nbytes, stream_ptr)
+        if scale_b_ptr != last[0]:
+            self._set_pointer(self._attr_scale_a, scale_b_ptr)  # cuBLASLt's A is the weight b
+        if scale_a_ptr != last[1]:
+            self._set_pointer(self._attr_scale_b, scale_a_ptr)
+        if self.has_bias and bias_ptr != last[2]:
+            self._set_pointer(self._attr_bias, bias_ptr)
+        self._last_pointers = (scale_b_ptr, scale_a_ptr, bias_ptr)
+
+    def enqueue(self, handle, a_ptr, b_ptr, d_ptr, workspace_ptr, workspace_bytes, stream_ptr):
+        """Enqueue the matmul with the pointer attributes as set (the per-call part of ``run``)."""
+        try:
+            _lt.matmul(handle, self.desc, _ONE_ADDR, b_ptr, self.layout_a, a_ptr, self.layout_b, _ZERO_ADDR,
+                       d_ptr, self.layout_d, d_ptr, self.layout_d, self.algo_addr, workspace_ptr,
+                       workspace_bytes, stream_ptr)
+        except _lt.cuBLASLtError as exc:
+            raise CublasLtError(f"cuBLASLt matmul failed: {exc}") from None
 
     def destroy(self):
         lt = _lt

@@ -226,23 +226,26 @@ class CublasLt:
 
 
 class _BoundMatmul:
-    """``call``'s cuBLASLt matmul into a given output, on a descriptor of its own (its scale and
-    bias pointers set at the first run, never again); holds its operands."""
+    """``call``'s cuBLASLt matmul into a given output, on a descriptor of its own whose scale and
+    bias pointers are set once; holds its operands."""
 
-    __slots__ = ("state", "plan", "operands", "ptrs")
+    __slots__ = ("handle", "plan", "operands", "a_ptr", "b_ptr", "state", "ws_stream", "ws")
 
     def __init__(self, call, scale_a, scale_b, bias):
         self.state = call.state
+        self.handle = call.state.handle
         self.plan = call.state.new_plan(call.plan.key)
+        self.plan.set_pointers(scale_a.data.ptr, scale_b.data.ptr, 0 if bias is None else bias.data.ptr)
         self.operands = (call.a, call.b, scale_a, scale_b, bias)
-        self.ptrs = (call.a.data.ptr, call.b.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
-                     0 if bias is None else bias.data.ptr)
+        self.a_ptr, self.b_ptr = call.a.data.ptr, call.b.data.ptr
+        self.ws_stream = self.ws = None
 
     def __call__(self, d, stream_ptr):
-        a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr = self.ptrs
-        state = self.state
-        self.plan.run(state.handle, a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, d.data.ptr,
-                      state.workspace_for(stream_ptr), stream_ptr)
+        if stream_ptr != self.ws_stream:  # the workspace of the stream (a binding keeps to one)
+            ws = self.state.workspace_for(stream_ptr)
+            self.ws, self.ws_stream = (ws.data.ptr, ws.nbytes, ws), stream_ptr
+        ws = self.ws
+        self.plan.enqueue(self.handle, self.a_ptr, self.b_ptr, d.data.ptr, ws[0], ws[1], stream_ptr)
 
 
 class CublasLtF32Epilogue:

@@ -305,6 +305,11 @@ class PreparedLaunch:
             return
         self._slots[self._data_slot[index]] = value.ptr if type(value) is Buffer else value.data.ptr
 
+    def launch_with(self, index, ptr, stream_ptr):
+        """``set_arg(index, ...)`` by the data pointer itself, then ``launch`` (a GPU only)."""
+        self._slots[self._data_slot[index]] = ptr
+        self.launch(stream_ptr)
+
     def launch(self, stream_ptr):
         """Queue the launch on the stream with this pointer (never synchronizes)."""
         if SIMULATOR:

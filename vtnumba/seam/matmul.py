@@ -9,12 +9,10 @@ applied as ``vt.scaled_mm`` applies them (DESIGN.md: the backend documents wheth
 layer's path, and its budget is 2 us of host time per call over the ops it wraps.
 """
 
-import os
-
 import numpy as np
 
 from .. import _arrays
-from .._config import dense_cublaslt_fp8_enabled
+from .._config import dense_cublaslt_fp8_enabled, kernel_settings
 from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
 from .weights import Fp8Weight, ResidentFp8
 
@@ -88,8 +86,7 @@ def _bound_key(x, w, out_dtype, get_stream):
     """The signature a bound call is kept under, or None when x cannot take the bound path."""
     if not x._c_contiguous or x.data.ptr & 15 or len(x.shape) != 2 or w.data is None:
         return None
-    return (x.shape, x.dtype, out_dtype, x.data.device_id, get_stream().ptr,
-            os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS"))
+    return (x.shape, x.dtype, out_dtype, x.data.device_id, get_stream().ptr, kernel_settings())
 
 
 def _host_weight(weight):
