@@ -72,6 +72,11 @@ BIAS_TYPE_FOR_OUT = {
 
 # Scale modes (the plan key speaks in these; mapped to cublasLtMatmulMatrixScale_t at plan time)
 SCALAR, VECTOR = "scalar", "vector"
+# Block scaling (cuBLASLt >= 12.9 on sm_90): the weight (cuBLASLt's A) in 128 x 128 blocks
+# (BLK128x128_32F), the activation (B) in 1 x 128 groups along K (VEC128_32F)
+BLOCK_128x128, GROUP_128 = "block128x128", "group128"
+_BLOCK_MODES = {SCALAR: "SCALAR_32F", VECTOR: "OUTER_VEC_32F", BLOCK_128x128: "BLK128x128_32F",
+                GROUP_128: "VEC128_32F"}
 
 # cuBLASLt 12.9 added OUTER_VEC_32F (per-row x per-column f32 scales) for FP8 on Hopper.
 _OUTER_VEC_MIN_VERSION = 120900
@@ -118,7 +123,7 @@ class Plan:
                  "_ptr", "_ptr_addr", "_attr_scale_a", "_attr_scale_b", "_attr_bias", "_last_pointers",
                  "__weakref__")
 
-    def __init__(self, handle, key, workspace_bytes):
+    def __init__(self, handle, key, workspace_bytes, pointers=None):
         lt, cublas = _lt, _cublas
         self.key = key
         (m, n, k, lda, ldb, out_dt, bias_dt, mode_a, mode_b, align_a, align_b, align_d) = key
@@ -133,15 +138,22 @@ class Plan:
         _set_attr(setd, self.desc, A.FAST_ACCUM, 0, dtype_of)  # the f32-accumulate contract
         scale_mode = lt.MatmulMatrixScale
         # cuBLASLt's A is our weight: its scale is scale_b; its B is our activation: scale_a.
-        if mode_b == VECTOR or mode_a == VECTOR:
-            _set_attr(setd, self.desc, A.A_SCALE_MODE,
-                      scale_mode.OUTER_VEC_32F if mode_b == VECTOR else scale_mode.SCALAR_32F, dtype_of)
-            _set_attr(setd, self.desc, A.B_SCALE_MODE,
-                      scale_mode.OUTER_VEC_32F if mode_a == VECTOR else scale_mode.SCALAR_32F, dtype_of)
+        if mode_b != SCALAR or mode_a != SCALAR:
+            _set_attr(setd, self.desc, A.A_SCALE_MODE, getattr(scale_mode, _BLOCK_MODES[mode_b]), dtype_of)
+            _set_attr(setd, self.desc, A.B_SCALE_MODE, getattr(scale_mode, _BLOCK_MODES[mode_a]), dtype_of)
         self.has_bias = bias_dt is not None
         if self.has_bias:
             _set_attr(setd, self.desc, A.EPILOGUE, lt.Epilogue.BIAS, dtype_of)
             _set_attr(setd, self.desc, A.BIAS_DATA_TYPE, _cuda_type(bias_dt), dtype_of)
+        # one reusable 8-byte host cell for the per-call pointer attributes (no allocation per call)
+        self._ptr = np.zeros(1, dtype=np.uint64)
+        self._ptr_addr = self._ptr.ctypes.data
+        self._attr_scale_a = A.A_SCALE_POINTER
+        self._attr_scale_b = A.B_SCALE_POINTER
+        self._attr_bias = A.BIAS_POINTER
+        self._last_pointers = (None, None, None)  # (scale_b, scale_a, bias) as last set on desc
+        if pointers is not None:  # block scaling wants its scale pointers before the heuristic query
+            self.set_pointers(*pointers)
         e4m3 = _nvmath.CudaDataType.CUDA_R_8F_E4M3
         self.layout_a = _check("matrix_layout_create", lt.matrix_layout_create, e4m3, k, n, ldb)
         self.layout_b = _check("matrix_layout_create", lt.matrix_layout_create, e4m3, k, m, lda)
@@ -168,13 +180,6 @@ class Plan:
         finally:
             lt.matmul_preference_destroy(pref)
         self.algo_addr = self.heuristic.ctypes.data  # the algo is the result struct's first field
-        # one reusable 8-byte host cell for the per-call pointer attributes (no allocation per call)
-        self._ptr = np.zeros(1, dtype=np.uint64)
-        self._ptr_addr = self._ptr.ctypes.data
-        self._attr_scale_a = A.A_SCALE_POINTER
-        self._attr_scale_b = A.B_SCALE_POINTER
-        self._attr_bias = A.BIAS_POINTER
-        self._last_pointers = (None, None, None)  # (scale_b, scale_a, bias) as last set on desc
 
     def _set_pointer(self, attr, ptr):
         self._ptr[0] = ptr
@@ -246,7 +251,17 @@ class DeviceState:
             return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {self.version}"
         return None
 
-    def plan_or_reason(self, key):
+    @property
+    def block_reason(self):
+        """Why 128 x 128 block scaling cannot run here (None if it can): cuBLASLt offers it on sm_90
+        from 12.9 on; sm_10x/sm_12x (GB10) have MXFP8 block modes instead, not these."""
+        if self.cc != (9, 0):
+            return f"128x128 block scaling in cuBLASLt needs sm_90 (Hopper), this GPU is sm_{self.cc[0]}{self.cc[1]}"
+        if self.version < _OUTER_VEC_MIN_VERSION:
+            return f"128x128 block scaling needs cuBLASLt >= 12.9, found version {self.version}"
+        return None
+
+    def plan_or_reason(self, key, pointers=None):
         found = self.plans.get(key)
         if found is not None:
             return found
@@ -254,7 +269,7 @@ class DeviceState:
             found = self.plans.get(key)
             if found is None:
                 try:
-                    found = Plan(self.handle, key, WORKSPACE_BYTES)
+                    found = Plan(self.handle, key, WORKSPACE_BYTES, pointers)
                 except CublasLtError as exc:
                     found = f"cuBLASLt has no plan for this call ({exc})"
                 self.plans[key] = found
@@ -310,4 +325,4 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
 
 
 __all__ = ["unavailable_reason", "DeviceState", "plan_key", "matmul", "alignment", "Plan",
-           "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "WORKSPACE_BYTES"]
+           "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "BLOCK_128x128", "GROUP_128", "WORKSPACE_BYTES"]

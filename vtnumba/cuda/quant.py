@@ -27,6 +27,7 @@ import functools
 
 import numpy as np
 
+from .. import _format
 from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
 from . import codec
 from .codec import (
@@ -316,4 +317,74 @@ def per_token_kernel(kind, encoder, device_ub):
                                                ub_type, types.int64, types.int64))
 
 
-__all__ = ["GROUP", "THREADS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel", "dynamic_kernel", "per_token_kernel"]
+# --- per-group (1 x g) quantization: one warp per group -------------------------------------------
+# Upstream's per_token_group_quant_fp8 (vllm/model_executor/layers/quantization/utils/fp8_utils.py):
+# each run of g elements along a row gets scale = max(amax, 1e-10) / 448 (optionally rounded up to a
+# power of two, UE8M0), and codes = encode(x / scale), a true division. The scale rule is
+# ``_format.per_group_scale``, the very function the CPU runs. A warp owns a group: its lanes stride
+# through the group's elements for the finite amax, meet through a warp reduction, then encode.
+GROUP_WARPS = 1 if SIMULATOR else 8  # warps (groups) per block
+
+
+def _shfl_warp_max(v, scratch, lane, warp):
+    offset = 16
+    while offset > 0:
+        v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, offset))
+        offset //= 2
+    return v
+
+
+def _simulated_warp_max(v, scratch, lane, warp):
+    """The same through shared memory (the simulator has no shuffles); every thread of the block
+    must call it."""
+    scratch[warp * 32 + lane] = v
+    cuda.syncthreads()
+    total = F32_ZERO
+    for i in range(32):
+        total = max(total, scratch[warp * 32 + i])
+    cuda.syncthreads()
+    return total
+
+
+_warp_max = cuda.jit(**DEVICE_INLINE)(_simulated_warp_max if SIMULATOR else _shfl_warp_max)
+
+
+@functools.lru_cache(maxsize=None)
+def per_group_kernel(kind, encoder, ue8m0):
+    """codes = encode(x / s) per group of ``group_size`` along each row of x [rows, k] (flat); the
+    group's scale to scales[row * row_stride + group * group_stride] (row- or column-major)."""
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+    group_scale = codec.compile_device(_format.per_group_scale)
+    threads = 32 * GROUP_WARPS
+
+    def quantize_per_group(x, out, scales, rows, k, group_size, row_stride, group_stride):
+        scratch = cuda.shared.array(threads, types.float32)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        groups = (k + group_size - 1) // group_size
+        total = rows * groups
+        # every warp of a block takes the same number of steps: the simulator's reduction syncs the block
+        for base in range(cuda.blockIdx.x * GROUP_WARPS, total + GROUP_WARPS - 1, cuda.gridDim.x * GROUP_WARPS):
+            gi = base + warp
+            r = gi // groups if gi < total else 0
+            lo = (gi - r * groups) * group_size if gi < total else 0
+            hi = min(k, lo + group_size) if gi < total else 0
+            start = r * k
+            amax = F32_ZERO
+            for j in range(lo + lane, hi, 32):
+                amax = max(amax, finite_abs(load(x, start + j)))
+            s = group_scale(_warp_max(amax, scratch, lane, warp), ue8m0)
+            if gi < total:
+                if lane == 0:
+                    scales[r * row_stride + (gi - r * groups) * group_stride] = s
+                for j in range(lo + lane, hi, 32):
+                    out[start + j] = encode(load(x, start + j) / s)
+
+    signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
+                 types.int64, types.int64, types.int64)
+    return compile_kernel(quantize_per_group, signature), threads
+
+
+__all__ = ["GROUP", "THREADS", "GROUP_WARPS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel",
+           "dynamic_kernel", "per_token_kernel", "per_group_kernel"]

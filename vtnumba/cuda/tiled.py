@@ -85,4 +85,83 @@ def tiled_kernel(out_is_float32):
     return compile_kernel(_tiled_kernel, sig)
 
 
-__all__ = ["tiled_kernel", "TILE_M", "TILE_N", "TILE_K", "TILED_THREADS"]
+
+
+# ------------------------------------------------------------------------------------------------
+# block-scaled: y[m, n] = bias[n] + sum_kb (P[m, n, kb] * sa[m, kb]) * sb[n // bn, kb], P the float32
+# sum of the exact products inside K-block kb (upstream's Triton block kernel's order); any bn, bk.
+# The same tiles as above; each K-block's partial sums get their scales at the block's end.
+
+def _tiled_block_kernel(a, b, scale_a, scale_b, block_n, block_k, bias, bias_kind, y, out_kind):
+    m_total, k_total = a.shape
+    n_total = b.shape[0]
+    smem = cuda.shared.array(TILED_SHARED_FLOATS, types.float32)
+    acc = cuda.local.array(16, types.float32)  # sum over finished K-blocks, scaled
+    part = cuda.local.array(16, types.float32)  # the current K-block's products
+    for i in range(16):
+        acc[i] = np.float32(0.0)
+    tid = cuda.threadIdx.x
+    tx = tid % 16
+    ty = tid // 16
+    m0 = cuda.blockIdx.y * TILE_M
+    n0 = cuda.blockIdx.x * TILE_N
+    for kb in range((k_total + block_k - 1) // block_k):
+        k_begin = kb * block_k
+        k_end = min(k_total, k_begin + block_k)
+        for i in range(16):
+            part[i] = np.float32(0.0)
+        for k0 in range(k_begin, k_end, TILE_K):
+            for i in range(TILE_M * TILE_K // TILED_THREADS):
+                idx = tid + i * TILED_THREADS
+                r = idx // TILE_K
+                c = idx - r * TILE_K
+                k = k0 + c
+                va = np.float32(0.0)
+                vb = np.float32(0.0)
+                if k < k_end:
+                    if m0 + r < m_total:
+                        va = decode_e4m3(a[m0 + r, k])
+                    if n0 + r < n_total:
+                        vb = decode_e4m3(b[n0 + r, k])
+                smem[c * TILE_M + r] = va
+                smem[TILE_K * TILE_M + c * TILE_N + r] = vb
+            cuda.syncthreads()
+            for kk in range(TILE_K):
+                a_row = kk * TILE_M + ty
+                b_row = TILE_K * TILE_M + kk * TILE_N + tx
+                for i in range(4):
+                    av = smem[a_row + 16 * i]
+                    for j in range(4):
+                        part[i * 4 + j] += av * smem[b_row + 16 * j]
+            cuda.syncthreads()
+        # the block step: (P * sa[m, kb]) * sb[n // bn, kb], added in kb order (rows / columns past
+        # the matrix read row / column 0's scale: their results are never stored)
+        for i in range(4):
+            m = m0 + ty + 16 * i
+            sa = scale_a[m if m < m_total else 0, kb]
+            for j in range(4):
+                n = n0 + tx + 16 * j
+                sb = scale_b[(n if n < n_total else 0) // block_n, kb]
+                acc[i * 4 + j] += np.float32(np.float32(part[i * 4 + j] * sa) * sb)
+    for i in range(4):
+        for j in range(4):
+            smem[(ty + 16 * i) * TILE_N + tx + 16 * j] = acc[i * 4 + j]
+    cuda.syncthreads()
+    one = np.float32(1.0)
+    for idx in range(tid, TILE_M * TILE_N, TILED_THREADS):
+        r = idx // TILE_N
+        c = idx - r * TILE_N
+        m = m0 + r
+        n = n0 + c
+        if m < m_total and n < n_total:
+            store_out(y, m, n, epilogue_value(smem[idx], one, one, bias, bias_kind, n), out_kind)
+
+
+@functools.lru_cache(maxsize=None)
+def tiled_block_kernel(out_is_float32):
+    f32_2d = types.float32[:, :]
+    sig = (U8_2D, U8_2D, f32_2d, f32_2d, I64, I64, U16_1D, I32, out_type(out_is_float32), I32)
+    return compile_kernel(_tiled_block_kernel, sig)
+
+
+__all__ = ["tiled_kernel", "tiled_block_kernel", "TILE_M", "TILE_N", "TILE_K", "TILED_THREADS"]

@@ -1,0 +1,177 @@
+"""The block-scaled FP8 GEMM on the GPU: which kernel runs a call (DESIGN.md, "block-scaled weights").
+
+    y[m, n] = bias[n] + sum_kb (P[m, n, kb] * sa[m, kb]) * sb[n // bn, kb]
+
+with a [M, K] codes quantized per group of bk along K (scale_a [M, ceil(K / bk)]) and b [N, K]
+quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels, tried in order
+(as ``gemm.py`` does for per-tensor scales: each says whether it can run a call and why not):
+
+``cublaslt_block``  cuBLASLt's 128 x 128 block scaling (BLK128x128_32F for the weight, VEC128_32F for
+                    the activation; sm_90, cuBLASLt >= 12.9). Needs bn = bk = 128, K % 128 == 0,
+                    N % 16 == 0, M % 4 == 0 (M = 1 is refused by cuBLASLt: decode takes the next
+                    kernel). Its layouts, measured on the H200: the weight scales [ceil(N/128)][L4]
+                    row-major with the K-block count padded to L4, a multiple of 4 (made once per
+                    scale array and cached); the activation scales [K/128][M], m contiguous (the
+                    column-major layout ``vt.quantize_fp8(x, group_size=128,
+                    column_major_scales=True)`` writes; a row-major one is transposed first). The
+                    scale pointers are set before the heuristic query. Its accumulation is Hopper's
+                    tensor cores' (see gemm.py): held to the tensor-core bound.
+``tiled_block``     the tiled CUDA-core GEMM with a block step at each K-block's end: any block
+                    size, shape and GPU, exact float32 accumulation within each block (G3 per block).
+"""
+
+import os
+import weakref
+
+import numpy as np
+
+from .. import _config
+from . import cublaslt, device
+from .epilogue import BIAS_KIND, OUT_KIND, BiasKind
+from .target import SIMULATOR
+from .tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
+
+_F32 = np.dtype(np.float32)
+
+
+class BlockCall:
+    """One block-scaled call, normalized once for every kernel's can_implement / run."""
+
+    __slots__ = ("a", "b", "scale_a", "scale_b", "block_n", "block_k", "out_dtype", "bias", "m", "n", "k",
+                 "device", "plan", "state", "scale_b_padded", "scale_a_cols")
+
+    def __init__(self, a, b, scale_a, scale_b, block_size, out_dtype, bias):
+        self.device = device.current()
+        self.a, self.b = a, b
+        self.m, self.k = a.shape
+        self.n = b.shape[0]
+        self.scale_a = scale_a if scale_a.dtype == _F32 else scale_a.astype(_F32)
+        self.scale_b = scale_b if scale_b.dtype == _F32 else scale_b.astype(_F32)
+        self.block_n, self.block_k = block_size
+        self.out_dtype = np.dtype(out_dtype)
+        self.bias = bias
+        self.plan = self.state = self.scale_b_padded = self.scale_a_cols = None
+
+
+# weight scale arrays -> their cuBLASLt layout, made once per array (weak: the cache never keeps a
+# layer's scales alive); keyed by identity, so an array must not be written after its first use
+_PADDED_SCALES = weakref.WeakKeyDictionary()
+
+
+def _padded_weight_scales(scale_b):
+    """[ceil(N/128)][L4] row-major, L4 = ceil(K-blocks / 4) * 4, zeros in the padding."""
+    found = _PADDED_SCALES.get(scale_b)
+    if found is None:
+        rows, cols = scale_b.shape
+        padded = device.xp.zeros((rows, -(-cols // 4) * 4), dtype=np.float32)
+        padded[:, :cols] = scale_b
+        found = _PADDED_SCALES[scale_b] = padded
+    return found
+
+
+class CublasLtBlock:
+    name = "cublaslt_block"
+
+    def can_implement(self, call):
+        if not _config.dense_cublaslt_fp8_enabled():
+            return False, "turned off by the lever VT_DENSE_CUBLASLT_FP8"
+        if SIMULATOR:
+            return False, "cuBLASLt needs a real GPU (running under the CUDA simulator)"
+        reason = cublaslt.unavailable_reason() or call.device.cublaslt().block_reason
+        if reason:
+            return False, reason
+        if (call.block_n, call.block_k) != (128, 128):
+            return False, f"cuBLASLt's block scaling is 128 x 128, got block_size {(call.block_n, call.block_k)}"
+        if call.k % 128 or call.n % 16:
+            return False, f"cuBLASLt's block scaling needs K % 128 == 0 and N % 16 == 0, got K = {call.k}, N = {call.n}"
+        if call.m % 4:
+            return False, f"cuBLASLt's block scaling needs M % 4 == 0 (it refuses M = 1), got M = {call.m}"
+        a, b = call.a, call.b
+        if a.strides[1] != 1 or b.strides[1] != 1 or a.strides[0] % 16 or b.strides[0] % 16 or a.data.ptr % 16 \
+                or b.data.ptr % 16:
+            return False, "cuBLASLt FP8 needs 16-byte aligned rows with contiguous K"
+        if call.bias is not None:
+            bias_dt = np.dtype(call.bias.dtype)
+            if bias_dt != cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype] or not call.bias.flags.c_contiguous \
+                    or call.bias.data.ptr % 16:
+                return False, f"cuBLASLt's bias epilogue takes a contiguous aligned {cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]} bias for {call.out_dtype} output"
+        # the layouts cuBLASLt reads: activation scales m-contiguous, weight scales padded
+        sa = call.scale_a
+        call.scale_a_cols = sa if sa.strides == (4, 4 * call.m) else device.xp.ascontiguousarray(sa.T).T
+        call.scale_b_padded = _padded_weight_scales(call.scale_b)
+        state = call.device.cublaslt()
+        key = cublaslt.plan_key(call.a, call.b, call.out_dtype, None if call.bias is None else np.dtype(call.bias.dtype),
+                                cublaslt.GROUP_128, cublaslt.BLOCK_128x128)
+        plan = state.plan_or_reason(key, (call.scale_a_cols.data.ptr, call.scale_b_padded.data.ptr,
+                                          0 if call.bias is None else call.bias.data.ptr))
+        if isinstance(plan, str):
+            return False, plan
+        call.plan, call.state = plan, state
+        return True, ""
+
+    def run(self, call):
+        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
+        return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a_cols, call.scale_b_padded,
+                               call.bias, y)
+
+
+class TiledBlock:
+    name = "tiled_block"
+
+    def can_implement(self, call):
+        return True, ""  # any block size, shape, strides and GPU
+
+    def run(self, call):
+        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
+        y_bits = y if call.out_dtype == np.float32 else y.view(np.uint16)
+        if call.bias is None:
+            bias, bias_kind = call.device.placeholder("u16"), BiasKind.NONE
+        else:
+            bias = call.bias if call.bias.flags.c_contiguous else device.xp.ascontiguousarray(call.bias)
+            bias, bias_kind = bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
+        grid = ((call.n + TILE_N - 1) // TILE_N, (call.m + TILE_M - 1) // TILE_M)
+        tiled_block_kernel(call.out_dtype == np.float32)(
+            grid, TILED_THREADS, call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k,
+            bias, bias_kind, y_bits, OUT_KIND[call.out_dtype])
+        return y
+
+
+KERNELS = (CublasLtBlock(), TiledBlock())
+KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+
+
+def select(call, kernel=None):
+    """The kernel that runs ``call`` (``kernel`` by name if given); ValueError listing every reason
+    when none can."""
+    disabled = {n.strip() for n in os.environ.get("VT_DISABLE_KERNELS", "").split(",") if n.strip()}
+    if kernel is not None:
+        chosen = KERNELS_BY_NAME.get(kernel)
+        if chosen is None:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None for a block-scaled call, "
+                             f"got {kernel!r}")
+        ok, why = chosen.can_implement(call)
+        if not ok:
+            raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
+        return chosen
+    reasons = []
+    for candidate in KERNELS:
+        if candidate.name in disabled:
+            reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
+            continue
+        ok, why = candidate.can_implement(call)
+        if ok:
+            return candidate
+        reasons.append(f"{candidate.name}: {why}")
+    raise ValueError(f"no GPU block-scaled GEMM kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T "
+                     "call:\n  " + "\n  ".join(reasons))
+
+
+def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):
+    """The GPU's block-scaled GEMM, arguments as ``vtnumba.ops.scaled_mm`` normalizes them."""
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return device.array_module().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+    call = BlockCall(a, b, scale_a, scale_b, block_size, out_dtype, bias)
+    return select(call, kernel).run(call)
+
+
+__all__ = ["block_scaled_mm", "select", "BlockCall", "KERNELS", "KERNELS_BY_NAME"]
