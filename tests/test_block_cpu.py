@@ -468,3 +468,31 @@ def test_group_quant_feeds_the_block_gemm():
         assert_block_g3(y, codes, w_codes, sx, sw, blk)
         rel = np.linalg.norm(y - x @ w.T) / np.linalg.norm(x @ w.T)
         assert rel < 0.06, rel
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("m", [1, 6, 70])
+def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m):
+    """With codes whose products sum exactly in float32 in any order (values k / 8 for small k), every
+    P is exact whatever a kernel's summation order, so each kernel must give the bits of
+    ``total + (P * sa) * sb`` summed in kb order, then the bias: this pins the block step the G3 bound
+    alone would let drift (folding sa * sb into one factor stays inside the bound)."""
+    rng = np.random.default_rng(37 + m)
+    n, k, blk = 23, 200, (5, 32)
+    small = reference.encode(np.arange(-16, 17, dtype=F32) / F32(8))  # exact e4m3 values j / 8
+    a, b = rng.choice(small, size=(m, k)), rng.choice(small, size=(n, k))
+    sa, sb = block_scales(rng, m, n, k, *blk)
+    bias = rng.standard_normal(n).astype(F32)
+    da, db = reference.decode(a), reference.decode(b)
+    want = np.zeros((m, n), dtype=F32)
+    folded = np.zeros((m, n), dtype=F32)
+    sb_rows = np.repeat(sb, blk[0], axis=0)[:n]
+    for kb in range(-(-k // blk[1])):
+        lo, hi = kb * blk[1], min(k, (kb + 1) * blk[1])
+        p = (da[:, lo:hi] @ db[:, lo:hi].T).astype(F32)  # exact: multiples of 1/64 below 2^14
+        want = want + (p * sa[:, kb:kb + 1]) * sb_rows[None, :, kb]
+        folded = folded + p * (sa[:, kb:kb + 1] * sb_rows[None, :, kb])
+    want, folded = want + bias, folded + bias
+    assert np.any(want != folded), "the data cannot tell the order apart: the test would be vacuous"
+    got = block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), bias, kernel)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

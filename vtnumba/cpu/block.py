@@ -31,7 +31,7 @@ scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL
+from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION
 from . import _kernel_input
 from .codec import decode_e4m3, per_group_scale
 from .gemm import (_K_CHUNK, _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector,
@@ -94,14 +94,14 @@ def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=Fal
 # -- the block-scaled GEMM -------------------------------------------------------------------------
 
 
-@njit(**CPU_SERIAL_KERNEL)
+@njit(**CPU_STRICT_FUNCTION)
 def _block_step(total, p, sa, sb):
     """total + (p * sa) * sb in float32, in that order (upstream's Triton block kernel; Triton may
     fuse the last multiply-add into an FMA, which the G3-per-block bound also covers)."""
     return total + (p * sa) * sb
 
 
-@njit(**CPU_SERIAL_KERNEL)
+@njit(**CPU_STRICT_FUNCTION)
 def _block_steps(total, p, sat, scale_b, kb0, nb0, nb1, nb2, nb3, valid):
     """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m]) * sb_j for kb = kb0 + i, j < valid, in kb
     order; sb_j = scale_b[nb_j, kb], nb_j the weight row-block of the tile's row j.
@@ -144,16 +144,17 @@ def reference_kernel(a, b, scale_a, scale_b, bn, bk, bias, out):
             out[m, n] = add_bias(total, bias, n)
 
 
-@njit(**CPU_SERIAL_KERNEL)
+@njit(**CPU_STRICT_FUNCTION)
 def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
     """M = 1: out[0, n0 + j] = bias + the block steps of p[kb, j] in kb order, j < valid (as
     ``_block_steps``, with scalars: at M = 1 the array views of the general form cost 10%)."""
+    t = np.zeros(4, dtype=np.float32)
+    for kb in range(p.shape[0]):
+        sa = sat[kb, 0]
+        for j in range(valid):
+            t[j] = t[j] + (p[kb, j] * sa) * scale_b[nb0 if j == 0 else nb1 if j == 1 else nb2 if j == 2 else nb3, kb]
     for j in range(valid):
-        sb = scale_b[nb0 if j == 0 else nb1 if j == 1 else nb2 if j == 2 else nb3]
-        t = np.float32(0.0)
-        for kb in range(p.shape[0]):
-            t = t + (p[kb, j] * sat[kb, 0]) * sb[kb]
-        out[0, n0 + j] = add_bias(t, bias, n0 + j)
+        out[0, n0 + j] = add_bias(t[j], bias, n0 + j)
 
 
 @njit(fastmath=_REASSOC, **CPU_KERNEL)
@@ -284,7 +285,7 @@ def _decode_blocked(codes, bk, out):
                 dst[k] = np.float32(0.0)
 
 
-@njit(**CPU_SERIAL_KERNEL)
+@njit(**CPU_STRICT_FUNCTION)
 def _block_epilogue(p, total, sa_col, sb_row):
     """total[i, j] = total[i, j] + (p[i, j] * sa_col[i]) * sb_row[j] in float32: the block step over a
     tile, with no fast-math flags (so in that order); it vectorizes along j as it is."""
