@@ -7,7 +7,12 @@ The fragments below are written by hand in the exact shape the producers emit:
 - compressed-tensors config.json (llm-compressor's FP8 / FP8_DYNAMIC presets, as in the
   RedHatAI/neuralmagic "-FP8" and "-FP8-dynamic" model cards; read by vLLM's compressed_tensors.py);
 - vLLM "fp8" (AutoFP8 checkpoints, and DeepSeek-V3's config.json with weight_block_size; read by
-  vllm/model_executor/layers/quantization/fp8.py, Fp8Config.from_config).
+  vllm/model_executor/layers/quantization/fp8.py, Fp8Config.from_config);
+- the block-scaled formats of issue 12: DeepSeek-V3 / V3.1 (``scale_fmt`` "ue8m0") and Qwen3-*-FP8
+  config.json, transformers' FineGrainedFP8Config as ``to_dict`` writes it
+  (src/transformers/utils/quantization_config.py), and compressed-tensors' FP8_BLOCK preset
+  (compressed_tensors/quantization/quant_scheme.py: weights strategy "block", block_structure
+  [128, 128]; input activations dynamic strategy "group", group_size 128) as llm-compressor saves it.
 """
 
 import json
@@ -87,6 +92,70 @@ DEEPSEEK_V3 = {
     },
 }
 
+DEEPSEEK_V3_1 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "quantization_config": {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+    },
+}
+
+QWEN3_FP8 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "activation_scheme": "dynamic", "modules_to_not_convert": None, "fmt": "e4m3", "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+}
+
+QWEN3_MOE_FP8 = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "quantization_config": {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"],
+    },
+}
+
+TRANSFORMERS_FINE_GRAINED_FP8 = {  # FineGrainedFP8Config(weight_block_size=(64, 128), ...).to_dict()
+    "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 128],
+        "modules_to_not_convert": ["lm_head"], "dequantize": False, "scale_fmt": "float",
+    },
+}
+
+COMPRESSED_TENSORS_FP8_BLOCK = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "config_groups": {
+            "group_0": {
+                "format": "float-quantized",
+                "input_activations": {
+                    "actorder": None, "block_structure": None, "dynamic": True, "group_size": 128,
+                    "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "group",
+                    "symmetric": True, "type": "float",
+                },
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {
+                    "actorder": None, "block_structure": [128, 128], "dynamic": False, "group_size": None,
+                    "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": "block",
+                    "symmetric": True, "type": "float",
+                },
+            }
+        },
+        "format": "float-quantized",
+        "global_compression_ratio": None,
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+    },
+}
+
 
 def _fp8_weight(scheme, n=4, k=8):
     return seam.Fp8Weight(np.zeros((n, k), np.uint8), 1.0, input_scale=0.5 if scheme == "static" else None,
@@ -136,6 +205,35 @@ def test_vllm_fp8_static_and_dynamic():
     assert dyn.activation_scheme == "dynamic" and dyn.ignore == ()
 
 
+@pytest.mark.parametrize("config, block, ignore, ue8m0", [
+    (DEEPSEEK_V3, (128, 128), (), False),
+    (DEEPSEEK_V3_1, (128, 128), (), True),
+    (QWEN3_FP8, (128, 128), (), False),
+    (QWEN3_MOE_FP8, (128, 128), ("lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"), False),
+    (TRANSFORMERS_FINE_GRAINED_FP8, (64, 128), ("lm_head",), False),
+    (COMPRESSED_TENSORS_FP8_BLOCK, (128, 128), ("lm_head",), False),
+], ids=["deepseek-v3", "deepseek-v3.1", "qwen3", "qwen3-moe", "transformers", "compressed-tensors"])
+def test_block_scaled_formats_parse(config, block, ignore, ue8m0):
+    """Every block-scaled format of issue 12: block weights and dynamic per-token-group activations
+    whose group size is the block's bk (vLLM's "dynamic" with weight_block_size means exactly that)."""
+    cfg = seam.Fp8Config.from_hf(config)
+    assert (cfg.weight_strategy, cfg.activation_scheme) == ("block", "per_group")
+    assert cfg.weight_block_size == block and cfg.activation_group_size == block[1]
+    assert cfg.ignore == ignore and cfg.activation_scale_ue8m0 is ue8m0
+    assert cfg.quant_method == ("compressed-tensors" if config is COMPRESSED_TENSORS_FP8_BLOCK else "fp8")
+    if ignore:
+        assert type(cfg.linear_method(ignore[-1], np.ones((2, 2), np.float32))) is seam.UnquantizedLinearMethod
+        assert not cfg.is_ignored("model.layers.2.mlp.gate")
+
+
+def test_vllm_fp8_reads_modules_to_not_convert_when_ignored_layers_is_empty():
+    section = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head"]}
+    assert seam.Fp8Config.from_hf(section).ignore == ("lm_head",)
+    section["ignored_layers"] = ["model.embed_tokens"]
+    assert seam.Fp8Config.from_hf(section).ignore == ("model.embed_tokens",)  # vLLM's order
+    assert seam.Fp8Config.from_hf({**section, "activation_scheme": "Dynamic"}).activation_scheme == "dynamic"
+
+
 def test_block_scaled_checkpoint_is_refused_per_layer_naming_it():
     cfg = seam.Fp8Config.from_hf(DEEPSEEK_V3)
     assert cfg.weight_block_size == (128, 128)
@@ -147,7 +245,8 @@ def test_block_scaled_checkpoint_is_refused_per_layer_naming_it():
     ct["quantization_config"]["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 128])
     ct["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(strategy="token")
     cfg = seam.Fp8Config.from_hf(ct)
-    assert cfg.weight_block_size == (128, 128)
+    # dynamic per-token activations beside block weights are quantized per group of bk, as vLLM does
+    assert (cfg.weight_block_size, cfg.activation_scheme, cfg.activation_group_size) == ((128, 128), "per_group", 128)
     with pytest.raises(ValueError, match="layer 'model.layers.0.self_attn.o_proj': block-scaled FP8"):
         cfg.linear_method("model.layers.0.self_attn.o_proj", _fp8_weight("per_token"))
     # an ignored layer of a block-scaled checkpoint still gets its unquantized method
@@ -184,6 +283,52 @@ def test_from_hf_reads_paths(tmp_path):
 def test_unknown_or_unsupported_configs_are_refused(config, words):
     with pytest.raises(ValueError, match=words):
         seam.Fp8Config.from_hf(config)
+
+
+def _ct_block(**acts):
+    ct = json.loads(json.dumps(COMPRESSED_TENSORS_FP8_BLOCK))
+    ct["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(acts)
+    return ct
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "activation_scheme": "static"}},
+     r"activation_scheme must be 'dynamic' with weight_block_size \[128, 128\].*got 'static'"),
+    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [128]}},
+     r"weight_block_size must be two positive ints \[rows, cols\], got \[128\]"),
+    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [0, 128]}},
+     r"weight_block_size must be two positive ints \[rows, cols\], got \[0, 128\]"),
+    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "scale_fmt": "e8m0x"}},
+     "scale_fmt must be 'float' or 'ue8m0', got 'e8m0x'"),
+    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "scale_fmt": "ue8m0"}},
+     "scale_fmt 'ue8m0' needs block-scaled weights"),
+    (_ct_block(group_size=64),
+     r"group_0.input_activations.group_size must equal the weights' bk = 128 \(block_structure \[128, 128\]\), got 64"),
+    (_ct_block(dynamic=False, strategy="tensor"),
+     r"group_0.input_activations must be dynamic with block-scaled weights.*got static strategy='tensor'"),
+], ids=["block-static", "block-rank", "block-zero", "scale-fmt", "ue8m0-no-block", "ct-group-size", "ct-static"])
+def test_block_scaled_configs_that_contradict_themselves_are_refused(config, words):
+    with pytest.raises(ValueError, match=words):
+        seam.Fp8Config.from_hf(config)
+
+
+def test_per_group_activations_need_block_weights():
+    ct = json.loads(json.dumps(COMPRESSED_TENSORS_FP8_DYNAMIC))
+    ct["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(strategy="group", group_size=128)
+    with pytest.raises(ValueError, match="strategy='group' dynamic=True \\(per-group activations come with block"):
+        seam.Fp8Config.from_hf(ct)
+    with pytest.raises(ValueError, match="activation_scheme 'per_group' needs block-scaled weights"):
+        seam.Fp8Config("fp8", activation_scheme="per_group")
+    with pytest.raises(ValueError, match="activation_scheme must be 'per_group' with block-scaled weights"):
+        seam.Fp8Config("fp8", activation_scheme="dynamic", weight_block_size=(128, 128))
+    with pytest.raises(ValueError, match="activation_group_size must equal the weight's bk = 128"):
+        seam.Fp8Config("fp8", activation_scheme="per_group", weight_block_size=(128, 128), activation_group_size=64)
+    with pytest.raises(ValueError, match="weight_block_size must be given exactly when weight_strategy is 'block'"):
+        seam.Fp8Config("fp8", weight_strategy="channel", activation_scheme="per_group", weight_block_size=(128, 128))
+    with pytest.raises(ValueError, match="activation_group_size must be None unless"):
+        seam.Fp8Config("fp8", activation_group_size=128)
+    cfg = seam.Fp8Config("fp8", activation_scheme="per_group", weight_block_size=[64, 32])
+    assert (cfg.weight_strategy, cfg.weight_block_size, cfg.activation_group_size) == ("block", (64, 32), 32)
 
 
 def test_compressed_tensors_schemes_outside_fp8_w8a8_are_refused():

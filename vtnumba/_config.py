@@ -18,6 +18,10 @@ CPU_INLINE = dict(inline="always")
 # ZeroDivisionError, whose per-element check kept the per-token divide loop from vectorizing.
 CPU_KERNEL = dict(parallel=True, cache=_CACHE, nogil=True, error_model="numpy")
 CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True, error_model="numpy")
+# A function called from a fast-math kernel that must keep IEEE order and roundings: a callee compiles
+# with its caller's fastmath flags unless it sets its own (numba's TargetConfig "inherit_if_not_set"),
+# which silently reassociated the block-scaled GEMM's sum over K-blocks.
+CPU_STRICT_FUNCTION = dict(CPU_SERIAL_KERNEL, fastmath=False)
 
 # Elements per parallel work item of the element-wise CPU kernels: large enough that the inner loop
 # vectorizes and threads do not share cache lines, small enough to balance two cores.

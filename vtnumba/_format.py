@@ -96,6 +96,33 @@ def bfloat16_bits_to_float32(h):
     return bits_float32(np.uint32(h) << np.uint32(16))
 
 
+# Per-group activation scales (upstream vLLM's per_token_group_quant_fp8): the eps its CUDA and Triton
+# kernels clamp amax with, as a float32 (both pass eps=1e-10 as a float32 kernel argument).
+F32_GROUP_EPS = np.float32(1e-10)
+_U32_MANTISSA_MASK = np.uint32(0x7FFFFF)
+_U32_23 = np.uint32(23)
+
+
+def per_group_scale(amax, ue8m0):
+    """The scale of one activation group from its finite amax (a float32): ``max(amax, 1e-10) / 448``
+    in float32, as upstream's per_token_group_quant_fp8 (CUDA ``ComputeGroupScale``, Triton
+    ``_per_token_group_quant_fp8``: eps clamps amax, then one float32 divide).
+
+    ``ue8m0``: the scale is rounded up to a power of two, the smallest one >= ``max(scale, 1e-10)``,
+    as upstream's CUDA kernel does (``exp2f(ceilf(log2f(fmaxf(y_s, 1e-10f))))``, which its register
+    kernel and DeepGEMM's ``ceil_to_ue8m0`` spell as "add one to the exponent when the mantissa is not
+    zero, then clear the mantissa"; we use that bit form, exact for every input). The scale is always
+    a positive normal float32 (>= 1e-10 / 448), so the exponent bump never reaches inf.
+    """
+    scale = np.float32(max(amax, F32_GROUP_EPS) / F32_E4M3_MAX)
+    if ue8m0:
+        bits = np.uint32(float32_bits(max(scale, F32_GROUP_EPS)))
+        exponent = np.uint32(bits >> _U32_23)  # the sign bit is 0
+        exponent = np.uint32(exponent + np.uint32(1)) if (bits & _U32_MANTISSA_MASK) != np.uint32(0) else exponent
+        scale = bits_float32(np.uint32(exponent << _U32_23))
+    return scale
+
+
 def compile_for_target(fn, jit, **primitives):
     """Compile one of the plain-Python scalar functions above for a target.
 

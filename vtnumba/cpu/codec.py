@@ -14,6 +14,7 @@ _targets = dict(float32_bits=float32_bits, bits_float32=bits_float32)
 encode_e4m3 = _format.compile_for_target(_format.encode_e4m3_scalar, njit(**CPU_INLINE), **_targets)
 decode_e4m3 = _format.compile_for_target(_format.decode_e4m3_scalar, njit(**CPU_INLINE), **_targets)
 _bf16_to_f32 = _format.compile_for_target(_format.bfloat16_bits_to_float32, njit(**CPU_INLINE), **_targets)
+per_group_scale = _format.compile_for_target(_format.per_group_scale, njit(**CPU_INLINE), **_targets)
 
 
 def load_float32(v):

@@ -67,12 +67,17 @@ _K_CHUNK = 1024
 
 
 @njit(**CPU_INLINE)
-def _epilogue_value(acc, sa, sb, bias, n):
-    """The one place the scales and the bias meet the accumulator (see the module docstring)."""
-    y = acc * (sa * sb)
+def add_bias(y, bias, n):
+    """y + bias[n] in float32; a length-0 bias is none."""
     if bias.size != 0:
         y += bias[n]
     return y
+
+
+@njit(**CPU_INLINE)
+def _epilogue_value(acc, sa, sb, bias, n):
+    """The one place the scales and the bias meet the accumulator (see the module docstring)."""
+    return add_bias(acc * (sa * sb), bias, n)
 
 
 @njit(**CPU_INLINE)
@@ -287,8 +292,7 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)} on the CPU, got {kernel!r}")
     sa = np.ascontiguousarray(np.asarray(scale_a, dtype=np.float32).reshape(-1))
     sb = np.ascontiguousarray(np.asarray(scale_b, dtype=np.float32).reshape(-1))
-    # the bias is added in float32; float16 / bfloat16 widen to it exactly
-    bias32 = np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    bias32 = bias_vector(bias)
     out = np.empty((m, n), dtype=np.float32)
     if kernel == "reference":
         reference_kernel(a, b, sa, sb, bias32, out)
@@ -303,9 +307,20 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
             (gemv_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
-    if out.dtype != out_dtype:
-        # numpy / ml_dtypes casts round to nearest, ties to even; past the dtype's largest finite
-        # value that rounding gives inf, which is the defined result, not a warning
-        with np.errstate(over="ignore"):
-            out = out.astype(out_dtype)
-    return out
+    return to_out_dtype(out, out_dtype)
+
+
+def bias_vector(bias):
+    """The kernels' bias: float32 of length N, or length 0 for none (float16 / bfloat16 widen to
+    float32 exactly)."""
+    return np.zeros(0, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+
+
+def to_out_dtype(out, out_dtype):
+    """The float32 result rounded to ``out_dtype``: numpy / ml_dtypes casts round to nearest, ties to
+    even; past the dtype's largest finite value that rounding gives inf, which is the defined result,
+    not a warning."""
+    if out.dtype == out_dtype:
+        return out
+    with np.errstate(over="ignore"):
+        return out.astype(out_dtype)

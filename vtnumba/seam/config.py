@@ -11,12 +11,20 @@ hf_quant_config.json), following upstream vLLM's readers:
   ``quantization/compressed_tensors/compressed_tensors.py``): ``config_groups`` whose ``weights`` are
   8-bit float with strategy "tensor" or "channel" and whose ``input_activations`` are static
   "tensor" or dynamic "token" / "tensor"; skipped layers in ``ignore`` (names, or "re:" regexes).
-- vLLM's own "fp8" (``quantization/fp8.py``; AutoFP8 and DeepSeek-style checkpoints):
-  ``activation_scheme`` "static" or "dynamic" (per-tensor), per-tensor weight scales, skipped
-  layers in ``ignored_layers``; ``weight_block_size`` marks block-scaled weights.
+  The FP8_BLOCK preset: weights strategy "block" with ``block_structure`` [bn, bk], input
+  activations dynamic strategy "group" with ``group_size`` bk (per-token groups of 1 x bk).
+- vLLM's own "fp8" (``quantization/fp8.py``; AutoFP8 checkpoints): ``activation_scheme`` "static" or
+  "dynamic" (per-tensor), per-tensor weight scales, skipped layers in ``ignored_layers`` (else
+  ``modules_to_not_convert``, as vLLM falls back).
+- the same "fp8" key with ``weight_block_size`` [bn, bk]: DeepSeek-V3/R1, Qwen3-*-FP8, and
+  transformers' ``FineGrainedFP8Config`` (``activation_scheme``, ``weight_block_size``,
+  ``modules_to_not_convert``). Weights are block-scaled and "dynamic" activations mean per-token groups
+  of 1 x bk (vLLM's block path quantizes them so; static activations are refused with block weights, as
+  vLLM refuses them). ``scale_fmt`` "ue8m0" (DeepSeek-V3.1) asks for power-of-two activation scales.
 
-Block-scaled weights are recognized and refused per layer ("not supported yet"), so a model whose
-quantized layers are all block-scaled still loads its unquantized ones.
+Block-scaled weights are parsed (``weight_strategy`` "block", ``activation_scheme`` "per_group") and
+then refused per layer by ``linear_method`` ("not supported yet"), so a model whose quantized layers
+are all block-scaled still loads its unquantized ones.
 """
 
 import fnmatch
@@ -33,6 +41,7 @@ from .weights import Fp8Weight, ResidentFp8
 __all__ = ["Fp8Config"]
 
 _METHODS = ("modelopt", "compressed-tensors", "fp8")
+_ACTIVATION_SCHEMES = ("static", "dynamic", "per_token", "per_group")
 _MODELOPT_ALGOS = {
     # quant_algo -> (weight strategy, activation scheme), per vLLM's ModelOptFp8LinearMethod and
     # ModelOptFp8PcPtLinearMethod
@@ -83,26 +92,40 @@ class Fp8Config:
     """How a checkpoint's linear layers are quantized.
 
     - ``quant_method``: 'modelopt', 'compressed-tensors' or 'fp8' (the format it was read from).
-    - ``weight_strategy``: 'tensor' (one weight scale per layer or shard) or 'channel' (one per row).
-    - ``activation_scheme``: 'static', 'dynamic' or 'per_token' (as ``Fp8Weight``).
+    - ``weight_strategy``: 'tensor' (one weight scale per layer or shard), 'channel' (one per row) or
+      'block' (one per bn x bk block); None picks 'block' when ``weight_block_size`` is given, else
+      'tensor'.
+    - ``activation_scheme``: 'static', 'dynamic', 'per_token' (as ``Fp8Weight``) or 'per_group'
+      (dynamic, per token in groups of ``activation_group_size`` along K: the scheme of block-scaled
+      weights, and only theirs).
     - ``ignore``: layer names and patterns left unquantized: exact names, globs ('*lm_head*',
       ModelOpt's style) and 're:<regex>' (compressed-tensors' style, matched with ``re.match``).
-    - ``weight_block_size``: (rows, cols) for block-scaled checkpoints (not supported yet), else None.
+    - ``weight_block_size``: (bn, bk) for block-scaled checkpoints (scales [ceil(N/bn), ceil(K/bk)]),
+      else None.
+    - ``activation_group_size``: the per-group activations' group size; it must be bk (the GEMM
+      scales each K-block by one activation scale). None picks bk for 'per_group'.
+    - ``activation_scale_ue8m0``: per-group activation scales rounded up to powers of two (DeepSeek's
+      ``scale_fmt`` "ue8m0").
     """
 
     quant_method: str
-    weight_strategy: str = "tensor"
+    weight_strategy: str | None = None
     activation_scheme: str = "dynamic"
     ignore: tuple = ()
     weight_block_size: tuple | None = None
+    activation_group_size: int | None = None
+    activation_scale_ue8m0: bool = False
 
     def __post_init__(self):
         if self.quant_method not in _METHODS:
             raise ValueError(f"quant_method must be one of {', '.join(_METHODS)}, got {self.quant_method!r}")
-        if self.weight_strategy not in ("tensor", "channel"):
-            raise ValueError(f"weight_strategy must be 'tensor' or 'channel', got {self.weight_strategy!r}")
-        if self.activation_scheme not in ("static", "dynamic", "per_token"):
-            raise ValueError(f"activation_scheme must be 'static', 'dynamic' or 'per_token', got {self.activation_scheme!r}")
+        if self.weight_strategy is None:
+            object.__setattr__(self, "weight_strategy", "tensor" if self.weight_block_size is None else "block")
+        if self.weight_strategy not in ("tensor", "channel", "block"):
+            raise ValueError(f"weight_strategy must be 'tensor', 'channel' or 'block', got {self.weight_strategy!r}")
+        if self.activation_scheme not in _ACTIVATION_SCHEMES:
+            raise ValueError(f"activation_scheme must be one of {', '.join(map(repr, _ACTIVATION_SCHEMES))}, "
+                             f"got {self.activation_scheme!r}")
         ignore = self.ignore
         if isinstance(ignore, str) or not all(isinstance(p, str) for p in ignore):
             raise TypeError(f"ignore must be a sequence of layer names or patterns, got {ignore!r}")
@@ -115,9 +138,37 @@ class Fp8Config:
                     raise ValueError(f"ignore pattern must be a valid regex, got {pattern!r} ({exc})") from None
         if self.weight_block_size is not None:
             block = tuple(self.weight_block_size)
-            if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+            if len(block) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block):
                 raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {self.weight_block_size!r}")
             object.__setattr__(self, "weight_block_size", block)
+        self._check_block_scheme()
+
+    def _check_block_scheme(self):
+        """Block-scaled weights and per-group activations come together, with group size = bk."""
+        block = self.weight_block_size
+        if (self.weight_strategy == "block") != (block is not None):
+            raise ValueError(f"weight_block_size must be given exactly when weight_strategy is 'block', got "
+                             f"weight_strategy={self.weight_strategy!r} with weight_block_size={block!r}")
+        if block is not None and self.activation_scheme != "per_group":
+            raise ValueError(f"activation_scheme must be 'per_group' with block-scaled weights (weight_block_size "
+                             f"{list(block)}), got {self.activation_scheme!r}")
+        group = self.activation_group_size
+        if self.activation_scheme != "per_group":
+            if group is not None:
+                raise ValueError(f"activation_group_size must be None unless activation_scheme is 'per_group', "
+                                 f"got {group!r} with {self.activation_scheme!r}")
+            if self.activation_scale_ue8m0:
+                raise ValueError(f"activation_scale_ue8m0 needs activation_scheme 'per_group', got "
+                                 f"{self.activation_scheme!r}")
+            return
+        if block is None:
+            raise ValueError("activation_scheme 'per_group' needs block-scaled weights: weight_block_size must be "
+                             "given, got None")
+        if group is None:
+            object.__setattr__(self, "activation_group_size", block[1])
+        elif isinstance(group, bool) or not isinstance(group, int) or group != block[1]:
+            raise ValueError(f"activation_group_size must equal the weight's bk = {block[1]} (weight_block_size "
+                             f"{list(block)}), got {group!r}")
 
     # -- reading -----------------------------------------------------------------------------
     @classmethod
@@ -161,7 +212,6 @@ class Fp8Config:
         if not isinstance(groups, dict) or not groups:
             raise ValueError(f"config_groups must be a non-empty dict in a compressed-tensors config, got {groups!r}")
         found = set()
-        block = None
         for gname, group in groups.items():
             weights = group.get("weights") or {}
             acts = group.get("input_activations")
@@ -169,12 +219,13 @@ class Fp8Config:
                 raise ValueError(f"config_groups.{gname}.weights must be 8-bit float (FP8), got "
                                  f"type={weights.get('type')!r} num_bits={weights.get('num_bits')!r}")
             w_strategy = weights.get("strategy")
+            block = None
             if w_strategy == "block":
-                block = tuple(weights.get("block_structure") or ()) or None
-                if block is None:
-                    raise ValueError(f"config_groups.{gname}.weights.block_structure must be given for "
-                                     f"strategy 'block', got none")
-                w_strategy = "tensor"  # refused per layer by linear_method
+                block = weights.get("block_structure")
+                if not isinstance(block, (list, tuple)) or len(block) != 2:
+                    raise ValueError(f"config_groups.{gname}.weights.block_structure must be [bn, bk] for "
+                                     f"strategy 'block', got {block!r}")
+                block = tuple(block)
             elif w_strategy not in ("tensor", "channel"):
                 raise ValueError(f"config_groups.{gname}.weights.strategy must be 'tensor', 'channel' or "
                                  f"'block', got {w_strategy!r}")
@@ -185,28 +236,71 @@ class Fp8Config:
                 raise ValueError(f"config_groups.{gname}.input_activations must be 8-bit float, got "
                                  f"type={acts.get('type')!r} num_bits={acts.get('num_bits')!r}")
             a_key = (acts.get("strategy"), bool(acts.get("dynamic")))
-            schemes = {("tensor", False): "static", ("tensor", True): "dynamic", ("token", True): "per_token"}
-            if a_key not in schemes:
-                raise ValueError(f"config_groups.{gname}.input_activations must be static 'tensor', dynamic "
-                                 f"'tensor' or dynamic 'token', got strategy={a_key[0]!r} dynamic={a_key[1]}")
-            found.add((w_strategy, schemes[a_key]))
+            if block is not None:
+                scheme = cls._block_activations(f"config_groups.{gname}.input_activations", acts, a_key, block)
+            else:
+                schemes = {("tensor", False): "static", ("tensor", True): "dynamic", ("token", True): "per_token"}
+                if a_key not in schemes:
+                    hint = (" (per-group activations come with block-scaled weights, strategy 'block')"
+                            if a_key[0] == "group" else "")
+                    raise ValueError(f"config_groups.{gname}.input_activations must be static 'tensor', dynamic "
+                                     f"'tensor' or dynamic 'token', got strategy={a_key[0]!r} dynamic={a_key[1]}{hint}")
+                scheme = schemes[a_key]
+            found.add((w_strategy, scheme, block))
         if len(found) != 1:
             raise ValueError(f"config_groups must share one FP8 scheme (mixed schemes are not supported yet), "
-                             f"got {sorted(found)}")
-        (strategy, scheme), = found
+                             f"got {sorted(found, key=str)}")
+        (strategy, scheme, block), = found
         return cls("compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block)
+
+    @staticmethod
+    def _block_activations(name, acts, a_key, block):
+        """The activation scheme beside block-scaled weights: dynamic, quantized per token in groups of bk.
+
+        vLLM's block path quantizes the activations of a block-scaled layer in 1 x bk groups whatever
+        dynamic strategy the config names ('group' in the FP8_BLOCK preset; 'token' and 'tensor' mean
+        the same there), and refuses static ones (compressed_tensors_w8a8_fp8.py asserts it)."""
+        strategy, dynamic = a_key
+        if not dynamic:
+            raise ValueError(f"{name} must be dynamic with block-scaled weights (block_structure {list(block)}), "
+                             f"got static strategy={strategy!r}")
+        if strategy not in ("group", "token", "tensor"):
+            raise ValueError(f"{name}.strategy must be 'group' with block-scaled weights, got {strategy!r}")
+        if strategy == "group" and acts.get("group_size") != block[1]:
+            raise ValueError(f"{name}.group_size must equal the weights' bk = {block[1]} (block_structure "
+                             f"{list(block)}), got {acts.get('group_size')!r}")
+        return "per_group"
 
     @classmethod
     def _from_vllm_fp8(cls, section):
+        """vLLM's "fp8" (fp8.py ``Fp8Config.from_config``), which also reads DeepSeek-V3/R1, Qwen3-FP8
+        and transformers' FineGrainedFP8Config: the same keys."""
         scheme = section.get("activation_scheme")
+        scheme = scheme.lower() if isinstance(scheme, str) else scheme  # transformers lower-cases it
         if scheme not in ("static", "dynamic"):
             raise ValueError(f"activation_scheme must be 'static' or 'dynamic' in an 'fp8' config, got {scheme!r}")
         fmt = section.get("fmt", "e4m3")
         if fmt != "e4m3":
             raise ValueError(f"fmt must be 'e4m3' (vtnumba's FP8 format is e4m3fn), got {fmt!r}")
+        # vLLM reads ignored_layers, and modules_to_not_convert (transformers' key) when that is empty
+        ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
         block = section.get("weight_block_size")
-        return cls("fp8", "tensor", scheme, tuple(section.get("ignored_layers") or ()),
-                   None if block is None else tuple(block))
+        scale_fmt = section.get("scale_fmt")
+        if scale_fmt not in (None, "float", "ue8m0"):
+            raise ValueError(f"scale_fmt must be 'float' or 'ue8m0', got {scale_fmt!r}")
+        if block is None:
+            if scale_fmt == "ue8m0":
+                raise ValueError("scale_fmt 'ue8m0' needs block-scaled weights: weight_block_size must be given, "
+                                 "got none")
+            return cls("fp8", "tensor", scheme, ignore)
+        if not isinstance(block, (list, tuple)) or len(block) != 2:
+            raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {block!r}")
+        if scheme != "dynamic":
+            # vLLM's Fp8Config: "The block-wise quantization only supports dynamic activation scheme for now"
+            raise ValueError(f"activation_scheme must be 'dynamic' with weight_block_size {list(block)} (block-scaled "
+                             f"weights take dynamic per-token-group activations), got {scheme!r}")
+        return cls("fp8", "block", "per_group", ignore, block,
+                   activation_scale_ue8m0=scale_fmt == "ue8m0")
 
     # -- per layer ---------------------------------------------------------------------------
     def ignored_by(self, prefix):

@@ -156,3 +156,95 @@ def out_rounding(ref, out_dtype):
     tiny = {np.dtype(np.float32): 2.0 ** -149, np.dtype(np.float16): 2.0 ** -24,
             np.dtype(ml_dtypes.bfloat16): 2.0 ** -133}[dt]
     return np.abs(ref) * (eps / 2 + 2 * EPS32) + tiny
+
+
+# -- block-scaled FP8 (per-group activations, block-scaled weights) ---------------------------------
+
+GROUP_EPS = np.float32(1e-10)  # upstream's eps, as the float32 its kernels receive
+TINY32 = 2.0 ** -149  # float32's smallest subnormal: twice the most a product rounded into subnormals loses
+
+
+def _ceil_power_of_two(s):
+    """The smallest power of two >= s, for positive normal float32 s, found with frexp (s = f * 2^e,
+    f in [0.5, 1)); written apart from the kernels' exponent-bit form on purpose."""
+    f, e = np.frexp(np.asarray(s, dtype=np.float64))
+    return np.ldexp(1.0, np.where(f == 0.5, e - 1, e)).astype(np.float32)
+
+
+def quantize_per_group(x, group_size, scale_ue8m0=False):
+    """Per-token-group quantization (upstream vLLM's ``per_token_group_quant_fp8``): each run of
+    ``group_size`` elements along the last axis gets ``scale = max(amax, 1e-10) / 448`` in float32
+    (amax over the group's finite values, as every vtnumba amax: NaN encodes to 0x7F and inf
+    saturates whatever the scale), then ``codes = encode(x / scale)``, a true float32 division.
+    ``scale_ue8m0``: the scale becomes the smallest power of two >= max(scale, 1e-10) (upstream's CUDA
+    kernel). A last group shorter than ``group_size`` (K % group_size != 0) takes its own amax, as
+    upstream's torch-native QuantFP8 does by zero-padding. Returns Quantized(data uint8 x.shape,
+    scale float32 x.shape[:-1] + (ceil(K / group_size),))."""
+    xf = _widen(x)
+    k = xf.shape[-1]
+    rows = xf.reshape(-1, k)
+    groups = -(-k // group_size)
+    codes = np.empty(rows.shape, dtype=np.uint8)
+    scales = np.empty((rows.shape[0], groups), dtype=np.float32)
+    for j in range(groups):
+        part = rows[:, j * group_size:(j + 1) * group_size]
+        s = (np.maximum(_finite_amax(part, axis=1, keepdims=True), GROUP_EPS) / np.float32(448.0)).astype(np.float32)
+        if scale_ue8m0:
+            s = _ceil_power_of_two(np.maximum(s, GROUP_EPS))
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes[:, j * group_size:(j + 1) * group_size] = encode((part / s).astype(np.float32))
+        scales[:, j] = s[:, 0]
+    return Quantized(codes.reshape(xf.shape), scales.reshape(xf.shape[:-1] + (groups,)))
+
+
+def block_scaled_mm(a, b, scale_a, scale_b, block_size, bias=None):
+    """float64 reference of the block-scaled GEMM and its G3-per-block bound.
+
+    ``y[m, n] = bias[n] + sum_kb (P[m, n, kb] * sa[m, kb]) * sb[n // bn, kb]``, with
+    ``P[m, n, kb] = sum_{k in block kb} dec(a[m, k]) * dec(b[n, k])``, the K-blocks
+    ``[kb * bk, min(K, (kb + 1) * bk))`` (the last one may be short), scale_a [M, ceil(K / bk)],
+    scale_b [ceil(N / bn), ceil(K / bk)]. P is exact here: every product of two e4m3 values is a
+    multiple of 2^-18 below 2^18, so float64 holds any sum of up to 2^17 of them exactly.
+
+    Returns (ref, bound). The bound covers a float32 pipeline that sums each P in float32 (any order),
+    scales it with two float32 multiplies in either order, and sums the scaled blocks in float32
+    (any order), with u = eps32 / 2 the unit roundoff:
+
+    - block kb, with A = sum_{k in kb} |dec(a) dec(b)| and s = |sa * sb|: a float32 sum of bk_eff
+      exact products errs by at most (bk_eff - 1) * u * A; the two multiplies add (1 + u)^2 - 1 of
+      relative error, plus at most 2^-150 each where a product lands among float32's subnormals (the
+      first one's loss is then magnified by |sb|). Allowed: e_kb = s * A * (4 * bk_eff + 2) * eps32
+      + 2^-149 * (1 + |sb|), which holds those with room for the float64 reference's own rounding.
+    - the cross-block sum of nkb scaled blocks (per-step rounding of the running float32 sum)
+      errs by at most (nkb - 1) * u * sum_kb |block_kb|, and |block_kb| <= s * A + e_kb. Allowed:
+      4 * nkb * eps32 * sum_kb (s * A + e_kb).
+    - the bias add and the rounding to the out dtype: ``out_rounding(ref, out_dtype)`` on top (its
+      2 * eps32 * |ref| term covers the float32 bias add), with the bound widened by (1 + eps32) for
+      the bias add's rounding of the error already allowed.
+
+    Sums that cancel are covered: every term uses magnitudes. A NaN code gives NaN in ref and bound.
+    """
+    bn, bk = (int(v) for v in block_size)
+    da, db = decode(a), decode(b)
+    m, k = da.shape
+    n = db.shape[0]
+    nkb = -(-k // bk)
+    sa = np.asarray(scale_a, dtype=np.float64).reshape(m, nkb)
+    sb = np.asarray(scale_b, dtype=np.float64).reshape(-(-n // bn), nkb)
+    sb_rows = np.repeat(sb, bn, axis=0)[:n]  # [N, nkb]: the weight scale of each output row
+    ref = np.zeros((m, n))
+    blocks_abs = np.zeros((m, n))
+    blocks_err = np.zeros((m, n))
+    for kb in range(nkb):
+        lo, hi = kb * bk, min(k, (kb + 1) * bk)
+        p = da[:, lo:hi] @ db[:, lo:hi].T
+        absum = np.abs(da[:, lo:hi]) @ np.abs(db[:, lo:hi]).T
+        s = sa[:, kb:kb + 1] * sb_rows[None, :, kb]
+        ref += p * s
+        term = absum * np.abs(s)
+        blocks_abs += term
+        blocks_err += term * ((4 * (hi - lo) + 2) * EPS32) + TINY32 * (1.0 + np.abs(sb_rows[None, :, kb]))
+    bound = (blocks_err + 4.0 * nkb * EPS32 * (blocks_abs + blocks_err)) * (1.0 + EPS32)
+    if bias is not None:
+        ref = ref + np.asarray(bias, dtype=np.float64).reshape(1, -1)
+    return ref, bound

@@ -1,0 +1,380 @@
+"""Block-scaled FP8 on the CPU: per-group activation quantization and the block-scaled GEMM.
+
+These are the formats of DeepSeek-V3/R1, Qwen3-FP8 and compressed-tensors' FP8_BLOCK preset
+(DESIGN.md, "per-group activations" and "block-scaled weights"):
+
+- **group quantization**: each run of ``g`` elements along a row gets its own dynamic scale,
+  ``max(amax, 1e-10) / 448`` (``vtnumba._format.per_group_scale``, optionally rounded up to a power of
+  two), and ``codes = encode(x / scale)``, a divide, as upstream vLLM's ``per_token_group_quant_fp8``.
+  A last group shorter than ``g`` (K % g != 0) takes its own amax (upstream's torch-native QuantFP8
+  zero-pads to the same effect; its CUDA kernel refuses such K).
+- **block-scaled GEMM**: ``y[m, n] = bias[n] + sum_kb (P[m, n, kb] * sa[m, kb]) * sb[n // bn, kb]``,
+  P the float32 sum of the exact products in K-block kb, the scaled blocks summed in float32 in kb
+  order, as upstream's Triton ``_w8a8_triton_block_scaled_mm`` does
+  (``accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]``), then the bias in float32, then
+  rounded (RNE) to the out dtype. Any (bn, bk); the last blocks along N and K may be short.
+
+The GEMM's kernels follow ``vtnumba.cpu.gemm`` (read its docstring for the measured choices: the
+crossover, the register blocking, the serial decode around sgemm) and share its pieces:
+
+- ``reference``: plain loops in the exact order above, no reassociation; the tests' second oracle.
+- ``small_m``: each weight byte decoded once; at M = 1 straight into four dot products, above that
+  into a small buffer shared by 4 x 4 register blocks. The sums inside a K-block may be reassociated
+  (they are float32 sums of exact products, G3 allows any order); the block step is not (``_block_step``).
+- ``blas``: a block of a and a panel of b decoded exactly into float32 tiles stored K-block by
+  K-block, one sgemm per K-block, then the block step over the tile.
+
+Kernels never validate (the boundary does); they take uint8 codes, float32 scale_a [M, nkb] and
+scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 (none).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION
+from . import _kernel_input
+from .codec import decode_e4m3, per_group_scale
+from .gemm import (_K_CHUNK, _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector,
+                   blas_tiles, decode_rows, to_out_dtype)
+from .quant import _encode_divided, _finite_amax
+
+__all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
+
+
+# -- group quantization ----------------------------------------------------------------------------
+
+
+@njit(**CPU_KERNEL)
+def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_stride, scale_group_stride):
+    """out = encode(x / s) per group of ``group_size`` along each row of x [rows, K]; the group's scale
+    goes to ``scales[row * scale_row_stride + group * scale_group_stride]`` (flat), which serves the
+    row-major [rows, groups] and the column-major [groups, rows] layouts alike.
+
+    Work items are runs of whole groups, about CPU_CHUNK elements each, so both cores share a
+    single long row (decode: M = 1) as well as many short ones. Each group is read twice, the
+    second time from L1."""
+    rows, k_len = x.shape
+    groups = (k_len + group_size - 1) // group_size
+    total = rows * groups
+    per_item = max(1, CPU_CHUNK // group_size)
+    for item in prange((total + per_item - 1) // per_item):
+        for gi in range(item * per_item, min(total, (item + 1) * per_item)):
+            r = gi // groups
+            j = gi - r * groups
+            lo = j * group_size
+            hi = min(k_len, lo + group_size)
+            s = per_group_scale(_finite_amax(x[r, lo:hi]), ue8m0)
+            scales[r * scale_row_stride + j * scale_group_stride] = s
+            _encode_divided(x[r, lo:hi], s, out[r, lo:hi])
+
+
+def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=False):
+    """Per-group dynamic quantization of x (float32 / float16 / bfloat16, shape [..., K]) in groups
+    of ``group_size`` along the last axis. Returns (codes uint8 of x's shape, scales float32 of shape
+    x.shape[:-1] + (ceil(K / group_size),)). ``column_major_scales`` (2-D x only): the scales array
+    has the same shape but column-major memory ([groups, M] underneath, m contiguous), the layout
+    upstream's cutlass / DeepGEMM paths and cuBLASLt's VEC128 activation scales read."""
+    xin = _kernel_input(x)
+    k = xin.shape[-1]
+    rows = xin.reshape(-1, k)
+    m = rows.shape[0]
+    groups = -(-k // group_size)
+    codes = np.empty(rows.shape, dtype=np.uint8)
+    if column_major_scales:
+        flat = np.empty(groups * m, dtype=np.float32)
+        quantize_per_group_kernel(rows, group_size, bool(scale_ue8m0), codes, flat, 1, m)
+        scales = flat.reshape(groups, m).T
+    else:
+        flat = np.empty(m * groups, dtype=np.float32)
+        quantize_per_group_kernel(rows, group_size, bool(scale_ue8m0), codes, flat, groups, 1)
+        scales = flat.reshape(xin.shape[:-1] + (groups,))
+    return codes.reshape(xin.shape), scales
+
+
+# -- the block-scaled GEMM -------------------------------------------------------------------------
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _block_step(total, p, sa, sb):
+    """total + (p * sa) * sb in float32, in that order (upstream's Triton block kernel; Triton may
+    fuse the last multiply-add into an FMA, which the G3-per-block bound also covers)."""
+    return total + (p * sa) * sb
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _block_steps(total, p, sat, scale_b, kb0, nb0, nb1, nb2, nb3, valid):
+    """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m]) * sb_j for kb = kb0 + i, j < valid, in kb
+    order; sb_j = scale_b[nb_j, kb], nb_j the weight row-block of the tile's row j.
+
+    The fast kernels reassociate (their sums inside a K-block are float32 sums of exact products, which
+    G3 lets run in any order); this function has no fast-math flags and is called, not inlined, so the
+    block step keeps its order and roundings inside them: LLVM may neither fold sa * sb into one
+    factor nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise IEEE)."""
+    for i in range(p.shape[0]):
+        kb = kb0 + i
+        sa = sat[kb]
+        for j in range(valid):
+            sb = scale_b[nb0 if j == 0 else nb1 if j == 1 else nb2 if j == 2 else nb3, kb]
+            t = total[j]
+            q = p[i, j]
+            for m in range(t.size):
+                t[m] = t[m] + (q[m] * sa[m]) * sb
+
+
+@njit(**CPU_INLINE)
+def _row_blocks(n0, n_rows, bn):
+    """The weight row-blocks of rows n0 .. n0 + 3 (rows past the end repeat the last one)."""
+    last = n_rows - 1
+    return n0 // bn, min(n0 + 1, last) // bn, min(n0 + 2, last) // bn, min(n0 + 3, last) // bn
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def reference_kernel(a, b, scale_a, scale_b, bn, bk, bias, out):
+    """Plain loops in the contract's order: k in order inside each block, blocks in order."""
+    m_rows, k_len = a.shape
+    nkb = scale_a.shape[1]
+    for m in range(m_rows):
+        for n in range(b.shape[0]):
+            total = np.float32(0.0)
+            for kb in range(nkb):
+                p = np.float32(0.0)
+                for k in range(kb * bk, min(k_len, (kb + 1) * bk)):
+                    p += decode_e4m3(a[m, k]) * decode_e4m3(b[n, k])
+                total = _block_step(total, p, scale_a[m, kb], scale_b[n // bn, kb])
+            out[m, n] = add_bias(total, bias, n)
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
+    """M = 1: out[0, n0 + j] = bias + the block steps of p[kb, j] in kb order, j < valid (as
+    ``_block_steps``, with scalars: at M = 1 the array views of the general form cost 10%)."""
+    t = np.zeros(4, dtype=np.float32)
+    for kb in range(p.shape[0]):
+        sa = sat[kb, 0]
+        for j in range(valid):
+            t[j] = t[j] + (p[kb, j] * sa) * scale_b[nb0 if j == 0 else nb1 if j == 1 else nb2 if j == 2 else nb3, kb]
+    for j in range(valid):
+        out[0, n0 + j] = add_bias(t[j], bias, n0 + j)
+
+
+@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
+    """M = 1: four rows of b per step share each load of x (as ``gemm.gemv_kernel``), the decode
+    fused into the dot products. Every block's four sums are kept, then one call applies the block
+    steps: with that call inside the loop over blocks the dot products stopped vectorizing (7.9 vs
+    1.3 ms at N = K = 4096), and so they did when indexed x[k] over range(lo, hi) instead of
+    sliced (7.0 vs 2.3 ms, one thread)."""
+    n_rows, k_len = b.shape
+    nkb = sat.shape[0]
+    xr = x[0]
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        n0 = block * _SMALL_M_ROWS
+        valid = min(_SMALL_M_ROWS, n_rows - n0)
+        p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
+        if valid == _SMALL_M_ROWS:
+            for kb in range(nkb):
+                lo = kb * bk
+                hi = min(k_len, lo + bk)
+                xs = xr[lo:hi]
+                w0, w1, w2, w3 = b[n0, lo:hi], b[n0 + 1, lo:hi], b[n0 + 2, lo:hi], b[n0 + 3, lo:hi]
+                a0 = a1 = a2 = a3 = np.float32(0.0)
+                for k in range(hi - lo):
+                    u = xs[k]
+                    a0 += u * decode_e4m3(w0[k])
+                    a1 += u * decode_e4m3(w1[k])
+                    a2 += u * decode_e4m3(w2[k])
+                    a3 += u * decode_e4m3(w3[k])
+                p[kb, 0], p[kb, 1], p[kb, 2], p[kb, 3] = a0, a1, a2, a3
+        else:
+            for j in range(valid):
+                for kb in range(nkb):
+                    lo = kb * bk
+                    hi = min(k_len, lo + bk)
+                    xs, w = xr[lo:hi], b[n0 + j, lo:hi]
+                    acc = np.float32(0.0)
+                    for k in range(hi - lo):
+                        acc += xs[k] * decode_e4m3(w[k])
+                    p[kb, j] = acc
+        nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
+        _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0)
+
+
+@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
+    """Small M > 1, from x = dec(a) and codes b: ``gemm.small_m_kernel``'s 4 x 4 register blocks over
+    a buffer of four decoded weight rows, walked K-block by K-block (a block in passes of at most
+    _K_CHUNK, so the buffer stays in L1), each block's sums then scaled into the totals by one call.
+
+    Measured against the per-tensor kernel on one thread (N = K = 4096, bk = 128, CPU time): 0.78x at
+    M = 16 and 0.64x at M = 64. The cost is the block itself: every 128 k the 16 vectorized sums are
+    reduced across their lanes (the per-tensor kernel reduces every 1024), and that kernel run with
+    128-wide passes measured 0.85x and 0.68x. Vectorizing across m or n instead (no lane reductions)
+    did not vectorize under Numba (LLVM's SLP pass packed 32 scalar accumulators only half-way:
+    3x slower)."""
+    m_rows, k_len = x.shape
+    n_rows = b.shape[0]
+    nkb = sat.shape[0]
+    chunk = min(bk, _K_CHUNK, k_len)
+    m_full = m_rows - m_rows % _SMALL_M_ROWS
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        n0 = block * _SMALL_M_ROWS
+        valid = min(_SMALL_M_ROWS, n_rows - n0)
+        nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
+        rows = np.zeros((_SMALL_M_ROWS, chunk), dtype=np.float32)
+        p = np.empty((1, _SMALL_M_ROWS, m_rows), dtype=np.float32)
+        acc = p[0]  # [4, M]: row j of the tile, m contiguous (the block step runs along m)
+        total = np.zeros((_SMALL_M_ROWS, m_rows), dtype=np.float32)
+        for kb in range(nkb):
+            acc[:] = 0.0
+            k_hi = min(k_len, (kb + 1) * bk)
+            for k0 in range(kb * bk, k_hi, chunk):
+                kc = min(chunk, k_hi - k0)
+                for j in range(valid):
+                    w = b[n0 + j, k0:k0 + kc]
+                    dst = rows[j]
+                    for k in range(kc):
+                        dst[k] = decode_e4m3(w[k])
+                w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
+                for m0 in range(0, m_full, _SMALL_M_ROWS):
+                    x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
+                    x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
+                    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+                    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+                    for k in range(kc):
+                        p0, p1, p2, p3 = w0[k], w1[k], w2[k], w3[k]
+                        u = x0[k]
+                        a00 += u * p0; a01 += u * p1; a02 += u * p2; a03 += u * p3  # noqa: E702
+                        u = x1[k]
+                        a10 += u * p0; a11 += u * p1; a12 += u * p2; a13 += u * p3  # noqa: E702
+                        u = x2[k]
+                        a20 += u * p0; a21 += u * p1; a22 += u * p2; a23 += u * p3  # noqa: E702
+                        u = x3[k]
+                        a30 += u * p0; a31 += u * p1; a32 += u * p2; a33 += u * p3  # noqa: E702
+                    acc[0, m0] += a00; acc[1, m0] += a01; acc[2, m0] += a02; acc[3, m0] += a03  # noqa: E702
+                    acc[0, m0 + 1] += a10; acc[1, m0 + 1] += a11; acc[2, m0 + 1] += a12; acc[3, m0 + 1] += a13  # noqa: E702
+                    acc[0, m0 + 2] += a20; acc[1, m0 + 2] += a21; acc[2, m0 + 2] += a22; acc[3, m0 + 2] += a23  # noqa: E702
+                    acc[0, m0 + 3] += a30; acc[1, m0 + 3] += a31; acc[2, m0 + 3] += a32; acc[3, m0 + 3] += a33  # noqa: E702
+                for m in range(m_full, m_rows):
+                    xm = x[m, k0:k0 + kc]
+                    a0 = a1 = a2 = a3 = np.float32(0.0)
+                    for k in range(kc):
+                        u = xm[k]
+                        a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
+                    acc[0, m] += a0; acc[1, m] += a1; acc[2, m] += a2; acc[3, m] += a3  # noqa: E702
+            _block_steps(total, p, sat, scale_b, kb, nb0, nb1, nb2, nb3, valid)
+        for m in range(m_rows):
+            for j in range(valid):
+                out[m, n0 + j] = add_bias(total[j, m], bias, n0 + j)
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def _decode_blocked(codes, bk, out):
+    """out[kb, r, :] = dec(codes[r, kb * bk:(kb + 1) * bk]) exactly; a short last block is padded
+    with zeros (exact zero products, so P is unchanged). Each K-block's tile is then C-contiguous,
+    which sgemm wants."""
+    k_len = codes.shape[1]
+    for kb in range(out.shape[0]):
+        lo = kb * bk
+        width = min(bk, k_len - lo)
+        for r in range(codes.shape[0]):
+            src = codes[r, lo:lo + width]
+            dst = out[kb, r]
+            for k in range(width):
+                dst[k] = decode_e4m3(src[k])
+            for k in range(width, bk):
+                dst[k] = np.float32(0.0)
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _block_epilogue(p, total, sa_col, sb_row):
+    """total[i, j] = total[i, j] + (p[i, j] * sa_col[i]) * sb_row[j] in float32: the block step over a
+    tile, with no fast-math flags (so in that order); it vectorizes along j as it is."""
+    for i in range(p.shape[0]):
+        src = p[i]
+        dst = total[i]
+        sa = sa_col[i]
+        for j in range(src.size):
+            dst[j] = dst[j] + (src[j] * sa) * sb_row[j]
+
+
+@njit(**CPU_SERIAL_KERNEL)
+def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows):
+    """Decode a block of a and a panel of b into K-block-major float32 tiles, then per K-block one
+    sgemm (P) and the block step into a float32 panel of totals; the bias last. Serial driver, sgemm
+    brings the threads (see the note above ``gemm.decode_rows``)."""
+    m_rows, k_len = a.shape
+    n_rows = b.shape[0]
+    nkb = sat.shape[0]
+    mb_max = min(block_rows, m_rows)
+    nb_max = min(panel_rows, n_rows)
+    # flat buffers, reshaped per block / panel: every K-block's tile stays C-contiguous for sgemm
+    a_tile = np.empty(nkb * mb_max * bk, dtype=np.float32)
+    b_tile = np.empty(nkb * nb_max * bk, dtype=np.float32)
+    p_tile = np.empty(mb_max * nb_max, dtype=np.float32)
+    t_tile = np.empty(mb_max * nb_max, dtype=np.float32)
+    sb_row = np.empty(nb_max, dtype=np.float32)
+    for m0 in range(0, m_rows, block_rows):
+        mb = min(block_rows, m_rows - m0)
+        a_dec = a_tile[:nkb * mb * bk].reshape((nkb, mb, bk))
+        _decode_blocked(a[m0:m0 + mb], bk, a_dec)
+        for n0 in range(0, n_rows, panel_rows):
+            nb = min(panel_rows, n_rows - n0)
+            b_dec = b_tile[:nkb * nb * bk].reshape((nkb, nb, bk))
+            _decode_blocked(b[n0:n0 + nb], bk, b_dec)
+            p = p_tile[:mb * nb].reshape((mb, nb))
+            total = t_tile[:mb * nb].reshape((mb, nb))
+            total[:] = 0.0
+            for kb in range(nkb):
+                np.dot(a_dec[kb], b_dec[kb].T, p)  # sgemm, float32 accumulate
+                for j in range(nb):
+                    sb_row[j] = scale_b[(n0 + j) // bn, kb]
+                _block_epilogue(p, total, sat[kb, m0:m0 + mb], sb_row[:nb])
+            for i in range(mb):
+                dst = out[m0 + i, n0:n0 + nb]
+                src = total[i]
+                for j in range(nb):
+                    dst[j] = add_bias(src[j], bias, n0 + j)
+
+
+# The small_m kernel takes M below 64; from there decode + one sgemm per K-block is faster, far
+# sooner than for the per-tensor GEMM (whose small_m kernel runs to M * K = 3 Mi), because the block
+# costs small_m a lane reduction every bk values of k. Measured (N = K = 4096, bk = 128, one thread,
+# CPU ms): M = 32: small_m 19.8, blas 25.3; 48: 31.7 / 38.7; 64: 45.3 / 38.5; 256: 162 / 110.
+SMALL_M_ROWS = 64
+
+
+def choose_kernel(m, n, k):
+    """The block-scaled GEMM's kernel for a shape when none is forced."""
+    return "small_m" if m < SMALL_M_ROWS and m * k <= SMALL_M_ELEMENTS else "blas"
+
+
+def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):
+    """The CPU backend's block-scaled GEMM. a [M, K] and b [N, K] uint8 codes; scale_a float32
+    [M, ceil(K / bk)]; scale_b float32 [ceil(N / bn), ceil(K / bk)]; block_size (bn, bk); bias
+    [N] or None; ``kernel`` None (picked by shape, as the per-tensor GEMM), 'reference', 'small_m'
+    or 'blas'. Returns y [M, N] in ``out_dtype``."""
+    m, k = a.shape
+    n = b.shape[0]
+    bn, bk = (int(v) for v in block_size)
+    if kernel is None:
+        kernel = choose_kernel(m, n, k)
+    elif kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)} on the CPU, got {kernel!r}")
+    sb = np.ascontiguousarray(scale_b, dtype=np.float32)
+    bias32 = bias_vector(bias)
+    out = np.empty((m, n), dtype=np.float32)
+    if kernel == "reference":
+        reference_kernel(a, b, np.asarray(scale_a, dtype=np.float32), sb, bn, bk, bias32, out)
+    else:
+        # the fast kernels read the activation scales K-block by K-block: [nkb, M], m contiguous
+        sat = np.ascontiguousarray(np.asarray(scale_a, dtype=np.float32).T)
+        a = np.ascontiguousarray(a)
+        b = np.ascontiguousarray(b)
+        if kernel == "blas":
+            block_rows, panel_rows = blas_tiles(m, n, k)
+            blas_kernel(a, b, sat, sb, bn, bk, bias32, out, block_rows, panel_rows)
+        else:
+            x = np.empty((m, k), dtype=np.float32)
+            decode_rows(a, x)
+            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sat, sb, bn, bk, bias32, out)
+    return to_out_dtype(out, out_dtype)
