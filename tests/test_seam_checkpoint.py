@@ -74,12 +74,57 @@ def test_weight_scale_inv_is_read_as_the_dequantization_multiplier(tmp_path):
     assert np.all(err <= np.abs(w_float) * 2.0 ** -4 + float(fw.weight_scale[0]) * 2.0 ** -10)
 
 
-def test_block_scaled_weight_scale_inv_is_not_supported_yet(tmp_path):
+def test_block_scaled_layer_needs_its_block_size(tmp_path):
     codes = RNG.integers(0, 0x7E, size=(256, 384), dtype=np.uint8)
     save_file({f"{P}.weight": _f8(codes), f"{P}.weight_scale_inv": np.full((2, 3), 0.01, np.float32)},
               str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=rf"tensor '{P}.weight_scale_inv' has shape \[2, 3\].*block-scaled FP8 is not supported yet"):
+    with pytest.raises(ValueError, match=rf"tensor '{P}.weight_scale_inv' has shape \[2, 3\].*a block-scaled layer; "
+                                         r"pass block_size"):
         seam.load_fp8_linear(tmp_path, P)
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_block_scaled_layer_reads_its_scales_exactly(tmp_path, scale_dtype):
+    from vtnumba.testing.gates import assert_block_g3
+
+    codes = RNG.integers(0, 0x7E, size=(200, 384), dtype=np.uint8)  # N = 200: a short last row-block
+    scales = RNG.uniform(1e-4, 1e-2, size=(2, 3)).astype(scale_dtype)
+    save_file({f"{P}.weight": _f8(codes), f"{P}.weight_scale_inv": scales}, str(tmp_path / "model.safetensors"))
+    w = seam.load_fp8_linear(tmp_path, P, block_size=(128, 128))
+    assert w.block_size == (128, 128) and w.activation_scheme == "per_group"
+    np.testing.assert_array_equal(w.weight_scale, scales.astype(np.float32))  # widened exactly
+    np.testing.assert_array_equal(w.data, codes)
+    x = RNG.standard_normal((3, 384)).astype(np.float32)
+    q = seam.quantize_activation(x, w)
+    y = seam.matmul_fp8(x, w)
+    assert assert_block_g3(y, q.data, codes, q.scale, scales.astype(np.float32), (128, 128)) > 500
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 0.0, -0.5])
+def test_bad_block_scales_name_the_layer_and_the_block(tmp_path, bad):
+    scales = np.full((2, 3), 0.01, np.float32)
+    scales[1, 2] = bad
+    save_file({f"{P}.weight": _f8(np.ones((256, 384), np.uint8)), f"{P}.weight_scale_inv": scales},
+              str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"layer '{P}': tensor '{P}.weight_scale_inv' must hold positive finite "
+                                         r"block scales, got .* at block \[1, 2\]"):
+        seam.load_fp8_linear(tmp_path, P, block_size=(128, 128))
+    with pytest.raises(ValueError, match=r"must have shape \[2, 6\]"):
+        seam.load_fp8_linear(tmp_path, P, block_size=(128, 64))
+
+
+def test_block_scaled_shards_fuse_when_n_is_a_multiple_of_bn(tmp_path):
+    shards = {"q": (256, 384), "k": (128, 384), "v": (100, 384)}
+    tensors = {}
+    for name, (n, k) in shards.items():
+        tensors[f"{name}.weight"] = _f8(RNG.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
+        tensors[f"{name}.weight_scale_inv"] = RNG.uniform(1e-3, 1e-2, size=(-(-n // 128), 3)).astype(np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    fused = seam.load_fp8_fused_linear(tmp_path, ["q", "k", "v"], block_size=(128, 128))
+    assert fused.shape == (484, 384) and fused.weight_scale.shape == (4, 3)
+    np.testing.assert_array_equal(fused.weight_scale[2], tensors["k.weight_scale_inv"][0])
+    with pytest.raises(ValueError, match=r"shards\[0\] must have N a multiple of bn = 128"):
+        seam.load_fp8_fused_linear(tmp_path, ["v", "q"], block_size=(128, 128))
 
 
 def test_sharded_checkpoint_through_its_index(tmp_path):

@@ -234,12 +234,20 @@ def test_vllm_fp8_reads_modules_to_not_convert_when_ignored_layers_is_empty():
     assert seam.Fp8Config.from_hf({**section, "activation_scheme": "Dynamic"}).activation_scheme == "dynamic"
 
 
-def test_block_scaled_checkpoint_is_refused_per_layer_naming_it():
+def test_block_scaled_config_takes_block_weights_and_refuses_the_others_naming_the_layer():
     cfg = seam.Fp8Config.from_hf(DEEPSEEK_V3)
     assert cfg.weight_block_size == (128, 128)
-    with pytest.raises(ValueError, match=r"layer 'model.layers.3.mlp.down_proj': block-scaled FP8 "
-                                         r"\(weight_block_size \[128, 128\].*is not supported yet"):
+    rng = np.random.default_rng(3)
+    block_weight = seam.Fp8Weight.from_float(rng.standard_normal((256, 384)).astype(np.float32), block_size=(128, 128))
+    method = cfg.linear_method("model.layers.3.mlp.down_proj", block_weight)
+    assert method.name == "fp8_w8a8" and method.apply(rng.standard_normal((2, 384)).astype(np.float32)).shape == (2, 256)
+    # a per-tensor weight under a block-scaled config, or a block weight of another block size
+    with pytest.raises(ValueError, match=r"weight of layer 'model.layers.3.mlp.down_proj' must have activation_scheme "
+                                         r"'per_group'"):
         cfg.linear_method("model.layers.3.mlp.down_proj", _fp8_weight("dynamic"))
+    other = seam.Fp8Weight.from_float(rng.standard_normal((256, 384)).astype(np.float32), block_size=(128, 64))
+    with pytest.raises(ValueError, match=r"layer 'model.layers.3.mlp.down_proj' must have block_size \(128, 128\)"):
+        cfg.linear_method("model.layers.3.mlp.down_proj", other)
     # compressed-tensors' block strategy is recognized the same way
     ct = json.loads(json.dumps(COMPRESSED_TENSORS_FP8_DYNAMIC))
     ct["quantization_config"]["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 128])
@@ -247,7 +255,7 @@ def test_block_scaled_checkpoint_is_refused_per_layer_naming_it():
     cfg = seam.Fp8Config.from_hf(ct)
     # dynamic per-token activations beside block weights are quantized per group of bk, as vLLM does
     assert (cfg.weight_block_size, cfg.activation_scheme, cfg.activation_group_size) == ((128, 128), "per_group", 128)
-    with pytest.raises(ValueError, match="layer 'model.layers.0.self_attn.o_proj': block-scaled FP8"):
+    with pytest.raises(ValueError, match="weight of layer 'model.layers.0.self_attn.o_proj' must have activation_scheme"):
         cfg.linear_method("model.layers.0.self_attn.o_proj", _fp8_weight("per_token"))
     # an ignored layer of a block-scaled checkpoint still gets its unquantized method
     ct["quantization_config"]["ignore"] = ["lm_head"]

@@ -22,11 +22,13 @@ from ._format import E4M3_MAX
 
 class ActivationScheme(enum.StrEnum):
     """How an activation's scale is obtained (DESIGN.md): a static per-tensor scale given by the
-    caller, a dynamic per-tensor scale from the tensor's amax, or one dynamic scale per row."""
+    caller, a dynamic per-tensor scale from the tensor's amax, one dynamic scale per row, or one
+    dynamic scale per group of g elements along each row."""
 
     STATIC = "static"
     DYNAMIC = "dynamic"
     PER_TOKEN = "per_token"
+    PER_GROUP = "per_group"  # dynamic, one scale per 1 x g group along K (block-scaled checkpoints)
 
     def __repr__(self):  # the value, as the plain strings these once were print (error messages, reprs)
         return repr(self.value)
@@ -53,6 +55,9 @@ class Backend(Protocol):
     def quantize_per_token(self, x, scale_ub):
         """(codes, scales (M, 1)); scale_ub a float32 scalar, a device (1,) array or None."""
 
+    def quantize_per_group(self, x, group_size, scale_ue8m0, column_major_scales):
+        """(codes, scales (M, ceil(K / group_size))) for 2-D x; column-major scales if asked."""
+
     def decode(self, codes):
         """float32 values of e4m3 codes."""
 
@@ -61,6 +66,9 @@ class Backend(Protocol):
 
     def scaled_mm(self, a, b, scale_a, scale_b, out_dtype, bias, kernel):
         """y = round_out((a @ b^T) * scale_a * scale_b + bias); kernel None or a kernel name."""
+
+    def block_scaled_mm(self, a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel):
+        """y = bias + sum_kb (P_kb * scale_a[:, kb]) * scale_b[n // bn, kb]; block_size (bn, bk)."""
 
     def fp8_linear(self, x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
         """Quantize x by its scheme, then the GEMM with codes b (one launch where the device can)."""
@@ -83,12 +91,14 @@ def backend(device):
 @dataclass(frozen=True)
 class QuantizedActivation:
     """An activation quantized to e4m3: ``data`` uint8 codes (x's shape) and float32 ``scale``
-    of shape (1,) (per-tensor) or (M, 1) (per-token), on x's device. ``scheme`` says how the scale
-    was obtained: 'static', 'dynamic' or 'per_token'."""
+    of shape (1,) (per-tensor), (M, 1) (per-token) or (M, ceil(K / group_size)) (per-group), on x's
+    device. ``scheme`` says how the scale was obtained: 'static', 'dynamic', 'per_token' or
+    'per_group' (then ``group_size`` is the group's length)."""
 
     data: Any
     scale: Any
     scheme: ActivationScheme
+    group_size: int | None = None
 
     @property
     def per_token(self):
@@ -99,7 +109,11 @@ class QuantizedActivation:
         return tuple(self.data.shape)
 
     def dequantize(self, dtype=np.float32):
-        return dequantize_fp8(self.data, self.scale, dtype)
+        scale = self.scale
+        if self.scheme == ActivationScheme.PER_GROUP:  # each group's scale over its elements
+            k = self.data.shape[-1]
+            scale = scale.repeat(self.group_size, axis=-1)[..., :k]
+        return dequantize_fp8(self.data, scale, dtype)
 
 
 def _host_float32(value, name):
@@ -128,18 +142,43 @@ def quant_scale(scale, name="scale"):
     return s
 
 
-def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None):
+def _group_size(value, name="group_size"):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None, group_size=None, scale_ue8m0=False,
+                 column_major_scales=False):
     """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
 
     - ``scale`` given: static per-tensor, ``encode(float32(x) * (float32(1) / float32(scale)))``.
     - ``scale=None``: dynamic per-tensor, ``scale = max(amax / 448, 1 / (448 * 512))``.
     - ``per_token=True`` (2-D x): one scale per row, ``min(amax_row, scale_ub) / 448`` floored as
       above, and ``encode(x / scale_row)`` (a divide, as upstream's per-token kernel).
+    - ``group_size=g`` (2-D x [M, K]): one scale per group of g elements along each row, upstream's
+      ``per_token_group_quant_fp8``: ``scale = max(amax_group, 1e-10) / 448`` in float32, then
+      ``encode(x / scale)`` (a divide). A last group shorter than g (K % g != 0) takes its own amax.
+      ``scale_ue8m0=True`` rounds each scale up to a power of two (DeepGEMM's checkpoints).
+      ``q.scale`` is float32 [M, ceil(K / g)], row-major, or column-major (m contiguous, the layout
+      cuBLASLt's block scaling reads) with ``column_major_scales=True``.
     amax is taken over finite elements. Every NaN encodes to 0x7F; |v| >= 448 saturates.
     """
     device = _arrays.device_of(x, "x")
     _arrays.float_dtype(x, "x")
     impl = backend(device)
+    if group_size is not None:
+        g = _group_size(group_size)
+        if scale is not None or per_token or scale_ub is not None:
+            raise ValueError(f"group_size={g} takes no scale, per_token or scale_ub (per-group scales are dynamic), "
+                             f"got scale={scale!r}, per_token={per_token!r}, scale_ub={scale_ub!r}")
+        if len(x.shape) != 2:
+            raise ValueError(f"x must be 2-D [tokens, features] for group_size, got shape {tuple(x.shape)}")
+        codes, scales = impl.quantize_per_group(x, g, bool(scale_ue8m0), bool(column_major_scales))
+        return QuantizedActivation(codes, scales, ActivationScheme.PER_GROUP, g)
+    if scale_ue8m0 or column_major_scales:
+        raise ValueError("scale_ue8m0 and column_major_scales apply to group_size quantization only, "
+                         f"got scale_ue8m0={scale_ue8m0!r}, column_major_scales={column_major_scales!r}")
     if per_token:
         if scale is not None:
             raise ValueError(f"scale must be None with per_token=True (per-token scales are dynamic), got {scale!r}")
@@ -214,12 +253,45 @@ def mm_scale(scale, name, rows):
     raise ValueError(f"{name} must be a scalar, shape (1,), ({rows},) or ({rows}, 1), got shape {shape}")
 
 
-def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel=None):
+def block_size_of(value, name="block_size"):
+    """(bn, bk): two positive ints."""
+    try:
+        bn, bk = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be two positive ints (bn, bk), got {value!r}") from None
+    return _group_size(bn, name), _group_size(bk, name)
+
+
+def _block_scale(scale, name, shape):
+    """A block or group scale array of exactly ``shape``, float, finite where it can be checked
+    (host arrays; a device array is read on the device, never synchronized)."""
+    if isinstance(scale, _arrays._SCALAR_TYPES) or len(getattr(scale, "shape", ())) != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape {shape} for a block-scaled GEMM, got "
+                         f"{type(scale).__name__} of shape {tuple(getattr(scale, 'shape', ()))}")
+    if tuple(scale.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} for these operands and block size, got {tuple(scale.shape)}")
+    dt = _arrays.dtype_of(scale)
+    if dt.kind != "f" and dt != _arrays.BFLOAT16:
+        raise TypeError(f"{name} must be a float array, got dtype {dt}")
+    if isinstance(scale, np.ndarray):
+        scale = scale.astype(np.float32)
+        if not np.isfinite(scale).all():
+            raise ValueError(f"{name} must be finite, got non-finite values {scale[~np.isfinite(scale)][:4]}")
+    return scale
+
+
+def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel=None, block_size=None):
     """``y[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * scale_a * scale_b + bias[n]``.
 
     a: [M, K] e4m3 codes, b: [N, K] codes (nn.Linear's weight layout), float32 accumulation, then
     rounded (RNE) to ``out_dtype``. scale_a: scalar or per-row [M, 1]; scale_b: scalar or
-    per-channel [N] / [N, 1]; any finite values. ``kernel`` forces one implementation by name (for
+    per-channel [N] / [N, 1]; any finite values.
+
+    ``block_size=(bn, bk)``: block-scaled FP8 (DeepSeek-V3/R1, Qwen3-FP8): scale_a is the
+    activation's per-group scales [M, ceil(K / bk)] and scale_b the weight's block scales
+    [ceil(N / bn), ceil(K / bk)], and ``y[m, n] = bias[n] + sum_kb (P[m, n, kb] * scale_a[m, kb]) *
+    scale_b[n // bn, kb]`` with P the float32 sum of the exact products in K-block kb, summed over
+    kb in float32 (upstream's Triton block kernel's order). ``kernel`` forces one implementation by name (for
     tests and benchmarks); by default the backend picks by shape. CPU kernels: "reference",
     "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "decode_gemv", "tiled".
     """
@@ -234,10 +306,16 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     if k != kb:
         raise ValueError(f"b must have K = {k} columns like a, got shape {tuple(b.shape)} (a is {tuple(a.shape)})")
     out_dt = _arrays.out_dtype_of(out_dtype)
-    sa = mm_scale(scale_a, "scale_a", m)
-    sb = mm_scale(scale_b, "scale_b", n)
     if bias is not None:
         bias = _arrays.bias_vector(bias, n)
+    if block_size is not None:
+        bn, bk = block_size_of(block_size)
+        kb = -(-k // bk)
+        sa = _block_scale(scale_a, "scale_a", (m, kb))
+        sb = _block_scale(scale_b, "scale_b", (-(-n // bn), kb))
+        return backend(device).block_scaled_mm(a, b, sa, sb, (bn, bk), out_dt, bias, kernel)
+    sa = mm_scale(scale_a, "scale_a", m)
+    sb = mm_scale(scale_b, "scale_b", n)
     return backend(device).scaled_mm(a, b, sa, sb, out_dt, bias, kernel)
 
 

@@ -51,6 +51,12 @@ def quantize_per_token(x, scale_ub):
     return out, scales
 
 
+def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales):
+    from .block import quantize_per_group as impl  # compiled only when first used
+
+    return impl(x, group_size, scale_ue8m0, column_major_scales)
+
+
 def decode(codes):
     return DECODE_TABLE[codes]
 
@@ -65,6 +71,12 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
     from .gemm import scaled_mm as impl  # the GEMM kernels compile only when first used
 
     return impl(a, b, scale_a, scale_b, out_dtype, bias, kernel)
+
+
+def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel):
+    from .block import block_scaled_mm as impl
+
+    return impl(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel)
 
 
 def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):

@@ -11,6 +11,7 @@ The modules, by concern:
     tiled.py     the tiled CUDA-core GEMM;  gemv.py  the decode GEMV (with fused quantization)
     cublaslt.py  cuBLASLt through nvmath-python's bindings
     gemm.py      which GEMM kernel runs a call, and the fused linear layer
+    block.py     which block-scaled GEMM kernel runs a call (cuBLASLt's block scaling, tiled)
     bound.py     a linear layer's call prepared once per input signature (the seam's fast path)
     graphs.py    ``capture``: CUDA graphs as an API
 
@@ -220,6 +221,28 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     return out, scales
 
 
+def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encoder=None):
+    quant = _backend()
+    xin, kind, shape, n, aligned, owner = _input(x)
+    rows, cols = shape
+    xp = _device.xp
+    out = xp.empty(shape, dtype=np.uint8)
+    groups = -(-cols // group_size)
+    # column-major: [groups, rows] underneath (m contiguous), seen as [rows, groups]
+    scales = xp.empty((groups, rows), dtype=np.float32).T if column_major_scales else \
+        xp.empty((rows, groups), dtype=np.float32)
+    if rows == 0 or cols == 0:
+        return out, scales
+    kernel, threads = quant.per_group_kernel(kind, _encoder(encoder, _device.current()), bool(scale_ue8m0))
+    total = rows * groups
+    blocks = max(1, min(-(-total // quant.GROUP_WARPS), quant.MAX_BLOCKS))
+    row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
+    flat_scales = scales.T if column_major_scales else scales
+    kernel(blocks, threads, xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride, group_stride)
+    del owner  # see quantize_static
+    return out, scales
+
+
 def prepare_quantize(x, input_scale, per_token, scale_ub):
     """The activation quantization of a linear layer for inputs shaped, typed and aligned like ``x``
     (contiguous, 16-byte aligned), as prepared launches into buffers of its own: returns
@@ -288,6 +311,13 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
     return _gemm_module().scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel)
 
 
+def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel):
+    _backend()
+    from . import block
+
+    return block.block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel)
+
+
 def _quantize(x, input_scale, per_token, scale_ub):
     """(codes, scale_a as scaled_mm takes it) of x by the activation's scheme."""
     if per_token:
@@ -323,4 +353,4 @@ def encoder_in_use():
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "scaled_mm", "fp8_linear", "prepare_quantize", "capture", "encoder_in_use", "gpu_unavailable_reason"]
+           "quantize_per_group", "scaled_mm", "block_scaled_mm", "fp8_linear", "prepare_quantize", "capture", "encoder_in_use", "gpu_unavailable_reason"]

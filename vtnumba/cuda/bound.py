@@ -73,8 +73,11 @@ def _flat_simulated(x):
 
 def bind_linear(x, weight, out_dtype):
     """A ``BoundLinear`` for ``weight`` (an ``Fp8Weight`` whose arrays are on x's GPU) and inputs
-    like ``x``, quantized by the weight's activation scheme."""
+    like ``x``, quantized by the weight's activation scheme; None for a block-scaled weight (its
+    calls take the full path)."""
     scheme = weight.activation_scheme
+    if weight.block_size is not None:
+        return None
     return BoundLinear(x, weight.data, weight.weight_scale, weight.input_scale if scheme == "static" else None,
                        scheme == "per_token", _arrays.out_dtype_of(out_dtype), weight.bias)
 

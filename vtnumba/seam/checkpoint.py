@@ -157,9 +157,14 @@ def _scalar(ckpt, name):
     return value
 
 
-def load_fp8_linear(path, prefix, *, activation_scheme=None):
+def load_fp8_linear(path, prefix, *, activation_scheme=None, block_size=None, scale_ue8m0=False):
     """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
     checkpoint (file, directory or sharded index; or a ``Checkpoint``).
+
+    ``block_size=(bn, bk)`` (a block-scaled checkpoint's ``weight_block_size``): the scale tensor
+    is [ceil(N / bn), ceil(K / bk)] (``weight_scale_inv`` in DeepSeek-V3/R1 and Qwen3-FP8,
+    ``weight_scale`` in compressed-tensors' block preset; float32, or bfloat16 / float16 widened
+    exactly), the activations per group of bk (``scale_ue8m0``: power-of-two group scales).
 
     ``activation_scheme`` (usually from ``Fp8Config``): 'static' requires ``{prefix}.input_scale``;
     'dynamic' / 'per_token' ignore a stored input scale (as vLLM does for dynamic schemes). By
@@ -189,14 +194,16 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None):
                          f"scales the weight is ambiguous), got both")
     sname = present[0]
     sshape = ckpt.shape(sname)
+    if block_size is not None:
+        return _load_block_fp8(ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme)
     if sshape in ((), (1,), (1, 1)):
         scale_kind = "per-tensor"
     elif sshape in ((n,), (n, 1)):
         scale_kind = "per-channel"
     elif len(sshape) == 2 and sshape[0] < n and sshape[1] < k:
-        raise ValueError(f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: "
-                         f"block-scaled FP8 is not supported yet (only per-tensor [] / [1] and per-channel "
-                         f"[{n}] / [{n}, 1] scales are)")
+        raise ValueError(f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: a "
+                         f"block-scaled layer; pass block_size (the checkpoint's weight_block_size), or read it "
+                         f"through Fp8Config.from_hf(config).load_linear")
     else:
         raise ValueError(f"tensor {sname!r} must have shape [] or [1] (per-tensor), [{n}] or [{n}, 1] "
                          f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)}")
@@ -211,11 +218,7 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None):
     else:
         convention = "weight_scale read as the dequantization multiplier (w = codes * weight_scale)"
 
-    codes = ckpt.read(wname)
-    nan = (codes & 0x7F) == 0x7F
-    if nan.any():
-        raise ValueError(f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
-                         f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}")
+    codes = _finite_codes(ckpt, wname)
 
     iname = f"{prefix}.input_scale"
     input_scale = _scalar(ckpt, iname) if iname in ckpt else None
@@ -247,11 +250,52 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None):
                      activation_scheme=activation_scheme, source=source)
 
 
-def load_fp8_fused_linear(path, prefixes, *, activation_scheme=None):
+def _finite_codes(ckpt, wname):
+    codes = ckpt.read(wname)
+    nan = (codes & 0x7F) == 0x7F
+    if nan.any():
+        raise ValueError(f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
+                         f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}")
+    return codes
+
+
+def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme):
+    """A block-scaled layer: codes, [ceil(N / bn), ceil(K / bk)] scales (each block's checked, named)."""
+    n, k = shape
+    bn, bk = (int(v) for v in block_size)
+    want = [-(-n // bn), -(-k // bk)]
+    if list(ckpt.shape(sname)) != want:
+        raise ValueError(f"tensor {sname!r} must have shape {want} for a weight of shape {[n, k]} in {bn} x {bk} "
+                         f"blocks, got shape {list(ckpt.shape(sname))}")
+    scale = _read_float(ckpt, sname).astype(np.float32)  # bf16 / f16 widen exactly
+    bad = ~(np.isfinite(scale) & (scale > 0))
+    if bad.any():
+        first = np.argwhere(bad)[0].tolist()
+        raise ValueError(f"layer {prefix!r}: tensor {sname!r} must hold positive finite block scales, got "
+                         f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks)")
+    if activation_scheme not in (None, "per_group"):
+        raise ValueError(f"activation_scheme must be 'per_group' for the block-scaled layer {prefix!r}, "
+                         f"got {activation_scheme!r}")
+    bname = f"{prefix}.bias"
+    bias = _read_float(ckpt, bname) if bname in ckpt else None
+    tensors = [wname, sname] + ([bname] if bias is not None else [])
+    source = {
+        "files": sorted({os.path.basename(ckpt.file(t)) for t in tensors}),
+        "tensors": tensors,
+        "weight_scale": f"{sname} (block {bn} x {bk}, shape {want}, {ckpt.dtype(sname)})",
+        "scale_convention": f"{sname} read as the dequantization multiplier of each block (w = codes * scale)",
+    }
+    return Fp8Weight(_finite_codes(ckpt, wname), scale, bias=bias, block_size=(bn, bk), scale_ue8m0=scale_ue8m0,
+                     activation_scheme="per_group", source=source)
+
+
+def load_fp8_fused_linear(path, prefixes, *, activation_scheme=None, block_size=None, scale_ue8m0=False):
     """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the
-    order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales)."""
+    order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales; block
+    scales concatenated)."""
     ckpt = _checkpoint(path)
-    return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme) for p in prefixes])
+    return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme, block_size=block_size,
+                                            scale_ue8m0=scale_ue8m0) for p in prefixes])
 
 
 def load_float_linear(path, prefix):

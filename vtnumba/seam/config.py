@@ -320,8 +320,8 @@ class Fp8Config:
         """The linear method for layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj').
 
         Ignored layers get ``UnquantizedLinearMethod`` and need a float weight; quantized layers need an
-        ``Fp8Weight`` / ``ResidentFp8`` whose activation scheme is the config's. Block-scaled configs
-        are refused here, naming the layer.
+        ``Fp8Weight`` / ``ResidentFp8`` whose activation scheme is the config's (and, for a
+        block-scaled config, whose ``block_size`` is the config's ``weight_block_size``).
         """
         pattern = self.ignored_by(prefix)
         if pattern is not None:
@@ -331,16 +331,16 @@ class Fp8Config:
             if not isinstance(weight, np.ndarray) and not hasattr(weight, "__cuda_array_interface__"):
                 raise TypeError(f"weight of layer {prefix!r} must be a float array, got {type(weight).__name__}")
             return UnquantizedLinearMethod(weight, bias)
-        if self.weight_block_size is not None:
-            raise ValueError(f"layer {prefix!r}: block-scaled FP8 (weight_block_size "
-                             f"{list(self.weight_block_size)}, {self.quant_method} config) is not supported yet; "
-                             f"only per-tensor and per-channel weight scales are")
         if not isinstance(weight, (Fp8Weight, ResidentFp8)):
             raise TypeError(f"weight of layer {prefix!r} must be an Fp8Weight (the {self.quant_method} config "
                             f"quantizes it; read it with seam.load_fp8_linear), got {type(weight).__name__}")
         if weight.activation_scheme != self.activation_scheme:
             raise ValueError(f"weight of layer {prefix!r} must have activation_scheme "
                              f"{self.activation_scheme!r} like the config, got {weight.activation_scheme!r}")
+        w = weight.weight if isinstance(weight, ResidentFp8) else weight
+        if w.block_size != self.weight_block_size:
+            raise ValueError(f"weight of layer {prefix!r} must have block_size {self.weight_block_size} like the "
+                             f"config's weight_block_size, got {w.block_size}")
         return make_linear_method(weight, bias)
 
     def load_linear(self, path, prefix):
@@ -352,6 +352,6 @@ class Fp8Config:
         if self.is_ignored(prefix):
             weight, bias = load_float_linear(path, prefix)
             return self.linear_method(prefix, weight, bias)
-        if self.weight_block_size is not None:
-            return self.linear_method(prefix, None)  # raises "not supported yet", naming the layer
-        return self.linear_method(prefix, load_fp8_linear(path, prefix, activation_scheme=self.activation_scheme))
+        return self.linear_method(prefix, load_fp8_linear(
+            path, prefix, activation_scheme=self.activation_scheme, block_size=self.weight_block_size,
+            scale_ue8m0=self.activation_scale_ue8m0))

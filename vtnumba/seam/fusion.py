@@ -56,7 +56,9 @@ def fuse_fp8_shards(shards):
       (upstream's ``convert_to_channelwise``; exact);
     - static input scales: the max of the shards' (upstream: ``layer.input_scale.max()`` in
       ``process_weights_after_loading``), saturation-safe for every shard;
-    - bias: concatenated when every shard has one (float32).
+    - bias: concatenated when every shard has one (float32);
+    - block-scaled shards (one block_size): codes and block scales concatenated, exact, when every
+      shard but the last has N a multiple of bn (a block must not straddle two shards).
     """
     shards = list(shards)
     if not shards or not all(isinstance(s, Fp8Weight) for s in shards):
@@ -76,6 +78,9 @@ def fuse_fp8_shards(shards):
     if any(with_bias) and not all(with_bias):
         raise ValueError(f"shards must all have a bias or none, got bias on shards {[i for i, b in enumerate(with_bias) if b]}")
     widths = [s.shape[0] for s in shards]
+    blocks = {s.block_size for s in shards}
+    if blocks != {None}:
+        return _fuse_block_shards(shards, blocks, widths, with_bias)
     if any(s.per_channel for s in shards):
         data = np.concatenate([s.data for s in shards], axis=0)
         scale = np.concatenate([np.broadcast_to(s.weight_scale, (s.shape[0],)) for s in shards])
@@ -87,4 +92,19 @@ def fuse_fp8_shards(shards):
         input_scale = max(np.float32(s.input_scale) for s in shards)
     bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
     return Fp8Weight(data, scale, input_scale=input_scale, bias=bias, activation_scheme=schemes.pop(),
+                     source={"fused_from": [s.source for s in shards], "logical_widths": widths})
+
+
+def _fuse_block_shards(shards, blocks, widths, with_bias):
+    if len(blocks) != 1:
+        raise ValueError(f"shards must share one block_size, got {sorted(map(str, blocks))}")
+    (bn, bk), = blocks
+    for i, s in enumerate(shards[:-1]):
+        if s.shape[0] % bn:
+            raise ValueError(f"shards[{i}] must have N a multiple of bn = {bn} to be fused (its last block would "
+                             f"straddle the next shard), got N = {s.shape[0]}")
+    bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
+    return Fp8Weight(np.concatenate([s.data for s in shards], axis=0),
+                     np.concatenate([s.weight_scale for s in shards], axis=0), bias=bias, block_size=(bn, bk),
+                     scale_ue8m0=shards[0].scale_ue8m0,
                      source={"fused_from": [s.source for s in shards], "logical_widths": widths})

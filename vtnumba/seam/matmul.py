@@ -24,6 +24,11 @@ _QUANTIZERS = {
     ActivationScheme.STATIC: (lambda x, w: quantize_fp8(x, w.input_scale), "vt.quantize_fp8(x, weight.input_scale)"),
     ActivationScheme.DYNAMIC: (lambda x, w: quantize_fp8(x), "vt.quantize_fp8(x)"),
     ActivationScheme.PER_TOKEN: (lambda x, w: quantize_fp8(x, per_token=True), "vt.quantize_fp8(x, per_token=True)"),
+    # column-major group scales: the layout cuBLASLt's block scaling reads, and the CPU's block
+    # kernels' K-block-major one, so no kernel has to transpose them
+    ActivationScheme.PER_GROUP: (lambda x, w: quantize_fp8(x, group_size=w.block_size[1], scale_ue8m0=w.scale_ue8m0,
+                                                           column_major_scales=True),
+                                 "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0)"),
 }
 
 
@@ -67,6 +72,7 @@ def quantize_activation(x, weight):
 # shape and dtype, the output dtype, the device, the stream, and the settings that steer the
 # kernel choice (the lever, VT_DISABLE_KERNELS). Anything else falls back to the full path.
 _MAX_BOUND_PER_WEIGHT = 16
+_UNSEEN = object()  # a signature not met yet (None: met, and the call has no binding)
 _gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
 
 
@@ -128,9 +134,9 @@ def matmul_fp8(x, weight, out_dtype=None):
         calls = getattr(w, "bound_calls", None)
         if calls:
             key = _bound_key(x, w, out_dtype, gpu[1])
-            bound = calls.get(key)
-            if bound is not None:
-                return bound(x, key[4])
+            bound = calls.get(key, _UNSEEN)
+            if bound is not _UNSEEN:
+                return bound(x, key[4]) if bound is not None else _matmul_fp8(x, weight, out_dtype)[0]
         y, w_device = _matmul_fp8(x, weight, out_dtype)
         if type(w) is Fp8Weight:
             _bind_after_full_call(x, weight, out_dtype, w_device, gpu)
@@ -145,7 +151,7 @@ def _matmul_fp8(x, weight, out_dtype=None):
     w = _weight_for(weight, x, "x")
     q = _QUANTIZERS[w.activation_scheme][0](_rows(x, w, "x"), w)
     y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
-                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias)
+                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias, block_size=w.block_size)
     return _unflatten(y, x.shape, w), w
 
 
@@ -178,6 +184,9 @@ def matmul_fp8_prequant(q, weight, out_dtype=None):
         raise ValueError(f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
                          f"got {q.scheme!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
                          f"(or seam.quantize_activation(x, weight))")
+    if w.block_size is not None and q.group_size != w.block_size[1]:
+        raise ValueError(f"q.group_size must be the weight's bk = {w.block_size[1]} (block_size {w.block_size}): "
+                         f"the GEMM scales each K-block by one activation scale, got {q.group_size}")
     y = scaled_mm(_rows(q.data, w, "q.data"), w.data, q.scale, w.weight_scale,
-                  out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias)
+                  out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias, block_size=w.block_size)
     return _unflatten(y, q.data.shape, w)

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from .. import _arrays
-from ..ops import ActivationScheme, dequantize_fp8, quant_scale, quantize_fp8
+from .. import _format
+from ..ops import ActivationScheme, block_size_of, dequantize_fp8, encode_e4m3, quant_scale, quantize_fp8
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
 
@@ -43,8 +44,14 @@ class Fp8Weight:
     - ``input_scale``: the static activation scale (a positive finite scalar) or None.
     - ``bias``: None or a float array [N].
     - ``activation_scheme``: how activations are quantized before the GEMM: 'static' (per-tensor,
-      ``input_scale``), 'dynamic' (per-tensor, from each input's amax) or 'per_token' (dynamic, one
-      scale per row). Defaults to 'static' when ``input_scale`` is given, else 'dynamic'.
+      ``input_scale``), 'dynamic' (per-tensor, from each input's amax), 'per_token' (dynamic, one
+      scale per row) or 'per_group' (dynamic, one scale per 1 x bk group along K; block-scaled
+      weights only). Defaults to 'static' when ``input_scale`` is given, 'per_group' for a
+      block-scaled weight, else 'dynamic'.
+    - ``block_size``: (bn, bk) for a block-scaled weight (DeepSeek-V3/R1, Qwen3-FP8): then
+      ``weight_scale`` is [ceil(N / bn), ceil(K / bk)] (float32, bfloat16 or float16, widened
+      exactly to float32), one multiplier per bn x bk block, and activations are quantized per group
+      of bk. ``scale_ue8m0``: those activation scales are rounded up to powers of two (DeepGEMM).
     - ``source``: free-form provenance (the checkpoint loader records which tensors and which scale
       convention it read); not compared.
 
@@ -59,6 +66,8 @@ class Fp8Weight:
     bias: Any = None
     activation_scheme: str | None = None
     source: Any = field(default=None, repr=False)
+    block_size: tuple | None = None
+    scale_ue8m0: bool = False
     device: str = field(init=False, repr=False)
     shape: tuple = field(init=False, repr=False)
     per_channel: bool = field(init=False, repr=False)
@@ -80,7 +89,12 @@ class Fp8Weight:
         set_(self, "device", device)
         set_(self, "shape", (n, k))
 
-        scale, per_channel = _weight_scale(self.weight_scale, n, device)
+        if self.block_size is not None:
+            block = block_size_of(self.block_size)
+            set_(self, "block_size", block)
+            scale, per_channel = _block_weight_scale(self.weight_scale, (n, k), block, device), False
+        else:
+            scale, per_channel = _weight_scale(self.weight_scale, n, device)
         set_(self, "weight_scale", scale)
         set_(self, "per_channel", per_channel)
 
@@ -91,7 +105,9 @@ class Fp8Weight:
             set_(self, "input_scale", np.float32(quant_scale(value, "input_scale")))
 
         scheme = self.activation_scheme
-        if scheme is None:
+        if scheme is None and self.block_size is not None:
+            scheme = ActivationScheme.PER_GROUP
+        elif scheme is None:
             scheme = ActivationScheme.DYNAMIC if self.input_scale is None else ActivationScheme.STATIC
         try:
             scheme = ActivationScheme(scheme)
@@ -102,6 +118,12 @@ class Fp8Weight:
         if scheme != ActivationScheme.STATIC and self.input_scale is not None:
             raise ValueError(f"input_scale must be None for activation_scheme={scheme!r} "
                              f"(its scales come from each input), got {self.input_scale!r}")
+        if (scheme == ActivationScheme.PER_GROUP) != (self.block_size is not None):
+            raise ValueError(f"activation_scheme 'per_group' goes with block-scaled weights and only with them: "
+                             f"got activation_scheme={str(scheme)!r} with block_size={self.block_size!r}")
+        if self.scale_ue8m0 and scheme != ActivationScheme.PER_GROUP:
+            raise ValueError(f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}")
+        set_(self, "scale_ue8m0", bool(self.scale_ue8m0))
         set_(self, "activation_scheme", scheme)
 
         if self.bias is not None:
@@ -112,7 +134,8 @@ class Fp8Weight:
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
-    def from_float(cls, w, input_scale=None, per_channel=False, *, activation_scheme=None, bias=None):
+    def from_float(cls, w, input_scale=None, per_channel=False, *, activation_scheme=None, bias=None,
+                   block_size=None, scale_ue8m0=False):
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
         that are not FP8-serialized).
 
@@ -125,10 +148,20 @@ class Fp8Weight:
           (``ops.scaled_fp8_quant(weight, scale=None, use_per_token_if_dynamic=True)``), which treats
           the weight's output channels as tokens.
         The floor (upstream has none) keeps an all-zero row from getting scale 0 and NaN codes.
+        - ``block_size=(bn, bk)``: one scale per bn x bk block, ``max(amax_block, 1e-10) / 448`` in
+          float32, and ``codes = encode(w / scale)`` by a true division -- the block quantization
+          DeepSeek-V3's and vLLM's ``per_block_cast_to_fp8`` use; activations then go per group of bk.
         """
         _arrays.float_dtype(w, "w")
         if len(w.shape) != 2:
             raise ValueError(f"w must be 2-D [N, K] (nn.Linear layout), got shape {tuple(w.shape)}")
+        if block_size is not None:
+            if per_channel or input_scale is not None:
+                raise ValueError("per_channel and input_scale do not apply to a block-scaled weight, got "
+                                 f"per_channel={per_channel!r}, input_scale={input_scale!r}")
+            codes, scale = _quantize_blocks(w, block_size_of(block_size))
+            return cls(codes, scale, bias=bias, activation_scheme=activation_scheme, block_size=block_size,
+                       scale_ue8m0=scale_ue8m0)
         if per_channel:
             q = quantize_fp8(w, per_token=True)
             scale = q.scale.reshape(-1)
@@ -138,7 +171,8 @@ class Fp8Weight:
         return cls(q.data, scale, input_scale=input_scale, bias=bias, activation_scheme=activation_scheme)
 
     @classmethod
-    def _trusted(cls, data, weight_scale, input_scale, bias, activation_scheme, source, per_channel):
+    def _trusted(cls, data, weight_scale, input_scale, bias, activation_scheme, source, per_channel, block_size=None,
+                 scale_ue8m0=False):
         """Build from parts already validated (a resident copy of a validated weight): no checks,
         no device synchronization."""
         self = object.__new__(cls)
@@ -146,12 +180,14 @@ class Fp8Weight:
         for name, value in (("data", data), ("weight_scale", weight_scale), ("input_scale", input_scale),
                             ("bias", bias), ("activation_scheme", activation_scheme), ("source", source),
                             ("device", _arrays.device_of(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
-                            ("per_channel", per_channel), ("released_to", None), ("bound_calls", None)):
+                            ("per_channel", per_channel), ("released_to", None), ("bound_calls", None),
+                            ("block_size", block_size), ("scale_ue8m0", scale_ue8m0)):
             set_(self, name, value)
         return self
 
     def __repr__(self):
-        kind = "per-channel" if self.per_channel else "per-tensor"
+        kind = (f"block {self.block_size}" if self.block_size is not None
+                else "per-channel" if self.per_channel else "per-tensor")
         return (f"Fp8Weight(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
                 f"activation_scheme={self.activation_scheme!r}, bias={self.bias is not None}"
                 + (f", released_to={self.released_to!r})" if self.released_to else ")"))
@@ -169,7 +205,7 @@ class Fp8Weight:
     def nbytes(self):
         """Bytes of the arrays a resident copy holds: codes, weight scale, bias (as float32)."""
         n = self.shape[0]
-        return n * self.shape[1] + 4 * int(self.weight_scale.shape[0]) + (0 if self.bias is None else 4 * n)
+        return n * self.shape[1] + 4 * int(self.weight_scale.size) + (0 if self.bias is None else 4 * n)
 
     def host_data(self, name="weight"):
         """The codes, or a clear error if they were released after an upload."""
@@ -180,7 +216,12 @@ class Fp8Weight:
         return self.data
 
     def dequantize(self, dtype=np.float32):
-        """decode(codes) * weight_scale per row, in float32, rounded to ``dtype`` (no bias)."""
+        """decode(codes) * weight_scale per row (per block), in float32, rounded to ``dtype`` (no bias)."""
+        if self.block_size is not None:
+            bn, bk = self.block_size
+            n, k = self.shape
+            scale = self.weight_scale.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]
+            return dequantize_fp8(self.host_data(), scale, dtype)
         scale = self.weight_scale.reshape(-1, 1)
         return dequantize_fp8(self.host_data(), scale, dtype)
 
@@ -215,6 +256,54 @@ def _weight_scale(value, n, device):
     if not xp_host and np.dtype(value.dtype) == np.float32:
         return value.reshape(-1), per_channel
     return _to_device(host32, device), per_channel
+
+
+def _block_weight_scale(value, shape, block, device):
+    """The block scales [ceil(N / bn), ceil(K / bk)] as float32 on ``device``; positive and finite
+    (the first bad block is named)."""
+    n, k = shape
+    bn, bk = block
+    want = (-(-n // bn), -(-k // bk))
+    got = tuple(int(d) for d in getattr(value, "shape", ()))
+    if got != want:
+        raise ValueError(f"weight_scale must have shape {want} for a weight {shape} in {bn} x {bk} blocks, got "
+                         f"{got if hasattr(value, 'shape') else type(value).__name__}")
+    on_host = isinstance(value, np.ndarray)
+    if not on_host and _arrays.device_of(value, "weight_scale") != device:
+        raise ValueError(f"weight_scale must be on the weight's device {device}, got {_arrays.device_of(value, 'weight_scale')}")
+    dt = _arrays.dtype_of(value)
+    if dt.kind != "f" and dt != _arrays.BFLOAT16:
+        raise TypeError(f"weight_scale must be a float array, got dtype {dt}")
+    host = (value if on_host else _host_values(value)).astype(np.float32)  # bf16 / f16 widen exactly
+    bad = ~(np.isfinite(host) & (host > 0))
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"weight_scale must be positive and finite in every block, got {host[first]!r} at block "
+                         f"{first} ({int(bad.sum())} bad blocks)")
+    if device == "cpu":
+        return np.ascontiguousarray(host)
+    if not on_host and dt == np.float32:
+        return value
+    return _to_device(np.ascontiguousarray(host), device)
+
+
+def _quantize_blocks(w, block):
+    """(codes, scales) of a float weight [N, K] in bn x bk blocks: scale = max(amax, 1e-10) / 448 in
+    float32 (finite amax), codes = encode(w / scale), a float32 division."""
+    bn, bk = block
+    on_host = isinstance(w, np.ndarray)
+    w32 = (w if on_host else _host_values(w)).astype(np.float32)
+    n, k = w32.shape
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = np.zeros((nb * bn, kb * bk), dtype=np.float32)
+    padded[:n, :k] = np.where(np.isfinite(w32), np.abs(w32), np.float32(0))
+    amax = padded.reshape(nb, bn, kb, bk).max(axis=(1, 3))
+    scale = (np.maximum(amax, _format.F32_GROUP_EPS) / np.float32(448.0)).astype(np.float32)
+    codes = encode_e4m3((w32 / scale.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]).astype(np.float32))
+    if not on_host:
+        device = _arrays.device_of(w, "w")
+        return _to_device(codes, device), _to_device(scale, device)
+    return codes, scale
 
 
 def _to_device(host, device):
@@ -333,4 +422,4 @@ def _upload(weight, data, device):
         parts = [_to_device(np.ascontiguousarray(data), device), _to_device(scale, device),
                  None if bias is None else _to_device(bias, device)]
     return Fp8Weight._trusted(parts[0], parts[1], weight.input_scale, parts[2], weight.activation_scheme,
-                              weight.source, weight.per_channel)
+                              weight.source, weight.per_channel, weight.block_size, weight.scale_ue8m0)

@@ -18,7 +18,7 @@ import numpy as np
 from . import reference
 from .devices import to_host
 
-__all__ = ["assert_g3", "g3_violations"]
+__all__ = ["assert_g3", "assert_block_g3", "g3_violations"]
 
 
 def g3_violations(y, ref, bound, out_dtype):
@@ -41,12 +41,32 @@ def assert_g3(y, a, b, scale_a, scale_b, bias=None, out_dtype=np.float32, *, req
     compared: with ``require_nonzero`` (the vacuity guard) only the non-zero finite reference
     elements count, and at least one must exist; without it, every element whose reference is not
     NaN counts."""
-    y = to_host(y)
-    assert y.shape == (a.shape[0], b.shape[0]), f"shape {y.shape} != {(a.shape[0], b.shape[0])}"
-    assert y.dtype == np.dtype(out_dtype), f"dtype {y.dtype} != {np.dtype(out_dtype)}"
     ref, bound = reference.scaled_mm(a, b, scale_a, scale_b, None if bias is None else np.asarray(bias, np.float64))
     if tensor_core:
         bound = reference.tensor_core_bound(a, b, scale_a, scale_b)
+    return _assert_within(y, ref, bound, (a.shape[0], b.shape[0]), out_dtype, require_nonzero)
+
+
+def assert_block_g3(y, a, b, scale_a, scale_b, block_size, bias=None, out_dtype=np.float32, *,
+                    require_nonzero=True, tensor_core=False):
+    """``assert_g3`` for a block-scaled GEMM (``scaled_mm(..., block_size=block_size)``): the float64
+    reference and the G3-per-block bound of ``reference.block_scaled_mm``. ``tensor_core=True`` adds
+    the tensor-core allowance of ``reference.TENSOR_CORE_REL`` of each block's scaled sum of |terms|
+    (cuBLASLt's block scaling accumulates each block on Hopper's tensor cores)."""
+    ref, bound = reference.block_scaled_mm(a, b, scale_a, scale_b, block_size,
+                                           None if bias is None else np.asarray(bias, np.float64))
+    if tensor_core:
+        # sum_kb |sa sb| sum|terms|: the same reference on magnitudes (codes without their sign bit)
+        magnitudes, _ = reference.block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(scale_a),
+                                                  np.abs(scale_b), block_size)
+        bound = bound + reference.TENSOR_CORE_REL * magnitudes
+    return _assert_within(y, ref, bound, (a.shape[0], b.shape[0]), out_dtype, require_nonzero)
+
+
+def _assert_within(y, ref, bound, shape, out_dtype, require_nonzero):
+    y = to_host(y)
+    assert y.shape == shape, f"shape {y.shape} != {shape}"
+    assert y.dtype == np.dtype(out_dtype), f"dtype {y.dtype} != {np.dtype(out_dtype)}"
     nan = np.isnan(ref)
     np.testing.assert_array_equal(np.isnan(y.astype(np.float64)), nan, err_msg="NaN where the reference has none, or the reverse")
     bad, err, allowed = g3_violations(y, ref, bound, out_dtype)
