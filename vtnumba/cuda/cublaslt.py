@@ -76,6 +76,16 @@ SCALAR, VECTOR = "scalar", "vector"
 # cuBLASLt 12.9 added OUTER_VEC_32F (per-row x per-column f32 scales) for FP8 on Hopper.
 _OUTER_VEC_MIN_VERSION = 120900
 
+
+def outer_vec_reason(cc, version):
+    """None when cuBLASLt ``version`` (cublasLtGetVersion's integer) runs OUTER_VEC_32F scales on
+    compute capability ``cc``, else why not."""
+    if tuple(cc) < (9, 0):
+        return f"per-row/per-channel scales need sm_90+ in cuBLASLt (OUTER_VEC_32F), this GPU is sm_{cc[0]}{cc[1]}"
+    if version < _OUTER_VEC_MIN_VERSION:
+        return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {version}"
+    return None
+
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 _ONE_ADDR = _ONE.ctypes.data
@@ -229,11 +239,7 @@ class DeviceState:
 
     @property
     def outer_vec_reason(self):
-        if self.cc < (9, 0):
-            return f"per-row/per-channel scales need sm_90+ in cuBLASLt (OUTER_VEC_32F), this GPU is sm_{self.cc[0]}{self.cc[1]}"
-        if self.version < _OUTER_VEC_MIN_VERSION:
-            return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {self.version}"
-        return None
+        return outer_vec_reason(self.cc, self.version)
 
     def plan_or_reason(self, key):
         found = self.plans.get(key)
@@ -289,5 +295,5 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
     return d
 
 
-__all__ = ["unavailable_reason", "DeviceState", "plan_key", "matmul", "alignment", "Plan",
+__all__ = ["unavailable_reason", "outer_vec_reason", "DeviceState", "plan_key", "matmul", "alignment", "Plan",
            "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "WORKSPACE_BYTES"]
