@@ -1,21 +1,26 @@
-"""``python -m vtnumba``: the job's figures, its outputs (table, JSON, roofline) and its bad input.
+"""``python -m vtnumba``: the job's figures, its baseline, its columns (never blank without a
+reason), its schemes, its outputs (table, JSON, roofline) and its bad input.
 
-The runs here use ``--reduce 32`` (Llama-3-8B's dimensions / 32) and one repeat so the whole file
-stays within seconds on CI's two cores; the default run is what the README shows.
+The runs here use ``--reduce 32`` (Llama-3-8B's dimensions / 32; ``--reduce 16`` where the block
+scheme needs whole 128-wide blocks) and one repeat so the whole file stays within seconds on CI's
+two cores; the default run is what the README shows. The GPU half (``gpu`` marker) runs on the H200.
 """
 
+import dataclasses
+import importlib.util
 import io
 import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vtnumba.__main__ as cli
-from vtnumba import seam
+from vtnumba import seam, timing
 
 SMALL = ["--reduce", "32", "--tokens", "2", "40", "--repeats", "1", "--no-progress"]
 
@@ -40,14 +45,172 @@ def test_report_covers_every_layer_at_every_token_count(small_report):
     assert [(r["layer"], r["m"]) for r in layers] == [(name, m) for m in (2, 40) for name, _, _ in cli.LLAMA3_8B_LAYERS]
     for r, (name, n, k) in zip(layers, list(cli.LLAMA3_8B_LAYERS) * 2):
         assert (r["n"], r["k"]) == (n // 32, k // 32)
-        assert r["time_s"] > 0 and r["baseline_time_s"] > 0 and r["quant_time_s"] > 0
-        assert r["speedup"] == pytest.approx(r["baseline_time_s"] / r["time_s"])
-        assert r["gflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / r["time_s"] / 1e9)
-    # the path names the kernel the CPU GEMM picked: both sides of its M crossover appear
+        assert r["scheme"] == "dynamic"  # the default scheme
+        assert r["device_us"] > 0 and r["baseline_us"] > 0 and r["quant_us"] > 0
+        assert r["speedup"] == pytest.approx(r["baseline_us"] / r["device_us"])
+        assert r["quant_share"] == pytest.approx(r["quant_us"] / r["device_us"])
+        assert r["gflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / (r["device_us"] * 1e-6) / 1e9)
     # which CPU kernel runs is the GEMM's own shape rule (vtnumba.cpu.gemm); the table must name it
     from vtnumba.cpu.gemm import KERNELS
-    assert {r["path"].split(", ")[-1] for r in layers} <= set(KERNELS) - {"reference"}
+    assert {r["kernel"] for r in layers} <= set(KERNELS) - {"reference"}
     assert small_report["reduction"].startswith("N and K divided by 32")
+    assert small_report["schemes"] == ["dynamic"] and small_report["skipped_schemes"] == {}
+
+
+# -- the baseline --------------------------------------------------------------------------------
+
+def test_baseline_is_what_a_user_of_the_device_runs_instead(small_report):
+    cpu, gpu = cli.baseline_for("cpu"), cli.baseline_for("cuda")
+    assert cpu.dtype == "float32" and "numpy" in cpu.label and "sgemm" in cpu.label
+    # on the GPU: half precision on tensor cores, never float32 sgemm
+    assert gpu.dtype == "float16" and "cuBLAS" in gpu.label and "tensor cores" in gpu.label
+    assert "sgemm" not in gpu.label and gpu.column != cpu.column
+    # the report names the baseline it measured, and the FP8 layer takes the baseline's activations
+    assert small_report["baseline"] == {"label": cpu.label, "column": cpu.column, "dtype": "float32"}
+    assert small_report["activation_dtype"] == "float32"
+    assert cli._Device("cpu").dtype == np.float32
+
+
+# -- the columns ---------------------------------------------------------------------------------
+
+NUMBER_COLUMNS = ("device_us", "host_us", "graph_us", "quant_us", "quant_share", "gflops", "gbytes_per_s",
+                  "baseline_us", "baseline_host_us", "speedup", "g3_ratio", "fp8_rel_error")
+
+
+def column_problems(row):
+    """Each column of ``row`` that is neither a finite number nor None with a reason."""
+    problems = []
+    for key in NUMBER_COLUMNS:
+        value = row[key]
+        if value is None:
+            why = row["unavailable"].get(key) or {}
+            if not why.get("label") or not why.get("reason"):
+                problems.append(f"{key} is None without a reason")
+        elif not (isinstance(value, float) and np.isfinite(value) and value >= 0):
+            problems.append(f"{key} = {value!r}")
+    return problems
+
+
+def test_no_column_is_blank_without_a_reason(small_report):
+    checked = 0
+    for row in small_report["layers"]:
+        assert column_problems(row) == []
+        # on the CPU the host and graph columns say why they do not apply
+        for key in ("host_us", "graph_us", "baseline_host_us"):
+            assert row[key] is None and row["unavailable"][key]["label"] == "cpu"
+            checked += 1
+    assert checked == 3 * len(small_report["layers"])
+    # the check itself can fail: a number dropped without a reason is caught
+    doctored = dict(small_report["layers"][0], device_us=None)
+    assert column_problems(doctored) == ["device_us is None without a reason"]
+
+
+def test_table_cells_are_never_blank(small_report):
+    heads, rows, keys = cli.table_cells(small_report)
+    assert {"device us", "host us", "graph us", "quant us (share)", "sgemm us"} <= set(heads)
+    assert len(rows) == len(small_report["layers"])
+    for row in rows:
+        assert all(cell.strip() for cell in row)
+        assert row[keys.index("host_us")] == "n/a (cpu)" and row[keys.index("graph_us")] == "n/a (cpu)"
+        assert re.fullmatch(r"\d+\.\d \(\d+%\)", row[keys.index("quant_us")])
+    # a None without a reason still shows, and says it has none
+    doctored = dict(small_report, layers=[dict(small_report["layers"][0], graph_us=None, unavailable={})])
+    _, rows, _ = cli.table_cells(doctored)
+    assert rows[0][keys.index("graph_us")] == "n/a (no reason given)"
+
+
+# -- the schemes ---------------------------------------------------------------------------------
+
+ALL_SCHEMES = ["--reduce", "16", "--tokens", "4", "--repeats", "1", "--no-progress", "--skip-selfcheck", "--json"]
+
+
+@pytest.fixture
+def no_blas_pause(monkeypatch):
+    """No quiet pause before each CPU timing: its accuracy is not under test here, CI's seconds are."""
+    monkeypatch.setattr(timing, "_BLAS_SPIN_PAUSE_S", 0.0)
+
+
+@pytest.fixture(scope="module")
+def all_schemes_report():
+    """--all-schemes at Llama-3-8B / 16: every K is whole 128-wide blocks, so the block scheme runs
+    where the library offers it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "_BLAS_SPIN_PAUSE_S", 0.0)
+        buf = io.StringIO()
+        cli.run(cli._parser().parse_args(ALL_SCHEMES + ["--all-schemes"]), out=buf)
+    return json.loads(buf.getvalue())
+
+
+def test_all_schemes_run_every_offered_scheme(all_schemes_report):
+    reason = cli.block_support_reason()
+    offered = list(cli.SCHEMES) if reason is None else ["static", "dynamic", "per_token"]
+    assert all_schemes_report["schemes"] == offered
+    assert all_schemes_report["skipped_schemes"] == ({} if reason is None else {"block": reason})
+    rows = all_schemes_report["layers"]
+    assert [(r["layer"], r["scheme"]) for r in rows] == [(name, s) for name, _, _ in cli.LLAMA3_8B_LAYERS
+                                                        for s in offered]
+    for r in rows:
+        assert r["g3_ok"] and 0 <= r["g3_ratio"] <= 1 and 0.01 < r["fp8_rel_error"] < 0.1
+        assert column_problems(r) == []
+    assert all_schemes_report["ok"] is True
+    # the schemes are different computations: per-token scales give other codes, hence another error
+    errors = {(r["layer"], r["scheme"]): r["fp8_rel_error"] for r in rows}
+    assert errors[("q_proj", "per_token")] != errors[("q_proj", "dynamic")]
+
+
+def test_scheme_choice():
+    shapes = list(cli.layer_shapes(4))
+    parse = cli._parser().parse_args
+    assert cli.choose_schemes(parse([]), shapes, 4) == (["dynamic"], {})
+    assert cli.choose_schemes(parse(["--scheme", "per_token"]), shapes, 4) == (["per_token"], {})
+    weight = cli.make_weight("static", np.ones((16, 32), np.float32), np.full((2, 32), 4.48, np.float32))
+    assert weight.activation_scheme == "static" and weight.input_scale == np.float32(0.01)  # amax / 448
+    weight = cli.make_weight("per_token", np.ones((16, 32), np.float32), None)
+    assert weight.activation_scheme == "per_token" and weight.per_channel
+
+
+def test_block_support_is_a_capability_check():
+    """The block scheme is offered by what the library's functions accept, not by a flag."""
+    def quantize_without(x, scale=None, *, per_token=False, scale_ub=None):
+        pass
+
+    def quantize_with(x, scale=None, *, per_token=False, scale_ub=None, group_size=None):
+        pass
+
+    def from_float_without(w, input_scale=None, per_channel=False):
+        pass
+
+    def from_float_with(w, input_scale=None, per_channel=False, *, block_size=None):
+        pass
+
+    with_reference = types.SimpleNamespace(block_scaled_mm=lambda *args: None)
+    assert cli.block_support_reason(quantize_with, from_float_with, with_reference) is None
+    reason = cli.block_support_reason(quantize_without, from_float_with, with_reference)
+    assert "group_size" in reason and "block_size" not in reason
+    reason = cli.block_support_reason(quantize_with, from_float_without, types.SimpleNamespace())
+    assert "from_float takes no block_size" in reason and "block_scaled_mm" in reason and "group_size" not in reason
+
+
+def test_block_shapes_must_be_whole_blocks():
+    assert cli.block_shape_reason(list(cli.layer_shapes(16)), 16) is None
+    reason = cli.block_shape_reason(list(cli.layer_shapes(32)), 32)
+    assert reason == "the block scheme needs K to be a multiple of 128; --reduce 32 gives K = 448 (down_proj)"
+
+
+def test_block_scheme_is_offered_exactly_when_the_library_has_it(no_blas_pause, capsys):
+    reason = cli.block_support_reason()
+    rc, out, err = run_cli(ALL_SCHEMES + ["--scheme", "block"], capsys)
+    if reason is not None:
+        assert rc == 2 and err == f"vtnumba: error: --scheme block is not offered here: {reason}\n"
+        return
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["schemes"] == ["block"] and report["ok"]
+    assert all(r["scheme"] == "block" and r["g3_ok"] for r in report["layers"])
+    checks = cli.selfcheck(cli._Device("cpu"), rows=8, cols=512, block=True)
+    assert checks[-1]["scheme"] == "dynamic per-group 128" and checks[-1]["mismatches"] == 0
+    rc, _, err = run_cli(["--scheme", "block", "--reduce", "32", "--no-progress"], capsys)
+    assert rc == 2 and "K = 448 (down_proj)" in err
 
 
 def test_accuracy_figures_are_real_comparisons(small_report):
@@ -84,9 +247,14 @@ def test_a_wrong_gemm_fails_the_run(monkeypatch, capsys):
 def test_table_output(capsys):
     rc, out, err = run_cli(SMALL[:2] + ["--tokens", "2", "--repeats", "1", "--no-progress", "--skip-selfcheck"], capsys)
     assert rc == 0, err
-    for word in ("q_proj", "down_proj", "GFLOP/s", "speedup", "numpy sgemm", "N and K divided by 32",
-                 "all checks passed"):
+    for word in ("q_proj", "down_proj", "GFLOP/s", "speedup", "N and K divided by 32", "all checks passed",
+                 "float32 activations and outputs", "n/a (cpu)", "quant us (share)"):
         assert word in out
+    # the footer names the baseline, and says why each n/a column has no number
+    assert f"speedup = {cli.baseline_for('cpu').label} time" in out
+    assert f"host us n/a (cpu): {cli.CPU_NOT_APPLICABLE['host_us'][1]}" in out
+    assert f"graph us n/a (cpu): {cli.CPU_NOT_APPLICABLE['graph_us'][1]}" in out
+    assert "GPU:" not in out  # the capability header is the GPU run's
     assert err == ""  # no progress bar when disabled (and never on a non-terminal)
 
 
@@ -127,6 +295,8 @@ def test_progress_bar_draws_on_a_terminal():
     (["--tokens", "x"], "must be a positive integer, got 'x'"),
     (["--plot", "/nonexistent-dir/roofline.png"], "--plot must name a file in an existing directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--scheme", "int8"], "argument --scheme: invalid choice: 'int8'"),
+    (["--scheme", "static", "--all-schemes"], "argument --all-schemes: not allowed with argument --scheme"),
 ])
 def test_bad_input_is_one_line(argv, needle, capsys):
     rc, out, err = run_cli(argv + ["--no-progress"], capsys)
@@ -167,10 +337,49 @@ def test_cuda_run(capsys):
     assert rc == 0, err
     report = json.loads(out)
     assert report["device"] == "cuda" and all(r["g3_ok"] for r in report["layers"])
-    assert all(r["host_s"] is not None and r["host_s"] > 0 for r in report["layers"])
+    # the baseline is half precision on tensor cores, and the FP8 layer takes the same activations
+    assert report["baseline"] == dataclasses.asdict(cli.baseline_for("cuda"))
+    assert report["activation_dtype"] == "float16"
+    for r in report["layers"]:
+        assert column_problems(r) == []
+        assert r["host_us"] > 0 and r["baseline_host_us"] > 0 and 0 < r["quant_share"]
+        assert r["graph_us"] is not None or r["unavailable"]["graph_us"]["label"] == "capture failed"
+    # the seam's dynamic layer captures (tests/test_profile.py's graph timing): the column has numbers
+    assert all(r["graph_us"] is not None for r in report["layers"])
+    caps = report["gpu_capabilities"]
+    assert caps["gpu"] and len(caps["cc"]) == 2 and caps["cublaslt"] and caps["cuda_runtime"]
+    assert caps["paths"]["cublaslt_per_tensor"]["available"]  # FP8 on the H200
+    assert any(label.startswith("cuBLAS hgemm") for label in report["ceilings"]["extra"])
+
+
+@pytest.mark.gpu
+def test_cuda_table_every_scheme(tmp_path, capsys):
+    png = tmp_path / "roofline.png"
+    argv = ["--device", "cuda", "--reduce", "4", "--tokens", "16", "--repeats", "5", "--no-progress",
+            "--skip-selfcheck", "--all-schemes"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--plot", str(png)]
+    rc, out, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    assert out.startswith("GPU: ") and "cuBLASLt FP8 GEMM, per-tensor scales" in out
+    for word in ("f16 GEMM us", "host us", "graph us", "quant us (share)", "float16 activations and outputs",
+                 f"speedup = {cli.baseline_for('cuda').label} time", "per_token, ", "all checks passed"):
+        assert word in out
+    assert "n/a (cpu)" not in out
+    if "--plot" in argv:
+        assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_describes_what_the_command_prints(small_report):
+    text = " ".join(README.read_text().split())  # the paragraph, its line breaks folded
+    heads, _, _ = cli.table_cells(small_report)
+    for word in ("device us", "host us", "graph us", "n/a (cpu)", "--all-schemes", "vtnumba.cuda.capabilities()",
+                 "float16 GEMM", "float32 sgemm", "|".join(cli.SCHEMES)):
+        assert word in text, word
+    assert {"device us", "host us", "graph us"} <= set(heads)
 
 
 def test_readme_commands_and_tour_run():

@@ -130,6 +130,22 @@ def test_roofline_plot(tmp_path):
         profile.roofline_plot([profile.ProfileRecord("t", "cpu", "m", 1.0, 1.0, 1)], ceilings)
 
 
+def test_roofline_draws_each_measured_peak(tmp_path):
+    """On the GPU the half-precision roof stands beside the FP8 one (measure_ceilings' extra peaks)."""
+    pytest.importorskip("matplotlib")
+    fp8, f16, f32 = "vtnumba scaled_mm FP8 8192^3", "cuBLAS hgemm (f16) 8192^3", "cuBLAS sgemm 8192^3"
+    ceilings = profile.Ceilings("cuda", copy_gbytes_per_s=4000.0, peak_gflops=1.2e6, peak_label=fp8,
+                                extra={f32: 5e4, f16: 6e5, fp8: 1.2e6})
+    fig = _results().roofline(ceilings, path=tmp_path / "r.png")
+    ax = fig.axes[0]
+    assert [max(line.get_ydata()) for line in ax.lines] == pytest.approx([1.2e6, 5e4, 6e5])
+    labels = [t.get_text() for t in ax.texts]
+    assert any(t.startswith(f16) for t in labels) and any(t.startswith(fp8) for t in labels)
+    # a peak that could not be measured (0, measure_ceilings on a GPU without FP8) draws no roof
+    lacking = profile.Ceilings("cuda", 4000.0, 6e5, f16, extra={f16: 6e5, "FP8 unavailable (RuntimeError)": 0.0})
+    assert len(_results().roofline(lacking).axes[0].lines) == 1
+
+
 def test_roofline_without_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     ceilings = profile.Ceilings("cpu", 20.0, 100.0, "sgemm")

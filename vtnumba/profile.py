@@ -321,7 +321,9 @@ def _show_figures_in_ipython(figure_type):
 
 def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     """A log-log roofline: each record with FLOPs and bytes at (FLOP/B, GFLOP/s) under
-    min(peak, intensity * copy bandwidth). Saves to ``path`` when given; returns the Figure."""
+    min(peak, intensity * copy bandwidth), and each other measured peak of ``ceilings.extra`` (on
+    the GPU: cuBLAS f16 and sgemm beside the FP8 one) as a dashed roof of its own. Saves to
+    ``path`` when given; returns the Figure."""
     require("matplotlib", "plot", "the roofline plot")
     from matplotlib.figure import Figure  # no pyplot: works headless and inside Jupyter alike
 
@@ -334,14 +336,21 @@ def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     else:
         fig = ax.figure
     bw, peak = ceilings.copy_gbytes_per_s, ceilings.peak_gflops
+    others = {label: value for label, value in (ceilings.extra or {}).items()
+              if label != ceilings.peak_label and value > 0}  # 0: a peak that could not be measured
+    ridges = [value / bw for value in [peak, *others.values()]]
     xs = [p.intensity for p in points]
-    lo, hi = min(xs + [peak / bw]) / 4, max(xs + [peak / bw]) * 4
+    lo, hi = min(xs + ridges) / 4, max(xs + ridges) * 4
     grid = np.logspace(math.log10(lo), math.log10(hi), 200)
     ax.loglog(grid, np.minimum(peak, grid * bw), color="black", lw=1.5)
     ax.annotate(f"copy {bw:.0f} GB/s", (grid[0], grid[0] * bw), textcoords="offset points",
                 xytext=(4, 6), fontsize=8)
     ax.annotate(f"{ceilings.peak_label}: {peak:.0f} GFLOP/s", (hi, peak), textcoords="offset points",
                 xytext=(-4, 4), ha="right", fontsize=8)
+    for label, value in others.items():
+        ax.loglog(grid, np.minimum(value, grid * bw), color="gray", lw=1.0, ls="--")
+        ax.annotate(f"{label}: {value:.0f} GFLOP/s", (hi, value), textcoords="offset points",
+                    xytext=(-4, 4), ha="right", fontsize=8, color="dimgray")
     for p in points:
         ax.scatter([p.intensity], [p.gflops], s=24, zorder=3)
         ax.annotate(p.name, (p.intensity, p.gflops), textcoords="offset points", xytext=(4, -10),

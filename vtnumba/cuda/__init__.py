@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import _arrays
 from .target import SIMULATOR, gpu_unavailable_reason, require_gpu
+from .capabilities import capabilities  # noqa: E402 (what runs on this GPU, path by path)
 
 _ENCODER_SETTING = os.environ.get("VT_CUDA_ENCODER", "auto").lower()
 _KINDS = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", _arrays.BFLOAT16: "bfloat16"}
@@ -353,4 +354,5 @@ def encoder_in_use():
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "quantize_per_group", "scaled_mm", "block_scaled_mm", "fp8_linear", "prepare_quantize", "capture", "encoder_in_use", "gpu_unavailable_reason"]
+           "quantize_per_group", "scaled_mm", "block_scaled_mm", "fp8_linear", "prepare_quantize", "capture",
+           "encoder_in_use", "gpu_unavailable_reason", "capabilities"]

@@ -81,6 +81,32 @@ _BLOCK_MODES = {SCALAR: "SCALAR_32F", VECTOR: "OUTER_VEC_32F", BLOCK_128x128: "B
 # cuBLASLt 12.9 added OUTER_VEC_32F (per-row x per-column f32 scales) for FP8 on Hopper.
 _OUTER_VEC_MIN_VERSION = 120900
 
+
+def outer_vec_reason(cc, version):
+    """None when cuBLASLt ``version`` (cublasLtGetVersion's integer) runs OUTER_VEC_32F scales on
+    compute capability ``cc``, else why not."""
+    if tuple(cc) < (9, 0):
+        return f"per-row/per-channel scales need sm_90+ in cuBLASLt (OUTER_VEC_32F), this GPU is sm_{cc[0]}{cc[1]}"
+    if version < _OUTER_VEC_MIN_VERSION:
+        return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {version}"
+    return None
+
+def block_reason(cc, version):
+    """None when cuBLASLt ``version`` runs 128 x 128 block scales (VEC128_32F x BLK128x128_32F) on
+    compute capability ``cc``, else why not. cuBLAS 12.9 added them for Hopper ("channel- and
+    block-scaled FP8 matmuls on NVIDIA Hopper"); Blackwell's block-scaled tensor cores (sm_10x,
+    GB10's sm_12x) take the MX formats instead (32-element blocks with UE8M0 scales), another
+    checkpoint format."""
+    if cc[0] != 9:
+        extra = (" (it has cuBLASLt's MXFP8 block modes instead: 32-element blocks with UE8M0 scales, "
+                 "a different format)" if cc[0] >= 10 else "")
+        return (f"cuBLASLt's 128x128 block scales (VEC128_32F x BLK128x128_32F) run on Hopper (sm_90) only, "
+                f"this GPU is sm_{cc[0]}{cc[1]}{extra}")
+    if version < _OUTER_VEC_MIN_VERSION:
+        return f"128x128 block scales need cuBLASLt >= 12.9, found version {version}"
+    return None
+
+
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 _ONE_ADDR = _ONE.ctypes.data
@@ -245,21 +271,11 @@ class DeviceState:
 
     @property
     def outer_vec_reason(self):
-        if self.cc < (9, 0):
-            return f"per-row/per-channel scales need sm_90+ in cuBLASLt (OUTER_VEC_32F), this GPU is sm_{self.cc[0]}{self.cc[1]}"
-        if self.version < _OUTER_VEC_MIN_VERSION:
-            return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {self.version}"
-        return None
+        return outer_vec_reason(self.cc, self.version)
 
     @property
     def block_reason(self):
-        """Why 128 x 128 block scaling cannot run here (None if it can): cuBLASLt offers it on sm_90
-        from 12.9 on; sm_10x/sm_12x (GB10) have MXFP8 block modes instead, not these."""
-        if self.cc != (9, 0):
-            return f"128x128 block scaling in cuBLASLt needs sm_90 (Hopper), this GPU is sm_{self.cc[0]}{self.cc[1]}"
-        if self.version < _OUTER_VEC_MIN_VERSION:
-            return f"128x128 block scaling needs cuBLASLt >= 12.9, found version {self.version}"
-        return None
+        return block_reason(self.cc, self.version)
 
     def plan_or_reason(self, key, pointers=None):
         found = self.plans.get(key)
@@ -324,5 +340,6 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
     return d
 
 
-__all__ = ["unavailable_reason", "DeviceState", "plan_key", "matmul", "alignment", "Plan",
-           "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "BLOCK_128x128", "GROUP_128", "WORKSPACE_BYTES"]
+__all__ = ["unavailable_reason", "outer_vec_reason", "block_reason", "DeviceState", "plan_key", "matmul", "alignment",
+           "Plan", "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "BLOCK_128x128", "GROUP_128",
+           "WORKSPACE_BYTES"]
