@@ -315,3 +315,670 @@ def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
     scale = _f32_2d if block_scaled else _f32_1d
     sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
     return compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), sig)
+
+
+# ------------------------------------------------------------------------------------------------
+# the decode GEMV (M = 1..16): the weight rows are the A operand (m16), the activation rows the B
+# operand (n8, zero-padded past M; two n8 tiles above M = 8).
+#
+# A block owns 16 * rt weight rows; its warps split K in 128-wide chunks (warp w takes chunks w,
+# w + warps, ...). Lane 4 g + t loads 16 bytes of weight rows g and g + 8 of each m16 tile at
+# 128 c + 64 s + 16 t (s = 0, 1): four 128-bit loads a tile, the next chunk's issued before the
+# current one is computed. The mma's k order is permuted (A register 2 h of segment s holds bytes
+# 8 h .. 8 h + 3 of the lane's 16, register 2 h + 1 the next four), identically for A and B, so
+# each lane's 16 contiguous bytes feed two mmas and no shared memory is needed. The activation
+# lane 4 g + t supplies is row g's 16 codes at the same offsets: loaded (codes in) or quantized
+# from the float rows on the fly (the fused modes). The warps' partial sums meet in shared memory
+# in a fixed order; the epilogue is the GEMM's.
+
+GemvConfig = namedtuple("GemvConfig", "rt warps")
+GEMV_CONFIGS = {
+    "r16_w4": GemvConfig(rt=1, warps=4),
+    "r16_w8": GemvConfig(rt=1, warps=8),
+    "r32_w4": GemvConfig(rt=2, warps=4),
+    "sim_r16_w2": GemvConfig(rt=1, warps=2),
+}
+GEMV_DEFAULT = GEMV_CONFIGS["sim_r16_w2" if SIMULATOR else "r16_w4"]
+GEMV_MAX_M = 16
+# Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
+# cheap for a few rows (gemm_kernels' GEMV fuses up to 4 the same way), not for 16 long rows.
+FUSED_AMAX_MAX_M = 4
+CHUNK = 128  # codes of K a warp step covers; also the block scales' K block
+
+# activation modes: the decode GEMV's four (gemm_kernels.STAGE_*) and the 1 x 128 group one
+MODE_CODES, MODE_STATIC, MODE_DYNAMIC, MODE_PER_TOKEN, MODE_PER_GROUP = 0, 1, 2, 3, 4
+X_FLOAT32, X_FLOAT16, X_BFLOAT16 = 0, 1, 2
+_F32_448 = np.float32(448.0)
+_F32_GROUP_EPS = np.float32(1e-10)  # upstream per_token_group_quant_fp8's eps
+_U32_16 = np.uint32(16)
+_U32_HIGH16 = np.uint32(0xFFFF0000)
+_FULL_MASK = 0xFFFFFFFF
+
+if SIMULATOR:
+    def _quad_max(v, fscratch, warp, lane):
+        """max of v over the four lanes 4 g .. 4 g + 3 (every thread of the block must call)."""
+        fscratch[warp * 32 + lane] = v
+        cuda.syncthreads()
+        base = warp * 32 + (lane // 4) * 4
+        r = max(max(fscratch[base], fscratch[base + 1]), max(fscratch[base + 2], fscratch[base + 3]))
+        cuda.syncthreads()
+        return r
+
+    def _lane_value(v, src, fscratch, warp, lane):
+        """v of lane ``src`` of this warp (every thread of the block must call)."""
+        fscratch[warp * 32 + lane] = v
+        cuda.syncthreads()
+        r = fscratch[warp * 32 + src]
+        cuda.syncthreads()
+        return r
+else:
+    def _quad_max(v, fscratch, warp, lane):
+        v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 1))
+        return max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
+
+    def _lane_value(v, src, fscratch, warp, lane):
+        return cuda.shfl_sync(_FULL_MASK, v, src)
+
+_quad_max = cuda.jit(**_DEVICE)(_quad_max)
+_lane_value = cuda.jit(**_DEVICE)(_lane_value)
+
+
+def _block_max_rows_fn(threads, rows):
+    """Per-row maxima over a block: every thread passes ``local`` [rows]; returns nothing, leaves
+    the maxima in shared[0 .. rows). Every thread must call (it synchronizes the block)."""
+
+    def block_max_rows(local, shared):
+        tid = cuda.threadIdx.x
+        for r in range(rows):
+            shared[tid * rows + r] = local[r]
+        cuda.syncthreads()
+        step = threads // 2
+        while step > 0:
+            if tid < step:
+                for r in range(rows):
+                    shared[tid * rows + r] = max(shared[tid * rows + r], shared[(tid + step) * rows + r])
+            cuda.syncthreads()
+            step //= 2
+
+    return cuda.jit(**_DEVICE)(block_max_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
+    """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
+    hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
+    gemm_kernel)."""
+    from . import codec
+    from . import gemm_kernels as gk
+
+    if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
+        raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
+    if mode == MODE_PER_GROUP and not block_scaled:
+        raise ValueError("1 x 128 group activations need block-scaled weights")
+    rt, warps = cfg.rt, cfg.warps
+    threads = 32 * warps
+    x_rows = 8 * nb
+    n_acc = rt * nb * 4
+    n_w = 16 * rt  # weight words a lane holds per chunk: rt tiles x 2 rows x 2 segments x 4
+    n_x = 8 * nb  # activation words: nb tiles x 2 segments x 4
+    n_vals = 32 * nb  # float activation values a lane quantizes per chunk
+    n_red = warps * n_acc * 32
+    n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
+    n_fscratch = warps * 32 if SIMULATOR else 1
+    n_scratch = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    if hardware:
+        load16, _ = gk._HW
+        load16_u16 = load16
+    else:
+        load16, load16_u16 = gk._portable_load, gk._portable_load_u16
+    pair = codec.encode_pair("hardware" if hardware else "portable")
+    finite_abs = codec.finite_abs
+    half_bits = gk.half_bits_to_float32
+    from_bits = gk._PRIMITIVES.get("bits_float32", gk.bits_float32)
+    mma_op = mma.mma_e4m3
+    quad_max, lane_value = _quad_max, _lane_value
+    block_max_rows = _block_max_rows_fn(threads, x_rows)
+    load_bias_value, finish, store = load_bias, scaled_value, store_out
+    fused = mode != MODE_CODES
+    min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
+
+    @cuda.jit(**_DEVICE)
+    def load_weights(b, n0, n_total, k_total, c, nchunks, words):
+        """This lane's 16-byte pieces of chunk c of its weight rows (zeros past K or past the last
+        chunk; rows past N reread row N - 1, their sums are dropped)."""
+        g = (cuda.threadIdx.x % 32) // 4
+        t = cuda.threadIdx.x % 4
+        for r in range(rt):
+            for h in range(2):
+                row = min(n0 + 16 * r + 8 * h + g, n_total - 1)
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(b, row, col if ok else 0)
+                    q = 4 * ((2 * r + h) * 2 + s)
+                    words[q] = w0 if ok else _U32_ZERO
+                    words[q + 1] = w1 if ok else _U32_ZERO
+                    words[q + 2] = w2 if ok else _U32_ZERO
+                    words[q + 3] = w3 if ok else _U32_ZERO
+
+    @cuda.jit(**_DEVICE)
+    def load_x16(x, x_kind, row, k, vals, off):
+        """vals[off .. off + 16) = x[row, k .. k + 16) as float32 (x: the uint16 view of the rows)."""
+        if x_kind == X_FLOAT32:
+            for i in range(4):
+                w0, w1, w2, w3 = load16_u16(x, row, 2 * k + 8 * i)
+                vals[off + 4 * i] = from_bits(w0)
+                vals[off + 4 * i + 1] = from_bits(w1)
+                vals[off + 4 * i + 2] = from_bits(w2)
+                vals[off + 4 * i + 3] = from_bits(w3)
+        else:
+            for i in range(2):
+                w0, w1, w2, w3 = load16_u16(x, row, k + 8 * i)
+                j = off + 8 * i
+                if x_kind == X_FLOAT16:
+                    vals[j] = half_bits(w0 & np.uint32(0xFFFF))
+                    vals[j + 1] = half_bits(w0 >> _U32_16)
+                    vals[j + 2] = half_bits(w1 & np.uint32(0xFFFF))
+                    vals[j + 3] = half_bits(w1 >> _U32_16)
+                    vals[j + 4] = half_bits(w2 & np.uint32(0xFFFF))
+                    vals[j + 5] = half_bits(w2 >> _U32_16)
+                    vals[j + 6] = half_bits(w3 & np.uint32(0xFFFF))
+                    vals[j + 7] = half_bits(w3 >> _U32_16)
+                else:  # bfloat16: the upper 16 bits of a float32
+                    vals[j] = from_bits(w0 << _U32_16)
+                    vals[j + 1] = from_bits(w0 & _U32_HIGH16)
+                    vals[j + 2] = from_bits(w1 << _U32_16)
+                    vals[j + 3] = from_bits(w1 & _U32_HIGH16)
+                    vals[j + 4] = from_bits(w2 << _U32_16)
+                    vals[j + 5] = from_bits(w2 & _U32_HIGH16)
+                    vals[j + 6] = from_bits(w3 << _U32_16)
+                    vals[j + 7] = from_bits(w3 & _U32_HIGH16)
+
+    @cuda.jit(**_DEVICE)
+    def encode16(vals, off, mult, divide, words, woff):
+        """words[woff .. woff + 4) = codes of vals[off .. off + 16) times (or divided by) mult."""
+        for q in range(4):
+            i = off + 4 * q
+            if divide:
+                lo = pair(vals[i] / mult, vals[i + 1] / mult)
+                hi = pair(vals[i + 2] / mult, vals[i + 3] / mult)
+            else:
+                lo = pair(vals[i] * mult, vals[i + 1] * mult)
+                hi = pair(vals[i + 2] * mult, vals[i + 3] * mult)
+            words[woff + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
+
+    if block_scaled:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return _F32_ONE
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return scale[i, kb]
+    else:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return scale[i * step]
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return _F32_ONE
+
+    def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        """y[:M] = round_out(scaled (a or quantize(x)) @ b^T + bias); the arguments of
+        gemm_kernels' GEMV (scale_a / scale_b [M, KB] / [NB, KB] when block-scaled)."""
+        n_total, k_total = b.shape
+        m_total = y.shape[0]
+        nchunks = (k_total + CHUNK - 1) // CHUNK
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+        n0 = cuda.blockIdx.x * 16 * rt
+        scratch = cuda.shared.array(n_scratch, types.uint32)
+        fscratch = cuda.shared.array(n_fscratch, types.float32)
+        red = cuda.shared.array(n_red, types.float32)
+        amax_rows = cuda.shared.array(n_amax, types.float32)
+        row_mult = cuda.shared.array(16, types.float32)  # per-tensor / per-token: multiplier or divisor
+        row_deq = cuda.shared.array(16, types.float32)  # and the dequantization scale
+        wcur = cuda.local.array(n_w, types.uint32)
+        wnext = cuda.local.array(n_w, types.uint32)
+        xw = cuda.local.array(n_x, types.uint32)
+        vals = cuda.local.array(n_vals, types.float32)
+        local = cuda.local.array(x_rows, types.float32)
+        gscale = cuda.local.array(nb, types.float32)
+        acc = cuda.local.array(n_acc, types.float32)
+        part = cuda.local.array(n_acc, types.float32)
+        for i in range(n_acc):
+            acc[i] = _F32_ZERO
+            part[i] = _F32_ZERO
+
+        # the first chunk's weight loads go out before anything waits
+        load_weights(b, n0, n_total, k_total, warp, nchunks, wcur)
+
+        # -- the activation's per-tensor / per-token scales (one pass over x for its amax) --------
+        if mode == MODE_STATIC and tid == 0:
+            row_mult[0] = np.float32(_F32_ONE / qscale[0])
+            row_deq[0] = qscale[0]
+        if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
+            for r in range(x_rows):
+                local[r] = _F32_ZERO
+            k16 = k_total // 16
+            for r in range(x_rows):
+                if r < m_total:
+                    for cc in range(tid, k16, threads):
+                        load_x16(x, x_kind, r, 16 * cc, vals, 0)
+                        for j in range(16):
+                            local[r] = max(local[r], finite_abs(vals[j]))
+            block_max_rows(local, amax_rows)
+            if tid == 0:
+                if mode == MODE_DYNAMIC:
+                    total = _F32_ZERO
+                    for r in range(x_rows):
+                        total = max(total, amax_rows[r])
+                    s = max(total / _F32_448, min_scale)
+                    row_mult[0] = np.float32(_F32_ONE / s)
+                    row_deq[0] = s
+                else:
+                    ub = qscale[0]
+                    for r in range(x_rows):
+                        am = amax_rows[r]
+                        if ub > _F32_ZERO:
+                            am = min(am, ub)
+                        s = max(am / _F32_448, min_scale)
+                        row_mult[r] = s
+                        row_deq[r] = s
+        if fused:
+            cuda.syncthreads()
+
+        iters = (nchunks + warps - 1) // warps
+        for it in range(iters):
+            c = warp + it * warps
+            load_weights(b, n0, n_total, k_total, c + warps, nchunks, wnext)  # the next chunk, in flight
+            # -- this chunk's activation codes: xw[4 (2 i + s) + q] for n8 tile i, segment s -------
+            for i in range(nb):
+                row = 8 * i + g
+                active = row < m_total
+                if mode == MODE_CODES:
+                    for s in range(2):
+                        col = CHUNK * c + 64 * s + 16 * t
+                        ok = active and c < nchunks and col < k_total
+                        w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
+                        xw[8 * i + 4 * s] = w0 if ok else _U32_ZERO
+                        xw[8 * i + 4 * s + 1] = w1 if ok else _U32_ZERO
+                        xw[8 * i + 4 * s + 2] = w2 if ok else _U32_ZERO
+                        xw[8 * i + 4 * s + 3] = w3 if ok else _U32_ZERO
+                else:
+                    amax = _F32_ZERO
+                    for s in range(2):
+                        col = CHUNK * c + 64 * s + 16 * t
+                        if active and c < nchunks and col < k_total:
+                            load_x16(x, x_kind, row, col, vals, 32 * i + 16 * s)
+                        else:
+                            for j in range(16):
+                                vals[32 * i + 16 * s + j] = _F32_ZERO
+                        if mode == MODE_PER_GROUP:
+                            for j in range(16):
+                                amax = max(amax, finite_abs(vals[32 * i + 16 * s + j]))
+                    if mode == MODE_PER_GROUP:
+                        # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
+                        amax = quad_max(amax, fscratch, warp, lane)
+                        s_group = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
+                        gscale[i] = s_group
+                        mult = s_group
+                        divide = True
+                    elif mode == MODE_PER_TOKEN:
+                        mult = row_mult[min(row, 15)]
+                        divide = True
+                    else:
+                        mult = row_mult[0]
+                        divide = False
+                    for s in range(2):
+                        encode16(vals, 32 * i + 16 * s, mult, divide, xw, 8 * i + 4 * s)
+            # -- the mmas: tile r of the weight x tile i of the activation ----------------------------
+            for r in range(rt):
+                for i in range(nb):
+                    q = 4 * (r * nb + i)
+                    for s in range(2):
+                        for hh in range(2):
+                            w = 4 * (2 * r * 2 + s)  # row g's words; row g + 8's are 8 further
+                            a0 = wcur[w + 2 * hh]
+                            a1 = wcur[w + 8 + 2 * hh]
+                            a2 = wcur[w + 2 * hh + 1]
+                            a3 = wcur[w + 8 + 2 * hh + 1]
+                            b0 = xw[8 * i + 4 * s + 2 * hh]
+                            b1 = xw[8 * i + 4 * s + 2 * hh + 1]
+                            if block_scaled:
+                                if chain:
+                                    part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
+                                        a0, a1, a2, a3, b0, b1, part[q], part[q + 1], part[q + 2], part[q + 3],
+                                        scratch, warp, lane)
+                                else:
+                                    d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                            _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                    part[q] += d0
+                                    part[q + 1] += d1
+                                    part[q + 2] += d2
+                                    part[q + 3] += d3
+                            elif chain:
+                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
+                                    a0, a1, a2, a3, b0, b1, acc[q], acc[q + 1], acc[q + 2], acc[q + 3],
+                                    scratch, warp, lane)
+                            else:
+                                d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                        _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                acc[q] += d0
+                                acc[q + 1] += d1
+                                acc[q + 2] += d2
+                                acc[q + 3] += d3
+            if block_scaled:
+                # the chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb]
+                kb = min(c, nchunks - 1)
+                for i in range(nb):
+                    if mode == MODE_PER_GROUP:
+                        sa0 = lane_value(gscale[i], 8 * t, fscratch, warp, lane)  # row 8 i + 2 t's lanes
+                        sa1 = lane_value(gscale[i], 8 * t + 4, fscratch, warp, lane)
+                    else:
+                        sa0 = kblock_scale(scale_a, min(8 * i + 2 * t, m_total - 1), kb)
+                        sa1 = kblock_scale(scale_a, min(8 * i + 2 * t + 1, m_total - 1), kb)
+                    for r in range(rt):
+                        sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
+                        q = 4 * (r * nb + i)
+                        acc[q] += np.float32(part[q] * sa0) * sbv
+                        acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
+                        acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
+                        acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
+                        for e in range(4):
+                            part[q + e] = _F32_ZERO
+            for i in range(n_w):
+                wcur[i] = wnext[i]
+
+        # -- the warps' partial sums, in warp order; then the epilogue ---------------------------
+        for i in range(n_acc):
+            red[(warp * n_acc + i) * 32 + lane] = acc[i]
+        cuda.syncthreads()
+        has_bias = bias_kind != 0
+        for idx in range(tid, n_acc * 32, threads):
+            i = idx // 32
+            ln = idx % 32
+            total = red[idx]
+            for w in range(1, warps):
+                total += red[(w * n_acc + i) * 32 + ln]
+            e = i % 4
+            ti = (i // 4) % nb
+            r = i // (4 * nb)
+            n = n0 + 16 * r + ln // 4 + 8 * (e // 2)
+            m = 8 * ti + 2 * (ln % 4) + e % 2
+            if n < n_total and m < m_total:
+                if mode == MODE_CODES:
+                    sam = row_scale(scale_a, sa_step, m)
+                elif mode == MODE_PER_TOKEN:
+                    sam = row_deq[m]
+                elif fused and not block_scaled:
+                    sam = row_deq[0]
+                else:
+                    sam = _F32_ONE
+                sbn = row_scale(scale_b, sb_step, n)
+                bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                store(y, m, n, finish(total, sam, sbn, has_bias, bv), out_kind)
+
+    return gemv
+
+
+_u16_2d = types.uint16[:, :]
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32):
+    """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
+    32 * warps threads."""
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
+    nb = 1 if m <= 8 else 2
+    scale = _f32_2d if block_scaled else _f32_1d
+    sig = (_u8_2d, _u16_2d, _i32, _f32_1d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32,
+           _out_type(out_is_float32), _i32)
+    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain), sig)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side: capability, kernel choice per device, and the kernels in gemm.py's selection style
+
+
+def chains_in_float32(cc):
+    """Whether the FP8 mma adds its C operand in float32 after each k32 product on ``cc``: on sm_90
+    ptxas lowers mma.m16n8k32.e4m3 to an e4m3 -> f16 unpack, two chained HMMA.16816.F32 from zero,
+    then one FADD of C (cuobjdump of this module's kernels), so passing the accumulator as C is
+    promotion per mma, bit for bit (tests/test_tensorcore_gpu.py checks it against the explicit
+    form). Elsewhere (sm_89, sm_12x: native FP8 mma) the hardware's own accumulation is not
+    documented, so the explicit form runs."""
+    return tuple(cc) == (9, 0)
+
+
+def unavailable_reason(simulate=False):
+    """Why the tensor-core kernels cannot run here (None when they can). Under the CUDA simulator
+    they run only when asked to (``simulate=True``): the portable emulation is for tests."""
+    if SIMULATOR:
+        return None if simulate else ("the tensor-core kernels run under the CUDA simulator only through their "
+                                      "portable emulation (simulate=True)")
+    from . import gemm
+
+    cc = gemm._compute_capability()
+    if not mma.available(cc):
+        return f"FP8 mma.sync needs compute capability >= {mma.MIN_CC}, got {cc}"
+    return None
+
+
+def _rows_reason(arr, name):
+    """Why a 2-D operand cannot be copied 16 bytes at a time (None when it can)."""
+    if SIMULATOR:
+        return None
+    if arr.strides[1] != 1 or arr.strides[0] % 16 or arr.data.ptr % 16:
+        return (f"the tensor-core kernels copy 16 bytes at a time: {name} needs 16-byte aligned rows "
+                f"(contiguous K, row stride % 16 == 0)")
+    return None
+
+
+def _shape_reason(call):
+    if call.k % 16:
+        return f"the tensor-core kernels need K to be a multiple of 16, got K = {call.k}"
+    return _rows_reason(call.a, "a") or _rows_reason(call.b, "b")
+
+
+def _device_flags():
+    """(hardware loads and encoder, chain C) for the current device."""
+    if SIMULATOR:
+        return False, False
+    from . import gemm
+    from .gemm_kernels import hardware_path_available
+
+    cc = gemm._compute_capability()
+    return hardware_path_available(cc), chains_in_float32(cc)
+
+
+def _launch_gemm(a, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, block_scaled, promotion, config):
+    from . import gemm
+
+    m, n = a.shape[0], b.shape[0]
+    y, y_bits = gemm._empty_out(m, n, out_dtype)
+    bias_bits, bias_kind = gemm._bias_bits(bias)
+    _, chain = _device_flags()
+    cfg = config or GEMM_DEFAULT
+    bm, bn = tile_shape(cfg)
+    gemm_launcher(cfg, promotion, block_scaled, chain, out_dtype == np.float32)(
+        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, scale_a, sa_step, scale_b, sb_step,
+        bias_bits, bias_kind, y_bits, gemm._OUT_KIND[np.dtype(out_dtype)])
+    return y
+
+
+class TensorCoreGemm:
+    """The tiled tensor-core GEMM as a kernel of ``gemm.select``: per-tensor and per-row x
+    per-channel scales (``gemm.GemmCall``)."""
+
+    name = "tensorcore"
+
+    def __init__(self, promotion=PER_MMA, config=None, simulate=False):
+        if promotion not in PROMOTIONS:
+            raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
+        self.promotion, self.config, self.simulate = promotion, config, simulate
+
+    def can_implement(self, call):
+        reason = unavailable_reason(self.simulate) or _shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        return _launch_gemm(call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step, call.out_dtype,
+                            call.bias, False, self.promotion, self.config)
+
+
+def _gemv_cfg(config):
+    return config or GEMV_DEFAULT
+
+
+def _launch_gemv(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
+                 block_scaled, config):
+    from . import gemm
+
+    n = b.shape[0]
+    y, y_bits = gemm._empty_out(m, n, out_dtype)
+    bias_bits, bias_kind = gemm._bias_bits(bias)
+    hardware, chain = _device_flags()
+    cfg = _gemv_cfg(config)
+    gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_dtype == np.float32)(
+        -(-n // (16 * cfg.rt)), 32 * cfg.warps, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step,
+        bias_bits, bias_kind, y_bits, gemm._OUT_KIND[np.dtype(out_dtype)])
+    return y
+
+
+class TensorCoreGemv:
+    """The tensor-core decode GEMV (M <= 16, codes in) as a kernel of ``gemm.select``."""
+
+    name = "tensorcore_gemv"
+
+    def __init__(self, config=None, simulate=False):
+        self.config, self.simulate = config, simulate
+
+    def can_implement(self, call):
+        if call.m > GEMV_MAX_M:
+            return False, f"the tensor-core GEMV takes M <= {GEMV_MAX_M}, got M = {call.m}"
+        reason = unavailable_reason(self.simulate) or _shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        from . import gemm
+
+        return _launch_gemv(call.m, call.a, gemm._placeholder("u16_2d"), 0, gemm._placeholder("f32"), call.b,
+                            call.scale_a, call.sa_step, call.scale_b, call.sb_step, call.out_dtype, call.bias,
+                            MODE_CODES, False, self.config)
+
+
+def _block_scales(scale_a, scale_b, m, n, k):
+    """The block scales as float32 2-D arrays: scale_a [M, ceil(K/128)], scale_b [ceil(N/128),
+    ceil(K/128)] (checked here: these entry points are not behind ops.py yet)."""
+    kb = -(-k // 128)
+    _check_block_scale(scale_a, "scale_a", (m, kb))
+    _check_block_scale(scale_b, "scale_b", (-(-n // 128), kb))
+    return scale_a, scale_b
+
+
+def _check_block_scale(s, name, shape):
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} for 128 x 128 blocks, got {tuple(s.shape)}")
+    if np.dtype(s.dtype) != np.float32:
+        raise TypeError(f"{name} must be float32, got {s.dtype}")
+
+
+def scaled_mm_blockwise(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, *, promotion=PER_MMA,
+                        config=None, simulate=False):
+    """DESIGN.md's block-scaled GEMM on tensor cores: ``y[m, n] = bias[n] + sum_kb (P[m, n, kb] *
+    scale_a[m, kb]) * scale_b[n // 128, kb]``, P the float32 sum of the products in K block kb
+    (128 wide); scale_a per 1 x 128 activation group [M, ceil(K/128)], scale_b per 128 x 128 weight
+    block [ceil(N/128), ceil(K/128)], both float32 (any strides). M <= 16 runs the decode GEMV."""
+    reason = unavailable_reason(simulate)
+    if reason:
+        raise RuntimeError(reason)
+    m, k = a.shape
+    n = b.shape[0]
+    scale_a, scale_b = _block_scales(scale_a, scale_b, m, n, k)
+    if k % 16:
+        raise ValueError(f"K must be a multiple of 16 for the tensor-core kernels, got {k}")
+    for name, arr in (("a", a), ("b", b)):
+        why = _rows_reason(arr, name)
+        if why:
+            raise ValueError(why)
+    out_dtype = np.dtype(out_dtype)
+    if m <= GEMV_MAX_M:
+        from . import gemm
+
+        return _launch_gemv(m, a, gemm._placeholder("u16_2d"), 0, gemm._placeholder("f32"), b, scale_a, 0,
+                            scale_b, 0, out_dtype, bias, MODE_CODES, True, None)
+    return _launch_gemm(a, b, scale_a, 0, scale_b, 0, out_dtype, bias, True, promotion, config)
+
+
+def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, weight_block_scales=None,
+               out_dtype=np.float32, bias=None, config=None, simulate=False):
+    """One FP8 linear layer at decode (M <= 16) in ONE launch: the tensor-core GEMV quantizes the
+    float activation x [M, K] as it reads it, then multiplies with the e4m3 weight b [N, K].
+
+    Per-tensor / per-channel weight scale ``scale_b`` (scalar or [N]), activation: ``input_scale``
+    given -> static per-tensor; None -> dynamic per-tensor; ``per_token`` -> dynamic per row
+    (``scale_ub`` caps amax). With ``weight_block_scales`` [ceil(N/128), ceil(K/128)] (then
+    ``scale_b`` must be None): 1 x 128 group activations, ``scale = max(amax_group, 1e-10) / 448``
+    and ``codes = encode(x / scale)`` (upstream's per_token_group_quant_fp8), block-scaled GEMM.
+    Semantics and arguments as ``gemm.fp8_linear``; x float32 / float16 / bfloat16."""
+    from .. import _arrays, ops
+    from . import gemm
+
+    reason = unavailable_reason(simulate)
+    if reason:
+        raise RuntimeError(reason)
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    m, k = x.shape
+    n = b.shape[0]
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"x must have 1..{GEMV_MAX_M} rows for the fused decode layer, got {m}")
+    if k % 16:
+        raise ValueError(f"K must be a multiple of 16 for the tensor-core kernels, got {k}")
+    why = _rows_reason(b, "b")
+    if why:
+        raise ValueError(why)
+    x_kind = gemm._X_KIND[_arrays.float_dtype(x, "x")]
+    out_dtype = np.dtype(out_dtype)
+    xp = gemm._xp()
+    x = xp.ascontiguousarray(x)
+    if not SIMULATOR and x.data.ptr % 16:
+        x = x.copy()
+    x_bits = x.view(np.uint16)
+    if weight_block_scales is not None:
+        if scale_b is not None or input_scale is not None or per_token:
+            raise ValueError("weight_block_scales takes 1 x 128 group activations: scale_b, input_scale and "
+                             "per_token must be unset")
+        _check_block_scale(weight_block_scales, "weight_block_scales", (-(-n // 128), -(-k // 128)))
+        return _launch_gemv(m, gemm._placeholder("u8_2d"), x_bits, x_kind, gemm._placeholder("f32"), b,
+                            weight_block_scales[:1, :1], 0, weight_block_scales, 0, out_dtype, bias, MODE_PER_GROUP,
+                            True, config)
+    sb, sb_step = gemm._scale(ops._mm_scale(scale_b, "scale_b", n), n)
+    if (per_token or input_scale is None) and m > FUSED_AMAX_MAX_M:
+        # every block would read all of x for its amax: quantize once instead, then the codes GEMV
+        q = ops.quantize_fp8(x, None, per_token=per_token, scale_ub=scale_ub)
+        sa, sa_step = gemm._scale(q.scale.reshape(-1), m)
+        return _launch_gemv(m, q.data, gemm._placeholder("u16_2d"), 0, gemm._placeholder("f32"), b, sa, sa_step,
+                            sb, sb_step, out_dtype, bias, MODE_CODES, False, config)
+    if per_token:
+        mode = MODE_PER_TOKEN
+        qscale = gemm.device_scalar(0.0 if scale_ub is None else ops.quant_scale(scale_ub, "scale_ub"))
+    elif input_scale is None:
+        mode, qscale = MODE_DYNAMIC, gemm.device_scalar(1.0)
+    else:
+        mode = MODE_STATIC
+        s = ops.quant_scale(input_scale, "input_scale")
+        qscale = s.reshape(1) if hasattr(s, "__cuda_array_interface__") else gemm.device_scalar(s)
+    return _launch_gemv(m, gemm._placeholder("u8_2d"), x_bits, x_kind, qscale, b, gemm._placeholder("f32"), 0,
+                        sb, sb_step, out_dtype, bias, mode, False, config)
+
+
+__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GemvConfig", "GEMM_CONFIGS", "GEMM_DEFAULT",
+           "GEMV_CONFIGS", "GEMV_DEFAULT", "GEMV_MAX_M", "TensorCoreGemm", "TensorCoreGemv", "scaled_mm_blockwise",
+           "fp8_linear", "chains_in_float32", "unavailable_reason", "gemm_launcher", "gemv_launcher", "tile_shape"]
