@@ -162,6 +162,30 @@ def test_fused_linear_group_activations_block_weights(tc):
     assert compared > 0 and np.isnan(y[1]).all() and not np.isnan(y[0]).any()
 
 
+@pytest.mark.parametrize("limit, scheme", [(600, "per_token"), (600, "group"), (0, "static")])
+def test_fused_linear_row_slices_and_fallback(tc, monkeypatch, limit, scheme):
+    """x that does not fit in shared memory at once: the fused GEMV runs on row slices (a limit of
+    600 bytes holds one row of K = 256), or, when not even one row fits, quantize then codes."""
+    monkeypatch.setattr(tc, "FUSED_SHARED_LIMIT", limit)
+    rng = np.random.default_rng(17)
+    m, n, k = 3, 20, 256
+    x = _layer_input(rng, m, k, F32)
+    b = uniform_codes(rng, (n, k))
+    if scheme == "group":
+        sbb = rng.uniform(0.001, 0.05, (1, 2)).astype(np.float32)
+        y = tc.fp8_linear(x, b, None, weight_block_scales=sbb, out_dtype=F32, simulate=True)
+        codes, scales = group_quantize(x)
+        ref, bound = block_reference(codes, b, scales, sbb)
+    else:
+        sb = np.float32(0.004)
+        kw = dict(per_token=True) if scheme == "per_token" else dict(input_scale=np.float32(0.02))
+        y = tc.fp8_linear(x, b, sb, out_dtype=F32, simulate=True, **kw)
+        q = reference.quantize(x, **({"per_token": True} if scheme == "per_token" else {"scale": np.float32(0.02)}))
+        ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
+    compared, _ = check_g3(y, ref, bound, F32)
+    assert compared >= (m - 1) * n // 2 and np.isnan(y[-1]).all()
+
+
 def test_reasons(tc, gemm):
     a, b = np.zeros((3, 24), np.uint8), np.zeros((5, 24), np.uint8)
     call = gemm.GemmCall(a, b, np.float32(1), np.float32(1), F32, None)

@@ -89,6 +89,9 @@ if SIMULATOR:
     def lds_u32(smem, word):
         return np.uint32(smem[word])
 
+    def lds_u32x4(smem, word):
+        return np.uint32(smem[word]), np.uint32(smem[word + 1]), np.uint32(smem[word + 2]), np.uint32(smem[word + 3])
+
     def global_address(src, row, col):
         """The byte offset of src[row, col] (an address on the GPU)."""
         return row * src.strides[0] + col
@@ -117,6 +120,7 @@ if SIMULATOR:
     mma_e4m3 = cuda.jit(device=True)(mma_e4m3)
     ldmatrix_x4 = cuda.jit(device=True)(ldmatrix_x4)
     lds_u32 = cuda.jit(device=True)(lds_u32)
+    lds_u32x4 = cuda.jit(device=True)(lds_u32x4)
     cp_async_16 = cuda.jit(device=True)(cp_async_16)
     global_address = cuda.jit(device=True)(global_address)
     cp_async_commit = cuda.jit(device=True)(cp_async_commit)
@@ -205,6 +209,21 @@ else:
         return sig, codegen
 
     @intrinsic
+    def lds_u32x4(typingctx, smem, word):
+        """smem[word .. word + 4) as 4 uint32 in one 16-byte shared load (word % 4 == 0)."""
+        ret = types.UniTuple(types.uint32, 4)
+        sig = ret(smem, word)
+
+        def codegen(context, builder, signature, args):
+            _, ptr = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            vec_ptr = builder.bitcast(ptr, ir.VectorType(_i32, 4).as_pointer(3))
+            vec = builder.load(vec_ptr, align=16)
+            words = [builder.extract_element(vec, ir.Constant(_i32, i)) for i in range(4)]
+            return context.make_tuple(builder, ret, words)
+
+        return sig, codegen
+
+    @intrinsic
     def cp_async_16(typingctx, smem, word, src, address, nbytes):
         """cp.async.cg.shared.global of the 16 bytes at global ``address`` (see global_address;
         ``src`` is the array it points into, unused here) to smem word ``word``, both 16-byte
@@ -263,5 +282,5 @@ def available(cc):
     return not SIMULATOR and tuple(cc) >= MIN_CC
 
 
-__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "ldmatrix_x4", "lds_u32", "global_address", "cp_async_16",
+__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
            "cp_async_commit", "cp_async_wait_group"]

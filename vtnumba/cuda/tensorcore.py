@@ -323,27 +323,35 @@ def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
 #
 # A block owns 16 * rt weight rows; its warps split K in 128-wide chunks (warp w takes chunks w,
 # w + warps, ...). Lane 4 g + t loads 16 bytes of weight rows g and g + 8 of each m16 tile at
-# 128 c + 64 s + 16 t (s = 0, 1): four 128-bit loads a tile, the next chunk's issued before the
-# current one is computed. The mma's k order is permuted (A register 2 h of segment s holds bytes
-# 8 h .. 8 h + 3 of the lane's 16, register 2 h + 1 the next four), identically for A and B, so
-# each lane's 16 contiguous bytes feed two mmas and no shared memory is needed. The activation
-# lane 4 g + t supplies is row g's 16 codes at the same offsets: loaded (codes in) or quantized
-# from the float rows on the fly (the fused modes). The warps' partial sums meet in shared memory
-# in a fixed order; the epilogue is the GEMM's.
+# 128 c + 64 s + 16 t (s = 0, 1): four 128-bit loads a tile. The mma's k order is permuted (A
+# register 2 h of segment s holds bytes 8 h .. 8 h + 3 of the lane's 16, register 2 h + 1 the next
+# four), identically for A and B, so each lane's 16 contiguous bytes feed two mmas and the weight
+# needs no shared memory. The loads of ``depth`` chunks are in flight at once: a ring of register
+# slots, refilled with chunk c + depth * warps as soon as chunk c is consumed.
+#
+# The activation lane 4 g + t supplies is row g's 16 codes at the same offsets. Codes in: loaded
+# with the weight, in the same ring. Fused quantization: the block first quantizes all of x into
+# shared memory (rows padded to whole chunks plus 16 bytes, which spreads the rows over the banks),
+# then reads it per chunk; the per-tensor / per-token amax pass, where needed, comes before. The
+# first ring of weight loads is issued before any of that, so it overlaps.
+#
+# The warps' partial sums meet in shared memory in a fixed order; the epilogue is the GEMM's.
 
-GemvConfig = namedtuple("GemvConfig", "rt warps")
+GemvConfig = namedtuple("GemvConfig", "rt warps depth")
 GEMV_CONFIGS = {
-    "r16_w4": GemvConfig(rt=1, warps=4),
-    "r16_w8": GemvConfig(rt=1, warps=8),
-    "r32_w4": GemvConfig(rt=2, warps=4),
-    "sim_r16_w2": GemvConfig(rt=1, warps=2),
+    "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
+    "r16_w4_d2": GemvConfig(rt=1, warps=4, depth=2),
+    "r16_w8_d2": GemvConfig(rt=1, warps=8, depth=2),
+    "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
+    "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
 }
-GEMV_DEFAULT = GEMV_CONFIGS["sim_r16_w2" if SIMULATOR else "r16_w4"]
+GEMV_DEFAULT = GEMV_CONFIGS["sim_r16_w2_d2" if SIMULATOR else "r16_w4_d4"]
+# above M = 8 (two activation tiles) the depth-4 ring's loop is too large for LLVM to unroll
+# (its slots then live in local memory: ptxas -v shows a stack frame), so the ring is 2 deep
+GEMV_DEFAULT_WIDE = GEMV_CONFIGS["sim_r16_w2_d2" if SIMULATOR else "r16_w4_d2"]
 GEMV_MAX_M = 16
-# Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
-# cheap for a few rows (gemm_kernels' GEMV fuses up to 4 the same way), not for 16 long rows.
-FUSED_AMAX_MAX_M = 4
 CHUNK = 128  # codes of K a warp step covers; also the block scales' K block
+FUSED_SHARED_LIMIT = 48 * 1024  # the fused modes stage x's codes in (dynamic) shared memory
 
 # activation modes: the decode GEMV's four (gemm_kernels.STAGE_*) and the 1 x 128 group one
 MODE_CODES, MODE_STATIC, MODE_DYNAMIC, MODE_PER_TOKEN, MODE_PER_GROUP = 0, 1, 2, 3, 4
@@ -351,41 +359,40 @@ X_FLOAT32, X_FLOAT16, X_BFLOAT16 = 0, 1, 2
 _F32_448 = np.float32(448.0)
 _F32_GROUP_EPS = np.float32(1e-10)  # upstream per_token_group_quant_fp8's eps
 _U32_16 = np.uint32(16)
+_U32_LOW16 = np.uint32(0xFFFF)
 _U32_HIGH16 = np.uint32(0xFFFF0000)
 _FULL_MASK = 0xFFFFFFFF
 
-if SIMULATOR:
-    def _quad_max(v, fscratch, warp, lane):
-        """max of v over the four lanes 4 g .. 4 g + 3 (every thread of the block must call)."""
-        fscratch[warp * 32 + lane] = v
-        cuda.syncthreads()
-        base = warp * 32 + (lane // 4) * 4
-        r = max(max(fscratch[base], fscratch[base + 1]), max(fscratch[base + 2], fscratch[base + 3]))
-        cuda.syncthreads()
-        return r
 
-    def _lane_value(v, src, fscratch, warp, lane):
-        """v of lane ``src`` of this warp (every thread of the block must call)."""
+def fused_shared_bytes(m, k):
+    """Dynamic shared memory of the fused GEMV: M rows of padded codes, then M x chunks group scales."""
+    nchunks = -(-k // CHUNK)
+    return m * (nchunks * CHUNK + 16) + 4 * m * nchunks
+
+
+if SIMULATOR:
+    def _octet_max(v, fscratch, warp, lane):
+        """max of v over the eight lanes 8 j .. 8 j + 7 (every thread of the block must call)."""
         fscratch[warp * 32 + lane] = v
         cuda.syncthreads()
-        r = fscratch[warp * 32 + src]
+        base = warp * 32 + (lane // 8) * 8
+        r = fscratch[base]
+        for i in range(1, 8):
+            r = max(r, fscratch[base + i])
         cuda.syncthreads()
         return r
 else:
-    def _quad_max(v, fscratch, warp, lane):
+    def _octet_max(v, fscratch, warp, lane):
         v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 1))
-        return max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
+        v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
+        return max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 4))
 
-    def _lane_value(v, src, fscratch, warp, lane):
-        return cuda.shfl_sync(_FULL_MASK, v, src)
-
-_quad_max = cuda.jit(**_DEVICE)(_quad_max)
-_lane_value = cuda.jit(**_DEVICE)(_lane_value)
+_octet_max = cuda.jit(**_DEVICE)(_octet_max)
 
 
 def _block_max_rows_fn(threads, rows):
-    """Per-row maxima over a block: every thread passes ``local`` [rows]; returns nothing, leaves
-    the maxima in shared[0 .. rows). Every thread must call (it synchronizes the block)."""
+    """Per-row maxima over a block: every thread passes ``local`` [rows]; the maxima are left in
+    shared[0 .. rows). Every thread must call (it synchronizes the block)."""
 
     def block_max_rows(local, shared):
         tid = cuda.threadIdx.x
@@ -415,39 +422,42 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
     if mode == MODE_PER_GROUP and not block_scaled:
         raise ValueError("1 x 128 group activations need block-scaled weights")
-    rt, warps = cfg.rt, cfg.warps
+    rt, warps, depth = cfg.rt, cfg.warps, cfg.depth
     threads = 32 * warps
     x_rows = 8 * nb
     n_acc = rt * nb * 4
-    n_w = 16 * rt  # weight words a lane holds per chunk: rt tiles x 2 rows x 2 segments x 4
-    n_x = 8 * nb  # activation words: nb tiles x 2 segments x 4
-    n_vals = 32 * nb  # float activation values a lane quantizes per chunk
+    fused = mode != MODE_CODES
+    n_wslot = 16 * rt  # a lane's weight words per chunk: rt tiles x 2 rows x 2 segments x 4
+    n_slot = n_wslot + (0 if fused else 8 * nb)  # codes in: + nb tiles x 2 segments x 4 activation words
+    n_ring = depth * n_slot
+    n_xw = 8 * nb
     n_red = warps * n_acc * 32
     n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
     n_fscratch = warps * 32 if SIMULATOR else 1
     n_scratch = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
     if hardware:
-        load16, _ = gk._HW
-        load16_u16 = load16
+        load16, half2 = gk._HW
     else:
-        load16, load16_u16 = gk._portable_load, gk._portable_load_u16
+        load16, half2 = gk._portable_load, gk._portable_half2
+    load16_u16 = load16 if hardware else gk._portable_load_u16
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
-    half_bits = gk.half_bits_to_float32
     from_bits = gk._PRIMITIVES.get("bits_float32", gk.bits_float32)
-    mma_op = mma.mma_e4m3
-    quad_max, lane_value = _quad_max, _lane_value
+    mma_op, lds4 = mma.mma_e4m3, mma.lds_u32x4
+    octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
     load_bias_value, finish, store = load_bias, scaled_value, store_out
-    fused = mode != MODE_CODES
     min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
 
     @cuda.jit(**_DEVICE)
-    def load_weights(b, n0, n_total, k_total, c, nchunks, words):
-        """This lane's 16-byte pieces of chunk c of its weight rows (zeros past K or past the last
-        chunk; rows past N reread row N - 1, their sums are dropped)."""
-        g = (cuda.threadIdx.x % 32) // 4
-        t = cuda.threadIdx.x % 4
+    def load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c, nchunks):
+        """Slot d of the ring = this lane's 16-byte pieces of chunk c: the weight rows (zeros past K
+        or past the last chunk; rows past N reread row N - 1, their sums are dropped), and with
+        codes in, the activation rows (zeros past M)."""
+        lane = cuda.threadIdx.x % 32
+        g = lane // 4
+        t = lane % 4
+        base = d * n_slot
         for r in range(rt):
             for h in range(2):
                 row = min(n0 + 16 * r + 8 * h + g, n_total - 1)
@@ -455,35 +465,43 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
                     col = CHUNK * c + 64 * s + 16 * t
                     ok = c < nchunks and col < k_total
                     w0, w1, w2, w3 = load16(b, row, col if ok else 0)
-                    q = 4 * ((2 * r + h) * 2 + s)
-                    words[q] = w0 if ok else _U32_ZERO
-                    words[q + 1] = w1 if ok else _U32_ZERO
-                    words[q + 2] = w2 if ok else _U32_ZERO
-                    words[q + 3] = w3 if ok else _U32_ZERO
+                    q = base + 4 * ((2 * r + h) * 2 + s)
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
+        if not fused:
+            for i in range(nb):
+                row = 8 * i + g
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = row < m_total and c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
+                    q = base + n_wslot + 8 * i + 4 * s
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
 
     @cuda.jit(**_DEVICE)
-    def load_x16(x, x_kind, row, k, vals, off):
-        """vals[off .. off + 16) = x[row, k .. k + 16) as float32 (x: the uint16 view of the rows)."""
+    def load_x16(x, x_kind, row, k, vals):
+        """vals[0 .. 16) = x[row, k .. k + 16) as float32 (x: the uint16 view of the rows)."""
         if x_kind == X_FLOAT32:
             for i in range(4):
                 w0, w1, w2, w3 = load16_u16(x, row, 2 * k + 8 * i)
-                vals[off + 4 * i] = from_bits(w0)
-                vals[off + 4 * i + 1] = from_bits(w1)
-                vals[off + 4 * i + 2] = from_bits(w2)
-                vals[off + 4 * i + 3] = from_bits(w3)
+                vals[4 * i] = from_bits(w0)
+                vals[4 * i + 1] = from_bits(w1)
+                vals[4 * i + 2] = from_bits(w2)
+                vals[4 * i + 3] = from_bits(w3)
         else:
             for i in range(2):
                 w0, w1, w2, w3 = load16_u16(x, row, k + 8 * i)
-                j = off + 8 * i
+                j = 8 * i
                 if x_kind == X_FLOAT16:
-                    vals[j] = half_bits(w0 & np.uint32(0xFFFF))
-                    vals[j + 1] = half_bits(w0 >> _U32_16)
-                    vals[j + 2] = half_bits(w1 & np.uint32(0xFFFF))
-                    vals[j + 3] = half_bits(w1 >> _U32_16)
-                    vals[j + 4] = half_bits(w2 & np.uint32(0xFFFF))
-                    vals[j + 5] = half_bits(w2 >> _U32_16)
-                    vals[j + 6] = half_bits(w3 & np.uint32(0xFFFF))
-                    vals[j + 7] = half_bits(w3 >> _U32_16)
+                    vals[j], vals[j + 1] = half2(w0)
+                    vals[j + 2], vals[j + 3] = half2(w1)
+                    vals[j + 4], vals[j + 5] = half2(w2)
+                    vals[j + 6], vals[j + 7] = half2(w3)
                 else:  # bfloat16: the upper 16 bits of a float32
                     vals[j] = from_bits(w0 << _U32_16)
                     vals[j + 1] = from_bits(w0 & _U32_HIGH16)
@@ -495,17 +513,17 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
                     vals[j + 7] = from_bits(w3 & _U32_HIGH16)
 
     @cuda.jit(**_DEVICE)
-    def encode16(vals, off, mult, divide, words, woff):
-        """words[woff .. woff + 4) = codes of vals[off .. off + 16) times (or divided by) mult."""
+    def encode16(vals, mult, divide, xs, word):
+        """xs[word .. word + 4) = codes of vals[0 .. 16) times (or divided by) mult."""
         for q in range(4):
-            i = off + 4 * q
+            i = 4 * q
             if divide:
                 lo = pair(vals[i] / mult, vals[i + 1] / mult)
                 hi = pair(vals[i + 2] / mult, vals[i + 3] / mult)
             else:
                 lo = pair(vals[i] * mult, vals[i + 1] * mult)
                 hi = pair(vals[i + 2] * mult, vals[i + 3] * mult)
-            words[woff + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
+            xs[word + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
 
     if block_scaled:
         @cuda.jit(**_DEVICE)
@@ -542,157 +560,171 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         amax_rows = cuda.shared.array(n_amax, types.float32)
         row_mult = cuda.shared.array(16, types.float32)  # per-tensor / per-token: multiplier or divisor
         row_deq = cuda.shared.array(16, types.float32)  # and the dequantization scale
-        wcur = cuda.local.array(n_w, types.uint32)
-        wnext = cuda.local.array(n_w, types.uint32)
-        xw = cuda.local.array(n_x, types.uint32)
-        vals = cuda.local.array(n_vals, types.float32)
+        xs = cuda.shared.array(0, types.uint32)  # fused: x's codes, row_words a row, then the group scales
+        gs = cuda.shared.array(0, types.float32)
+        ring = cuda.local.array(n_ring, types.uint32)
+        xw = cuda.local.array(n_xw, types.uint32)
+        vals = cuda.local.array(16, types.float32)
         local = cuda.local.array(x_rows, types.float32)
-        gscale = cuda.local.array(nb, types.float32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_acc, types.float32)
         for i in range(n_acc):
             acc[i] = _F32_ZERO
             part[i] = _F32_ZERO
 
-        # the first chunk's weight loads go out before anything waits
-        load_weights(b, n0, n_total, k_total, warp, nchunks, wcur)
+        # the first ring of weight loads goes out before anything waits
+        for d in range(depth):
+            load_slot(ring, d, a, b, n0, n_total, m_total, k_total, warp + d * warps, nchunks)
 
-        # -- the activation's per-tensor / per-token scales (one pass over x for its amax) --------
-        if mode == MODE_STATIC and tid == 0:
-            row_mult[0] = np.float32(_F32_ONE / qscale[0])
-            row_deq[0] = qscale[0]
-        if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
-            for r in range(x_rows):
-                local[r] = _F32_ZERO
-            k16 = k_total // 16
-            for r in range(x_rows):
-                if r < m_total:
-                    for cc in range(tid, k16, threads):
-                        load_x16(x, x_kind, r, 16 * cc, vals, 0)
-                        for j in range(16):
-                            local[r] = max(local[r], finite_abs(vals[j]))
-            block_max_rows(local, amax_rows)
-            if tid == 0:
-                if mode == MODE_DYNAMIC:
-                    total = _F32_ZERO
-                    for r in range(x_rows):
-                        total = max(total, amax_rows[r])
-                    s = max(total / _F32_448, min_scale)
-                    row_mult[0] = np.float32(_F32_ONE / s)
-                    row_deq[0] = s
-                else:
-                    ub = qscale[0]
-                    for r in range(x_rows):
-                        am = amax_rows[r]
-                        if ub > _F32_ZERO:
-                            am = min(am, ub)
-                        s = max(am / _F32_448, min_scale)
-                        row_mult[r] = s
-                        row_deq[r] = s
+        row_words = (nchunks * CHUNK + 16) // 4
+        gbase = m_total * row_words
         if fused:
+            # -- the activation's per-tensor / per-token scales (a pass over x for its amax) ------
+            if mode == MODE_STATIC and tid == 0:
+                row_mult[0] = np.float32(_F32_ONE / qscale[0])
+                row_deq[0] = qscale[0]
+            if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
+                for r in range(x_rows):
+                    local[r] = _F32_ZERO
+                k16 = k_total // 16
+                for r in range(x_rows):
+                    if r < m_total:
+                        for cc in range(tid, k16, threads):
+                            load_x16(x, x_kind, r, 16 * cc, vals)
+                            for j in range(16):
+                                local[r] = max(local[r], finite_abs(vals[j]))
+                block_max_rows(local, amax_rows)
+                if tid == 0:
+                    if mode == MODE_DYNAMIC:
+                        total = _F32_ZERO
+                        for r in range(x_rows):
+                            total = max(total, amax_rows[r])
+                        s = max(total / _F32_448, min_scale)
+                        row_mult[0] = np.float32(_F32_ONE / s)
+                        row_deq[0] = s
+                    else:
+                        ub = qscale[0]
+                        for r in range(x_rows):
+                            am = amax_rows[r]
+                            if ub > _F32_ZERO:
+                                am = min(am, ub)
+                            s = max(am / _F32_448, min_scale)
+                            row_mult[r] = s
+                            row_deq[r] = s
+            cuda.syncthreads()
+            # -- quantize x into shared memory: 16 values an item, a group's 8 items in 8 lanes ----
+            segs = 8 * nchunks
+            items = m_total * segs
+            for item0 in range(0, items, threads):
+                item = item0 + tid
+                valid = item < items
+                m = item // segs if valid else 0
+                sg = item - m * segs if valid else 0
+                if valid and 16 * sg < k_total:
+                    load_x16(x, x_kind, m, 16 * sg, vals)
+                else:
+                    for j in range(16):
+                        vals[j] = _F32_ZERO
+                if mode == MODE_PER_GROUP:
+                    # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
+                    amax = _F32_ZERO
+                    for j in range(16):
+                        amax = max(amax, finite_abs(vals[j]))
+                    amax = octet_max(amax, fscratch, warp, lane)
+                    mult = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
+                    divide = True
+                    if valid and sg % 8 == 0:
+                        gs[gbase + m * nchunks + sg // 8] = mult
+                elif mode == MODE_PER_TOKEN:
+                    mult = row_mult[m]
+                    divide = True
+                else:
+                    mult = row_mult[0]
+                    divide = False
+                if valid:
+                    encode16(vals, mult, divide, xs, m * row_words + 4 * sg)
             cuda.syncthreads()
 
         iters = (nchunks + warps - 1) // warps
-        for it in range(iters):
-            c = warp + it * warps
-            load_weights(b, n0, n_total, k_total, c + warps, nchunks, wnext)  # the next chunk, in flight
-            # -- this chunk's activation codes: xw[4 (2 i + s) + q] for n8 tile i, segment s -------
-            for i in range(nb):
-                row = 8 * i + g
-                active = row < m_total
-                if mode == MODE_CODES:
-                    for s in range(2):
-                        col = CHUNK * c + 64 * s + 16 * t
-                        ok = active and c < nchunks and col < k_total
-                        w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
-                        xw[8 * i + 4 * s] = w0 if ok else _U32_ZERO
-                        xw[8 * i + 4 * s + 1] = w1 if ok else _U32_ZERO
-                        xw[8 * i + 4 * s + 2] = w2 if ok else _U32_ZERO
-                        xw[8 * i + 4 * s + 3] = w3 if ok else _U32_ZERO
-                else:
-                    amax = _F32_ZERO
-                    for s in range(2):
-                        col = CHUNK * c + 64 * s + 16 * t
-                        if active and c < nchunks and col < k_total:
-                            load_x16(x, x_kind, row, col, vals, 32 * i + 16 * s)
-                        else:
-                            for j in range(16):
-                                vals[32 * i + 16 * s + j] = _F32_ZERO
-                        if mode == MODE_PER_GROUP:
-                            for j in range(16):
-                                amax = max(amax, finite_abs(vals[32 * i + 16 * s + j]))
-                    if mode == MODE_PER_GROUP:
-                        # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
-                        amax = quad_max(amax, fscratch, warp, lane)
-                        s_group = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
-                        gscale[i] = s_group
-                        mult = s_group
-                        divide = True
-                    elif mode == MODE_PER_TOKEN:
-                        mult = row_mult[min(row, 15)]
-                        divide = True
-                    else:
-                        mult = row_mult[0]
-                        divide = False
-                    for s in range(2):
-                        encode16(vals, 32 * i + 16 * s, mult, divide, xw, 8 * i + 4 * s)
-            # -- the mmas: tile r of the weight x tile i of the activation ----------------------------
-            for r in range(rt):
-                for i in range(nb):
-                    q = 4 * (r * nb + i)
-                    for s in range(2):
-                        for hh in range(2):
-                            w = 4 * (2 * r * 2 + s)  # row g's words; row g + 8's are 8 further
-                            a0 = wcur[w + 2 * hh]
-                            a1 = wcur[w + 8 + 2 * hh]
-                            a2 = wcur[w + 2 * hh + 1]
-                            a3 = wcur[w + 8 + 2 * hh + 1]
-                            b0 = xw[8 * i + 4 * s + 2 * hh]
-                            b1 = xw[8 * i + 4 * s + 2 * hh + 1]
-                            if block_scaled:
-                                if chain:
-                                    part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
-                                        a0, a1, a2, a3, b0, b1, part[q], part[q + 1], part[q + 2], part[q + 3],
-                                        scratch, warp, lane)
+        for round0 in range(0, iters, depth):
+            for d in range(depth):
+                it = round0 + d
+                if it < iters:  # the same for every warp of the block
+                    c = warp + it * warps
+                    base = d * n_slot
+                    # -- this chunk's activation words: xw[4 (2 i + s) + q] for n8 tile i, segment s
+                    for i in range(nb):
+                        if fused:
+                            row = 8 * i + g
+                            for s in range(2):
+                                if row < m_total and c < nchunks:
+                                    xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], \
+                                        xw[8 * i + 4 * s + 3] = lds4(xs, row * row_words + 32 * c + 16 * s + 4 * t)
                                 else:
-                                    d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
-                                                            _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                    part[q] += d0
-                                    part[q + 1] += d1
-                                    part[q + 2] += d2
-                                    part[q + 3] += d3
-                            elif chain:
-                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
-                                    a0, a1, a2, a3, b0, b1, acc[q], acc[q + 1], acc[q + 2], acc[q + 3],
-                                    scratch, warp, lane)
-                            else:
-                                d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
-                                                        _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                acc[q] += d0
-                                acc[q + 1] += d1
-                                acc[q + 2] += d2
-                                acc[q + 3] += d3
-            if block_scaled:
-                # the chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb]
-                kb = min(c, nchunks - 1)
-                for i in range(nb):
-                    if mode == MODE_PER_GROUP:
-                        sa0 = lane_value(gscale[i], 8 * t, fscratch, warp, lane)  # row 8 i + 2 t's lanes
-                        sa1 = lane_value(gscale[i], 8 * t + 4, fscratch, warp, lane)
-                    else:
-                        sa0 = kblock_scale(scale_a, min(8 * i + 2 * t, m_total - 1), kb)
-                        sa1 = kblock_scale(scale_a, min(8 * i + 2 * t + 1, m_total - 1), kb)
+                                    for q in range(4):
+                                        xw[8 * i + 4 * s + q] = _U32_ZERO
+                        else:
+                            for q in range(8):
+                                xw[8 * i + q] = ring[base + n_wslot + 8 * i + q]
+                    # -- the mmas: weight tile r x activation tile i, two per segment ----------------
                     for r in range(rt):
-                        sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
-                        q = 4 * (r * nb + i)
-                        acc[q] += np.float32(part[q] * sa0) * sbv
-                        acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
-                        acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
-                        acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
-                        for e in range(4):
-                            part[q + e] = _F32_ZERO
-            for i in range(n_w):
-                wcur[i] = wnext[i]
+                        for i in range(nb):
+                            q = 4 * (r * nb + i)
+                            for s in range(2):
+                                for hh in range(2):
+                                    w = base + 4 * (4 * r + s)  # row g's words; row g + 8's are 8 further
+                                    a0 = ring[w + 2 * hh]
+                                    a1 = ring[w + 8 + 2 * hh]
+                                    a2 = ring[w + 2 * hh + 1]
+                                    a3 = ring[w + 8 + 2 * hh + 1]
+                                    b0 = xw[8 * i + 4 * s + 2 * hh]
+                                    b1 = xw[8 * i + 4 * s + 2 * hh + 1]
+                                    if block_scaled:
+                                        if chain:
+                                            part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
+                                                a0, a1, a2, a3, b0, b1, part[q], part[q + 1], part[q + 2],
+                                                part[q + 3], scratch, warp, lane)
+                                        else:
+                                            d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                                    _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                            part[q] += d0
+                                            part[q + 1] += d1
+                                            part[q + 2] += d2
+                                            part[q + 3] += d3
+                                    elif chain:
+                                        acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
+                                            a0, a1, a2, a3, b0, b1, acc[q], acc[q + 1], acc[q + 2], acc[q + 3],
+                                            scratch, warp, lane)
+                                    else:
+                                        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                                _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                        acc[q] += d0
+                                        acc[q + 1] += d1
+                                        acc[q + 2] += d2
+                                        acc[q + 3] += d3
+                    if block_scaled:
+                        # the chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb]
+                        kb = min(c, nchunks - 1)
+                        for i in range(nb):
+                            m0 = min(8 * i + 2 * t, m_total - 1)
+                            m1 = min(8 * i + 2 * t + 1, m_total - 1)
+                            if mode == MODE_PER_GROUP:
+                                sa0 = gs[gbase + m0 * nchunks + kb]
+                                sa1 = gs[gbase + m1 * nchunks + kb]
+                            else:
+                                sa0 = kblock_scale(scale_a, m0, kb)
+                                sa1 = kblock_scale(scale_a, m1, kb)
+                            for r in range(rt):
+                                sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
+                                q = 4 * (r * nb + i)
+                                acc[q] += np.float32(part[q] * sa0) * sbv
+                                acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
+                                acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
+                                acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
+                                for e in range(4):
+                                    part[q + e] = _F32_ZERO
+                    # refill this slot: the chunk depth steps ahead
+                    load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c + depth * warps, nchunks)
 
         # -- the warps' partial sums, in warp order; then the epilogue ---------------------------
         for i in range(n_acc):
@@ -832,22 +864,24 @@ class TensorCoreGemm:
                             call.bias, False, self.promotion, self.config)
 
 
-def _gemv_cfg(config):
-    return config or GEMV_DEFAULT
+def _gemv_cfg(config, m):
+    return config or (GEMV_DEFAULT if m <= 8 else GEMV_DEFAULT_WIDE)
 
 
 def _launch_gemv(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
-                 block_scaled, config):
+                 block_scaled, config, out=None):
+    """Launch the GEMV for M activation rows into ``out`` ((y, the bits view it writes); new if None)."""
     from . import gemm
 
     n = b.shape[0]
-    y, y_bits = gemm._empty_out(m, n, out_dtype)
+    y, y_bits = gemm._empty_out(m, n, out_dtype) if out is None else out
     bias_bits, bias_kind = gemm._bias_bits(bias)
     hardware, chain = _device_flags()
-    cfg = _gemv_cfg(config)
+    cfg = _gemv_cfg(config, m)
+    shared = 0 if mode == MODE_CODES else fused_shared_bytes(m, b.shape[1])
     gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_dtype == np.float32)(
         -(-n // (16 * cfg.rt)), 32 * cfg.warps, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step,
-        bias_bits, bias_kind, y_bits, gemm._OUT_KIND[np.dtype(out_dtype)])
+        bias_bits, bias_kind, y_bits, gemm._OUT_KIND[np.dtype(out_dtype)], shared_mem=shared)
     return y
 
 
@@ -951,34 +985,71 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
     if not SIMULATOR and x.data.ptr % 16:
         x = x.copy()
     x_bits = x.view(np.uint16)
+    rows = _fused_rows(k)  # the rows one launch stages in shared memory
     if weight_block_scales is not None:
         if scale_b is not None or input_scale is not None or per_token:
             raise ValueError("weight_block_scales takes 1 x 128 group activations: scale_b, input_scale and "
                              "per_token must be unset")
         _check_block_scale(weight_block_scales, "weight_block_scales", (-(-n // 128), -(-k // 128)))
-        return _launch_gemv(m, gemm._placeholder("u8_2d"), x_bits, x_kind, gemm._placeholder("f32"), b,
-                            weight_block_scales[:1, :1], 0, weight_block_scales, 0, out_dtype, bias, MODE_PER_GROUP,
-                            True, config)
+        if rows == 0:
+            raise ValueError(f"K must be at most {_max_fused_k()} for the fused group-quantized GEMV, got {k}")
+        return _fused_in_slices(m, rows, x_bits, x_kind, gemm._placeholder("f32"), b, weight_block_scales[:1, :1],
+                                weight_block_scales, 0, out_dtype, bias, MODE_PER_GROUP, True, config)
     sb, sb_step = gemm._scale(ops._mm_scale(scale_b, "scale_b", n), n)
-    if (per_token or input_scale is None) and m > FUSED_AMAX_MAX_M:
-        # every block would read all of x for its amax: quantize once instead, then the codes GEMV
-        q = ops.quantize_fp8(x, None, per_token=per_token, scale_ub=scale_ub)
+    dynamic = input_scale is None and not per_token
+    if rows == 0 or ((per_token or dynamic) and m > FUSED_AMAX_MAX_M) or (dynamic and rows < m):
+        # quantize once, then the codes GEMV: x does not fit in shared memory, or every block would
+        # read many rows of x for their amax (a per-tensor amax must also see every row at once)
+        q = ops.quantize_fp8(x, input_scale, per_token=per_token, scale_ub=scale_ub)
         sa, sa_step = gemm._scale(q.scale.reshape(-1), m)
         return _launch_gemv(m, q.data, gemm._placeholder("u16_2d"), 0, gemm._placeholder("f32"), b, sa, sa_step,
                             sb, sb_step, out_dtype, bias, MODE_CODES, False, config)
     if per_token:
         mode = MODE_PER_TOKEN
         qscale = gemm.device_scalar(0.0 if scale_ub is None else ops.quant_scale(scale_ub, "scale_ub"))
-    elif input_scale is None:
+    elif dynamic:
         mode, qscale = MODE_DYNAMIC, gemm.device_scalar(1.0)
     else:
         mode = MODE_STATIC
         s = ops.quant_scale(input_scale, "input_scale")
         qscale = s.reshape(1) if hasattr(s, "__cuda_array_interface__") else gemm.device_scalar(s)
-    return _launch_gemv(m, gemm._placeholder("u8_2d"), x_bits, x_kind, qscale, b, gemm._placeholder("f32"), 0,
-                        sb, sb_step, out_dtype, bias, mode, False, config)
+    return _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, gemm._placeholder("f32"), sb, sb_step, out_dtype,
+                            bias, mode, False, config)
+
+
+# Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
+# cheap for a few rows (gemm_kernels' GEMV fuses up to 4 the same way), not for 16 long rows.
+FUSED_AMAX_MAX_M = 4
+
+
+def _fused_rows(k):
+    """How many rows of x one fused launch can stage (at most GEMV_MAX_M; 0 if not one)."""
+    rows = GEMV_MAX_M
+    while rows and fused_shared_bytes(rows, k) > FUSED_SHARED_LIMIT:
+        rows -= 1
+    return rows
+
+
+def _max_fused_k():
+    k = CHUNK
+    while fused_shared_bytes(1, k + CHUNK) <= FUSED_SHARED_LIMIT:
+        k += CHUNK
+    return k
+
+
+def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode,
+                     block_scaled, config):
+    """The fused GEMV over x's rows, ``rows`` at a time (rows are independent in these modes)."""
+    from . import gemm
+
+    y, y_bits = gemm._empty_out(m, b.shape[0], out_dtype)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        _launch_gemv(r1 - r0, gemm._placeholder("u8_2d"), x_bits[r0:r1], x_kind, qscale, b, scale_a, 0, scale_b,
+                     sb_step, out_dtype, bias, mode, block_scaled, config, out=(y[r0:r1], y_bits[r0:r1]))
+    return y
 
 
 __all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GemvConfig", "GEMM_CONFIGS", "GEMM_DEFAULT",
            "GEMV_CONFIGS", "GEMV_DEFAULT", "GEMV_MAX_M", "TensorCoreGemm", "TensorCoreGemv", "scaled_mm_blockwise",
-           "fp8_linear", "chains_in_float32", "unavailable_reason", "gemm_launcher", "gemv_launcher", "tile_shape"]
+           "fp8_linear", "fused_shared_bytes", "chains_in_float32", "unavailable_reason", "gemm_launcher", "gemv_launcher", "tile_shape"]
