@@ -143,7 +143,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         (the steps unused)."""
         m_total, k_total = a.shape
         n_total = b.shape[0]
-        smem = cuda.shared.array(smem_words, types.uint32)
+        smem = cuda.shared.array(smem_words, types.uint32, alignment=128)  # cp.async, ldmatrix: 16 B
         scratch = cuda.shared.array(scratch_words, types.uint32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_part, types.float32)
@@ -560,8 +560,9 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         amax_rows = cuda.shared.array(n_amax, types.float32)
         row_mult = cuda.shared.array(16, types.float32)  # per-tensor / per-token: multiplier or divisor
         row_deq = cuda.shared.array(16, types.float32)  # and the dequantization scale
-        xs = cuda.shared.array(0, types.uint32)  # fused: x's codes, row_words a row, then the group scales
-        gs = cuda.shared.array(0, types.float32)
+        # fused: x's codes, row_words a row, then the group scales (16-byte loads: aligned)
+        xs = cuda.shared.array(0, types.uint32, alignment=16)
+        gs = cuda.shared.array(0, types.float32, alignment=16)
         ring = cuda.local.array(n_ring, types.uint32)
         xw = cuda.local.array(n_xw, types.uint32)
         vals = cuda.local.array(16, types.float32)
