@@ -136,7 +136,6 @@ def main():
     row("cuBLASLt", f"{t_lt2:.0f}", f"{flops2 / t_lt2 / 1e6:.0f}", "1.00")
     row("torch._scaled_mm", f"{t_torch2:.0f}", f"{flops2 / t_torch2 / 1e6:.0f}", f"{t_lt2 / t_torch2:.2f}")
     row("vt tensor-core (best config of table 1)", f"{t_vt2:.0f}", f"{flops2 / t_vt2 / 1e6:.0f}", f"{t_lt2 / t_vt2:.3f}")
-    del b2, tb2
 
     # 3. block-scaled 4096^3 ------------------------------------------------------------------------
     table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",

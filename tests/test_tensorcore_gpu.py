@@ -9,7 +9,7 @@ output dtype and bias; the documented fragment layout on the hardware; the claim
 import numpy as np
 import pytest
 
-from tensorcore_cases import (BF16, F16, F32, OUT_DTYPES, block_reference, check_g3, group_quantize,
+from tensorcore_cases import (BF16, F16, F32, block_reference, check_g3, group_quantize,
                               mma_layout_check, uniform_codes)
 from vtnumba.testing import reference
 
