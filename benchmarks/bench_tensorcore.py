@@ -11,7 +11,9 @@ Tables (targets from issue 14):
   5. the fused static FP8 layer at M = 1 (bf16 x) vs torch's bf16 matmul (>= 1.8x)
   6. accuracy on uniformly drawn codes: worst error / G3 bound, each promotion beside cuBLASLt
 
-Run: python3 benchmarks/bench_tensorcore.py   (needs cupy, torch, numba-cuda, nvmath-python; a GPU)
+Run: python3 benchmarks/bench_tensorcore.py [gemm | gemm1] [decode] [accuracy]   (all by default;
+gemm1: table 1 only;
+needs cupy, torch, numba-cuda, nvmath-python; a GPU)
 """
 
 import datetime
@@ -78,7 +80,7 @@ def copy_bandwidth():
     return 2 * src.nbytes / (t * 1e-6)
 
 
-def main():
+def main(sections):
     gen = torch.Generator(device="cuda").manual_seed(0)
     cc = gemm._compute_capability()
     chain = tc.chains_in_float32(cc)
@@ -95,6 +97,15 @@ def main():
     sb = cp.asarray([0.25], dtype=cp.float32)
     ta_s, tb_s = torch.as_tensor(sa, device="cuda").reshape(()), torch.as_tensor(sb, device="cuda").reshape(())
 
+    if "gemm" in sections or "gemm1" in sections:
+        gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first="gemm" not in sections)
+    if "decode" in sections:
+        decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth)
+    if "accuracy" in sections:
+        accuracy_table(chain)
+
+
+def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False):
     # 1. 4096^3 -------------------------------------------------------------------------------------
     table("1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
           ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"])
@@ -123,6 +134,8 @@ def main():
         if promotion == tc.PER_MMA and ch == chain and t < best[0]:
             best = (t, cfg)
     best_cfg = best[1] or tc.GEMM_DEFAULT
+    if only_first:
+        return
 
     # 2. 28672 x 4096 at M = 4096 ------------------------------------------------------------------
     table("2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out",
@@ -155,6 +168,9 @@ def main():
         t = best_of(gemm_fn(a, b, sa_c, sb_c, best_cfg, promotion, chain, block=True), 10, 2)
         row(f"vt tensor-core block ({promotion})", f"{t:.0f}", f"{flops / t / 1e6:.0f}", f"{t_tblk / t:.3f}")
 
+
+
+def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
     # 4. decode GEMV ----------------------------------------------------------------------------------
     table("4. decode GEMV, codes in, per-tensor, bf16 out: device us",
           ["M", "N x K", "torch _scaled_mm", "cuBLASLt", "CUDA-core GEMV", "vt tensor-core GEMV",
@@ -166,18 +182,18 @@ def main():
             t_t = best_of(lambda: torch._scaled_mm(tam, tbm.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16))
             t_l = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "cublaslt"))
             t_c = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "decode_gemv")) if m <= 4 else float("nan")
-            cfg = tc.GEMV_DEFAULT if m <= 8 else tc.GEMV_DEFAULT_WIDE
-            t_v = best_of(gemv_fn(am, bm_, sa, sb, cfg, hardware, chain))
-            floor = n * k / (bandwidth / 2) * 1e6
+            t_v = best_of(gemv_fn(am, bm_, sa, sb, tc.gemv_config(m, k), hardware, chain))
+            floor = n * k / bandwidth * 1e6  # the weight's bytes at the device copy's rate
             row(m, f"{n} x {k}", f"{t_t:.1f}", f"{t_l:.1f}", f"{t_c:.1f}", f"{t_v:.1f}", f"{floor:.1f}",
                 f"{t_l / t_v:.2f}")
-    table("4b. the GEMV's configurations at M = 1: device us", ["N x K"] + [n for n in tc.GEMV_CONFIGS if "sim" not in n])
-    for n, k in SHAPES:
-        am, _ = codes(gen, 1, k)
-        bm_, _ = codes(gen, n, k)
-        cells = [best_of(gemv_fn(am, bm_, sa, sb, cfg, hardware, chain))
-                 for name, cfg in tc.GEMV_CONFIGS.items() if "sim" not in name]
-        row(f"{n} x {k}", *(f"{t:.1f}" for t in cells))
+    for m in (1, 16):
+        names = [name for name in tc.GEMV_CONFIGS if "sim" not in name and (m <= 8 or "d4" not in name)]
+        table(f"4b. the GEMV's configurations at M = {m}: device us", ["N x K"] + names)
+        for n, k in SHAPES:
+            am, _ = codes(gen, m, k)
+            bm_, _ = codes(gen, n, k)
+            row(f"{n} x {k}", *(f"{best_of(gemv_fn(am, bm_, sa, sb, tc.GEMV_CONFIGS[name], hardware, chain)):.1f}"
+                                for name in names))
 
     # 5. the fused static layer at M = 1 -----------------------------------------------------------------
     table("5. FP8 linear layer at M = 1, static per-tensor (bf16 x -> quantize -> GEMM -> bf16 y), one launch",
@@ -193,6 +209,9 @@ def main():
         t_token = best_of(lambda: tc.fp8_linear(xc, bw, sb, per_token=True, out_dtype=BF16))
         row(f"{n} x {k}", f"{t_bf16:.1f}", f"{t_static:.1f}", f"{t_token:.1f}", f"{t_bf16 / t_static:.2f}")
 
+
+
+def accuracy_table(chain):
     # 6. accuracy -----------------------------------------------------------------------------------
     table("6. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
           ["K", "vt per_mma", "vt per_mma explicit", "vt per_128", "vt GEMV M=16", "cuBLASLt", "torch._scaled_mm"])
@@ -229,4 +248,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(set(sys.argv[1:]) or {"gemm", "decode", "accuracy"}))

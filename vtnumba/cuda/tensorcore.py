@@ -43,6 +43,8 @@ GEMM_CONFIGS = {
     "128x128_w8_64x32": TileConfig(mt=4, nt=4, wm=2, wn=4, stages=3, ldmatrix=True),
     "128x128_w4_64x64": TileConfig(mt=4, nt=8, wm=2, wn=2, stages=3, ldmatrix=True),
     "128x128_w8_32x64_lds": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=False),
+    "128x96_w4_64x48": TileConfig(mt=4, nt=6, wm=2, wn=2, stages=3, ldmatrix=True),
+    "128x192_w8_64x48_s2": TileConfig(mt=4, nt=6, wm=2, wn=4, stages=2, ldmatrix=True),
     "sim_32x16": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True),  # tiny, for the simulator
     "sim_32x16_lds": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False),
 }
@@ -339,16 +341,26 @@ def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
 
 GemvConfig = namedtuple("GemvConfig", "rt warps depth")
 GEMV_CONFIGS = {
-    "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
     "r16_w4_d2": GemvConfig(rt=1, warps=4, depth=2),
     "r16_w8_d2": GemvConfig(rt=1, warps=8, depth=2),
+    "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
     "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
     "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
 }
-GEMV_DEFAULT = GEMV_CONFIGS["sim_r16_w2_d2" if SIMULATOR else "r16_w4_d4"]
-# above M = 8 (two activation tiles) the depth-4 ring's loop is too large for LLVM to unroll
-# (its slots then live in local memory: ptxas -v shows a stack frame), so the ring is 2 deep
-GEMV_DEFAULT_WIDE = GEMV_CONFIGS["sim_r16_w2_d2" if SIMULATOR else "r16_w4_d2"]
+# By the H200 (benchmarks/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
+# each was the fastest at K = 4096 (7.0 / 8.7 / 39.9 us at N = 4096 / 6144 / 28672); 8 warps at
+# K = 14336 (21.1 against 28.1 us: 14 chunks a warp instead of 28). The 4-deep ring took 7.6 /
+# 12.4 / 61.0 / 27.6: its 181 registers leave 2 blocks a multiprocessor, not 4.
+GEMV_LONG_K = 8192
+
+
+def gemv_config(m, k):
+    """The GEMV configuration for M activation rows and K."""
+    if SIMULATOR:
+        return GEMV_CONFIGS["sim_r16_w2_d2"]
+    return GEMV_CONFIGS["r16_w8_d2" if k >= GEMV_LONG_K else "r16_w4_d2"]
+
+
 GEMV_MAX_M = 16
 CHUNK = 128  # codes of K a warp step covers; also the block scales' K block
 FUSED_SHARED_LIMIT = 48 * 1024  # the fused modes stage x's codes in (dynamic) shared memory
@@ -865,8 +877,8 @@ class TensorCoreGemm:
                             call.bias, False, self.promotion, self.config)
 
 
-def _gemv_cfg(config, m):
-    return config or (GEMV_DEFAULT if m <= 8 else GEMV_DEFAULT_WIDE)
+def _gemv_cfg(config, m, k):
+    return config or gemv_config(m, k)
 
 
 def _launch_gemv(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
@@ -878,7 +890,7 @@ def _launch_gemv(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step,
     y, y_bits = gemm._empty_out(m, n, out_dtype) if out is None else out
     bias_bits, bias_kind = gemm._bias_bits(bias)
     hardware, chain = _device_flags()
-    cfg = _gemv_cfg(config, m)
+    cfg = _gemv_cfg(config, m, b.shape[1])
     shared = 0 if mode == MODE_CODES else fused_shared_bytes(m, b.shape[1])
     gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_dtype == np.float32)(
         -(-n // (16 * cfg.rt)), 32 * cfg.warps, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step,
@@ -1052,5 +1064,5 @@ def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_st
 
 
 __all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GemvConfig", "GEMM_CONFIGS", "GEMM_DEFAULT",
-           "GEMV_CONFIGS", "GEMV_DEFAULT", "GEMV_MAX_M", "TensorCoreGemm", "TensorCoreGemv", "scaled_mm_blockwise",
+           "GEMV_CONFIGS", "gemv_config", "GEMV_MAX_M", "TensorCoreGemm", "TensorCoreGemv", "scaled_mm_blockwise",
            "fp8_linear", "fused_shared_bytes", "chains_in_float32", "unavailable_reason", "gemm_launcher", "gemv_launcher", "tile_shape"]
