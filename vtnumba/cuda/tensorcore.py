@@ -21,6 +21,10 @@ _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
 _U32_ZERO = np.uint32(0)
 _DEVICE = DEVICE_INLINE
+# shared arrays read 16 bytes at a time (cp.async, ldmatrix, ld.shared.v4) must be aligned; Numba
+# aligns them to their element otherwise. The simulator takes no alignment (nor needs one).
+_ALIGN_16 = None if SIMULATOR else 16
+_ALIGN_128 = None if SIMULATOR else 128
 
 # ------------------------------------------------------------------------------------------------
 # the tiled GEMM
@@ -145,7 +149,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         (the steps unused)."""
         m_total, k_total = a.shape
         n_total = b.shape[0]
-        smem = cuda.shared.array(smem_words, types.uint32, alignment=128)  # cp.async, ldmatrix: 16 B
+        smem = cuda.shared.array(smem_words, types.uint32, alignment=_ALIGN_128)  # cp.async, ldmatrix: 16 B
         scratch = cuda.shared.array(scratch_words, types.uint32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_part, types.float32)
@@ -573,8 +577,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         row_mult = cuda.shared.array(16, types.float32)  # per-tensor / per-token: multiplier or divisor
         row_deq = cuda.shared.array(16, types.float32)  # and the dequantization scale
         # fused: x's codes, row_words a row, then the group scales (16-byte loads: aligned)
-        xs = cuda.shared.array(0, types.uint32, alignment=16)
-        gs = cuda.shared.array(0, types.float32, alignment=16)
+        xs = cuda.shared.array(0, types.uint32, alignment=_ALIGN_16)
+        gs = cuda.shared.array(0, types.float32, alignment=_ALIGN_16)
         ring = cuda.local.array(n_ring, types.uint32)
         xw = cuda.local.array(n_xw, types.uint32)
         vals = cuda.local.array(16, types.float32)
