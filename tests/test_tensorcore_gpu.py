@@ -190,3 +190,18 @@ def test_rows_not_16_byte_aligned_are_refused(tc, gemm, cp):
     call = gemm.GemmCall(a, b, np.float32(1), np.float32(1), F32, None)
     ok, why = tc.TensorCoreGemm().can_implement(call)
     assert not ok and "16-byte aligned rows" in why
+
+
+@pytest.mark.parametrize("mode, m", [(1, 16), (2, 4), (3, 16), (4, 12)])
+def test_static_shared_estimate_covers_the_compiled_kernel(tc, cp, mode, m):
+    """The fused GEMV sizes its dynamic shared memory beside its static arrays (48 KB in all):
+    the estimate must cover what the compiled kernel declares."""
+    from vtnumba.cuda import gemm
+    from vtnumba.cuda.gemm_kernels import hardware_path_available
+
+    cc = gemm._compute_capability()
+    k = 4096
+    cfg = tc.gemv_config(m, k)
+    launcher = tc.gemv_launcher(m, cfg, mode, mode == 4, hardware_path_available(cc), tc.chains_in_float32(cc), False)
+    declared = launcher.function().shared_size_bytes
+    assert 0 < declared <= tc.gemv_static_shared_bytes(1 if m <= 8 else 2, cfg, mode)

@@ -1002,18 +1002,19 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
     if not SIMULATOR and x.data.ptr % 16:
         x = x.copy()
     x_bits = x.view(np.uint16)
-    rows = _fused_rows(k)  # the rows one launch stages in shared memory
     if weight_block_scales is not None:
         if scale_b is not None or input_scale is not None or per_token:
             raise ValueError("weight_block_scales takes 1 x 128 group activations: scale_b, input_scale and "
                              "per_token must be unset")
         _check_block_scale(weight_block_scales, "weight_block_scales", (-(-n // 128), -(-k // 128)))
+        rows = _fused_rows(k, MODE_PER_GROUP, config)  # the rows one launch stages in shared memory
         if rows == 0:
-            raise ValueError(f"K must be at most {_max_fused_k()} for the fused group-quantized GEMV, got {k}")
+            raise ValueError(f"K must be at most {_max_fused_k(config)} for the fused group-quantized GEMV, got {k}")
         return _fused_in_slices(m, rows, x_bits, x_kind, gemm._placeholder("f32"), b, weight_block_scales[:1, :1],
                                 weight_block_scales, 0, out_dtype, bias, MODE_PER_GROUP, True, config)
     sb, sb_step = gemm._scale(ops._mm_scale(scale_b, "scale_b", n), n)
     dynamic = input_scale is None and not per_token
+    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, config)
     if rows == 0 or ((per_token or dynamic) and m > FUSED_AMAX_MAX_M) or (dynamic and rows < m):
         # quantize once, then the codes GEMV: x does not fit in shared memory, or every block would
         # read many rows of x for their amax (a per-tensor amax must also see every row at once)
@@ -1039,17 +1040,32 @@ def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=Non
 FUSED_AMAX_MAX_M = 4
 
 
-def _fused_rows(k):
+def gemv_static_shared_bytes(nb, cfg, mode):
+    """The GEMV's static shared memory (the partial sums, the amax rows, the scales), which the
+    fused modes' dynamic shared memory must fit beside: a launch asking for more than 48 KB in all
+    fails with CUDA_ERROR_INVALID_VALUE (seen on the H200 with 11 rows of K = 4096). None counted
+    under the simulator, which has no limit."""
+    if SIMULATOR:
+        return 0
+    threads = 32 * cfg.warps
+    red = cfg.warps * cfg.rt * nb * 4 * 32
+    amax = threads * 8 * nb if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
+    return 4 * (red + amax + 2 * 16 + 2) + 128  # + 128: the arrays' alignment
+
+
+def _fused_rows(k, mode, config):
     """How many rows of x one fused launch can stage (at most GEMV_MAX_M; 0 if not one)."""
-    rows = GEMV_MAX_M
-    while rows and fused_shared_bytes(rows, k) > FUSED_SHARED_LIMIT:
-        rows -= 1
-    return rows
+    for rows in range(GEMV_MAX_M, 0, -1):
+        nb = 1 if rows <= 8 else 2
+        static = gemv_static_shared_bytes(nb, _gemv_cfg(config, rows, k), mode)
+        if fused_shared_bytes(rows, k) + static <= FUSED_SHARED_LIMIT:
+            return rows
+    return 0
 
 
-def _max_fused_k():
+def _max_fused_k(config):
     k = CHUNK
-    while fused_shared_bytes(1, k + CHUNK) <= FUSED_SHARED_LIMIT:
+    while _fused_rows(k + CHUNK, MODE_PER_GROUP, config):
         k += CHUNK
     return k
 
