@@ -16,6 +16,10 @@ operands read k-contiguous bytes: for ``a [M, K] @ b[N, K]^T`` a row of ``b`` (n
 is exactly a B column. Only the pairing of k between A and B matters to the product, so a kernel
 may load any permutation of k as long as it uses the same one for both (the decode GEMV does).
 
+On sm_90 the instruction is not native: ptxas lowers it to e4m3 -> f16 conversions
+(F2FP.F16.E4M3.UNPACK_B), two HMMA.16816.F32 (the first from zero) and a float32 FADD of C
+(cuobjdump), so C is added in float32 after each k32 product (tensorcore.py relies on it).
+
 ``ldmatrix.sync.aligned.m8n8.x4.shared.b16`` hands lane 4 g + t the 32-bit word t of row g of
 each of four 8 x 16-byte matrices whose row addresses lanes 8 j .. 8 j + 7 supply: with rows of
 codes that is word for word the A fragment (matrices: rows 0-7 / 8-15 at k 0-15, then at k 16-31)

@@ -1,6 +1,60 @@
 """FP8 GEMM and decode GEMV on tensor cores, from Numba (``mma.sync`` through inline PTX, mma.py).
 
-DESIGN (placeholder; the measured account is written after the H200 run).
+Both kernels compute DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` (or the
+block-scaled form) with the epilogue of gemm_kernels.py (``scaled_value``, ``load_bias``,
+``store_out``), and hold the strict G3 bound where cuBLASLt misses it by up to 16x.
+
+Design
+------
+- Tiled GEMM (``gemm_kernel``): a block computes a BM x BN tile with WM x WN warps of MT m16 x NT n8
+  mma tiles; K advances 64 codes a stage, copied by ``cp.async.cg`` 16 bytes a thread into a
+  3-deep shared ring (static 48 KB); chunk c of a 64-byte shared row sits at c ^ ((row >> 1) & 3),
+  so the copies and the ``ldmatrix.x4`` fragment reads are bank-conflict free. Rows past M / N and
+  chunks past K are zero-filled by the copy (zero codes are exact zeros). Any M, N; K % 16 == 0
+  and 16-byte aligned rows (else the caller falls back to the CUDA-core kernel).
+- Decode GEMV (``gemv_kernel``, M <= 16): weight rows are the A operand (m16), activation rows the
+  B operand (n8, zero-padded); the mma's k order is permuted so each lane's 16 contiguous weight
+  bytes feed two mmas straight from registers (no shared memory for the weight); a ring of 2
+  chunks (128 K each) is in flight per warp; warps split K, their sums meet in shared memory in a
+  fixed order. Fused modes quantize x into shared memory first (static, dynamic, per-token,
+  1 x 128 groups: codec.py's encoders), then read it per chunk; x too large for one launch runs in
+  row slices, or is quantized once and the codes GEMV runs.
+- Block scales (128 x 128 weights, 1 x 128 activation groups): the partial P of each 128-wide K
+  block is promoted as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order).
+
+Promotion (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30)
+---------------------------------------------------------------------------
+On sm_90 ptxas lowers ``mma.m16n8k32.e4m3`` to F2FP.F16.E4M3.UNPACK_B conversions, two
+HMMA.16816.F32 (the first from zero) and one FADD of C (cuobjdump). So passing the accumulator as C
+*is* promotion per mma: each k32 partial enters float32 registers through an IEEE add. The default,
+``per_mma``, runs that way on sm_90 (``chains_in_float32``; bit-identical to the explicit
+C = 0-and-add form on the H200, test_chained_c_is_promotion_per_mma) and explicitly elsewhere.
+At 4096^3: per_mma chained 547 us, explicit 613 us (+12%: 128 more FADD per 64 HMMA), per_128
+(a second register set, the K block's partial) 579 us. Worst |err| / G3 bound on uniformly drawn
+codes: 0.002 (K = 256) and < 0.001 (K = 4096) for all three, against cuBLASLt's 4.45 and 0.049.
+per_128 claims G3 only where the mma adds C in float32 (sm_90); per_mma claims it everywhere.
+
+What limits speed
+-----------------
+- GEMM: 251 TF/s at 4096^3 (0.18x cuBLASLt's 1,370; 28672 x 4096 x 4096: 254 TF/s, 0.18x;
+  block-scaled 139 TF/s, 0.11x torch's block _scaled_mm). FP8 mma.sync is not native on Hopper: each
+  k32 mma is two f16 HMMAs after e4m3 -> f16 conversions, which issue at 16 per clock per SM
+  (CUDA guide, "other type conversions"). The main loop (128 x 128 tile, 8 warps of 32 x 64) holds
+  64 HMMA, 96 F2FP, 128 FADD, 12 LDSM, 4 LDGSTS and ~90 other instructions per warp and 64-wide K
+  tile; 547 us is ~17 sub-partition cycles per HMMA, of which the conversions alone are ~12 (the
+  FADD ablation above prices one instruction at ~1 cycle). Tile shapes converting less (128 x 96,
+  4 warps of 64 x 48: 1.17 conversions per HMMA instead of 1.5) gained 4% (523 us); 64 x 64 warp
+  tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
+  conversion) with per-wgmma promotion into float32 registers (DeepSeek-V3's scheme), or, short of
+  it, converting each stage once per block into f16 shared memory (3x fewer conversions).
+- GEMV: 7.0 / 8.7 / 40.3 / 21.3 us at M = 1 on 4096^2 / 6144x4096 / 28672x4096 / 4096x14336
+  (cuBLASLt 6.3 / 8.5 / 31.1 / 19.9; the CUDA-core GEMV 8.9 / 12.0 / 46.4 / 24.8; the weight at
+  the device copy rate 4.0 / 6.0 / 27.9 / 13.9). The same conversions, 48 F2FP per warp and
+  2 KB chunk (a third of them for the mostly-zero activation tile), plus ~130 other
+  instructions, keep the multiprocessors about half busy at the memory rate; a 4-deep ring was
+  slower (181 registers: 2 blocks a multiprocessor instead of 4). M = 16 (two activation tiles)
+  is 0.55-0.63x cuBLASLt. The fused static FP8 layer at M = 1 (bf16 x, one launch) is 1.22 / 1.61 /
+  1.43 / 1.29x torch's bf16 matmul.
 """
 
 import functools
@@ -42,6 +96,9 @@ BK = 64  # codes per row per stage
 ROW_WORDS = BK // 4
 SHARED_LIMIT = 48 * 1024  # static shared memory: no opt-in attribute needed
 
+# Measured at 4096^3 on the H200 (us, per_mma): 547 / 594 / 547 / 573 / 523 / 581 in this order.
+# The default stays the 128 x 128 tile the GPU tests ran on, and whose BN divides the 128-wide
+# weight blocks (128 x 96 was 4% faster and does not).
 GEMM_CONFIGS = {
     "128x128_w8_32x64": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=True),
     "128x128_w8_64x32": TileConfig(mt=4, nt=4, wm=2, wn=4, stages=3, ldmatrix=True),
