@@ -1,0 +1,129 @@
+"""References and the G3 check shared by the tensor-core tests (simulator and GPU).
+
+Independent of the kernels: float64 over the decoded codes of ``vtnumba.testing.reference``.
+"""
+
+import ml_dtypes
+import numpy as np
+
+from vtnumba.testing import reference
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+OUT_DTYPES = [F32, F16, BF16]
+BLOCK = 128
+
+
+def uniform_codes(rng, shape, nan_codes=False):
+    """Codes drawn uniformly over the e4m3 code space (magnitudes 2^-9 .. 448 equally likely): the
+    adversarial case for accumulation, where cuBLASLt misses G3 by up to 16x."""
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C
+    if nan_codes:
+        codes.flat[0] = 0x7F
+        codes.flat[-1] = 0xFF
+    return codes
+
+
+def block_reference(a, b, scale_a, scale_b, bias=None):
+    """DESIGN.md's block-scaled GEMM in float64 and its G3 bound: ref = bias + sum_kb P_kb *
+    sa[m, kb] * sb[n // 128, kb] with exact P_kb; bound = 4 K eps32 sum_kb |sa sb| sum_(k in kb)
+    |terms| (each block's float32 sum, the scaling and the sum over blocks stay inside it)."""
+    da, db = reference.decode(a), reference.decode(b)
+    m, k = da.shape
+    n = db.shape[0]
+    sa = np.asarray(scale_a, dtype=np.float64)
+    sb = np.asarray(scale_b, dtype=np.float64)[np.arange(n) // BLOCK]  # [N, KB]
+    ref = np.zeros((m, n))
+    weight = np.zeros((m, n))
+    for kb in range(-(-k // BLOCK)):
+        ks = slice(kb * BLOCK, (kb + 1) * BLOCK)
+        s = sa[:, kb:kb + 1] * sb[:, kb][None, :]
+        ref += (da[:, ks] @ db[:, ks].T) * s
+        weight += (np.abs(da[:, ks]) @ np.abs(db[:, ks]).T) * np.abs(s)
+    if bias is not None:
+        ref += np.asarray(bias, dtype=np.float64).reshape(1, -1)
+    return ref, 4.0 * k * reference.EPS32 * weight
+
+
+def group_quantize(x):
+    """Upstream's per_token_group_quant_fp8 with g = 128, in numpy float32: scale = max(amax_group,
+    1e-10) / 448 (amax over finite values), codes = encode(x / scale). Returns (codes, scales [M, KB])."""
+    xf = np.asarray(x).astype(np.float32)
+    m, k = xf.shape
+    kb = -(-k // BLOCK)
+    codes = np.empty((m, k), dtype=np.uint8)
+    scales = np.empty((m, kb), dtype=np.float32)
+    for j in range(kb):
+        part = xf[:, j * BLOCK:(j + 1) * BLOCK]
+        mag = np.abs(part)
+        amax = np.where(np.isfinite(mag), mag, np.float32(0)).max(axis=1, keepdims=True)
+        s = (np.maximum(amax, np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
+        scales[:, j] = s[:, 0]
+        codes[:, j * BLOCK:(j + 1) * BLOCK] = reference.encode((part / s).astype(np.float32))
+    return codes, scales
+
+
+def check_g3(y, ref, bound, out_dtype):
+    """y within bound + the out dtype's rounding of ref, NaN exactly where ref is NaN. Returns
+    (elements compared that are finite and non-zero, worst err / bound)."""
+    y = np.asarray(y)
+    assert y.dtype == out_dtype and y.shape == ref.shape
+    got = y.astype(np.float64)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    tol = bound + reference.out_rounding(ref, out_dtype)
+    err = np.abs(got - ref)
+    bad = ~nan & ~(err <= tol)
+    assert not bad.any(), f"{bad.sum()} outside G3, worst err {err[bad].max()} vs tol {tol[bad].min()}"
+    ok = ~nan & (bound > 0)
+    worst = float(np.max(err[ok] / bound[ok])) if ok.any() else 0.0
+    return int((~nan & (ref != 0)).sum()), worst
+
+
+# -- the fragment layout, checked on one warp -------------------------------------------------------
+cuda = types = mma = None  # bound by mma_layout_check (module globals: the simulator swaps `cuda`)
+
+
+def _pack(codes, row, k0):
+    return (np.uint32(codes[row, k0]) | (np.uint32(codes[row, k0 + 1]) << np.uint32(8))
+            | (np.uint32(codes[row, k0 + 2]) << np.uint32(16)) | (np.uint32(codes[row, k0 + 3]) << np.uint32(24)))
+
+
+def _layout_kernel(a, b, c, d):
+    scratch = cuda.shared.array(192, types.uint32)  # mma.SCRATCH_WORDS_PER_WARP
+    lane = cuda.threadIdx.x
+    g = lane // 4
+    t = lane % 4
+    d0, d1, d2, d3 = mma.mma_e4m3(
+        _pack_dev(a, g, 4 * t), _pack_dev(a, g + 8, 4 * t), _pack_dev(a, g, 4 * t + 16), _pack_dev(a, g + 8, 4 * t + 16),
+        _pack_dev(b, g, 4 * t), _pack_dev(b, g, 4 * t + 16),
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1], scratch, 0, lane)
+    d[g, 2 * t] = d0
+    d[g, 2 * t + 1] = d1
+    d[g + 8, 2 * t] = d2
+    d[g + 8, 2 * t + 1] = d3
+
+
+_pack_dev = None
+
+
+def mma_layout_check(rng, to_device=None, to_host=None):
+    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/mma.py
+    documents (lane 4 g + t: A rows g, g + 8 at k 4t.. and 4t + 16..; B column g), runs the mma with
+    a non-zero C and writes D by the C layout. Returns (D, ref = A B^T + C, G3 bound)."""
+    global cuda, types, mma, _pack_dev
+    from vtnumba.cuda import mma as mma_module
+    from vtnumba.cuda.target import cuda as cuda_module, types as types_module
+
+    cuda, types, mma = cuda_module, types_module, mma_module
+    _pack_dev = cuda.jit(device=True)(_pack)
+    a, b = uniform_codes(rng, (16, 32)), uniform_codes(rng, (8, 32))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    d = np.full((16, 8), np.nan, dtype=np.float32)
+    args = [a, b, c, d] if to_device is None else [to_device(v) for v in (a, b, c, d)]
+    cuda.jit(_layout_kernel)[1, 32](*args)
+    if to_host is not None:
+        d = to_host(args[3])
+    ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
+    return d, ref + c, bound

@@ -1,0 +1,290 @@
+"""Tensor-core primitives for Numba kernels: FP8 ``mma.sync``, ``ldmatrix``, shared-memory loads
+and ``cp.async`` copies, as llvmlite ``InlineAsm`` intrinsics (the mechanism of ``codec.py``'s
+``cvt``), each with a portable emulation for the CUDA simulator.
+
+The instruction: ``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32`` (sm_89 and newer), one
+warp computing D[16, 8] = A[16, 32] B[32, 8] + C in float32 from e4m3 codes. Fragment layout
+(PTX ISA, "Matrix Fragments for mma.m16n8k32", and measured on the H200), lane = 4 g + t:
+
+- A: a0..a3 hold rows g, g + 8, g, g + 8 at k = 4t .. 4t + 3 (a2, a3: k + 16), four codes a
+  register, the lowest k in the lowest byte;
+- B: b0, b1 hold column g at k = 4t .. 4t + 3 (b1: k + 16);
+- C and D: c0, c1 at row g, columns 2t, 2t + 1; c2, c3 at row g + 8.
+
+A is "row" (k contiguous in a row of A) and B is "col" (k contiguous in a column of B), so both
+operands read k-contiguous bytes: for ``a [M, K] @ b[N, K]^T`` a row of ``b`` (nn.Linear's layout)
+is exactly a B column. Only the pairing of k between A and B matters to the product, so a kernel
+may load any permutation of k as long as it uses the same one for both (the decode GEMV does).
+
+On sm_90 the instruction is not native: ptxas lowers it to e4m3 -> f16 conversions
+(F2FP.F16.E4M3.UNPACK_B), two HMMA.16816.F32 (the first from zero) and a float32 FADD of C
+(cuobjdump), so C is added in float32 after each k32 product (tensorcore.py relies on it).
+
+``ldmatrix.sync.aligned.m8n8.x4.shared.b16`` hands lane 4 g + t the 32-bit word t of row g of
+each of four 8 x 16-byte matrices whose row addresses lanes 8 j .. 8 j + 7 supply: with rows of
+codes that is word for word the A fragment (matrices: rows 0-7 / 8-15 at k 0-15, then at k 16-31)
+and two B fragments, one instruction where 32-bit shared loads take four.
+
+Emulation (``NUMBA_ENABLE_CUDASIM=1``): the simulator runs each thread as a Python thread and has
+no PTX. There each warp-level primitive exchanges its lanes' operands through a shared ``scratch``
+array (``SCRATCH_WORDS_PER_WARP`` uint32 per warp), synchronizing the block (so every thread of the
+block must call it, as on the GPU every lane of a warp must); the emulated mma decodes the codes
+exactly and sums the 32 products of each output in float32, k ascending, then adds C. The hardware
+functions take the same ``scratch, warp, lane`` arguments and ignore them, so one kernel source
+serves both. ``cp.async`` is a synchronous copy there, commit and wait do nothing.
+"""
+
+import numpy as np
+
+from .target import SIMULATOR, cuda, intrinsic, types
+
+MIN_CC = (8, 9)  # mma with e4m3 operands: sm_89 (Ada) and newer
+SCRATCH_WORDS_PER_WARP = 6 * 32  # the emulation's exchange area: six operand words per lane
+
+if SIMULATOR:
+    from .. import _format
+
+    _DECODE = np.array([_format.decode_e4m3_scalar(np.uint32(c)) for c in range(256)], dtype=np.float32)
+    _lane = np.arange(32)
+    _g, _t = _lane // 4, _lane % 4
+    _k = np.arange(32)
+    # A[r, k] sits in lane 4 (r % 8) + (k % 16) // 4, register (r >= 8) + 2 (k >= 16), byte k % 4
+    _A_LANE = 4 * (np.arange(16)[:, None] % 8) + (_k[None, :] % 16) // 4
+    _A_REG = (np.arange(16)[:, None] // 8) + 2 * (_k[None, :] // 16)
+    # B[k, n] (stored per column n) sits in lane 4 n + (k % 16) // 4, register k >= 16, byte k % 4
+    _B_LANE = 4 * np.arange(8)[:, None] + (_k[None, :] % 16) // 4
+    _B_REG = np.broadcast_to(_k[None, :] // 16, (8, 32))
+    _SHIFT = (8 * (_k % 4)).astype(np.uint32)
+
+    def _codes(words, lanes, regs):
+        return ((words[lanes, regs] >> _SHIFT[None, :]) & np.uint32(0xFF)).astype(np.uint8)
+
+    def mma_e4m3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+        """Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)."""
+        base = warp * SCRATCH_WORDS_PER_WARP
+        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
+            scratch[base + 6 * lane + i] = np.uint32(w)
+        cuda.syncthreads()
+        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
+        g, t = lane // 4, lane % 4
+        a_rows = _DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])]  # [2, 32]
+        b_cols = _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])]  # [2, 32]
+        cuda.syncthreads()
+        out = []
+        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
+            s = np.float32(0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                for k in range(32):
+                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
+                out.append(np.float32(np.float32(cin) + s))
+        return out[0], out[1], out[2], out[3]
+
+    def ldmatrix_x4(smem, row_word, scratch, warp, lane):
+        """Emulated ldmatrix .x4: lane supplies the word index of row ``lane % 8`` of matrix
+        ``lane // 8``; returns word ``lane % 4`` of row ``lane // 4`` of each matrix."""
+        base = warp * SCRATCH_WORDS_PER_WARP
+        scratch[base + lane] = np.uint32(row_word)
+        cuda.syncthreads()
+        g, t = lane // 4, lane % 4
+        r = [np.uint32(smem[int(scratch[base + 8 * j + g]) + t]) for j in range(4)]
+        cuda.syncthreads()
+        return r[0], r[1], r[2], r[3]
+
+    def lds_u32(smem, word):
+        return np.uint32(smem[word])
+
+    def lds_u32x4(smem, word):
+        return np.uint32(smem[word]), np.uint32(smem[word + 1]), np.uint32(smem[word + 2]), np.uint32(smem[word + 3])
+
+    def global_address(src, row, col):
+        """The byte offset of src[row, col] (an address on the GPU)."""
+        return row * src.strides[0] + col
+
+    def cp_async_16(smem, word, src, address, nbytes):
+        """Copy the 16 bytes at ``address`` of src into smem words word .. word + 4; zeros when
+        nbytes == 0."""
+        flat = np.lib.stride_tricks.as_strided(src, shape=(src.shape[0] * src.strides[0],), strides=(1,)) \
+            if src.shape[0] else src.reshape(-1)
+        for q in range(4):
+            w = np.uint32(0)
+            if nbytes != 0:
+                for j in range(4):
+                    w |= np.uint32(flat[address + 4 * q + j]) << np.uint32(8 * j)
+            smem[word + q] = w
+
+    def cp_async_commit():
+        pass
+
+    def cp_async_wait_group(n):
+        def wait():
+            pass
+
+        return cuda.jit(device=True)(wait)
+
+    mma_e4m3 = cuda.jit(device=True)(mma_e4m3)
+    ldmatrix_x4 = cuda.jit(device=True)(ldmatrix_x4)
+    lds_u32 = cuda.jit(device=True)(lds_u32)
+    lds_u32x4 = cuda.jit(device=True)(lds_u32x4)
+    cp_async_16 = cuda.jit(device=True)(cp_async_16)
+    global_address = cuda.jit(device=True)(global_address)
+    cp_async_commit = cuda.jit(device=True)(cp_async_commit)
+
+else:
+    from llvmlite import ir
+
+    _i8, _i32, _i64, _f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    def _shared_address(context, builder, arrty, arr, index, indexty):
+        """The 32-bit shared-memory address of word ``index`` of a shared array (Numba keeps a
+        generic pointer in the array; addrspacecast back to addrspace(3) folds to the symbol)."""
+        ary = context.make_array(arrty)(context, builder, arr)
+        idx = context.cast(builder, index, indexty, types.intp)
+        elem = builder.gep(ary.data, [idx])
+        shared = builder.addrspacecast(elem, elem.type.pointee.as_pointer(3))
+        return builder.ptrtoint(shared, _i32), shared
+
+    def _global_address(context, builder, arrty, arr, row, rowty, col, colty):
+        """The 64-bit global address of byte &arr[row, col] of a 2-D array with unit column stride."""
+        ary = context.make_array(arrty)(context, builder, arr)
+        r = context.cast(builder, row, rowty, types.intp)
+        c = context.cast(builder, col, colty, types.intp)
+        stride0 = builder.extract_value(ary.strides, 0)
+        offset = builder.add(builder.mul(r, stride0), c)
+        ptr = builder.gep(builder.bitcast(ary.data, _i8.as_pointer()), [offset])
+        return builder.ptrtoint(builder.addrspacecast(ptr, _i8.as_pointer(1)), _i64)
+
+    @intrinsic
+    def mma_e4m3(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+        """D = A B + C for one m16n8k32 e4m3 tile (this lane's fragments); scratch, warp and lane
+        are the emulation's and are ignored here."""
+        sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
+            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
+            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, ins)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, smem, row_word, scratch, warp, lane):
+        """ldmatrix.sync.aligned.m8n8.x4.shared.b16 from the row at word ``row_word`` of ``smem``
+        (this lane's row address: row lane % 8 of matrix lane // 8)."""
+        ret = types.UniTuple(types.uint32, 4)
+        sig = ret(smem, row_word, scratch, warp, lane)
+
+        def codegen(context, builder, signature, args):
+            addr, _ = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 4), [_i32])
+            asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def lds_u32(typingctx, smem, word):
+        """smem[word] as uint32 through a shared-space load (no negative-index wraparound)."""
+        sig = types.uint32(smem, word)
+
+        def codegen(context, builder, signature, args):
+            _, ptr = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            return builder.load(ptr, align=4)
+
+        return sig, codegen
+
+    @intrinsic
+    def global_address(typingctx, src, row, col):
+        """The global address of byte &src[row, col] (a 2-D array with unit column stride) as
+        int64: kernels advance it with integer arithmetic, so no per-copy row products stay live."""
+        sig = types.int64(src, row, col)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            return _global_address(context, builder, tys[0], args[0], args[1], tys[1], args[2], tys[2])
+
+        return sig, codegen
+
+    @intrinsic
+    def lds_u32x4(typingctx, smem, word):
+        """smem[word .. word + 4) as 4 uint32 in one 16-byte shared load (word % 4 == 0)."""
+        ret = types.UniTuple(types.uint32, 4)
+        sig = ret(smem, word)
+
+        def codegen(context, builder, signature, args):
+            _, ptr = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            vec_ptr = builder.bitcast(ptr, ir.VectorType(_i32, 4).as_pointer(3))
+            vec = builder.load(vec_ptr, align=16)
+            words = [builder.extract_element(vec, ir.Constant(_i32, i)) for i in range(4)]
+            return context.make_tuple(builder, ret, words)
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_16(typingctx, smem, word, src, address, nbytes):
+        """cp.async.cg.shared.global of the 16 bytes at global ``address`` (see global_address;
+        ``src`` is the array it points into, unused here) to smem word ``word``, both 16-byte
+        aligned; ``nbytes`` (0 or 16) bytes are read, the rest zero-filled."""
+        sig = types.void(smem, word, src, address, nbytes)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            dst, _ = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
+            gaddr = context.cast(builder, args[3], tys[3], types.int64)
+            size = context.cast(builder, args[4], tys[4], types.uint32)
+            fnty = ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32])
+            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, gaddr, size])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """cp.async.commit_group: the copies issued so far form one group."""
+        sig = types.void()
+
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    _WAITS = {}
+
+    def cp_async_wait_group(n):
+        """The intrinsic ``cp.async.wait_group n``: wait until at most ``n`` groups are pending."""
+        if n not in _WAITS:
+            @intrinsic
+            def wait(typingctx):
+                sig = types.void()
+
+                def codegen(context, builder, signature, args):
+                    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {int(n)};",
+                                       "~{memory}", side_effect=True)
+                    builder.call(asm, [])
+                    return context.get_dummy_value()
+
+                return sig, codegen
+
+            _WAITS[n] = wait
+        return _WAITS[n]
+
+
+def available(cc):
+    """Whether the tensor-core instructions exist on compute capability ``cc`` (a real GPU)."""
+    return not SIMULATOR and tuple(cc) >= MIN_CC
+
+
+__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
+           "cp_async_commit", "cp_async_wait_group"]
