@@ -1,4 +1,4 @@
-"""vtnumba's tensor-core kernels (vtnumba/cuda/tensorcore.py) on the H200 against cuBLASLt and
+"""vtnumba's tensor-core kernels (vtnumba/cuda/tc_gemm.py, tc_gemv.py) on the H200 against cuBLASLt and
 torch measured in the same run. Device time behind a queued sleep (gpu_timing.py, DEVICE.md).
 
 Tables (targets from issue 14):
@@ -25,11 +25,17 @@ import numpy as np
 
 import cupy as cp
 import torch
-from gpu_timing import best_of  # benchmarks/ is on sys.path as the script's folder
-
-from vtnumba.cuda import gemm
-from vtnumba.cuda import tensorcore as tc
+import vtnumba as vt
+from vtnumba.cuda import device, gemm
+from vtnumba.cuda import tc_gemm as tc
+from vtnumba.cuda import tc_gemv
+from vtnumba.cuda.codec import hardware_available
+from vtnumba.profile import best_device_us
 from vtnumba.testing import reference
+
+
+def best_of(fn, repeats=50, rounds=3):
+    return best_device_us(fn, repeats, rounds)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
@@ -67,7 +73,7 @@ def gemv_fn(a, b, sa, sb, cfg, hardware, chain):
     y = cp.empty((m, n), dtype=cp.uint16)
     bias = cp.zeros(1, dtype=cp.uint16)
     x = cp.zeros((1, 2), dtype=cp.uint16)
-    launcher = tc.gemv_launcher(m, cfg, tc.MODE_CODES, False, hardware, chain, False)
+    launcher = tc_gemv.gemv_launcher(m, cfg, tc_gemv.MODE_CODES, False, hardware, chain, False)
     blocks, threads = -(-n // (16 * cfg.rt)), 32 * cfg.warps
     return lambda: launcher(blocks, threads, a, x, 0, sa, b, sa, 0, sb, 0, bias, 0, y, OUT_BF16)
 
@@ -82,11 +88,9 @@ def copy_bandwidth():
 
 def main(sections):
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cc = gemm._compute_capability()
+    cc = device.current().cc
     chain = tc.chains_in_float32(cc)
-    from vtnumba.cuda.gemm_kernels import hardware_path_available
-
-    hardware = hardware_path_available(cc)
+    hardware = hardware_available(cc)
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     print(f"# bench_tensorcore {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}; "
@@ -182,17 +186,17 @@ def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
             t_t = best_of(lambda: torch._scaled_mm(tam, tbm.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16))
             t_l = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "cublaslt"))
             t_c = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "decode_gemv")) if m <= 4 else float("nan")
-            t_v = best_of(gemv_fn(am, bm_, sa, sb, tc.gemv_config(m, k), hardware, chain))
+            t_v = best_of(gemv_fn(am, bm_, sa, sb, tc_gemv.gemv_config(m, k), hardware, chain))
             floor = n * k / bandwidth * 1e6  # the weight's bytes at the device copy's rate
             row(m, f"{n} x {k}", f"{t_t:.1f}", f"{t_l:.1f}", f"{t_c:.1f}", f"{t_v:.1f}", f"{floor:.1f}",
                 f"{t_l / t_v:.2f}")
     for m in (1, 16):
-        names = [name for name in tc.GEMV_CONFIGS if "sim" not in name and (m <= 8 or "d4" not in name)]
+        names = [name for name in tc_gemv.GEMV_CONFIGS if "sim" not in name and (m <= 8 or "d4" not in name)]
         table(f"4b. the GEMV's configurations at M = {m}: device us", ["N x K"] + names)
         for n, k in SHAPES:
             am, _ = codes(gen, m, k)
             bm_, _ = codes(gen, n, k)
-            row(f"{n} x {k}", *(f"{best_of(gemv_fn(am, bm_, sa, sb, tc.GEMV_CONFIGS[name], hardware, chain)):.1f}"
+            row(f"{n} x {k}", *(f"{best_of(gemv_fn(am, bm_, sa, sb, tc_gemv.GEMV_CONFIGS[name], hardware, chain)):.1f}"
                                 for name in names))
 
     # 5. the fused static layer at M = 1 -----------------------------------------------------------------
@@ -205,8 +209,8 @@ def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
         t_bf16 = best_of(lambda: x @ w.t())
         xc = cp.asarray(x.view(torch.int16)).view(BF16)
         bw = cp.asarray(w.to(torch.float8_e4m3fn).view(torch.uint8))
-        t_static = best_of(lambda: tc.fp8_linear(xc, bw, sb, in_scale, out_dtype=BF16))
-        t_token = best_of(lambda: tc.fp8_linear(xc, bw, sb, per_token=True, out_dtype=BF16))
+        t_static = best_of(lambda: vt.fp8_linear(xc, bw, sb, in_scale, out_dtype=BF16))
+        t_token = best_of(lambda: vt.fp8_linear(xc, bw, sb, per_token=True, out_dtype=BF16))
         row(f"{n} x {k}", f"{t_bf16:.1f}", f"{t_static:.1f}", f"{t_token:.1f}", f"{t_bf16 / t_static:.2f}")
 
 
@@ -236,7 +240,7 @@ def accuracy_table(chain):
                 (-(-512 // bn), -(-512 // bm)), 32 * tc.GEMM_DEFAULT.wm * tc.GEMM_DEFAULT.wn, ad, bd, one, 0, one, 0,
                 cp.zeros(1, cp.uint16), 0, y, 0)
             cells.append(ratio(y.get()))
-        y16 = tc.TensorCoreGemv().run(gemm.GemmCall(ad[:16], bd, np.float32(1), np.float32(1), F32, None)).get()
+        y16 = gemm.TensorCoreGemv().run(gemm.GemmCall(ad[:16], bd, np.float32(1), np.float32(1), F32, None)).get()
         ref16, bound16 = ref[:16], bound[:16]
         cells.append(f"{np.max(np.abs(y16.astype(np.float64) - ref16) / bound16):.3f}")
         y_lt = gemm.scaled_mm(ad, bd, np.float32(1), np.float32(1), F32, None, "cublaslt").get()

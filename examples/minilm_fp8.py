@@ -10,7 +10,9 @@ attention output, intermediate, output in each layer) come from ``seam.make_line
   float32 model (upstream's static FP8 checkpoints carry exactly this ``input_scale``);
 - ``fp8-per-token``: ``Fp8Weight.from_float(w, per_channel=True, activation_scheme="per_token")``,
   one scale per weight row and one per token, computed on the fly (ModelOpt's
-  FP8_PER_CHANNEL_PER_TOKEN scheme).
+  FP8_PER_CHANNEL_PER_TOKEN scheme);
+- ``fp8-block``: ``Fp8Weight.from_float(w, block_size=(128, 128))``, one scale per 128 x 128 weight
+  block and one per 1 x 128 activation group (DeepSeek-V3/R1's and Qwen3-FP8's format).
 
 For each FP8 variant it reports the cosine similarity of every sentence's embedding with the
 float32 one (target: mean >= 0.99) and whether each sentence's nearest-neighbour order over the
@@ -239,6 +241,13 @@ class MiniLM:
                 for name, (w, bias) in self.linear_weights.items()}
 
 
+    def fp8_block_linears(self):
+        """128 x 128 block-scaled weights with 1 x 128 group activations, the format of DeepSeek-V3/R1
+        and Qwen3-FP8 checkpoints (384 and 1536 are multiples of 128)."""
+        return {name: seam.make_linear_method(seam.Fp8Weight.from_float(w, block_size=(128, 128), bias=bias))
+                for name, (w, bias) in self.linear_weights.items()}
+
+
 def neighbour_order(emb):
     """For each sentence, the other sentences sorted from most to least similar (cosine)."""
     sim = emb @ emb.T
@@ -269,7 +278,8 @@ def run(model_dir=None, device="cpu", sentences=SENTENCES):
     figures = {"float32": dict(seconds=time.perf_counter() - t0)}
     scales = model.calibrate()
     for label, linears in (("fp8-static", model.fp8_static_linears(scales)),
-                           ("fp8-per-token", model.fp8_per_token_linears())):
+                           ("fp8-per-token", model.fp8_per_token_linears()),
+                           ("fp8-block", model.fp8_block_linears())):
         model.embed(sentences, linears)  # the first call may compile kernels: keep it out of the time
         t0 = time.perf_counter()
         emb = model.embed(sentences, linears)

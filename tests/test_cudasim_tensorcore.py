@@ -18,9 +18,39 @@ pytestmark = pytest.mark.cudasim
 
 @pytest.fixture(scope="module")
 def tc():
-    from vtnumba.cuda import tensorcore
+    from vtnumba.cuda import tc_gemm
 
-    return tensorcore
+    return tc_gemm
+
+
+@pytest.fixture(scope="module")
+def tcv():
+    from vtnumba.cuda import tc_gemv
+
+    return tc_gemv
+
+
+def blockwise(a, b, sa, sb, out_dtype, bias, promotion="per_mma"):
+    """The block-scaled GEMM on the tensor-core kernels through their emulation (block.select's
+    kernels, forced: M <= 16 the GEMV, else the tiled GEMM)."""
+    from vtnumba.cuda import block
+
+    call = block.BlockCall(a, b, sa, sb, (128, 128), np.dtype(out_dtype), bias)
+    kernel = (block.TensorCoreBlockGemv(simulate=True) if call.m <= 16
+              else block.TensorCoreBlock(promotion, simulate=True))
+    assert kernel.can_implement(call) == (True, "")
+    return kernel.run(call)
+
+
+def fused(x, b, sb, out_dtype, input_scale=None, per_token=False, scale_ub=None, block_scales=None):
+    """The fused tensor-core layer (vt.fp8_linear's GPU half at decode) through its emulation."""
+    import vtnumba.cuda as backend
+    from vtnumba.cuda import tc_gemv
+
+    ub = None if scale_ub is None else np.float32(scale_ub)
+    sb = np.float32(sb) if np.isscalar(sb) else sb
+    return tc_gemv.fused_linear(x, b, sb, input_scale, per_token, ub, np.dtype(out_dtype), None,
+                                lambda x_: backend._quantize(x_, input_scale, per_token, ub), block_scales)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +82,7 @@ def test_gemm_g3_partial_tiles_nan(tc, gemm, promotion, out_dtype, vector_scales
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
     bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
     call = gemm.GemmCall(a, b, sa, sb, out_dtype, bias)
-    kernel = tc.TensorCoreGemm(promotion, simulate=True)
+    kernel = gemm.TensorCoreGemm(promotion, simulate=True)
     assert kernel.can_implement(call) == (True, "")
     y = kernel.run(call)
     ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
@@ -85,14 +115,14 @@ def test_gemm_chain_equals_explicit_promotion_and_word_loads(tc):
 
 
 @pytest.mark.parametrize("promotion", ["per_mma", "per_128"])
-def test_blockwise_gemm(tc, promotion):
+def test_blockwise_gemm(promotion):
     rng = np.random.default_rng(9)
     m, n, k = 40, 150, 320  # three K blocks, the last 64 wide; two weight row blocks, the second partial
     a, b = uniform_codes(rng, (m, k)), uniform_codes(rng, (n, k), nan_codes=True)
     sa = rng.uniform(0.001, 0.02, (m, 3)).astype(np.float32)
     sb = rng.uniform(-0.05, 0.05, (2, 3)).astype(np.float32)
     bias = rng.standard_normal(n).astype(BF16)
-    y = tc.scaled_mm_blockwise(a, b, sa, sb, BF16, bias, promotion=promotion, simulate=True)
+    y = blockwise(a, b, sa, sb, BF16, bias, promotion=promotion)
     ref, bound = block_reference(a, b, sa, sb, bias.astype(np.float64))
     assert check_g3(y, ref, bound, BF16)[0] > m * n // 2
 
@@ -106,20 +136,20 @@ def test_gemv_codes(tc, gemm, m, bias_dtype, out_dtype):
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32)
     bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
     call = gemm.GemmCall(a, b, sa, sb, out_dtype, bias)
-    kernel = tc.TensorCoreGemv(simulate=True)
+    kernel = gemm.TensorCoreGemv(simulate=True)
     assert kernel.can_implement(call) == (True, "")
     y = kernel.run(call)
     ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
     assert check_g3(y, ref, bound, out_dtype)[0] > 0
 
 
-def test_gemv_blockwise_codes(tc):
+def test_gemv_blockwise_codes():
     rng = np.random.default_rng(14)
     m, n, k = 3, 140, 256
     a, b = uniform_codes(rng, (m, k)), uniform_codes(rng, (n, k))
     sa = rng.uniform(0.001, 0.02, (m, 2)).astype(np.float32)
     sb = rng.uniform(0.01, 0.05, (2, 2)).astype(np.float32)
-    y = tc.scaled_mm_blockwise(a, b, sa, sb, F32, None, simulate=True)
+    y = blockwise(a, b, sa, sb, F32, None)
     ref, bound = block_reference(a, b, sa, sb)
     assert check_g3(y, ref, bound, F32)[0] == m * n
 
@@ -134,14 +164,14 @@ def _layer_input(rng, m, k, dtype):
 
 @pytest.mark.parametrize("scheme, m, x_dtype", [("static", 2, F32), ("dynamic", 1, BF16), ("per_token", 3, F16),
                                                  ("dynamic", 6, F32)], ids=str)
-def test_fused_linear(tc, scheme, m, x_dtype):
+def test_fused_linear(scheme, m, x_dtype):
     rng = np.random.default_rng(15)
     n, k = 18, 144
     x = _layer_input(rng, m, k, x_dtype)
     b = uniform_codes(rng, (n, k))
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32)
     kw = {"static": dict(input_scale=np.float32(0.013)), "dynamic": {}, "per_token": dict(per_token=True, scale_ub=5.0)}
-    y = tc.fp8_linear(x, b, sb, out_dtype=F32, simulate=True, **kw[scheme])
+    y = fused(x, b, sb, F32, **kw[scheme])
     q = {"static": lambda: reference.quantize(x, np.float32(0.013)), "dynamic": lambda: reference.quantize(x),
          "per_token": lambda: reference.quantize(x, per_token=True, scale_ub=5.0)}[scheme]()
     ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
@@ -149,13 +179,13 @@ def test_fused_linear(tc, scheme, m, x_dtype):
     assert compared > 0 and np.isnan(y[-1]).all() == (m > 1)
 
 
-def test_fused_linear_group_activations_block_weights(tc):
+def test_fused_linear_group_activations_block_weights():
     rng = np.random.default_rng(16)
     m, n, k = 2, 20, 272
     x = _layer_input(rng, m, k, BF16)
     b = uniform_codes(rng, (n, k))
     sbb = rng.uniform(0.001, 0.05, (1, 3)).astype(np.float32)
-    y = tc.fp8_linear(x, b, None, weight_block_scales=sbb, out_dtype=BF16, simulate=True)
+    y = fused(x, b, None, BF16, block_scales=sbb)
     codes, scales = group_quantize(x)
     ref, bound = block_reference(codes, b, scales, sbb)
     compared, _ = check_g3(y, ref, bound, BF16)
@@ -163,23 +193,23 @@ def test_fused_linear_group_activations_block_weights(tc):
 
 
 @pytest.mark.parametrize("limit, scheme", [(600, "per_token"), (600, "group"), (0, "static")])
-def test_fused_linear_row_slices_and_fallback(tc, monkeypatch, limit, scheme):
+def test_fused_linear_row_slices_and_fallback(tcv, monkeypatch, limit, scheme):
     """x that does not fit in shared memory at once: the fused GEMV runs on row slices (a limit of
     600 bytes holds one row of K = 256), or, when not even one row fits, quantize then codes."""
-    monkeypatch.setattr(tc, "FUSED_SHARED_LIMIT", limit)
+    monkeypatch.setattr(tcv, "FUSED_SHARED_LIMIT", limit)
     rng = np.random.default_rng(17)
     m, n, k = 3, 20, 256
     x = _layer_input(rng, m, k, F32)
     b = uniform_codes(rng, (n, k))
     if scheme == "group":
         sbb = rng.uniform(0.001, 0.05, (1, 2)).astype(np.float32)
-        y = tc.fp8_linear(x, b, None, weight_block_scales=sbb, out_dtype=F32, simulate=True)
+        y = fused(x, b, None, F32, block_scales=sbb)
         codes, scales = group_quantize(x)
         ref, bound = block_reference(codes, b, scales, sbb)
     else:
         sb = np.float32(0.004)
         kw = dict(per_token=True) if scheme == "per_token" else dict(input_scale=np.float32(0.02))
-        y = tc.fp8_linear(x, b, sb, out_dtype=F32, simulate=True, **kw)
+        y = fused(x, b, sb, F32, **kw)
         q = reference.quantize(x, **({"per_token": True} if scheme == "per_token" else {"scale": np.float32(0.02)}))
         ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
     compared, _ = check_g3(y, ref, bound, F32)
@@ -189,14 +219,14 @@ def test_fused_linear_row_slices_and_fallback(tc, monkeypatch, limit, scheme):
 def test_reasons(tc, gemm):
     a, b = np.zeros((3, 24), np.uint8), np.zeros((5, 24), np.uint8)
     call = gemm.GemmCall(a, b, np.float32(1), np.float32(1), F32, None)
-    ok, why = tc.TensorCoreGemm().can_implement(call)
+    ok, why = gemm.TensorCoreGemm().can_implement(call)
     assert not ok and "simulate=True" in why
-    ok, why = tc.TensorCoreGemm(simulate=True).can_implement(call)
+    ok, why = gemm.TensorCoreGemm(simulate=True).can_implement(call)
     assert not ok and "multiple of 16, got K = 24" in why
     big = gemm.GemmCall(np.zeros((17, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1), np.float32(1), F32,
                         None)
-    ok, why = tc.TensorCoreGemv(simulate=True).can_implement(big)
+    ok, why = gemm.TensorCoreGemv(simulate=True).can_implement(big)
     assert not ok and "M <= 16, got M = 17" in why
-    with pytest.raises(ValueError, match=r"scale_b must have shape \(1, 1\)"):
-        tc.scaled_mm_blockwise(np.zeros((2, 32), np.uint8), np.zeros((5, 32), np.uint8), np.ones((2, 1), np.float32),
-                               np.ones((2, 1), np.float32), simulate=True)
+    # the selection never takes them under the simulator unless forced: the CUDA-core kernels run
+    assert gemm.select(gemm.GemmCall(np.zeros((3, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1),
+                                     np.float32(1), F32, None)).name == "decode_gemv"

@@ -36,7 +36,8 @@ def reference(model):
 @pytest.fixture(scope="module")
 def variants(model):
     return {"fp8-static": model.fp8_static_linears(model.calibrate()),
-            "fp8-per-token": model.fp8_per_token_linears()}
+            "fp8-per-token": model.fp8_per_token_linears(),
+            "fp8-block": model.fp8_block_linears()}
 
 
 # Embeddings of SENTENCES[0], [6] and [11] (first six of 384 dimensions) from the same weights through
@@ -58,7 +59,7 @@ def test_float32_model_matches_sentence_transformers(reference):
 
 def test_every_linear_goes_through_the_seam(model, variants):
     assert len(model.linear_weights) == 36  # 6 layers x (q, k, v, attention out, intermediate, out)
-    schemes = {"fp8-static": "static", "fp8-per-token": "per_token"}
+    schemes = {"fp8-static": "static", "fp8-per-token": "per_token", "fp8-block": "per_group"}
     for label, linears in variants.items():
         assert set(linears) == set(model.linear_weights)
         for method in linears.values():
@@ -67,7 +68,8 @@ def test_every_linear_goes_through_the_seam(model, variants):
             assert w.activation_scheme == schemes[label]
             assert np.count_nonzero(w.data) > 0.9 * w.data.size and w.bias is not None
         per_channel = {m.weight.per_channel for m in linears.values()}
-        assert per_channel == ({False} if label == "fp8-static" else {True})
+        assert per_channel == ({True} if label == "fp8-per-token" else {False})
+        assert {m.weight.block_size for m in linears.values()} == ({(128, 128)} if label == "fp8-block" else {None})
     static = variants["fp8-static"]
     scales = [m.weight.input_scale for m in static.values()]
     assert all(s is not None and np.isfinite(s) and s > 0 for s in scales)
@@ -78,7 +80,7 @@ def test_every_linear_goes_through_the_seam(model, variants):
         assert len(qkv) == 1
 
 
-@pytest.mark.parametrize("label", ["fp8-static", "fp8-per-token"])
+@pytest.mark.parametrize("label", ["fp8-static", "fp8-per-token", "fp8-block"])
 def test_fp8_meets_the_targets(model, reference, variants, label):
     emb = model.embed(ex.SENTENCES, variants[label])
     fig = ex.compare(reference, emb)
@@ -139,6 +141,6 @@ def test_fp8_on_the_gpu_meets_the_targets():
     if importlib.util.find_spec(ex.PACKAGE) is None:  # the lent H200 has no network to install it
         pytest.skip(f"the MiniLM weights ({ex.PACKAGE}, the 'examples' extra) are not installed here")
     result = ex.run(device="cuda")
-    for label in ("fp8-static", "fp8-per-token"):
+    for label in ("fp8-static", "fp8-per-token", "fp8-block"):
         fig = result["variants"][label]
         assert fig["mean_cosine"] >= 0.99 and fig["nearest_same"] == fig["sentences"]

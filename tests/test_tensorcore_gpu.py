@@ -25,12 +25,12 @@ def cp():
 
 @pytest.fixture(scope="module")
 def tc(cp):
-    from vtnumba.cuda import gemm, tensorcore
+    from vtnumba.cuda import device, tc_gemm
 
-    if tensorcore.unavailable_reason():
-        pytest.skip(tensorcore.unavailable_reason())
-    gemm._xp()
-    return tensorcore
+    reason = tc_gemm.unavailable_reason(device.current())
+    if reason:
+        pytest.skip(reason)
+    return tc_gemm
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def dev(cp, v):
 
 def run_gemm(tc, gemm, cp, a, b, sa, sb, out_dtype, bias=None, promotion="per_mma"):
     call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), dev(cp, sa), dev(cp, sb), out_dtype, dev(cp, bias))
-    kernel = tc.TensorCoreGemm(promotion) if call.m > tc.GEMV_MAX_M else tc.TensorCoreGemv()
+    kernel = gemm.TensorCoreGemm(promotion) if call.m > 16 else gemm.TensorCoreGemv()
     ok, why = kernel.can_implement(call)
     assert ok, why
     return host(kernel.run(call))
@@ -67,9 +67,9 @@ def test_fragment_layout_on_the_hardware(cp):
 def test_chained_c_is_promotion_per_mma(tc, cp):
     """sm_90 runs promotion per mma by passing the accumulator as C (chains_in_float32): the values
     must equal the explicit form's (C = 0, then a float32 add) exactly."""
-    from vtnumba.cuda import gemm
+    from vtnumba.cuda import device
 
-    cc = gemm._compute_capability()
+    cc = device.current().cc
     if not tc.chains_in_float32(cc):
         pytest.skip(f"the chained form is not used on {cc}")
     rng = np.random.default_rng(2)
@@ -146,8 +146,12 @@ def test_blockwise(tc, cp, m, promotion):
     bias = rng.standard_normal(n).astype(BF16)
     # scale_a as torch and cuBLASLt keep it: [M, KB] with strides (1, M)
     sa_dev = cp.asfortranarray(cp.asarray(sa))
-    y = host(tc.scaled_mm_blockwise(cp.asarray(a), cp.asarray(b), sa_dev, cp.asarray(sb), BF16, cp.asarray(bias),
-                                    promotion=promotion))
+    from vtnumba.cuda import block
+
+    call = block.BlockCall(cp.asarray(a), cp.asarray(b), sa_dev, cp.asarray(sb), (128, 128), BF16, cp.asarray(bias))
+    kernel = block.TensorCoreBlockGemv() if m <= 16 else block.TensorCoreBlock(promotion)
+    assert kernel.can_implement(call) == (True, "")
+    y = host(kernel.run(call))
     ref, bound = block_reference(a, b, sa, sb, bias.astype(np.float64))
     compared, worst = check_g3(y, ref, bound, BF16)
     assert compared > (m - 2) * n // 2  # rows 0 and M - 1 hold NaN codes
@@ -168,14 +172,21 @@ def test_fused_linear(tc, cp, scheme, m, x_dtype):
     b = uniform_codes(rng, (n, k))
     xd, bd = cp.asarray(x), cp.asarray(b)
     if scheme == "group":
+        from vtnumba.cuda import tc_gemv
+
         sbb = rng.uniform(0.001, 0.05, (8, 32)).astype(np.float32)
-        y = host(tc.fp8_linear(xd, bd, None, weight_block_scales=cp.asarray(sbb), out_dtype=BF16))
+        assert tc_gemv.fused_linear_reason(xd, bd, block_scaled=True) is None
+        y = host(tc_gemv.fused_linear(xd, bd, None, None, False, None, BF16, None, None, cp.asarray(sbb)))
         codes, scales = group_quantize(x)
         ref, bound = block_reference(codes, b, scales, sbb)
     else:
         sb = rng.uniform(0.001, 0.01, n).astype(np.float32)
         kw = {"static": dict(input_scale=np.float32(0.013)), "dynamic": {}, "per_token": dict(per_token=True)}[scheme]
-        y = host(tc.fp8_linear(xd, bd, cp.asarray(sb), out_dtype=BF16, **kw))
+        import vtnumba as vt
+        from vtnumba.cuda import tc_gemv
+
+        assert tc_gemv.fused_linear_reason(xd, bd) is None  # vt.fp8_linear takes the fused tensor-core GEMV
+        y = host(vt.fp8_linear(xd, bd, cp.asarray(sb), out_dtype=BF16, **kw))
         q = reference.quantize(x, **({"scale": np.float32(0.013)} if scheme == "static" else
                                      {"per_token": True} if scheme == "per_token" else {}))
         ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
@@ -188,7 +199,7 @@ def test_rows_not_16_byte_aligned_are_refused(tc, gemm, cp):
     a = cp.zeros((64, 80), cp.uint8)[:, 8:72]  # rows start 8 bytes in: cp.async cannot copy them
     b = cp.zeros((64, 64), cp.uint8)
     call = gemm.GemmCall(a, b, np.float32(1), np.float32(1), F32, None)
-    ok, why = tc.TensorCoreGemm().can_implement(call)
+    ok, why = gemm.TensorCoreGemm().can_implement(call)
     assert not ok and "16-byte aligned rows" in why
 
 
@@ -196,12 +207,12 @@ def test_rows_not_16_byte_aligned_are_refused(tc, gemm, cp):
 def test_static_shared_estimate_covers_the_compiled_kernel(tc, cp, mode, m):
     """The fused GEMV sizes its dynamic shared memory beside its static arrays (48 KB in all):
     the estimate must cover what the compiled kernel declares."""
-    from vtnumba.cuda import gemm
-    from vtnumba.cuda.gemm_kernels import hardware_path_available
+    from vtnumba.cuda import device, tc_gemv
+    from vtnumba.cuda.codec import hardware_available
 
-    cc = gemm._compute_capability()
+    cc = device.current().cc
     k = 4096
-    cfg = tc.gemv_config(m, k)
-    launcher = tc.gemv_launcher(m, cfg, mode, mode == 4, hardware_path_available(cc), tc.chains_in_float32(cc), False)
+    cfg = tc_gemv.gemv_config(m, k)
+    launcher = tc_gemv.gemv_launcher(m, cfg, mode, mode == 4, hardware_available(cc), tc.chains_in_float32(cc), False)
     declared = launcher.function().shared_size_bytes
-    assert 0 < declared <= tc.gemv_static_shared_bytes(1 if m <= 8 else 2, cfg, mode)
+    assert 0 < declared <= tc_gemv.gemv_static_shared_bytes(1 if m <= 8 else 2, cfg, mode)

@@ -9,6 +9,8 @@ The modules, by concern:
     quant.py     the quantization kernels
     epilogue.py  the GEMM epilogue (scales, bias, rounding) and its f32-staged kernel
     tiled.py     the tiled CUDA-core GEMM;  gemv.py  the decode GEMV (with fused quantization)
+    mma.py       tensor-core primitives (mma.sync, ldmatrix, cp.async) as inline PTX, and emulations
+    tc_gemm.py   the tiled GEMM on tensor cores;  tc_gemv.py  the decode GEMV on tensor cores
     cublaslt.py  cuBLASLt through nvmath-python's bindings
     gemm.py      which GEMM kernel runs a call, and the fused linear layer
     block.py     which block-scaled GEMM kernel runs a call (cuBLASLt's block scaling, tiled)
@@ -330,9 +332,15 @@ def _quantize(x, input_scale, per_token, scale_ub):
 
 
 def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
-    """One launch where the decode GEMV can take the call (it quantizes x as it reads it), else
-    the quantization kernel, then ``scaled_mm``."""
+    """One launch where a decode GEMV can take the call (it quantizes x as it reads it): the
+    tensor-core one (M <= 16), else the CUDA-core one (M <= 4); else the quantization kernel, then
+    ``scaled_mm``."""
     gemm = _gemm_module()
+    from . import tc_gemv
+
+    if "tensorcore_gemv" not in gemm.disabled_kernels() and tc_gemv.fused_linear_reason(x, b) is None:
+        return tc_gemv.fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias,
+                                    lambda x_: _quantize(x_, input_scale, per_token, scale_ub))
     if gemm.fused_linear_reason(x, b) is None:
         return gemm.fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias)
     codes, scale_a = _quantize(x, input_scale, per_token, scale_ub)

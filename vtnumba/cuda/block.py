@@ -10,23 +10,25 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
                     the activation; sm_90, cuBLASLt >= 12.9). Needs bn = bk = 128, K % 128 == 0,
                     N % 16 == 0, M % 4 == 0 (M = 1 is refused by cuBLASLt: decode takes the next
                     kernel). Its layouts, measured on the H200: the weight scales [ceil(N/128)][L4]
-                    row-major with the K-block count padded to L4, a multiple of 4 (made once per
-                    scale array and cached); the activation scales [K/128][M], m contiguous (the
+                    row-major with the K-block count padded to L4, a multiple of 4 (a copy only
+                    where the count is not one already); the activation scales [K/128][M], m contiguous (the
                     column-major layout ``vt.quantize_fp8(x, group_size=128,
                     column_major_scales=True)`` writes; a row-major one is transposed first). The
                     scale pointers are set before the heuristic query. Its accumulation is Hopper's
                     tensor cores' (see gemm.py): held to the tensor-core bound.
+``tensorcore_block_gemv``, ``tensorcore_block``  the tensor-core decode GEMV (M <= 16) and tiled
+                    GEMM (tc_gemv.py, tc_gemm.py) with 128 x 128 blocks: each K-block's partial
+                    promoted as ``acc += (P * sa) * sb``, exact (G3 per block); sm_89+, 16-byte rows.
 ``tiled_block``     the tiled CUDA-core GEMM with a block step at each K-block's end: any block
                     size, shape and GPU, exact float32 accumulation within each block (G3 per block).
 """
 
 import os
-import weakref
 
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device
+from . import cublaslt, device, tc_gemm, tc_gemv
 from .epilogue import BIAS_KIND, OUT_KIND, BiasKind
 from .target import SIMULATOR
 from .tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
@@ -53,20 +55,15 @@ class BlockCall:
         self.plan = self.state = self.scale_b_padded = self.scale_a_cols = None
 
 
-# weight scale arrays -> their cuBLASLt layout, made once per array (weak: the cache never keeps a
-# layer's scales alive); keyed by identity, so an array must not be written after its first use
-_PADDED_SCALES = weakref.WeakKeyDictionary()
-
-
 def _padded_weight_scales(scale_b):
-    """[ceil(N/128)][L4] row-major, L4 = ceil(K-blocks / 4) * 4, zeros in the padding."""
-    found = _PADDED_SCALES.get(scale_b)
-    if found is None:
-        rows, cols = scale_b.shape
-        padded = device.xp.zeros((rows, -(-cols // 4) * 4), dtype=np.float32)
-        padded[:, :cols] = scale_b
-        found = _PADDED_SCALES[scale_b] = padded
-    return found
+    """[ceil(N/128)][L4] row-major, L4 = ceil(K-blocks / 4) * 4, zeros in the padding: the array
+    itself where it already is (every K a multiple of 512, the checkpoints in use), else a copy."""
+    rows, cols = scale_b.shape
+    if cols % 4 == 0 and scale_b.strides == (4 * cols, 4):
+        return scale_b
+    padded = device.xp.zeros((rows, -(-cols // 4) * 4), dtype=np.float32)
+    padded[:, :cols] = scale_b
+    return padded
 
 
 class CublasLtBlock:
@@ -115,6 +112,48 @@ class CublasLtBlock:
                                call.bias, y)
 
 
+def _tensorcore_block_reason(call, simulate):
+    if (call.block_n, call.block_k) != (128, 128):
+        return f"the tensor-core kernels take 128 x 128 blocks, got block_size {(call.block_n, call.block_k)}"
+    return tc_gemm.unavailable_reason(call.device, simulate) or tc_gemm.shape_reason(call)
+
+
+def _run_numba(call, launch):
+    y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
+    kernel, grid, block, args = launch(call, y if call.out_dtype == np.float32 else y.view(np.uint16))
+    kernel(grid, block, *args)
+    return y
+
+
+class TensorCoreBlockGemv:
+    name = "tensorcore_block_gemv"
+
+    def __init__(self, simulate=False):
+        self.simulate = simulate
+
+    def can_implement(self, call):
+        reason = ((call.block_n, call.block_k) != (128, 128) and _tensorcore_block_reason(call, self.simulate)) \
+            or tc_gemv.gemv_reason(call, self.simulate)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        return _run_numba(call, lambda c, y_bits: tc_gemv.gemv_codes_launch(c, y_bits, True))
+
+
+class TensorCoreBlock:
+    name = "tensorcore_block"
+
+    def __init__(self, promotion=tc_gemm.PER_MMA, simulate=False):
+        self.promotion, self.simulate = promotion, simulate
+
+    def can_implement(self, call):
+        reason = _tensorcore_block_reason(call, self.simulate)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        return _run_numba(call, lambda c, y_bits: tc_gemm.gemm_launch(c, y_bits, True, self.promotion))
+
+
 class TiledBlock:
     name = "tiled_block"
 
@@ -136,7 +175,7 @@ class TiledBlock:
         return y
 
 
-KERNELS = (CublasLtBlock(), TiledBlock())
+KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TiledBlock())
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 
 

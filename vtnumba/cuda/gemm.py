@@ -45,7 +45,7 @@ import os
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device, gemv, tiled
+from . import cublaslt, device, gemv, tc_gemm, tc_gemv, tiled
 from .codec import hardware_available
 from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_kernel
 from .gemv import GemvStage
@@ -341,10 +341,47 @@ class Tiled(_NumbaKernel):
                  OUT_KIND[call.out_dtype]))
 
 
-KERNELS = (CublasLt(), CublasLtF32Epilogue(), DecodeGemv(), Tiled())
+class TensorCoreGemv(_NumbaKernel):
+    """The decode GEMV on tensor cores (tc_gemv.py), M <= 16: exact where cuBLASLt is not (G3)."""
+
+    name = "tensorcore_gemv"
+
+    def __init__(self, simulate=False):
+        self.simulate = simulate  # the simulator runs it only when asked (tests of its tile logic)
+
+    def can_implement(self, call):
+        reason = tc_gemv.gemv_reason(call, self.simulate)
+        return (False, reason) if reason else (True, "")
+
+    def launch(self, call, y_bits):
+        return tc_gemv.gemv_codes_launch(call, y_bits, False)
+
+
+class TensorCoreGemm(_NumbaKernel):
+    """The tiled GEMM on tensor cores (tc_gemm.py): the lever's path for prefill, exact (G3)."""
+
+    name = "tensorcore"
+
+    def __init__(self, promotion=tc_gemm.PER_MMA, config=None, simulate=False):
+        if promotion not in tc_gemm.PROMOTIONS:
+            raise ValueError(f"promotion must be one of {tc_gemm.PROMOTIONS}, got {promotion!r}")
+        self.promotion, self.config, self.simulate = promotion, config, simulate
+
+    def can_implement(self, call):
+        reason = tc_gemm.unavailable_reason(call.device, self.simulate) or tc_gemm.shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def launch(self, call, y_bits):
+        return tc_gemm.gemm_launch(call, y_bits, False, self.promotion, self.config)
+
+
+# cuBLASLt first (fastest everywhere it runs; measured in benchmarks/bench_gpu_gemm.py); then the
+# tensor-core kernels (exact); the CUDA-core kernels for what they refuse (odd K, unaligned rows,
+# GPUs before sm_89, the simulator).
+KERNELS = (CublasLt(), CublasLtF32Epilogue(), TensorCoreGemv(), TensorCoreGemm(), DecodeGemv(), Tiled())
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 _LARGE_M_ORDER = KERNELS
-_SMALL_M_ORDER = (KERNELS[2], KERNELS[0], KERNELS[1], KERNELS[3])
+_SMALL_M_ORDER = (KERNELS_BY_NAME["decode_gemv"],) + tuple(k for k in KERNELS if k.name != "decode_gemv")
 
 
 def disabled_kernels():

@@ -1,0 +1,438 @@
+"""The tiled FP8 GEMM on tensor cores, from Numba (``mma.sync`` through inline PTX, mma.py).
+
+It computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` (or the
+block-scaled form) with the epilogue of epilogue.py (``scaled_value``, ``load_bias``,
+``store_out``), and holds the strict G3 bound where cuBLASLt misses it by up to 16x. It is the
+Numba path behind the lever (VT_DENSE_CUBLASLT_FP8=0) and for shapes cuBLASLt refuses; the decode
+GEMV on tensor cores is tc_gemv.py.
+
+Design
+------
+- ``gemm_kernel``: a block computes a BM x BN tile with WM x WN warps of MT m16 x NT n8
+  mma tiles; K advances 64 codes a stage, copied by ``cp.async.cg`` 16 bytes a thread into a
+  3-deep shared ring (static 48 KB); chunk c of a 64-byte shared row sits at c ^ ((row >> 1) & 3),
+  so the copies and the ``ldmatrix.x4`` fragment reads are bank-conflict free. Rows past M / N and
+  chunks past K are zero-filled by the copy (zero codes are exact zeros). Any M, N; K % 16 == 0
+  and 16-byte aligned rows (else the caller falls back to the CUDA-core kernel).
+- Block scales (128 x 128 weights, 1 x 128 activation groups): the partial P of each 128-wide K
+  block is promoted as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order).
+
+Promotion (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30)
+---------------------------------------------------------------------------
+On sm_90 ptxas lowers ``mma.m16n8k32.e4m3`` to F2FP.F16.E4M3.UNPACK_B conversions, two
+HMMA.16816.F32 (the first from zero) and one FADD of C (cuobjdump). So passing the accumulator as C
+*is* promotion per mma: each k32 partial enters float32 registers through an IEEE add. The default,
+``per_mma``, runs that way on sm_90 (``chains_in_float32``; bit-identical to the explicit
+C = 0-and-add form on the H200, test_chained_c_is_promotion_per_mma) and explicitly elsewhere.
+At 4096^3: per_mma chained 547 us, explicit 613 us (+12%: 128 more FADD per 64 HMMA), per_128
+(a second register set, the K block's partial) 579 us. Worst |err| / G3 bound on uniformly drawn
+codes: 0.002 (K = 256) and < 0.001 (K = 4096) for all three, against cuBLASLt's 4.45 and 0.049.
+per_128 claims G3 only where the mma adds C in float32 (sm_90); per_mma claims it everywhere.
+
+What limits speed
+-----------------
+- GEMM: 251 TF/s at 4096^3 (0.18x cuBLASLt's 1,370; 28672 x 4096 x 4096: 254 TF/s, 0.18x;
+  block-scaled 139 TF/s, 0.11x torch's block _scaled_mm). FP8 mma.sync is not native on Hopper: each
+  k32 mma is two f16 HMMAs after e4m3 -> f16 conversions, which issue at 16 per clock per SM
+  (CUDA guide, "other type conversions"). The main loop (128 x 128 tile, 8 warps of 32 x 64) holds
+  64 HMMA, 96 F2FP, 128 FADD, 12 LDSM, 4 LDGSTS and ~90 other instructions per warp and 64-wide K
+  tile; 547 us is ~17 sub-partition cycles per HMMA, of which the conversions alone are ~12 (the
+  FADD ablation above prices one instruction at ~1 cycle). Tile shapes converting less (128 x 96,
+  4 warps of 64 x 48: 1.17 conversions per HMMA instead of 1.5) gained 4% (523 us); 64 x 64 warp
+  tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
+  conversion) with per-wgmma promotion into float32 registers (DeepSeek-V3's scheme), or, short of
+  it, converting each stage once per block into f16 shared memory (3x fewer conversions).
+"""
+
+import functools
+from collections import namedtuple
+
+import numpy as np
+
+from . import device, mma
+from .epilogue import BIAS_KIND, OUT_KIND, load_bias, scaled_value, store_out
+from .launch import compile_kernel
+from .target import DEVICE_INLINE, SIMULATOR, cuda, types
+
+# Promotion: how often the tensor core's partial sum moves into float32 registers the kernel adds.
+PER_MMA, PER_128 = "per_mma", "per_128"
+PROMOTIONS = (PER_MMA, PER_128)
+
+_F32_ZERO = np.float32(0.0)
+_F32_ONE = np.float32(1.0)
+_U32_ZERO = np.uint32(0)
+_DEVICE = DEVICE_INLINE
+# shared arrays read 16 bytes at a time (cp.async, ldmatrix, ld.shared.v4) must be aligned; Numba
+# aligns them to their element otherwise. The simulator takes no alignment (nor needs one).
+_ALIGN_16 = None if SIMULATOR else 16
+_ALIGN_128 = None if SIMULATOR else 128
+
+# ------------------------------------------------------------------------------------------------
+# the tiled GEMM
+#
+# A block computes a BM x BN tile of y with WM x WN warps, each warp MT m16 tiles by NT n8 tiles.
+# K advances 64 codes a stage: cp.async copies the block's A rows [BM, 64] and B rows [BN, 64] into
+# shared memory, STAGES deep, so the copies of the next STAGES - 1 tiles fly while one is computed.
+# A shared row is 64 bytes, four 16-byte chunks; chunk c of row r is stored at position
+# c ^ ((r >> 1) & 3), which makes both the 16-byte copies and the fragment reads (ldmatrix rows, or
+# 32-bit words) conflict-free: the 8 rows one phase touches fall on 8 distinct (row parity, chunk)
+# pairs, i.e. all 32 banks.
+
+TileConfig = namedtuple("TileConfig", "mt nt wm wn stages ldmatrix")
+BK = 64  # codes per row per stage
+ROW_WORDS = BK // 4
+SHARED_LIMIT = 48 * 1024  # static shared memory: no opt-in attribute needed
+
+# Measured at 4096^3 on the H200 (us, per_mma): 547 / 594 / 547 / 573 / 523 / 581 in this order.
+# The default stays the 128 x 128 tile the GPU tests ran on, and whose BN divides the 128-wide
+# weight blocks (128 x 96 was 4% faster and does not).
+GEMM_CONFIGS = {
+    "128x128_w8_32x64": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=True),
+    "128x128_w8_64x32": TileConfig(mt=4, nt=4, wm=2, wn=4, stages=3, ldmatrix=True),
+    "128x128_w4_64x64": TileConfig(mt=4, nt=8, wm=2, wn=2, stages=3, ldmatrix=True),
+    "128x128_w8_32x64_lds": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=False),
+    "128x96_w4_64x48": TileConfig(mt=4, nt=6, wm=2, wn=2, stages=3, ldmatrix=True),
+    "128x192_w8_64x48_s2": TileConfig(mt=4, nt=6, wm=2, wn=4, stages=2, ldmatrix=True),
+    "sim_32x16": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True),  # tiny, for the simulator
+    "sim_32x16_lds": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False),
+}
+GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
+
+
+def tile_shape(cfg):
+    return cfg.wm * cfg.mt * 16, cfg.wn * cfg.nt * 8
+
+
+def _check_config(cfg, block_scaled):
+    bm, bn = tile_shape(cfg)
+    threads = 32 * cfg.wm * cfg.wn
+    if (bm * 4) % threads or (bn * 4) % threads:
+        raise ValueError(f"tile {bm} x {bn} must split into 16-byte copies evenly over {threads} threads")
+    if cfg.ldmatrix and cfg.nt % 2:
+        raise ValueError(f"ldmatrix loads B fragments two n8 tiles at a time: nt must be even, got {cfg.nt}")
+    if cfg.stages * (bm + bn) * BK > SHARED_LIMIT:
+        raise ValueError(f"{cfg.stages} stages of {bm} x {bn} tiles exceed {SHARED_LIMIT} bytes of shared memory")
+    if block_scaled and 128 % bn:
+        raise ValueError(f"block-scaled tiles must divide the 128-wide weight blocks: BN = {bn}")
+    return bm, bn, threads
+
+
+def _split_accumulators(promotion, block_scaled):
+    """Whether the kernel keeps a K-block partial beside the accumulator."""
+    return promotion == PER_128 or block_scaled
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(cfg, promotion, block_scaled, chain):
+    """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
+    (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
+    add -- the same arithmetic where the mma itself adds C in float32 after each k32 product (sm_90,
+    see ``chains_in_float32``), with half the adds."""
+    if promotion not in PROMOTIONS:
+        raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
+    bm, bn, threads = _check_config(cfg, block_scaled)
+    mt, nt, wm_count, stages, use_ldmatrix = cfg.mt, cfg.nt, cfg.wm, cfg.stages, cfg.ldmatrix
+    warps = cfg.wm * cfg.wn
+    a_words = bm * ROW_WORDS
+    stage_words = (bm + bn) * ROW_WORDS
+    smem_words = stages * stage_words
+    a_copies = bm * 4 // threads
+    b_copies = bn * 4 // threads
+    rows_per_pass = threads // 4
+    n_acc = mt * nt * 4
+    split = _split_accumulators(promotion, block_scaled)
+    n_part = n_acc if split else 1
+    n_af, n_bf = 4, 2 * nt
+    chained = promotion == PER_128 or chain
+    scratch_words = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    mma_op, ldsm, lds = mma.mma_e4m3, mma.ldmatrix_x4, mma.lds_u32
+    cp16, commit = mma.cp_async_16, mma.cp_async_commit
+    wait_tile = mma.cp_async_wait_group(stages - 2)
+    load_bias_value, finish, store = load_bias, scaled_value, store_out
+
+    @cuda.jit(**_DEVICE)
+    def issue_tile(smem, a, b, k_total, kt, stage, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
+                   b_zero, chunk_code, copy_word):
+        """cp.async the A and B rows of K tile ``kt`` into ``stage``. This thread copies the 16-byte
+        chunk at a_addr + i * a_step + kt * BK of copy i (rows r0 + i * rows_per_pass), valid for
+        i < a_rows; rows past M / N and chunks past K are zero-filled from a valid address (zero
+        codes are exact zeros: padding changes no sum)."""
+        col = kt * BK
+        k_ok = col + chunk_code < k_total  # chunk_code: the K offset of this thread's chunk
+        base = stage * stage_words + copy_word
+        for i in range(a_copies):
+            ok = k_ok and i < a_rows
+            cp16(smem, base + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_zero,
+                 16 if ok else 0)
+        for i in range(b_copies):
+            ok = k_ok and i < b_rows
+            cp16(smem, base + a_words + i * rows_per_pass * ROW_WORDS, b,
+                 (b_addr + i * b_step + col) if ok else b_zero, 16 if ok else 0)
+
+    if block_scaled:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return _F32_ONE  # the block scales are applied in the main loop
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return scale[i, kb]
+    else:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return scale[i * step]
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return _F32_ONE
+
+    def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b
+        float32 vectors read as scale[i * step]. Block-scaled: scale_a [M, ceil(K/128)] per
+        1 x 128 activation group, scale_b [ceil(N/128), ceil(K/128)] per 128 x 128 weight block
+        (the steps unused)."""
+        m_total, k_total = a.shape
+        n_total = b.shape[0]
+        smem = cuda.shared.array(smem_words, types.uint32, alignment=_ALIGN_128)  # cp.async, ldmatrix: 16 B
+        scratch = cuda.shared.array(scratch_words, types.uint32)
+        acc = cuda.local.array(n_acc, types.float32)
+        part = cuda.local.array(n_part, types.float32)
+        af = cuda.local.array(n_af, types.uint32)
+        bf = cuda.local.array(n_bf, types.uint32)
+        for i in range(n_acc):
+            acc[i] = _F32_ZERO
+        for i in range(n_part):
+            part[i] = _F32_ZERO
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        wm = warp % wm_count
+        wn = warp // wm_count
+        g = lane // 4
+        t = lane % 4
+        m0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
+        # the copies: thread -> (row r0 + i * rows_per_pass, chunk), stored in swizzled slot
+        r0 = tid // 4
+        chunk = tid % 4
+        slot = chunk ^ ((r0 // 2) % 4)  # rows_per_pass is a multiple of 8: the same slot for every i
+        copy_word = r0 * ROW_WORDS + 4 * slot  # + stage base + i * rows_per_pass * ROW_WORDS
+        a_addr = mma.global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
+        b_addr = mma.global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
+        a_zero = mma.global_address(a, 0, 0)
+        b_zero = mma.global_address(b, 0, 0)
+        a_step = rows_per_pass * a.strides[0]
+        b_step = rows_per_pass * b.strides[0]
+        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
+        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+        # the fragment reads: with ldmatrix, lane supplies row lane % 8 of matrix lane // 8
+        rr = lane % 8
+        jj = lane // 8
+        sw = (rr // 2) % 4 if use_ldmatrix else (g // 2) % 4
+        if use_ldmatrix:
+            a_row = wm * mt * 16 + rr + 8 * (jj % 2)
+            b_row = wn * nt * 8 + 8 * (jj // 2) + rr
+            a_hi = jj // 2  # matrices 2, 3: k + 16
+            b_hi = jj % 2
+            a_lane = a_row * ROW_WORDS
+            b_lane = a_words + b_row * ROW_WORDS
+        else:
+            a_lane = (wm * mt * 16 + g) * ROW_WORDS + t
+            b_lane = a_words + (wn * nt * 8 + g) * ROW_WORDS + t
+            a_hi = 0
+            b_hi = 0
+        kt_total = (k_total + BK - 1) // BK
+        block_n = n0 // 128
+
+        for s in range(stages - 1):
+            if s < kt_total:
+                issue_tile(smem, a, b, k_total, s, s, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero, b_zero,
+                           16 * chunk, copy_word)
+            commit()
+        st_read = 0
+        st_write = stages - 1
+        for kt in range(kt_total):
+            wait_tile()
+            cuda.syncthreads()
+            nk = kt + stages - 1
+            if nk < kt_total:
+                issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
+                           b_zero, 16 * chunk, copy_word)
+            commit()
+            sbase = st_read * stage_words
+            for ks in range(2):
+                # fragments of this 32-wide k step (chunks 2 ks, 2 ks + 1 of every row): B for the
+                # warp's columns first, then A one m16 tile at a time (fewer registers live)
+                if use_ldmatrix:
+                    b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
+                    for j in range(nt // 2):
+                        bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
+                            smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
+                    a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw)
+                else:
+                    lo = 4 * ((2 * ks) ^ sw)
+                    hi = 4 * ((2 * ks + 1) ^ sw)
+                    for j in range(nt):
+                        base = sbase + b_lane + 8 * ROW_WORDS * j
+                        bf[2 * j] = lds(smem, base + lo)
+                        bf[2 * j + 1] = lds(smem, base + hi)
+                for i in range(mt):
+                    if use_ldmatrix:
+                        af[0], af[1], af[2], af[3] = ldsm(smem, a_off + 16 * ROW_WORDS * i, scratch, warp, lane)
+                    else:
+                        base = sbase + a_lane + 16 * ROW_WORDS * i
+                        af[0] = lds(smem, base + lo)
+                        af[1] = lds(smem, base + 8 * ROW_WORDS + lo)
+                        af[2] = lds(smem, base + hi)
+                        af[3] = lds(smem, base + 8 * ROW_WORDS + hi)
+                    for j in range(nt):
+                        q = 4 * (i * nt + j)
+                        if chained and split:  # the tensor core accumulates the K block itself
+                            part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
+                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
+                        elif chained:  # the mma adds C (the accumulator) in float32 itself
+                            acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
+                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
+                        else:  # promotion per mma: C = 0, the partial added in float32
+                            d0, d1, d2, d3 = mma_op(
+                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                            if split:
+                                part[q] += d0
+                                part[q + 1] += d1
+                                part[q + 2] += d2
+                                part[q + 3] += d3
+                            else:
+                                acc[q] += d0
+                                acc[q + 1] += d1
+                                acc[q + 2] += d2
+                                acc[q + 3] += d3
+            if split and (kt % 2 == 1 or kt == kt_total - 1):
+                # the end of a 128-wide K block: promote (and scale) the partial into acc
+                kb = kt // 2
+                sbv = kblock_scale(scale_b, block_n, kb)
+                for i in range(mt):
+                    for h in range(2):
+                        sav = kblock_scale(scale_a, min(m0 + wm * mt * 16 + 16 * i + 8 * h + g, m_total - 1), kb)
+                        for j in range(nt):
+                            q = 4 * (i * nt + j) + 2 * h
+                            for e in range(2):
+                                if block_scaled:
+                                    acc[q + e] += np.float32(part[q + e] * sav) * sbv
+                                else:
+                                    acc[q + e] += part[q + e]
+                                part[q + e] = _F32_ZERO
+            st_read = 0 if st_read == stages - 1 else st_read + 1
+            st_write = 0 if st_write == stages - 1 else st_write + 1
+
+        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc)
+        has_bias = bias_kind != 0
+        for j in range(nt):
+            for e in range(2):
+                n = n0 + wn * nt * 8 + 8 * j + 2 * t + e
+                if n < n_total:
+                    sbn = row_scale(scale_b, sb_step, n)
+                    bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                    for i in range(mt):
+                        for h in range(2):
+                            m = m0 + wm * mt * 16 + 16 * i + 8 * h + g
+                            if m < m_total:
+                                sam = row_scale(scale_a, sa_step, m)
+                                v = finish(acc[4 * (i * nt + j) + 2 * h + e], sam, sbn, has_bias, bv)
+                                store(y, m, n, v, out_kind)
+
+    return gemm
+
+
+_u8_2d = types.uint8[:, :]
+_f32_1d = types.float32[::1]
+_f32_2d = types.float32[:, :]
+_u16_1d = types.uint16[::1]
+_i64 = types.int64
+_i32 = types.int32
+
+
+def _out_type(out_is_float32):
+    return types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
+    """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
+    32 * wm * wn threads."""
+    scale = _f32_2d if block_scaled else _f32_1d
+    sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
+    return compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), sig)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side: capability, and the kernel in gemm.py's selection style
+
+
+def chains_in_float32(cc):
+    """Whether the FP8 mma adds its C operand in float32 after each k32 product on ``cc``: on sm_90
+    ptxas lowers mma.m16n8k32.e4m3 to an e4m3 -> f16 unpack, two chained HMMA.16816.F32 from zero,
+    then one FADD of C (cuobjdump of this module's kernels), so passing the accumulator as C is
+    promotion per mma, bit for bit (tests/test_tensorcore_gpu.py checks it against the explicit
+    form). Elsewhere (sm_89, sm_12x: native FP8 mma) the hardware's own accumulation is not
+    documented, so the explicit form runs."""
+    return tuple(cc) == (9, 0)
+
+
+def unavailable_reason(dev, simulate=False):
+    """Why the tensor-core kernels cannot run on device record ``dev`` (None when they can). Under
+    the CUDA simulator they run only when asked to (``simulate=True``): the portable emulation is for
+    tests."""
+    if SIMULATOR:
+        return None if simulate else ("the tensor-core kernels run under the CUDA simulator only through their "
+                                      "portable emulation (simulate=True)")
+    if not mma.available(dev.cc):
+        return f"FP8 mma.sync needs compute capability >= {mma.MIN_CC}, got {dev.cc}"
+    return None
+
+
+def rows_reason(arr, name):
+    """Why a 2-D operand cannot be copied 16 bytes at a time (None when it can)."""
+    if SIMULATOR:
+        return None
+    if arr.strides[1] != 1 or arr.strides[0] % 16 or arr.data.ptr % 16:
+        return (f"the tensor-core kernels copy 16 bytes at a time: {name} needs 16-byte aligned rows "
+                f"(contiguous K, row stride % 16 == 0)")
+    return None
+
+
+def shape_reason(call):
+    if call.k % 16:
+        return f"the tensor-core kernels need K to be a multiple of 16, got K = {call.k}"
+    return rows_reason(call.a, "a") or rows_reason(call.b, "b")
+
+
+def bias_bits(bias, dev):
+    """(uint16 view, BiasKind) of a bias vector, as the kernels take it."""
+    if bias is None:
+        return dev.placeholder("u16"), 0
+    if not bias.flags.c_contiguous:
+        bias = device.xp.ascontiguousarray(bias)
+    return bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
+
+
+def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
+    """(kernel, grid, block, args) of the tiled tensor-core GEMM for a ``gemm.GemmCall`` (or a
+    ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
+    dev = call.device
+    bias, bias_kind = bias_bits(call.bias, dev)
+    chain = not SIMULATOR and chains_in_float32(dev.cc)
+    cfg = config or GEMM_DEFAULT
+    bm, bn = tile_shape(cfg)
+    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32),
+            (-(-call.n // bn), -(-call.m // bm)), 32 * cfg.wm * cfg.wn,
+            (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
+             OUT_KIND[call.out_dtype]))
+
+
+__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "tile_shape", "gemm_kernel",
+           "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
+           "bias_bits"]

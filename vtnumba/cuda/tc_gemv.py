@@ -1,0 +1,658 @@
+"""The decode GEMV on tensor cores (M = 1..16), from Numba, with the activation's quantization fused.
+
+The weight rows are the A operand (m16) and the activation rows the B operand (n8, zero-padded):
+the exact decode arithmetic of the CUDA-core GEMV (gemv.py) moves onto the tensor cores, and the
+promotion of each mma's partial into float32 registers keeps the strict G3 bound. The mma's k order
+is permuted so each lane's 16 contiguous weight bytes feed two mmas straight from registers (no
+shared memory for the weight); a ring of 2 chunks (128 K each) is in flight per warp; warps split K,
+their sums meet in shared memory in a fixed order. Fused modes quantize x into shared memory first
+(static, dynamic, per-token, 1 x 128 groups: codec.py's encoders), then read it per chunk; x too
+large for one launch runs in row slices, or is quantized once and the codes GEMV runs. Block scales
+(128 x 128 weights, 1 x 128 activation groups) are applied per 128-wide K block, upstream's order.
+
+What limits speed (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30): 7.0 / 8.7 /
+40.3 / 21.3 us at M = 1 on 4096^2 / 6144x4096 / 28672x4096 / 4096x14336 (cuBLASLt 6.3 / 8.5 / 31.1 /
+19.9; the CUDA-core GEMV 8.9 / 12.0 / 46.4 / 24.8; the weight at the device copy rate 4.0 / 6.0 /
+27.9 / 13.9). FP8 mma.sync is not native on Hopper (tc_gemm.py): its e4m3 -> f16 conversions, 48
+F2FP per warp and 2 KB chunk (a third of them for the mostly-zero activation tile), plus ~130 other
+instructions, keep the multiprocessors about half busy at the memory rate; a 4-deep ring was slower
+(181 registers: 2 blocks a multiprocessor instead of 4). M = 16 (two activation tiles) is
+0.55-0.63x cuBLASLt. The fused static FP8 layer at M = 1 (bf16 x, one launch) is 1.22 / 1.61 / 1.43
+/ 1.29x torch's bf16 matmul.
+"""
+
+import functools
+from collections import namedtuple
+
+import numpy as np
+
+from . import codec, device, mma
+from .epilogue import F32_1D, I32, I64, OUT_KIND, U8_2D, U16_1D, U16_2D, load_bias, out_type, scaled_value, store_out
+from .gemv import X_KIND, GemvStage, XKind
+from .launch import compile_kernel
+from .target import DEVICE_INLINE, SIMULATOR, cuda, types
+from .tc_gemm import _ALIGN_16, _F32_ONE, _F32_ZERO, _U32_ZERO, bias_bits, chains_in_float32, rows_reason, \
+    shape_reason, unavailable_reason
+
+_DEVICE = DEVICE_INLINE
+
+# ------------------------------------------------------------------------------------------------
+# the decode GEMV (M = 1..16): the weight rows are the A operand (m16), the activation rows the B
+# operand (n8, zero-padded past M; two n8 tiles above M = 8).
+#
+# A block owns 16 * rt weight rows; its warps split K in 128-wide chunks (warp w takes chunks w,
+# w + warps, ...). Lane 4 g + t loads 16 bytes of weight rows g and g + 8 of each m16 tile at
+# 128 c + 64 s + 16 t (s = 0, 1): four 128-bit loads a tile. The mma's k order is permuted (A
+# register 2 h of segment s holds bytes 8 h .. 8 h + 3 of the lane's 16, register 2 h + 1 the next
+# four), identically for A and B, so each lane's 16 contiguous bytes feed two mmas and the weight
+# needs no shared memory. The loads of ``depth`` chunks are in flight at once: a ring of register
+# slots, refilled with chunk c + depth * warps as soon as chunk c is consumed.
+#
+# The activation lane 4 g + t supplies is row g's 16 codes at the same offsets. Codes in: loaded
+# with the weight, in the same ring. Fused quantization: the block first quantizes all of x into
+# shared memory (rows padded to whole chunks plus 16 bytes, which spreads the rows over the banks),
+# then reads it per chunk; the per-tensor / per-token amax pass, where needed, comes before. The
+# first ring of weight loads is issued before any of that, so it overlaps.
+#
+# The warps' partial sums meet in shared memory in a fixed order; the epilogue is the GEMM's.
+
+GemvConfig = namedtuple("GemvConfig", "rt warps depth")
+GEMV_CONFIGS = {
+    "r16_w4_d2": GemvConfig(rt=1, warps=4, depth=2),
+    "r16_w8_d2": GemvConfig(rt=1, warps=8, depth=2),
+    "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
+    "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
+    "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
+}
+# By the H200 (benchmarks/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
+# each was the fastest at K = 4096 (7.0 / 8.7 / 39.9 us at N = 4096 / 6144 / 28672); 8 warps at
+# K = 14336 (21.1 against 28.1 us: 14 chunks a warp instead of 28). The 4-deep ring took 7.6 /
+# 12.4 / 61.0 / 27.6: its 181 registers leave 2 blocks a multiprocessor, not 4.
+GEMV_LONG_K = 8192
+
+
+def gemv_config(m, k):
+    """The GEMV configuration for M activation rows and K."""
+    if SIMULATOR:
+        return GEMV_CONFIGS["sim_r16_w2_d2"]
+    return GEMV_CONFIGS["r16_w8_d2" if k >= GEMV_LONG_K else "r16_w4_d2"]
+
+
+GEMV_MAX_M = 16
+CHUNK = 128  # codes of K a warp step covers; also the block scales' K block
+FUSED_SHARED_LIMIT = 48 * 1024  # the fused modes stage x's codes in (dynamic) shared memory
+
+# activation modes: the CUDA-core GEMV's four stages and the 1 x 128 group one
+MODE_CODES, MODE_STATIC, MODE_DYNAMIC, MODE_PER_TOKEN = (int(s) for s in GemvStage)
+MODE_PER_GROUP = 4
+X_FLOAT32, X_FLOAT16, X_BFLOAT16 = (int(k) for k in XKind)
+_F32_448 = np.float32(448.0)
+_F32_GROUP_EPS = np.float32(1e-10)  # upstream per_token_group_quant_fp8's eps
+_U32_16 = np.uint32(16)
+_U32_LOW16 = np.uint32(0xFFFF)
+_U32_HIGH16 = np.uint32(0xFFFF0000)
+_FULL_MASK = 0xFFFFFFFF
+
+
+def fused_shared_bytes(m, k):
+    """Dynamic shared memory of the fused GEMV: M rows of padded codes, then M x chunks group scales."""
+    nchunks = -(-k // CHUNK)
+    return m * (nchunks * CHUNK + 16) + 4 * m * nchunks
+
+
+if SIMULATOR:
+    def _octet_max(v, fscratch, warp, lane):
+        """max of v over the eight lanes 8 j .. 8 j + 7 (every thread of the block must call)."""
+        fscratch[warp * 32 + lane] = v
+        cuda.syncthreads()
+        base = warp * 32 + (lane // 8) * 8
+        r = fscratch[base]
+        for i in range(1, 8):
+            r = max(r, fscratch[base + i])
+        cuda.syncthreads()
+        return r
+else:
+    def _octet_max(v, fscratch, warp, lane):
+        v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 1))
+        v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
+        return max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 4))
+
+_octet_max = cuda.jit(**_DEVICE)(_octet_max)
+
+
+def _block_max_rows_fn(threads, rows):
+    """Per-row maxima over a block: every thread passes ``local`` [rows]; the maxima are left in
+    shared[0 .. rows). Every thread must call (it synchronizes the block)."""
+
+    def block_max_rows(local, shared):
+        tid = cuda.threadIdx.x
+        for r in range(rows):
+            shared[tid * rows + r] = local[r]
+        cuda.syncthreads()
+        step = threads // 2
+        while step > 0:
+            if tid < step:
+                for r in range(rows):
+                    shared[tid * rows + r] = max(shared[tid * rows + r], shared[(tid + step) * rows + r])
+            cuda.syncthreads()
+            step //= 2
+
+    return cuda.jit(**_DEVICE)(block_max_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
+    """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
+    hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
+    gemm_kernel)."""
+    if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
+        raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
+    if mode == MODE_PER_GROUP and not block_scaled:
+        raise ValueError("1 x 128 group activations need block-scaled weights")
+    rt, warps, depth = cfg.rt, cfg.warps, cfg.depth
+    threads = 32 * warps
+    x_rows = 8 * nb
+    n_acc = rt * nb * 4
+    fused = mode != MODE_CODES
+    n_wslot = 16 * rt  # a lane's weight words per chunk: rt tiles x 2 rows x 2 segments x 4
+    n_slot = n_wslot + (0 if fused else 8 * nb)  # codes in: + nb tiles x 2 segments x 4 activation words
+    n_ring = depth * n_slot
+    n_xw = 8 * nb
+    n_red = warps * n_acc * 32
+    n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
+    n_fscratch = warps * 32 if SIMULATOR else 1
+    n_scratch = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    if hardware:  # inline PTX: one 128-bit load for any element type, two cvt.f32.f16 per word
+        load16 = load16_u16 = codec.load_row_words
+        half2 = codec.half2_to_float32
+    else:
+        load16, load16_u16 = codec.load_row_words_u8, codec.load_row_words_u16
+        half2 = codec.half2_to_float32_portable
+    pair = codec.encode_pair("hardware" if hardware else "portable")
+    finite_abs = codec.finite_abs
+    from_bits = codec.bits_float32
+    mma_op, lds4 = mma.mma_e4m3, mma.lds_u32x4
+    octet_max = _octet_max
+    block_max_rows = _block_max_rows_fn(threads, x_rows)
+    load_bias_value, finish, store = load_bias, scaled_value, store_out
+    min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
+
+    @cuda.jit(**_DEVICE)
+    def load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c, nchunks):
+        """Slot d of the ring = this lane's 16-byte pieces of chunk c: the weight rows (zeros past K
+        or past the last chunk; rows past N reread row N - 1, their sums are dropped), and with
+        codes in, the activation rows (zeros past M)."""
+        lane = cuda.threadIdx.x % 32
+        g = lane // 4
+        t = lane % 4
+        base = d * n_slot
+        for r in range(rt):
+            for h in range(2):
+                row = min(n0 + 16 * r + 8 * h + g, n_total - 1)
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(b, row, col if ok else 0)
+                    q = base + 4 * ((2 * r + h) * 2 + s)
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
+        if not fused:
+            for i in range(nb):
+                row = 8 * i + g
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = row < m_total and c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
+                    q = base + n_wslot + 8 * i + 4 * s
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
+
+    @cuda.jit(**_DEVICE)
+    def load_x16(x, x_kind, row, k, vals):
+        """vals[0 .. 16) = x[row, k .. k + 16) as float32 (x: the uint16 view of the rows)."""
+        if x_kind == X_FLOAT32:
+            for i in range(4):
+                w0, w1, w2, w3 = load16_u16(x, row, 2 * k + 8 * i)
+                vals[4 * i] = from_bits(w0)
+                vals[4 * i + 1] = from_bits(w1)
+                vals[4 * i + 2] = from_bits(w2)
+                vals[4 * i + 3] = from_bits(w3)
+        else:
+            for i in range(2):
+                w0, w1, w2, w3 = load16_u16(x, row, k + 8 * i)
+                j = 8 * i
+                if x_kind == X_FLOAT16:
+                    vals[j], vals[j + 1] = half2(w0)
+                    vals[j + 2], vals[j + 3] = half2(w1)
+                    vals[j + 4], vals[j + 5] = half2(w2)
+                    vals[j + 6], vals[j + 7] = half2(w3)
+                else:  # bfloat16: the upper 16 bits of a float32
+                    vals[j] = from_bits(w0 << _U32_16)
+                    vals[j + 1] = from_bits(w0 & _U32_HIGH16)
+                    vals[j + 2] = from_bits(w1 << _U32_16)
+                    vals[j + 3] = from_bits(w1 & _U32_HIGH16)
+                    vals[j + 4] = from_bits(w2 << _U32_16)
+                    vals[j + 5] = from_bits(w2 & _U32_HIGH16)
+                    vals[j + 6] = from_bits(w3 << _U32_16)
+                    vals[j + 7] = from_bits(w3 & _U32_HIGH16)
+
+    @cuda.jit(**_DEVICE)
+    def encode16(vals, mult, divide, xs, word):
+        """xs[word .. word + 4) = codes of vals[0 .. 16) times (or divided by) mult."""
+        for q in range(4):
+            i = 4 * q
+            if divide:
+                lo = pair(vals[i] / mult, vals[i + 1] / mult)
+                hi = pair(vals[i + 2] / mult, vals[i + 3] / mult)
+            else:
+                lo = pair(vals[i] * mult, vals[i + 1] * mult)
+                hi = pair(vals[i + 2] * mult, vals[i + 3] * mult)
+            xs[word + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
+
+    if block_scaled:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return _F32_ONE
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return scale[i, kb]
+    else:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return scale[i * step]
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return _F32_ONE
+
+    def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        """y[:M] = round_out(scaled (a or quantize(x)) @ b^T + bias); the arguments of
+        gemm_kernels' GEMV (scale_a / scale_b [M, KB] / [NB, KB] when block-scaled)."""
+        n_total, k_total = b.shape
+        m_total = y.shape[0]
+        nchunks = (k_total + CHUNK - 1) // CHUNK
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+        n0 = cuda.blockIdx.x * 16 * rt
+        scratch = cuda.shared.array(n_scratch, types.uint32)
+        fscratch = cuda.shared.array(n_fscratch, types.float32)
+        red = cuda.shared.array(n_red, types.float32)
+        amax_rows = cuda.shared.array(n_amax, types.float32)
+        row_mult = cuda.shared.array(16, types.float32)  # per-tensor / per-token: multiplier or divisor
+        row_deq = cuda.shared.array(16, types.float32)  # and the dequantization scale
+        # fused: x's codes, row_words a row, then the group scales (16-byte loads: aligned)
+        xs = cuda.shared.array(0, types.uint32, alignment=_ALIGN_16)
+        gs = cuda.shared.array(0, types.float32, alignment=_ALIGN_16)
+        ring = cuda.local.array(n_ring, types.uint32)
+        xw = cuda.local.array(n_xw, types.uint32)
+        vals = cuda.local.array(16, types.float32)
+        local = cuda.local.array(x_rows, types.float32)
+        acc = cuda.local.array(n_acc, types.float32)
+        part = cuda.local.array(n_acc, types.float32)
+        for i in range(n_acc):
+            acc[i] = _F32_ZERO
+            part[i] = _F32_ZERO
+
+        # the first ring of weight loads goes out before anything waits
+        for d in range(depth):
+            load_slot(ring, d, a, b, n0, n_total, m_total, k_total, warp + d * warps, nchunks)
+
+        row_words = (nchunks * CHUNK + 16) // 4
+        gbase = m_total * row_words
+        if fused:
+            # -- the activation's per-tensor / per-token scales (a pass over x for its amax) ------
+            if mode == MODE_STATIC and tid == 0:
+                row_mult[0] = np.float32(_F32_ONE / qscale[0])
+                row_deq[0] = qscale[0]
+            if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
+                for r in range(x_rows):
+                    local[r] = _F32_ZERO
+                k16 = k_total // 16
+                for r in range(x_rows):
+                    if r < m_total:
+                        for cc in range(tid, k16, threads):
+                            load_x16(x, x_kind, r, 16 * cc, vals)
+                            for j in range(16):
+                                local[r] = max(local[r], finite_abs(vals[j]))
+                block_max_rows(local, amax_rows)
+                if tid == 0:
+                    if mode == MODE_DYNAMIC:
+                        total = _F32_ZERO
+                        for r in range(x_rows):
+                            total = max(total, amax_rows[r])
+                        s = max(total / _F32_448, min_scale)
+                        row_mult[0] = np.float32(_F32_ONE / s)
+                        row_deq[0] = s
+                    else:
+                        ub = qscale[0]
+                        for r in range(x_rows):
+                            am = amax_rows[r]
+                            if ub > _F32_ZERO:
+                                am = min(am, ub)
+                            s = max(am / _F32_448, min_scale)
+                            row_mult[r] = s
+                            row_deq[r] = s
+            cuda.syncthreads()
+            # -- quantize x into shared memory: 16 values an item, a group's 8 items in 8 lanes ----
+            segs = 8 * nchunks
+            items = m_total * segs
+            for item0 in range(0, items, threads):
+                item = item0 + tid
+                valid = item < items
+                m = item // segs if valid else 0
+                sg = item - m * segs if valid else 0
+                if valid and 16 * sg < k_total:
+                    load_x16(x, x_kind, m, 16 * sg, vals)
+                else:
+                    for j in range(16):
+                        vals[j] = _F32_ZERO
+                if mode == MODE_PER_GROUP:
+                    # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
+                    amax = _F32_ZERO
+                    for j in range(16):
+                        amax = max(amax, finite_abs(vals[j]))
+                    amax = octet_max(amax, fscratch, warp, lane)
+                    mult = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
+                    divide = True
+                    if valid and sg % 8 == 0:
+                        gs[gbase + m * nchunks + sg // 8] = mult
+                elif mode == MODE_PER_TOKEN:
+                    mult = row_mult[m]
+                    divide = True
+                else:
+                    mult = row_mult[0]
+                    divide = False
+                if valid:
+                    encode16(vals, mult, divide, xs, m * row_words + 4 * sg)
+            cuda.syncthreads()
+
+        iters = (nchunks + warps - 1) // warps
+        for round0 in range(0, iters, depth):
+            for d in range(depth):
+                it = round0 + d
+                if it < iters:  # the same for every warp of the block
+                    c = warp + it * warps
+                    base = d * n_slot
+                    # -- this chunk's activation words: xw[4 (2 i + s) + q] for n8 tile i, segment s
+                    for i in range(nb):
+                        if fused:
+                            row = 8 * i + g
+                            for s in range(2):
+                                if row < m_total and c < nchunks:
+                                    xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], \
+                                        xw[8 * i + 4 * s + 3] = lds4(xs, row * row_words + 32 * c + 16 * s + 4 * t)
+                                else:
+                                    for q in range(4):
+                                        xw[8 * i + 4 * s + q] = _U32_ZERO
+                        else:
+                            for q in range(8):
+                                xw[8 * i + q] = ring[base + n_wslot + 8 * i + q]
+                    # -- the mmas: weight tile r x activation tile i, two per segment ----------------
+                    for r in range(rt):
+                        for i in range(nb):
+                            q = 4 * (r * nb + i)
+                            for s in range(2):
+                                for hh in range(2):
+                                    w = base + 4 * (4 * r + s)  # row g's words; row g + 8's are 8 further
+                                    a0 = ring[w + 2 * hh]
+                                    a1 = ring[w + 8 + 2 * hh]
+                                    a2 = ring[w + 2 * hh + 1]
+                                    a3 = ring[w + 8 + 2 * hh + 1]
+                                    b0 = xw[8 * i + 4 * s + 2 * hh]
+                                    b1 = xw[8 * i + 4 * s + 2 * hh + 1]
+                                    if block_scaled:
+                                        if chain:
+                                            part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
+                                                a0, a1, a2, a3, b0, b1, part[q], part[q + 1], part[q + 2],
+                                                part[q + 3], scratch, warp, lane)
+                                        else:
+                                            d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                                    _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                            part[q] += d0
+                                            part[q + 1] += d1
+                                            part[q + 2] += d2
+                                            part[q + 3] += d3
+                                    elif chain:
+                                        acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
+                                            a0, a1, a2, a3, b0, b1, acc[q], acc[q + 1], acc[q + 2], acc[q + 3],
+                                            scratch, warp, lane)
+                                    else:
+                                        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
+                                                                _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                        acc[q] += d0
+                                        acc[q + 1] += d1
+                                        acc[q + 2] += d2
+                                        acc[q + 3] += d3
+                    if block_scaled:
+                        # the chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb]
+                        kb = min(c, nchunks - 1)
+                        for i in range(nb):
+                            m0 = min(8 * i + 2 * t, m_total - 1)
+                            m1 = min(8 * i + 2 * t + 1, m_total - 1)
+                            if mode == MODE_PER_GROUP:
+                                sa0 = gs[gbase + m0 * nchunks + kb]
+                                sa1 = gs[gbase + m1 * nchunks + kb]
+                            else:
+                                sa0 = kblock_scale(scale_a, m0, kb)
+                                sa1 = kblock_scale(scale_a, m1, kb)
+                            for r in range(rt):
+                                sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
+                                q = 4 * (r * nb + i)
+                                acc[q] += np.float32(part[q] * sa0) * sbv
+                                acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
+                                acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
+                                acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
+                                for e in range(4):
+                                    part[q + e] = _F32_ZERO
+                    # refill this slot: the chunk depth steps ahead
+                    load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c + depth * warps, nchunks)
+
+        # -- the warps' partial sums, in warp order; then the epilogue ---------------------------
+        for i in range(n_acc):
+            red[(warp * n_acc + i) * 32 + lane] = acc[i]
+        cuda.syncthreads()
+        has_bias = bias_kind != 0
+        for idx in range(tid, n_acc * 32, threads):
+            i = idx // 32
+            ln = idx % 32
+            total = red[idx]
+            for w in range(1, warps):
+                total += red[(w * n_acc + i) * 32 + ln]
+            e = i % 4
+            ti = (i // 4) % nb
+            r = i // (4 * nb)
+            n = n0 + 16 * r + ln // 4 + 8 * (e // 2)
+            m = 8 * ti + 2 * (ln % 4) + e % 2
+            if n < n_total and m < m_total:
+                if mode == MODE_CODES:
+                    sam = row_scale(scale_a, sa_step, m)
+                elif mode == MODE_PER_TOKEN:
+                    sam = row_deq[m]
+                elif fused and not block_scaled:
+                    sam = row_deq[0]
+                else:
+                    sam = _F32_ONE
+                sbn = row_scale(scale_b, sb_step, n)
+                bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                store(y, m, n, finish(total, sam, sbn, has_bias, bv), out_kind)
+
+    return gemv
+
+
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32):
+    """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
+    32 * warps threads."""
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
+    nb = 1 if m <= 8 else 2
+    scale = types.float32[:, :] if block_scaled else F32_1D
+    sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32,
+           out_type(out_is_float32), I32)
+    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain), sig)
+
+
+# Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
+# cheap for a few rows (gemm_kernels' GEMV fuses up to 4 the same way), not for 16 long rows.
+FUSED_AMAX_MAX_M = 4
+
+
+def gemv_static_shared_bytes(nb, cfg, mode):
+    """The GEMV's static shared memory (the partial sums, the amax rows, the scales), which the
+    fused modes' dynamic shared memory must fit beside: a launch asking for more than 48 KB in all
+    fails with CUDA_ERROR_INVALID_VALUE (seen on the H200 with 11 rows of K = 4096). None counted
+    under the simulator, which has no limit."""
+    if SIMULATOR:
+        return 0
+    threads = 32 * cfg.warps
+    red = cfg.warps * cfg.rt * nb * 4 * 32
+    amax = threads * 8 * nb if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
+    return 4 * (red + amax + 2 * 16 + 2) + 128  # + 128: the arrays' alignment
+
+
+def _fused_rows(k, mode, config):
+    """How many rows of x one fused launch can stage (at most GEMV_MAX_M; 0 if not one)."""
+    for rows in range(GEMV_MAX_M, 0, -1):
+        nb = 1 if rows <= 8 else 2
+        static = gemv_static_shared_bytes(nb, config or gemv_config(rows, k), mode)
+        if fused_shared_bytes(rows, k) + static <= FUSED_SHARED_LIMIT:
+            return rows
+    return 0
+
+
+def _max_fused_k(config):
+    k = CHUNK
+    while _fused_rows(k + CHUNK, MODE_PER_GROUP, config):
+        k += CHUNK
+    return k
+
+
+def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode,
+                     block_scaled, dev):
+    """The fused GEMV over x's rows, ``rows`` at a time (rows are independent in these modes)."""
+    y, y_bits = _y_and_bits(m, b.shape[0], out_dtype)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        kernel, grid, block, args, shared = gemv_launch(
+            r1 - r0, dev.placeholder("u8_2d"), x_bits[r0:r1], x_kind, qscale, b, scale_a, 0, scale_b, sb_step,
+            out_dtype, bias, mode, block_scaled, y_bits[r0:r1], dev)
+        kernel(grid, block, *args, shared_mem=shared)
+    return y
+
+
+# ------------------------------------------------------------------------------------------------
+# host side: the GEMV as a kernel of gemm.select / block.select, and the fused decode layer
+
+
+def _device_flags(dev):
+    """(hardware loads and encoder, chain C) on device record ``dev``."""
+    if SIMULATOR:
+        return False, False
+    return codec.hardware_available(dev.cc), chains_in_float32(dev.cc)
+
+
+def gemv_launch(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
+                block_scaled, y_bits, dev, config=None):
+    """(kernel, grid, block, args, shared bytes) of the GEMV for M activation rows into ``y_bits``."""
+    bias_arg, bias_kind = bias_bits(bias, dev)
+    hardware, chain = _device_flags(dev)
+    cfg = config or gemv_config(m, b.shape[1])
+    shared = 0 if mode == MODE_CODES else fused_shared_bytes(m, b.shape[1])
+    kernel = gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, np.dtype(out_dtype) == np.float32)
+    return (kernel, -(-b.shape[0] // (16 * cfg.rt)), 32 * cfg.warps,
+            (a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias_arg, bias_kind, y_bits,
+             OUT_KIND[np.dtype(out_dtype)]), shared)
+
+
+def _y_and_bits(m, n, out_dtype):
+    y = device.xp.empty((m, n), dtype=out_dtype)
+    return y, (y if np.dtype(out_dtype) == np.float32 else y.view(np.uint16))
+
+
+def gemv_codes_launch(call, y_bits, block_scaled):
+    """(kernel, grid, block, args) of the codes GEMV for a ``gemm.GemmCall`` / ``block.BlockCall``."""
+    dev = call.device
+    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    kernel, grid, block, args, _ = gemv_launch(
+        call.m, call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b, call.scale_a, sa_step,
+        call.scale_b, sb_step, call.out_dtype, call.bias, MODE_CODES, block_scaled, y_bits, dev)
+    return kernel, grid, block, args
+
+
+def gemv_reason(call, simulate=False):
+    """Why the tensor-core GEMV cannot take a call (None when it can)."""
+    if call.m > GEMV_MAX_M:
+        return f"the tensor-core GEMV takes M <= {GEMV_MAX_M}, got M = {call.m}"
+    return unavailable_reason(call.device, simulate) or shape_reason(call)
+
+
+def fused_linear_reason(x, b, block_scaled=False):
+    """Why the quantize + GEMM of x [M, K] by b [N, K] cannot be the fused tensor-core GEMV."""
+    dev = device.current()
+    m, k = x.shape
+    if not 1 <= m <= GEMV_MAX_M:
+        return f"the fused tensor-core layer takes 1..{GEMV_MAX_M} rows, got M = {m}"
+    if k % 16:
+        return f"the tensor-core kernels need K to be a multiple of 16, got K = {k}"
+    if block_scaled and _fused_rows(k, MODE_PER_GROUP, None) == 0:
+        return f"K must be at most {_max_fused_k(None)} for the fused group-quantized GEMV, got {k}"
+    return unavailable_reason(dev) or rows_reason(b, "b")
+
+
+def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, quantize, block_scales=None):
+    """One FP8 linear layer at decode in ONE launch, arguments as ``vtnumba.ops.fp8_linear``
+    normalizes them (callers check ``fused_linear_reason``): the tensor-core GEMV quantizes x [M, K]
+    as it reads it. ``block_scales`` [ceil(N/128), ceil(K/128)] (then scale_b is None): 1 x 128
+    group activations and the block-scaled GEMM. Where x does not fit one launch's shared memory
+    (or a dynamic amax would make every block read many rows), ``quantize(x)`` -> (codes, scale_a)
+    runs first and the codes GEMV follows."""
+    from .gemm import _scale
+
+    dev = device.current()
+    m, k = x.shape
+    n = b.shape[0]
+    x_kind = X_KIND[np.dtype(x.dtype)]
+    x = device.xp.ascontiguousarray(x)
+    if not SIMULATOR and x.data.ptr % 16:
+        x = x.copy()
+    x_bits = x.view(np.uint16)
+    if block_scales is not None:
+        rows = _fused_rows(k, MODE_PER_GROUP, None)
+        return _fused_in_slices(m, rows, x_bits, x_kind, dev.placeholder("f32"), b, block_scales[:1, :1],
+                                block_scales, 0, out_dtype, bias, MODE_PER_GROUP, True, dev)
+    sb, sb_step = _scale(scale_b, n, dev)
+    dynamic = input_scale is None and not per_token
+    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
+    if rows == 0 or ((per_token or dynamic) and m > FUSED_AMAX_MAX_M) or (dynamic and rows < m):
+        codes, scale_a = quantize(x)
+        sa, sa_step = _scale(scale_a, m, dev)
+        y, y_bits = _y_and_bits(m, n, out_dtype)
+        kernel, grid, block, args, _ = gemv_launch(m, codes, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"),
+                                                   b, sa, sa_step, sb, sb_step, out_dtype, bias, MODE_CODES, False,
+                                                   y_bits, dev)
+        kernel(grid, block, *args)
+        return y
+    if per_token:
+        mode, qscale = MODE_PER_TOKEN, _scale(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
+    elif dynamic:
+        mode, qscale = MODE_DYNAMIC, dev.scalar(1.0)
+    else:
+        mode, qscale = MODE_STATIC, _scale(input_scale, 1, dev)[0]
+    return _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype,
+                            bias, mode, False, dev)
+
+
+__all__ = ["GemvConfig", "GEMV_CONFIGS", "GEMV_MAX_M", "CHUNK", "gemv_config", "gemv_kernel", "gemv_launcher",
+           "gemv_launch", "gemv_codes_launch", "gemv_reason", "fused_linear", "fused_linear_reason",
+           "fused_shared_bytes", "gemv_static_shared_bytes", "MODE_CODES", "MODE_STATIC", "MODE_DYNAMIC",
+           "MODE_PER_TOKEN", "MODE_PER_GROUP"]
