@@ -257,7 +257,12 @@ def test_lever_routes_to_numba(gemm, cp, monkeypatch):
     rng = np.random.default_rng(10)
     a, b = random_codes(rng, (128, 256)), random_codes(rng, (256, 256))
     monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
+    # the lever's path is the tensor-core GEMM (exact, G3), the CUDA-core one where it cannot run
+    assert chosen(gemm, cp, a, b, np.float32(1), np.float32(1), F32) == "tensorcore"
+    assert chosen(gemm, cp, a[:4], b, np.float32(1), np.float32(1), F32) == "tensorcore_gemv"
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "tensorcore,tensorcore_gemv")
     assert chosen(gemm, cp, a, b, np.float32(1), np.float32(1), F32) == "tiled"
+    monkeypatch.delenv("VT_DISABLE_KERNELS")
     y = run(gemm, cp, a, b, np.float32(0.01), np.float32(0.02), F32)
     assert assert_g3(y, a, b, np.float32(0.01), np.float32(0.02), None, F32) > 0
     with pytest.raises(ValueError, match="VT_DENSE_CUBLASLT_FP8"):
