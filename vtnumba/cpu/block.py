@@ -82,8 +82,8 @@ def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=Fal
     upstream's cutlass / DeepGEMM paths and cuBLASLt's VEC128 activation scales read."""
     xin = _kernel_input(x)
     k = xin.shape[-1]
-    rows = xin.reshape(-1, k)
-    m = rows.shape[0]
+    m = int(np.prod(xin.shape[:-1]))
+    rows = xin.reshape(m, k)
     groups = -(-k // group_size)
     codes = np.empty(rows.shape, dtype=np.uint8)
     if column_major_scales:
@@ -369,7 +369,9 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
     sb = np.ascontiguousarray(scale_b, dtype=np.float32)
     bias32 = bias_vector(bias)
     out = np.empty((m, n), dtype=np.float32)
-    if kernel == "reference":
+    if out.size == 0 or k == 0:
+        out[:] = np.float32(0.0) + bias32 if bias32.size else np.float32(0.0)  # no blocks: 0 + bias
+    elif kernel == "reference":
         reference_kernel(a, b, np.asarray(scale_a, dtype=np.float32), sb, bn, bk, bias32, out)
     else:
         # the fast kernels read the activation scales K-block by K-block: [nkb, M], m contiguous
