@@ -4,6 +4,12 @@ quantization, measured in the same run.
 
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py            # N = K = 4096
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py --k 14336  # a wider K too
+    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/bench_cpu_block.py --cpu-time
+
+``--cpu-time`` times each call by the process's CPU time instead of the wall clock: on a machine
+shared with other jobs, wall-clock times of a two-thread kernel swing by 10x (a thread waits at a
+barrier while its sibling is descheduled), while one thread's CPU time hardly moves. Run it with one
+Numba and one BLAS thread, as above, so no thread spins in another's wait.
 
 GEMM: ratio = per-tensor time / block-scaled time (above 1: the block-scaled GEMM is faster); target
 >= 0.8 at M = 1, 16, 1024 (128 x 128 blocks). Beside it the weight-read floor: the weight's bytes
@@ -20,13 +26,15 @@ group scales too).
 
 import argparse
 import os
+import time
 
 import numba
 import numpy as np
 from numba import njit, prange
 
 import vtnumba as vt
-from bench_cpu_gemm import random_codes, repeats_for, round_times
+import bench_cpu_gemm
+from bench_cpu_gemm import random_codes, repeats_for
 from vtnumba.cpu import block
 
 MS = (1, 16, 1024)
@@ -46,6 +54,23 @@ def _read_every_byte(words):
             acc ^= row[k]
         partial[r] = acc
     return partial
+
+
+CLOCK = time.perf_counter
+
+
+def round_times(fns, repeats, rounds=5):
+    """``bench_cpu_gemm.round_times`` on this benchmark's clock (wall, or CPU time with --cpu-time)."""
+    times = np.full((rounds, len(fns)), np.inf)
+    for r in range(rounds):
+        for i, fn in enumerate(fns):
+            time.sleep(bench_cpu_gemm.SETTLE_S)
+            fn()
+            for _ in range(repeats):
+                t0 = CLOCK()
+                fn()
+                times[r, i] = min(times[r, i], CLOCK() - t0)
+    return times
 
 
 def read_bandwidth():
@@ -89,7 +114,7 @@ def quant_table(rng):
             groups = m * -(-k // BLOCK[1])
             static_bytes = x.nbytes + x.size
             group_bytes = x.nbytes + x.size + 4 * groups
-            reps = 20 if m * k <= 16 * 4096 else 5
+            reps = 200 if m * k <= 16 * 4096 else 5  # tiny calls: many, so the best escapes load from other processes
             times = round_times([lambda: vt.quantize_fp8(x, 0.37), lambda: block.quantize_per_group(x, BLOCK[1])],
                                 reps)
             static, grouped = times.min(axis=0)
@@ -102,8 +127,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, action="append", default=[],
                         help="also run N = 4096 with this K (repeatable)")
+    parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
     args = parser.parse_args()
-    print(f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}")
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
+    print(f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, "
+          f"clock={'process CPU time' if args.cpu_time else 'wall'}")
     rng = np.random.default_rng(0)
     gemm_table(rng, [(4096, 4096)] + [(4096, k) for k in args.k])
     quant_table(rng)
