@@ -20,7 +20,8 @@ crossover, the register blocking, the serial decode around sgemm) and share its 
 - ``reference``: plain loops in the exact order above, no reassociation; the tests' second oracle.
 - ``small_m``: each weight byte decoded once; at M = 1 straight into four dot products, above that
   into a small buffer shared by 4 x 4 register blocks. The sums inside a K-block may be reassociated
-  (they are float32 sums of exact products, G3 allows any order); the block step is not (``_block_step``).
+  (they are float32 sums of exact products, G3 allows any order); the block step is not
+  (``_block_steps``, compiled strict).
 - ``blas``: a block of a and a panel of b decoded exactly into float32 tiles stored K-block by
   K-block, one sgemm per K-block, then the block step over the tile.
 
@@ -69,7 +70,7 @@ def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_strid
             scales[r * scale_row_stride + j * scale_group_stride] = s
             _encode_divided(xs, s, out[r, lo:hi])
             j += 1
-            if j == groups:  # next row (an integer divide per group cost 8%)
+            if j == groups:  # next row, without an integer divide per group
                 j = 0
                 r += 1
 
@@ -113,9 +114,10 @@ def _block_steps(total, p, sat, scale_b, kb0, nb0, nb1, nb2, nb3, valid):
     order; sb_j = scale_b[nb_j, kb], nb_j the weight row-block of the tile's row j.
 
     The fast kernels reassociate (their sums inside a K-block are float32 sums of exact products, which
-    G3 lets run in any order); this function has no fast-math flags and is called, not inlined, so the
-    block step keeps its order and roundings inside them: LLVM may neither fold sa * sb into one
-    factor nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise IEEE)."""
+    G3 lets run in any order); this function is compiled with fastmath=False (CPU_STRICT_FUNCTION: a
+    callee otherwise takes its caller's flags) and called, not inlined, so the block step keeps its
+    order and roundings inside them: LLVM may neither fold sa * sb into one factor, nor fuse the add
+    into an FMA, nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise)."""
     for i in range(p.shape[0]):
         kb = kb0 + i
         sa = sat[kb]
@@ -241,6 +243,7 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                     for k in range(kc):
                         dst[k] = decode_e4m3(w[k])
                 w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
+                c0, c1, c2, c3 = acc[0], acc[1], acc[2], acc[3]
                 for m0 in range(0, m_full, _SMALL_M_ROWS):
                     x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
                     x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
@@ -256,17 +259,17 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                         a20 += u * p0; a21 += u * p1; a22 += u * p2; a23 += u * p3  # noqa: E702
                         u = x3[k]
                         a30 += u * p0; a31 += u * p1; a32 += u * p2; a33 += u * p3  # noqa: E702
-                    acc[0, m0] += a00; acc[1, m0] += a01; acc[2, m0] += a02; acc[3, m0] += a03  # noqa: E702
-                    acc[0, m0 + 1] += a10; acc[1, m0 + 1] += a11; acc[2, m0 + 1] += a12; acc[3, m0 + 1] += a13  # noqa: E702
-                    acc[0, m0 + 2] += a20; acc[1, m0 + 2] += a21; acc[2, m0 + 2] += a22; acc[3, m0 + 2] += a23  # noqa: E702
-                    acc[0, m0 + 3] += a30; acc[1, m0 + 3] += a31; acc[2, m0 + 3] += a32; acc[3, m0 + 3] += a33  # noqa: E702
+                    c0[m0] += a00; c1[m0] += a01; c2[m0] += a02; c3[m0] += a03  # noqa: E702
+                    c0[m0 + 1] += a10; c1[m0 + 1] += a11; c2[m0 + 1] += a12; c3[m0 + 1] += a13  # noqa: E702
+                    c0[m0 + 2] += a20; c1[m0 + 2] += a21; c2[m0 + 2] += a22; c3[m0 + 2] += a23  # noqa: E702
+                    c0[m0 + 3] += a30; c1[m0 + 3] += a31; c2[m0 + 3] += a32; c3[m0 + 3] += a33  # noqa: E702
                 for m in range(m_full, m_rows):
                     xm = x[m, k0:k0 + kc]
                     a0 = a1 = a2 = a3 = np.float32(0.0)
                     for k in range(kc):
                         u = xm[k]
                         a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                    acc[0, m] += a0; acc[1, m] += a1; acc[2, m] += a2; acc[3, m] += a3  # noqa: E702
+                    c0[m] += a0; c1[m] += a1; c2[m] += a2; c3[m] += a3  # noqa: E702
             _block_steps(total, p, sat, scale_b, kb, nb0, nb1, nb2, nb3, valid)
         for m in range(m_rows):
             for j in range(valid):
