@@ -496,3 +496,16 @@ def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m):
     assert np.any(want != folded), "the data cannot tell the order apart: the test would be vacuous"
     got = block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), bias, kernel)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("m, n, k", [(0, 5, 10), (3, 0, 10), (3, 5, 0), (1, 5, 0)])
+def test_empty_shapes(kernel, m, n, k):
+    """No rows, no outputs, or K = 0 (no blocks: y = 0 + bias); and group quantization of empty x."""
+    a, b = np.zeros((m, k), np.uint8), np.zeros((n, k), np.uint8)
+    sa, sb = np.ones((m, -(-k // 4)), F32), np.ones((-(-n // 2), -(-k // 4)), F32)
+    bias = np.full(n, 2.5, F32)
+    y = block.block_scaled_mm(a, b, sa, sb, (2, 4), np.dtype(np.float32), bias, kernel)
+    assert y.shape == (m, n) and np.all(y == 2.5)
+    codes, scales = block.quantize_per_group(np.zeros((m, k), F32), 4)
+    assert codes.shape == (m, k) and scales.shape == (m, -(-k // 4))

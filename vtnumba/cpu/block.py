@@ -20,7 +20,8 @@ crossover, the register blocking, the serial decode around sgemm) and share its 
 - ``reference``: plain loops in the exact order above, no reassociation; the tests' second oracle.
 - ``small_m``: each weight byte decoded once; at M = 1 straight into four dot products, above that
   into a small buffer shared by 4 x 4 register blocks. The sums inside a K-block may be reassociated
-  (they are float32 sums of exact products, G3 allows any order); the block step is not (``_block_step``).
+  (they are float32 sums of exact products, G3 allows any order); the block step is not
+  (``_block_steps``, compiled strict).
 - ``blas``: a block of a and a panel of b decoded exactly into float32 tiles stored K-block by
   K-block, one sgemm per K-block, then the block step over the tile.
 
@@ -58,14 +59,20 @@ def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_strid
     total = rows * groups
     per_item = max(1, CPU_CHUNK // group_size)
     for item in prange((total + per_item - 1) // per_item):
-        for gi in range(item * per_item, min(total, (item + 1) * per_item)):
-            r = gi // groups
-            j = gi - r * groups
+        first = item * per_item
+        r = first // groups
+        j = first - r * groups
+        for _ in range(first, min(total, first + per_item)):
             lo = j * group_size
             hi = min(k_len, lo + group_size)
-            s = per_group_scale(_finite_amax(x[r, lo:hi]), ue8m0)
+            xs = x[r, lo:hi]
+            s = per_group_scale(_finite_amax(xs), ue8m0)
             scales[r * scale_row_stride + j * scale_group_stride] = s
-            _encode_divided(x[r, lo:hi], s, out[r, lo:hi])
+            _encode_divided(xs, s, out[r, lo:hi])
+            j += 1
+            if j == groups:  # next row, without an integer divide per group
+                j = 0
+                r += 1
 
 
 def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=False):
@@ -76,8 +83,8 @@ def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=Fal
     upstream's cutlass / DeepGEMM paths and cuBLASLt's VEC128 activation scales read."""
     xin = _kernel_input(x)
     k = xin.shape[-1]
-    rows = xin.reshape(-1, k)
-    m = rows.shape[0]
+    m = int(np.prod(xin.shape[:-1]))
+    rows = xin.reshape(m, k)
     groups = -(-k // group_size)
     codes = np.empty(rows.shape, dtype=np.uint8)
     if column_major_scales:
@@ -107,9 +114,10 @@ def _block_steps(total, p, sat, scale_b, kb0, nb0, nb1, nb2, nb3, valid):
     order; sb_j = scale_b[nb_j, kb], nb_j the weight row-block of the tile's row j.
 
     The fast kernels reassociate (their sums inside a K-block are float32 sums of exact products, which
-    G3 lets run in any order); this function has no fast-math flags and is called, not inlined, so the
-    block step keeps its order and roundings inside them: LLVM may neither fold sa * sb into one
-    factor nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise IEEE)."""
+    G3 lets run in any order); this function is compiled with fastmath=False (CPU_STRICT_FUNCTION: a
+    callee otherwise takes its caller's flags) and called, not inlined, so the block step keeps its
+    order and roundings inside them: LLVM may neither fold sa * sb into one factor, nor fuse the add
+    into an FMA, nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise)."""
     for i in range(p.shape[0]):
         kb = kb0 + i
         sa = sat[kb]
@@ -205,12 +213,12 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     a buffer of four decoded weight rows, walked K-block by K-block (a block in passes of at most
     _K_CHUNK, so the buffer stays in L1), each block's sums then scaled into the totals by one call.
 
-    Measured against the per-tensor kernel on one thread (N = K = 4096, bk = 128, CPU time): 0.78x at
-    M = 16 and 0.64x at M = 64. The cost is the block itself: every 128 k the 16 vectorized sums are
-    reduced across their lanes (the per-tensor kernel reduces every 1024), and that kernel run with
-    128-wide passes measured 0.85x and 0.68x. Vectorizing across m or n instead (no lane reductions)
-    did not vectorize under Numba (LLVM's SLP pass packed 32 scalar accumulators only half-way:
-    3x slower)."""
+    Measured against the per-tensor kernel on one thread (N = K = 4096, bk = 128, CPU time, AVX-512):
+    0.74-0.78x at M = 16, 0.64x at M = 64. The cost is the block itself: LLVM vectorizes each of the
+    16 sums along k in 16 lanes, so every 128 values of k (8 vector steps) it reduces 16 vectors across
+    their lanes, where the per-tensor kernel does so every 1024; that kernel run in 128-wide passes
+    measured 0.85x and 0.66x. Vectorizing along m instead (32 scalar accumulators for LLVM's SLP
+    vectorizer to pack) came out 3x slower: it packed them only partly."""
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
     nkb = sat.shape[0]
@@ -235,6 +243,7 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                     for k in range(kc):
                         dst[k] = decode_e4m3(w[k])
                 w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
+                c0, c1, c2, c3 = acc[0], acc[1], acc[2], acc[3]
                 for m0 in range(0, m_full, _SMALL_M_ROWS):
                     x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
                     x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
@@ -250,17 +259,17 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                         a20 += u * p0; a21 += u * p1; a22 += u * p2; a23 += u * p3  # noqa: E702
                         u = x3[k]
                         a30 += u * p0; a31 += u * p1; a32 += u * p2; a33 += u * p3  # noqa: E702
-                    acc[0, m0] += a00; acc[1, m0] += a01; acc[2, m0] += a02; acc[3, m0] += a03  # noqa: E702
-                    acc[0, m0 + 1] += a10; acc[1, m0 + 1] += a11; acc[2, m0 + 1] += a12; acc[3, m0 + 1] += a13  # noqa: E702
-                    acc[0, m0 + 2] += a20; acc[1, m0 + 2] += a21; acc[2, m0 + 2] += a22; acc[3, m0 + 2] += a23  # noqa: E702
-                    acc[0, m0 + 3] += a30; acc[1, m0 + 3] += a31; acc[2, m0 + 3] += a32; acc[3, m0 + 3] += a33  # noqa: E702
+                    c0[m0] += a00; c1[m0] += a01; c2[m0] += a02; c3[m0] += a03  # noqa: E702
+                    c0[m0 + 1] += a10; c1[m0 + 1] += a11; c2[m0 + 1] += a12; c3[m0 + 1] += a13  # noqa: E702
+                    c0[m0 + 2] += a20; c1[m0 + 2] += a21; c2[m0 + 2] += a22; c3[m0 + 2] += a23  # noqa: E702
+                    c0[m0 + 3] += a30; c1[m0 + 3] += a31; c2[m0 + 3] += a32; c3[m0 + 3] += a33  # noqa: E702
                 for m in range(m_full, m_rows):
                     xm = x[m, k0:k0 + kc]
                     a0 = a1 = a2 = a3 = np.float32(0.0)
                     for k in range(kc):
                         u = xm[k]
                         a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                    acc[0, m] += a0; acc[1, m] += a1; acc[2, m] += a2; acc[3, m] += a3  # noqa: E702
+                    c0[m] += a0; c1[m] += a1; c2[m] += a2; c3[m] += a3  # noqa: E702
             _block_steps(total, p, sat, scale_b, kb, nb0, nb1, nb2, nb3, valid)
         for m in range(m_rows):
             for j in range(valid):
@@ -363,7 +372,9 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
     sb = np.ascontiguousarray(scale_b, dtype=np.float32)
     bias32 = bias_vector(bias)
     out = np.empty((m, n), dtype=np.float32)
-    if kernel == "reference":
+    if out.size == 0 or k == 0:
+        out[:] = np.float32(0.0) + bias32 if bias32.size else np.float32(0.0)  # no blocks: 0 + bias
+    elif kernel == "reference":
         reference_kernel(a, b, np.asarray(scale_a, dtype=np.float32), sb, bn, bk, bias32, out)
     else:
         # the fast kernels read the activation scales K-block by K-block: [nkb, M], m contiguous

@@ -77,7 +77,8 @@ def add_bias(y, bias, n):
 @njit(**CPU_INLINE)
 def _epilogue_value(acc, sa, sb, bias, n):
     """The one place the scales and the bias meet the accumulator (see the module docstring)."""
-    return add_bias(acc * (sa * sb), bias, n)
+    y = acc * (sa * sb)
+    return add_bias(y, bias, n)
 
 
 @njit(**CPU_INLINE)
@@ -320,7 +321,7 @@ def to_out_dtype(out, out_dtype):
     """The float32 result rounded to ``out_dtype``: numpy / ml_dtypes casts round to nearest, ties to
     even; past the dtype's largest finite value that rounding gives inf, which is the defined result,
     not a warning."""
-    if out.dtype == out_dtype:
-        return out
-    with np.errstate(over="ignore"):
-        return out.astype(out_dtype)
+    if out.dtype != out_dtype:
+        with np.errstate(over="ignore"):
+            out = out.astype(out_dtype)
+    return out
