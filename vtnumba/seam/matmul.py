@@ -12,6 +12,7 @@ layer's path, and its budget is 2 us of host time per call over the ops it wraps
 import numpy as np
 
 from .. import _arrays
+from .._interop import interop
 from .._config import dense_cublaslt_fp8_enabled
 from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
 from .weights import Fp8Weight, ResidentFp8
@@ -52,6 +53,7 @@ def _weight_for(weight, x, name):
     raise ValueError(f"{name} must be on the weight's device {w.device}, got an array on {x_device}")
 
 
+@interop
 def quantize_activation(x, weight):
     """``x`` [M, K] quantized as ``weight`` (an ``Fp8Weight`` / ``ResidentFp8``) expects its
     activations: by its ``activation_scheme``, with its ``input_scale`` when static. The result
@@ -60,6 +62,7 @@ def quantize_activation(x, weight):
     return _QUANTIZERS[w.activation_scheme][0](x, w)
 
 
+@interop
 def matmul_fp8(x, weight, out_dtype=None):
     """``y = dequant(quant(x)) @ dequant(weight).T + bias`` as FP8 W8A8: ``x`` [..., K] (float32,
     float16 or bfloat16; numpy or cupy) is quantized by the weight's ``activation_scheme`` ('static':
@@ -94,6 +97,7 @@ def _unflatten(y, shape, w):
     return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
 
 
+@interop
 def matmul_fp8_prequant(q, weight, out_dtype=None):
     """The GEMM of ``matmul_fp8`` on an activation already quantized (``vt.QuantizedActivation``,
     codes [..., K]), for a caller that quantizes once and feeds several layers. ``q.scheme`` must

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import _arrays
+from .._interop import interop
 from ..ops import ActivationScheme, dequantize_fp8, quant_scale, quantize_fp8
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
@@ -110,6 +111,7 @@ class Fp8Weight:
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
+    @interop
     def from_float(cls, w, input_scale=None, per_channel=False, *, activation_scheme=None, bias=None):
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
         that are not FP8-serialized).
