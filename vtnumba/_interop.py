@@ -40,7 +40,7 @@ Choices (also in the README):
 torch is never imported here: a tensor can only exist once its module is in ``sys.modules``.
 """
 
-import dataclasses
+import contextlib
 import functools
 import inspect
 import sys
@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _arrays
 
-__all__ = ["interop", "to_native", "to_torch"]
+__all__ = ["interop", "to_native", "to_torch", "on_torch_stream"]
 
 _F64 = np.dtype(np.float64)
 _BF16 = _arrays.BFLOAT16
@@ -62,7 +62,6 @@ _PLAIN, _NATIVE, _CONTAINER, _TORCH, _TORCH_DTYPE, _DLPACK, _CAI = range(7)
 _PLAIN_TYPES = {type(None), bool, int, float, str, type, np.float32, np.float64, np.float16}
 _NATIVE_TYPES = {np.ndarray}
 _CONTAINER_TYPES = set()
-_CONTAINER_FIELDS = ("data", "scale")  # QuantizedActivation's arrays
 _KIND_OF_TYPE = {}
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13  # DLPack device types (dlpack.h DLDeviceType)
@@ -214,21 +213,16 @@ class _Call:
         t = type(result)
         if t is np.ndarray and result.dtype is not _BF16:
             return self.torch.from_numpy(result)
-        if t in _NATIVE_TYPES:
+        kind = _KIND_OF_TYPE.get(t)
+        if kind is None:
+            kind = _kind(result)  # e.g. the first cupy array: cupy may have been imported by this very call
+        if kind == _NATIVE:
             return to_torch(result, self.torch)
-        if t in _CONTAINER_TYPES or _is_container(result):
+        if kind == _CONTAINER:
             return _replace_arrays(result, self.outbound(result.data), self.outbound(result.scale))
         if isinstance(result, tuple):
             return tuple(self.outbound(r) for r in result)
         return result
-
-
-def _is_container(a):
-    ops = sys.modules.get("vtnumba.ops")
-    if ops is not None and isinstance(a, ops.QuantizedActivation):
-        _CONTAINER_TYPES.add(type(a))
-        return True
-    return False
 
 
 def _replace_arrays(q, data, scale):
@@ -304,6 +298,16 @@ def to_torch(arr, torch=None):
         # current stream (the op ran there), where torch will use the tensor
         t = torch.from_dlpack(arr.__dlpack__(stream=-1))
     return t.view(torch.bfloat16) if bf16 else t
+
+
+@contextlib.contextmanager
+def on_torch_stream(index):
+    """Within: GPU ``index`` is cupy's current device and torch's current stream there is cupy's
+    current stream (for work outside the ops that must be ordered with the caller's torch work,
+    e.g. ``vtnumba.torch.Fp8Linear`` uploading its weight)."""
+    cupy = _cupy_module(f"cuda:{index}")
+    with cupy.cuda.Device(index), _torch_stream(sys.modules["torch"], index):
+        yield
 
 
 def _run_foreign(fn, names, args, kwargs):

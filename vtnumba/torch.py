@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ._format import E4M3_MAX
+from ._interop import on_torch_stream
 from .ops import ActivationScheme
 from .seam import Fp8Config, Fp8Weight, ResidentFp8, load_fp8_linear, matmul_fp8
 
@@ -123,7 +124,8 @@ class Fp8Linear(nn.Module):
         if self._host is None or key == _CPU_KEY:
             where = self.weight.device
             raise ValueError(f"x must be on the weight's device {where}, got a tensor on {x.device}")
-        resident = self._placed[key] = ResidentFp8(self._host, f"cuda:{key}")
+        with on_torch_stream(key):  # the upload is ordered before this forward's GEMM, on torch's stream
+            resident = self._placed[key] = ResidentFp8(self._host, f"cuda:{key}")
         return resident
 
     def forward(self, x):
