@@ -180,7 +180,7 @@ class _Call:
                 elif index != self.gpu:
                     raise ValueError(f"arrays must all be on one GPU, got {self.label(self.gpu_key)} on "
                                      f"cuda:{self.gpu} and {self.label(key)} on cuda:{index}")
-                arr = _cupy_module(self.label(key)).from_dlpack(torch.utils.dlpack.to_dlpack(t))
+                arr = (_cupy or _cupy_module(self.label(key))).from_dlpack(_torch_api.to_dlpack(t))
             elif t.is_cpu:
                 arr = t.numpy()
             else:
@@ -240,10 +240,21 @@ def _replace_arrays(q, data, scale):
 _TORCH_VIEWS = {}
 
 
+class _TorchApi:
+    """torch functions on the per-call path, looked up once (attribute chains cost per call)."""
+
+    to_dlpack = from_dlpack = raw_stream = None
+
+
+_torch_api = _TorchApi()
+
+
 def _torch_views(torch):
     if not _TORCH_VIEWS:
         _TORCH_VIEWS.update({torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
                              torch.float64: "float64"})
+        _torch_api.to_dlpack, _torch_api.from_dlpack = torch.utils.dlpack.to_dlpack, torch.from_dlpack
+        _torch_api.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 # float out_dtype given as a torch dtype; others go on as their names, which the op refuses by name
@@ -251,13 +262,19 @@ _TORCH_DTYPE_NAMES = {"torch.float32": np.dtype(np.float32), "torch.float16": np
                       "torch.bfloat16": _arrays.BFLOAT16}
 
 
+_cupy = None  # the cupy module, once a GPU array has needed it
+
+
 def _cupy_module(name):
-    try:
-        import cupy
-    except ImportError:
-        raise RuntimeError(f"{name} is a GPU array, and vtnumba's GPU path needs cupy, which is not installed: "
-                           f"pip install 'vtnumba[cuda12]' (or [cuda13])") from None
-    return cupy
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy
+        except ImportError:
+            raise RuntimeError(f"{name} is a GPU array, and vtnumba's GPU path needs cupy, which is not installed: "
+                               f"pip install 'vtnumba[cuda12]' (or [cuda13])") from None
+        _cupy = cupy
+    return _cupy
 
 
 def _dlpack_to_native(a, name):
@@ -296,7 +313,7 @@ def to_torch(arr, torch=None):
     else:
         # stream=-1: no stream order is set up, and none is needed: the array was made on torch's
         # current stream (the op ran there), where torch will use the tensor
-        t = torch.from_dlpack(arr.__dlpack__(stream=-1))
+        t = _torch_api.from_dlpack(arr.__dlpack__(stream=-1))
     return t.view(torch.bfloat16) if bf16 else t
 
 
@@ -320,7 +337,7 @@ def _run_foreign(fn, names, args, kwargs):
     call.check_one_framework()
     if call.gpu is None:
         return call.outbound(fn(*args, **kwargs))
-    cupy = _cupy_module(call.label(call.gpu_key))
+    cupy = _cupy or _cupy_module(call.label(call.gpu_key))
     stream = _torch_stream(call.torch, call.gpu)
     if cupy.cuda.runtime.getDevice() == call.gpu:
         with stream:
@@ -334,8 +351,8 @@ _STREAMS = {}  # (device, stream pointer) -> cupy ExternalStream wrapping torch'
 
 def _torch_stream(torch, index):
     """torch's current stream on GPU ``index`` as a cupy stream (a wrapper; torch keeps owning it)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's compiled code calls: no
-    ptr = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream  # Stream object
+    raw = _torch_api.raw_stream  # what torch's compiled code calls: no Stream object built per call
+    ptr = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
     stream = _STREAMS.get((index, ptr))
     if stream is None:
         cupy = _cupy_module("a CUDA tensor")

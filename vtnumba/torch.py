@@ -22,7 +22,11 @@ this module's own (tests/test_interop.py checks it).
 """
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:
+    raise ImportError("vtnumba.torch needs torch, which is not installed: pip install 'vtnumba[torch]'") from None
 from torch import nn
 
 from ._format import E4M3_MAX
