@@ -168,6 +168,11 @@ class _Call:
                                  f"torch.no_grad() or torch.inference_mode(), or pass {name}.detach()")
             t = t.detach()  # .numpy() refuses a tensor that requires grad
         view = _TORCH_VIEWS.get(t.dtype)
+        if view is None and t.is_cpu:
+            try:
+                return t.numpy()  # the common case first: numpy views the tensor as it is
+            except (TypeError, RuntimeError):
+                pass  # a dtype numpy lacks: the general path below names it
         if view == "bfloat16":
             t = t.view(torch.int16)
         elif view == "float8_e4m3fn":
@@ -198,13 +203,13 @@ class _Call:
                 return arr.astype(np.float32)
         return arr.astype(np.float32)
 
-    def check_one_framework(self):
-        if self.torch is not None and self.other_key is not None:
-            other = self.label(self.other_key)
-            raise TypeError(
-                f"arrays must all come from one framework, got {self.label(self.torch_key)} (torch.Tensor) with "
-                f"{other} ({_qualname(self.other)}); pass {other} as a tensor too "
-                f"(torch.from_numpy / torch.from_dlpack), or every array as numpy/cupy")
+    def refuse_mixed(self):
+        """A torch tensor and another framework's array in one call: the kind to return is a guess."""
+        other = self.label(self.other_key)
+        raise TypeError(
+            f"arrays must all come from one framework, got {self.label(self.torch_key)} (torch.Tensor) with "
+            f"{other} ({_qualname(self.other)}); pass {other} as a tensor too "
+            f"(torch.from_numpy / torch.from_dlpack), or every array as numpy/cupy")
 
     # -- out
     def outbound(self, result):
@@ -213,6 +218,11 @@ class _Call:
         t = type(result)
         if t is np.ndarray and result.dtype is not _BF16:
             return self.torch.from_numpy(result)
+        if t in _CONTAINER_TYPES:
+            data, scale = result.data, result.scale
+            if type(data) is np.ndarray and type(scale) is np.ndarray:  # codes and float32 scales (CPU)
+                from_numpy = self.torch.from_numpy
+                return _replace_arrays(result, from_numpy(data), from_numpy(scale))
         kind = _KIND_OF_TYPE.get(t)
         if kind is None:
             kind = _kind(result)  # e.g. the first cupy array: cupy may have been imported by this very call
@@ -330,11 +340,12 @@ def on_torch_stream(index):
 def _run_foreign(fn, names, args, kwargs):
     """The slow path: convert in, check, run (on torch's stream for torch CUDA tensors), convert out."""
     call = _Call(names)
-    inbound = call.inbound
-    args = [inbound(a, i) for i, a in enumerate(args)]
+    inbound, plain = call.inbound, _PLAIN_TYPES
+    args = [a if type(a) in plain else inbound(a, i) for i, a in enumerate(args)]
     if kwargs:
-        kwargs = {k: inbound(v, k) for k, v in kwargs.items()}
-    call.check_one_framework()
+        kwargs = {k: v if type(v) in plain else inbound(v, k) for k, v in kwargs.items()}
+    if call.torch is not None and call.other_key is not None:
+        call.refuse_mixed()
     if call.gpu is None:
         return call.outbound(fn(*args, **kwargs))
     cupy = _cupy or _cupy_module(call.label(call.gpu_key))
