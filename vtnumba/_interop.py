@@ -5,7 +5,8 @@
 
 1. A type check per argument (the fast path): numpy and cupy arrays, scalars, dtypes, weights and
    ``QuantizedActivation``s of numpy/cupy arrays go straight to the op. Nothing else is done, so
-   numpy and cupy callers pay a few tenths of a microsecond (benchmarks/bench_interop.py).
+   numpy and cupy callers pay 0.2-0.9 us per call (2 to 6 arguments, on CI's 2-core box;
+   benchmarks/bench_interop.py).
 2. Otherwise the foreign arguments are viewed as numpy (CPU) or cupy (GPU) arrays, zero-copy:
    torch CPU tensors through ``Tensor.numpy()``, torch CUDA tensors through a DLPack capsule
    (``torch.utils.dlpack.to_dlpack`` -> ``cupy.from_dlpack``), other objects through
@@ -19,7 +20,8 @@
    Other GPU arrays run on cupy's current device and stream, as cupy arrays always have.
 4. The op's array results go back to the caller's framework: torch in, torch out (through
    ``torch.from_numpy`` on the CPU and a DLPack capsule on the GPU, no copy); every other input
-   kind gets numpy or cupy arrays.
+   kind gets numpy or cupy arrays. GPU results are allocated by cupy (its memory pool, on torch's
+   stream) and held by the tensor through DLPack: torch's caching allocator does not count them.
 
 Choices (also in the README):
 
@@ -28,7 +30,8 @@ Choices (also in the README):
   ``codes.view(torch.float8_e4m3fn)`` is free where a float8 tensor is wanted (``torch._scaled_mm``).
   Inputs may be either: ``torch.float8_e4m3fn`` codes are viewed as uint8.
 - float64 inputs (any framework, numpy included) are cast to float32 with round-to-nearest-even
-  first, as upstream's kernels take float32 at the widest: the result is exactly that of the op on
+  first (upstream's quantization kernels take float32 at the widest: vLLM dispatches them on
+  float32, float16 and bfloat16), so the result is exactly that of the op on
   ``x.astype(float32)``. The cast copies (float64 has no float32 view); results are float32 where
   they follow the input's dtype.
 - A torch tensor with ``requires_grad`` under grad mode is refused: the ops are not differentiable,
@@ -253,7 +256,7 @@ _TORCH_VIEWS = {}
 class _TorchApi:
     """torch functions on the per-call path, looked up once (attribute chains cost per call)."""
 
-    to_dlpack = from_dlpack = raw_stream = None
+    tensor = to_dlpack = from_dlpack = raw_stream = None
 
 
 _torch_api = _TorchApi()
@@ -263,6 +266,7 @@ def _torch_views(torch):
     if not _TORCH_VIEWS:
         _TORCH_VIEWS.update({torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
                              torch.float64: "float64"})
+        _torch_api.tensor = torch.Tensor
         _torch_api.to_dlpack, _torch_api.from_dlpack = torch.utils.dlpack.to_dlpack, torch.from_dlpack
         _torch_api.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -340,10 +344,12 @@ def on_torch_stream(index):
 def _run_foreign(fn, names, args, kwargs):
     """The slow path: convert in, check, run (on torch's stream for torch CUDA tensors), convert out."""
     call = _Call(names)
-    inbound, plain = call.inbound, _PLAIN_TYPES
-    args = [a if type(a) in plain else inbound(a, i) for i, a in enumerate(args)]
+    inbound, tensor, plain, tensor_type = call.inbound, call._tensor, _PLAIN_TYPES, _torch_api.tensor
+    args = [a if type(a) in plain else tensor(a, i) if type(a) is tensor_type else inbound(a, i)
+            for i, a in enumerate(args)]
     if kwargs:
-        kwargs = {k: v if type(v) in plain else inbound(v, k) for k, v in kwargs.items()}
+        kwargs = {k: v if type(v) in plain else tensor(v, k) if type(v) is tensor_type else inbound(v, k)
+                  for k, v in kwargs.items()}
     if call.torch is not None and call.other_key is not None:
         call.refuse_mixed()
     if call.gpu is None:
@@ -397,4 +403,15 @@ def interop(fn):
                 return _run_foreign(fn, names, args, kwargs)
         return fn(*args, **kwargs)
 
+    if fn.__doc__:
+        wrapper.__doc__ = fn.__doc__.rstrip() + _DOC_NOTE
     return wrapper
+
+
+_DOC_NOTE = """
+
+    Arrays may be numpy or cupy arrays, torch tensors (CPU or CUDA) or any ``__dlpack__`` /
+    ``__cuda_array_interface__`` object, taken without a copy; results come back as the caller's
+    kind (torch in, torch out; e4m3 codes as torch.uint8), on torch's current stream for CUDA
+    tensors. float64 input is cast to float32 (round-to-nearest-even) first. (vtnumba._interop)
+    """
