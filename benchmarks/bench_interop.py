@@ -33,6 +33,7 @@ import torch
 import vtnumba as vt
 import vtnumba.torch as vtt
 from vtnumba import seam
+from vtnumba.testing import devices
 
 
 def _time_pairs(base_fn, test_fn, calls, rounds, sync):
@@ -61,7 +62,7 @@ def _host_bytes(a):
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu()
         return (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).numpy().tobytes()
-    return (a.get() if hasattr(a, "get") else np.asarray(a)).tobytes()
+    return devices.to_host(a).tobytes()
 
 
 def _row(name, base_fn, test_fn, args, sync, target, ratio_target=None):

@@ -14,6 +14,7 @@ import pytest
 
 import vtnumba as vt
 from vtnumba import _interop, seam
+from vtnumba.testing import devices
 
 pytestmark = pytest.mark.gpu
 
@@ -86,7 +87,7 @@ def test_ops_on_cuda_tensors_match_the_cpu(np_dtype):
                            out_dtype=torch.bfloat16, bias=tb, kernel=kernel)
         want = vt.scaled_mm(*views[:4], out_dtype=BF16, bias=views[4], kernel=kernel)  # cupy views: same kernel
         assert got.dtype == torch.bfloat16 and got.device == tx.device
-        _same(got, cupy.asnumpy(want))
+        _same(got, devices.to_host(want))
         cpu = vt.scaled_mm(qx.data, qw.data, qx.scale, qw.scale, bias=bias)
         np.testing.assert_allclose(_host(got).astype(np.float32), cpu, rtol=2e-2, atol=2e-2 * np.abs(cpu).max())
     fw = seam.Fp8Weight.from_float(w, per_channel=True, activation_scheme="per_token", bias=bias)
@@ -105,6 +106,7 @@ def test_runs_on_torchs_current_stream_without_synchronizing():
     want_dyn = vt.quantize_fp8(x_host, per_token=True)
     src = _cuda(x_host)
     x = torch.full_like(src, float("nan"))  # read too early, x would encode to 0x7F everywhere
+    vt.quantize_fp8(src, 0.05), vt.quantize_fp8(src, per_token=True)  # compile outside the timed window
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     cupy_stream_before = cupy.cuda.get_current_stream().ptr
@@ -167,7 +169,7 @@ def test_fp8_linear_on_the_gpu(scheme):
     torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     # the same as the seam on cupy views of the same input
     want_gpu = seam.matmul_fp8(cupy.from_dlpack(xg.view(torch.int16)).view(BF16), layer._placed[0])
-    assert _host(y1).tobytes() == cupy.asnumpy(want_gpu).tobytes()
+    assert _host(y1).tobytes() == devices.to_host(want_gpu).tobytes()
     rel = (y1.float().cpu() - want).abs().max() / want.abs().max()
     assert rel < 0.05  # bf16 input vs float32 input: close
 
