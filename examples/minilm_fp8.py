@@ -24,6 +24,7 @@ files and config.json). Needs ``pip install 'vtnumba[examples]'``.
 
     python examples/minilm_fp8.py            # CPU
     python examples/minilm_fp8.py --device cuda --json
+    python examples/minilm_fp8.py --torch    # sentence-transformers' own model, via vtnumba.torch.convert
 """
 
 import argparse
@@ -288,11 +289,101 @@ def run(model_dir=None, device="cpu", sentences=SENTENCES):
                 calibration_sentences=len(CALIBRATION), variants=figures)
 
 
+
+# -- the same model through sentence-transformers' own torch model ------------------------------
+# ``--torch``: the SentenceTransformer (torch) is the float32 reference, and copies of it with every
+# nn.Linear swapped by ``vtnumba.torch.convert`` are the FP8 variants (the pooler's Linear included:
+# convert swaps every Linear; the pooler does not feed the embedding). On a machine without the
+# weights package (the H200), ``--fp16-dir`` reads the folder examples/export_minilm_fp16.py writes.
+
+FP16_FILE = "model_fp16.safetensors"
+EMBED = "embeddings.word_embeddings.weight"
+EMBED_IDS, EMBED_ROWS = "embeddings.word_embeddings.ids", "embeddings.word_embeddings.rows"
+
+
+def sentence_transformer(model_dir=None, device="cpu"):
+    """sentence-transformers' own model of all-MiniLM-L6-v2 (Transformer, mean Pooling, Normalize)."""
+    model_dir = _check_model_dir(model_dir or default_model_dir())
+    st = _require("sentence_transformers", "--torch")
+    return st.SentenceTransformer(str(model_dir), device=device).eval()
+
+
+def sentence_transformer_from_fp16(folder, device="cpu", needed=SENTENCES + CALIBRATION):
+    """The model from an export_minilm_fp16.py folder: its float16 weights widened to float32
+    (exact), the word-embedding rows it kept put back in a zero table. Refuses a folder that lacks
+    a row some of ``needed``'s tokens use (those would silently embed as zeros)."""
+    import shutil
+    import tempfile
+
+    folder = Path(folder)
+    if not (folder / FP16_FILE).is_file():
+        raise ExampleError(f"fp16 dir must hold {FP16_FILE} (written by examples/export_minilm_fp16.py), "
+                           f"got {str(folder)!r} without it")
+    safetensors_numpy = _require("safetensors.numpy", "loading the MiniLM weights")
+    st = _require("sentence_transformers", "--torch")
+    tensors = safetensors_numpy.load_file(str(folder / FP16_FILE))
+    ids, rows = tensors.pop(EMBED_IDS), tensors.pop(EMBED_ROWS)
+    config = json.loads((folder / "config.json").read_text())
+    table = np.zeros((int(config["vocab_size"]), rows.shape[1]), np.float32)
+    table[ids] = rows.astype(np.float32)
+    tensors = {name: t.astype(np.float32) if t.dtype == np.float16 else t for name, t in tensors.items()}
+    tensors[EMBED] = table
+    with tempfile.TemporaryDirectory() as tmp:
+        for item in folder.iterdir():
+            if item.name != FP16_FILE:
+                (shutil.copytree if item.is_dir() else shutil.copy)(item, Path(tmp) / item.name)
+        safetensors_numpy.save_file(tensors, str(Path(tmp) / "model.safetensors"))
+        model = st.SentenceTransformer(tmp, device=device).eval()
+    used = np.unique(np.concatenate(model.tokenizer(list(needed))["input_ids"]))
+    missing = np.setdiff1d(used, ids)
+    if missing.size:
+        raise ExampleError(f"fp16 dir {str(folder)!r} must keep the embedding rows of every token the sentences "
+                           f"use, got {missing.size} missing ({missing[:8].tolist()}...): re-run "
+                           f"examples/export_minilm_fp16.py")
+    return model
+
+
+def encode(model, sentences):
+    """Sentence embeddings [B, H] as numpy (the model normalizes them itself)."""
+    return model.encode(list(sentences), batch_size=64, convert_to_numpy=True, show_progress_bar=False)
+
+
+def run_torch(model_dir=None, device="cpu", sentences=SENTENCES, *, fp16_dir=None, model=None):
+    """``run`` through sentence-transformers' torch model: reference the model itself, FP8 variants
+    its copies converted by ``vtnumba.torch.convert`` ('static' with scales from
+    ``vtnumba.torch.calibrate``, 'per_token')."""
+    import copy
+
+    _require("torch", "--torch")
+    vtt = _require("vtnumba.torch", "--torch")
+    if model is None:
+        model = sentence_transformer_from_fp16(fp16_dir, device) if fp16_dir else sentence_transformer(model_dir, device)
+    t0 = time.perf_counter()
+    reference = encode(model, sentences)
+    figures = {"float32": dict(seconds=time.perf_counter() - t0)}
+    # one calibration sentence per batch, so no padding token enters the amax (run() masks them)
+    scales = vtt.calibrate(model, lambda: [encode(model, [s]) for s in CALIBRATION])
+    converted = 0
+    for label, config, kw in (("fp8-static", "static", {"input_scales": scales}), ("fp8-per-token", "per_token", {})):
+        fp8 = vtt.convert(copy.deepcopy(model), config, **kw)
+        converted = sum(isinstance(m, vtt.Fp8Linear) for m in fp8.modules())
+        encode(fp8, sentences)  # the first call may compile kernels: keep it out of the time
+        t0 = time.perf_counter()
+        emb = encode(fp8, sentences)
+        figures[label] = dict(compare(reference, emb), seconds=time.perf_counter() - t0)
+    return dict(device=f"{device} (torch, sentence-transformers)", linear_layers=converted,
+                calibration_sentences=len(CALIBRATION), variants=figures)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="all-MiniLM-L6-v2 through vtnumba's FP8 seam vs float32")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--model-dir", default=None, help="a directory with config.json, model.safetensors, tokenizer.json")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--torch", action="store_true",
+                        help="run sentence-transformers' torch model, its Linears converted by vtnumba.torch.convert")
+    parser.add_argument("--fp16-dir", default=None,
+                        help="with --torch: the folder examples/export_minilm_fp16.py wrote (no weights package needed)")
     args = parser.parse_args(argv)
     try:
         if args.device == "cuda":
@@ -301,7 +392,10 @@ def main(argv=None):
             reason = gpu_unavailable_reason()
             if reason is not None:
                 raise ExampleError(f"--device cuda: {reason}")
-        result = run(args.model_dir, args.device)
+        if args.torch:
+            result = run_torch(args.model_dir, args.device, fp16_dir=args.fp16_dir)
+        else:
+            result = run(args.model_dir, args.device)
     except ExampleError as exc:
         print(f"minilm_fp8: error: {exc}", file=sys.stderr)
         return 2

@@ -79,7 +79,8 @@ def device_of(x, name):
     if hasattr(x, "__cuda_array_interface__"):
         return cuda_device(_gpu_index(x))
     raise TypeError(
-        f"{name} must be a numpy array (CPU) or a GPU array such as a cupy array, got {type(x).__name__}")
+        f"{name} must be a numpy array (CPU), a GPU array such as a cupy array, a torch tensor, or any "
+        f"__dlpack__ / __cuda_array_interface__ object, got {type(x).__name__}")
 
 
 def parse_device(device, name="device"):

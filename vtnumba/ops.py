@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from . import _arrays
+from ._interop import interop
 from ._format import E4M3_MAX
 
 
@@ -148,6 +149,7 @@ def _group_size(value, name="group_size"):
     return int(value)
 
 
+@interop
 def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None, group_size=None, scale_ue8m0=False,
                  column_major_scales=False):
     """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
@@ -197,6 +199,7 @@ def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None, group_size=No
     return QuantizedActivation(codes, impl.scale_array(s), ActivationScheme.STATIC)
 
 
+@interop
 def encode_e4m3(x):
     """float32 / float16 / bfloat16 -> e4m3fn uint8 codes, no scaling (RNE, saturating, NaN -> 0x7F)."""
     device = _arrays.device_of(x, "x")
@@ -204,12 +207,14 @@ def encode_e4m3(x):
     return backend(device).quantize_static(x, np.float32(1.0))
 
 
+@interop
 def decode_e4m3(codes):
     """e4m3fn codes (uint8 or float8_e4m3fn) -> float32, exact; 0x7F / 0xFF -> NaN."""
     device = _arrays.device_of(codes, "codes")
     return backend(device).decode(_arrays.codes_uint8(codes, "codes"))
 
 
+@interop
 def dequantize_fp8(codes, scale, dtype=np.float32):
     """``decode(codes) * scale`` in float32, rounded (RNE) to ``dtype``. ``scale`` is a scalar or
     an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...)."""
@@ -280,6 +285,7 @@ def _block_scale(scale, name, shape):
     return scale
 
 
+@interop
 def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel=None, block_size=None):
     """``y[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * scale_a * scale_b + bias[n]``.
 
@@ -319,6 +325,7 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     return backend(device).scaled_mm(a, b, sa, sb, out_dt, bias, kernel)
 
 
+@interop
 def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32,
                bias=None):
     """One FP8 W8A8 linear layer: quantize the float activation x [M, K] as ``quantize_fp8`` does

@@ -103,7 +103,8 @@ def block_reason(cc, version):
         return (f"cuBLASLt's 128x128 block scales (VEC128_32F x BLK128x128_32F) run on Hopper (sm_90) only, "
                 f"this GPU is sm_{cc[0]}{cc[1]}{extra}")
     if version < _OUTER_VEC_MIN_VERSION:
-        return f"128x128 block scales need cuBLASLt >= 12.9, found version {version}"
+        return (f"128x128 block scales need cuBLASLt >= 12.9, found "
+                f"{version // 10000}.{version % 10000 // 100}.{version % 100}")
     return None
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _arrays
 from .._config import dense_cublaslt_fp8_enabled, kernel_settings
+from .._interop import interop
 from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
 from .weights import Fp8Weight, ResidentFp8
 
@@ -57,6 +58,7 @@ def _weight_for(weight, x, name):
     raise ValueError(f"{name} must be on the weight's device {w.device}, got an array on {x_device}")
 
 
+@interop
 def quantize_activation(x, weight):
     """``x`` [M, K] quantized as ``weight`` (an ``Fp8Weight`` / ``ResidentFp8``) expects its
     activations: by its ``activation_scheme``, with its ``input_scale`` when static. The result
@@ -114,6 +116,7 @@ def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
     calls[key] = gpu[2].bind_linear(x, w_device, x.dtype if out_dtype is None else out_dtype)
 
 
+@interop
 def matmul_fp8(x, weight, out_dtype=None):
     """``y = dequant(quant(x)) @ dequant(weight).T + bias`` as FP8 W8A8: ``x`` [..., K] (float32,
     float16 or bfloat16; numpy or cupy) is quantized by the weight's ``activation_scheme`` ('static':
@@ -171,6 +174,7 @@ def _unflatten(y, shape, w):
     return y if len(shape) == 2 else y.reshape(*shape[:-1], w.shape[0])
 
 
+@interop
 def matmul_fp8_prequant(q, weight, out_dtype=None):
     """The GEMM of ``matmul_fp8`` on an activation already quantized (``vt.QuantizedActivation``,
     codes [..., K]), for a caller that quantizes once and feeds several layers. ``q.scheme`` must

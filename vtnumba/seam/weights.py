@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _arrays
 from .. import _format
+from .._interop import interop
 from ..ops import ActivationScheme, block_size_of, dequantize_fp8, encode_e4m3, quant_scale, quantize_fp8
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
@@ -134,6 +135,7 @@ class Fp8Weight:
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
+    @interop
     def from_float(cls, w, input_scale=None, per_channel=False, *, activation_scheme=None, bias=None,
                    block_size=None, scale_ue8m0=False):
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
