@@ -285,8 +285,10 @@ def _cupy_module(name):
         try:
             import cupy
         except ImportError:
-            raise RuntimeError(f"{name} is a GPU array, and vtnumba's GPU path needs cupy, which is not installed: "
-                               f"pip install 'vtnumba[cuda12]' (or [cuda13])") from None
+            from .cuda.target import require_gpu
+
+            require_gpu()  # the library's one message for why the GPU path cannot run (here: no cupy)
+            raise
         _cupy = cupy
     return _cupy
 
