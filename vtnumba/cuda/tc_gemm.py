@@ -139,7 +139,18 @@ GEMM_CONFIGS = {
     "sim_32x16_f16b": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="b"),
 }
 GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
-BLOCK_DEFAULT = GEMM_DEFAULT  # block-scaled tiles: BN must divide 128
+# sm_90 only (see default_config); None: the e4m3 default there too
+F16_DEFAULT = None
+F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x 64 warp tiles, BN | 128
+
+
+def default_config(cc, split):
+    """The configuration ``gemm_launch`` runs on compute capability ``cc`` (``split``: per_128 or
+    block scales, which keep a K-block partial beside the accumulator). f16 staging on sm_90, where
+    the FP8 mma is converted to f16 HMMAs anyway; the e4m3 mma elsewhere: native FP8 on sm_89 and
+    sm_12x, whose 99 KB of shared memory per block would not hold the f16 tiles either."""
+    f16 = F16_SPLIT_DEFAULT if split else F16_DEFAULT
+    return GEMM_CONFIGS[f16] if f16 and not SIMULATOR and tuple(cc) == (9, 0) else GEMM_DEFAULT
 
 
 def tile_shape(cfg):
@@ -212,6 +223,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
     n_raw = 4 if f16 else 1  # e4m3 fragments of an unstaged operand, before conversion
     chained = promotion == PER_128 or chain
     scratch_words = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
     lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
     cp16, commit = mma.cp_async_16, mma.cp_async_commit
@@ -291,7 +303,10 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         m_total, k_total = a.shape
         n_total = b.shape[0]
         smem = cuda.shared.array(smem_words, types.uint32, alignment=_ALIGN_128)  # cp.async, ldmatrix: 16 B
-        scratch = cuda.shared.array(scratch_words, types.uint32)
+        if own_scratch:
+            scratch = cuda.shared.array(scratch_words, types.uint32)
+        else:
+            scratch = smem  # unused on a GPU: no static array beside the dynamic one
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_part, types.float32)
         af = cuda.local.array(n_af, types.uint32)
@@ -653,7 +668,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
     dev = call.device
     bias, bias_kind = bias_bits(call.bias, dev)
-    cfg = config or (BLOCK_DEFAULT if block_scaled else GEMM_DEFAULT)
+    cfg = config or default_config(dev.cc, _split_accumulators(promotion, block_scaled))
     # the f16-staged kernel promotes per k32 explicitly; its chain is the tensor core's accumulation
     chain = not SIMULATOR and not cfg.f16 and chains_in_float32(dev.cc)
     bm, bn = tile_shape(cfg)
@@ -664,6 +679,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
              OUT_KIND[call.out_dtype]))
 
 
-__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "BLOCK_DEFAULT", "tile_shape",
-           "shared_bytes", "gemm_kernel", "DynamicSharedKernel", "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
+__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
+           "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
+           "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
            "bias_bits"]
