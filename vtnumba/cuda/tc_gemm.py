@@ -589,7 +589,10 @@ class DynamicSharedKernel:
             return
         fn = self.kernel.function()
         if fn.ptr not in self._opted_in:
-            fn.max_dynamic_shared_size_bytes = self.shared_mem
+            # cupy's Function (unlike its RawKernel) has no setter for the attribute: the driver call
+            from cupy.cuda import driver
+
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_mem)
             self._opted_in.add(fn.ptr)
 
     def __call__(self, grid, block, *args):
