@@ -102,11 +102,14 @@ F16_SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in
 #
 # An f16 row is 128 bytes, eight chunks; chunk c of row r is stored at c ^ (r & 7): conflict-free
 # for ldmatrix (8 consecutive rows) and for the conversion's 16-byte stores (a phase of 8 threads:
-# 2 rows x 4 source chunks, one parity each). The k order inside a 16-code chunk is the one ptxas's
-# own lowering of the e4m3 mma feeds its two HMMAs: f16 chunk 2c holds codes 16c + 4t + {0, 1} at
-# k' = 2t + {0, 1}, chunk 2c + 1 holds codes 16c + 4t + {2, 3} -- one cvt.rn.f16x2.e4m3x2 per half
-# word, no byte shuffles -- which is also what converting an e4m3 ldmatrix fragment in registers
-# gives. A and B use the same order, so each product pairs the same codes (mma.py).
+# 2 rows x 4 source chunks, one parity each). A 16-code chunk c converts with one
+# cvt.rn.f16x2.e4m3x2 per code pair, no byte shuffles: f16 chunk 2c holds the lower pair of each
+# 4-code word (codes 16c + 4t + {0, 1} at k' = 2t + {0, 1}), chunk 2c + 1 the upper pair. Each k32
+# step runs two HMMAs, the first on the lower pairs, the second on the upper ones -- the split
+# ptxas's own lowering of the e4m3 mma makes on sm_90 (cuobjdump: the first HMMA reads the F2FP of
+# every register's low half, the second of its .H1 half) -- which is also what converting an e4m3
+# ldmatrix fragment in registers gives. A and B use the same order, so each product pairs the same
+# codes (mma.py).
 #
 # Promotion: per_mma runs the two k16 HMMAs of each k32 step from C = 0 (the second adding the
 # first's result), then adds that partial in float32 -- the arithmetic ptxas emits for the e4m3 mma
@@ -399,39 +402,41 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                 fbase = ring_words + (kt % 2) * f16_words
                 sbase = st_read * stage_words
                 for ks in range(2):
-                    # one k32 step: B fragments of both k16 halves for the warp's columns (bf[0, 2 nt):
-                    # the lower half, [2 nt, 4 nt): the upper), then A one m16 tile at a time
+                    # one k32 step (e4m3 chunks 2 ks, 2 ks + 1 = f16 chunks 4 ks .. 4 ks + 3), two HMMAs:
+                    # HMMA h takes the code pair h of every 4-code word, i.e. f16 chunks 4 ks + h (k' 0-7)
+                    # and 4 ks + 2 + h (k' 8-15). B fragments for the warp's columns first (bf[0, 2 nt):
+                    # HMMA 0, [2 nt, 4 nt): HMMA 1), then A one m16 tile at a time
                     if f16_b:
                         for h in range(2):
-                            b_off = fbase + b_lane + 4 * ((4 * ks + 2 * h + b_hi) ^ rr)
+                            b_off = fbase + b_lane + 4 * ((4 * ks + h + 2 * b_hi) ^ rr)
                             for j in range(nt // 2):
                                 q = 2 * nt * h + 4 * j
                                 bf[q], bf[q + 1], bf[q + 2], bf[q + 3] = ldsm(
                                     smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane)
                     else:
-                        # e4m3 b0 (k 4t.., the lower 16) -> f16 b0, b1 of the lower HMMA; b1 -> the upper
+                        # the lower code pair of e4m3 b0, b1 -> the first HMMA's b0, b1; the upper -> the second's
                         b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
                         for j in range(nt // 2):
                             raw[0], raw[1], raw[2], raw[3] = ldsm(smem, b_off + 16 * ROW_WORDS * j, scratch, warp,
                                                                   lane)
                             for u in range(2):  # n8 tiles 2 j, 2 j + 1
                                 q = 2 * (2 * j + u)
-                                bf[q], bf[q + 1] = cvt4(raw[2 * u])
-                                bf[2 * nt + q], bf[2 * nt + q + 1] = cvt4(raw[2 * u + 1])
+                                bf[q], bf[2 * nt + q] = cvt4(raw[2 * u])
+                                bf[q + 1], bf[2 * nt + q + 1] = cvt4(raw[2 * u + 1])
                     for i in range(mt):
                         if f16_a:
                             for h in range(2):
-                                a_off = fbase + a_lane + 4 * ((4 * ks + 2 * h + a_hi) ^ rr) + 16 * F16_ROW_WORDS * i
+                                a_off = fbase + a_lane + 4 * ((4 * ks + h + 2 * a_hi) ^ rr) + 16 * F16_ROW_WORDS * i
                                 af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3] = ldsm(
                                     smem, a_off, scratch, warp, lane)
                         else:
-                            # e4m3 a0, a1 (rows g, g + 8, the lower 16 k) -> the lower HMMA's a0..a3
+                            # the lower code pair of e4m3 a0..a3 -> the first HMMA's a0..a3; the upper -> the second's
                             a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw) + 16 * ROW_WORDS * i
                             raw[0], raw[1], raw[2], raw[3] = ldsm(smem, a_off, scratch, warp, lane)
-                            af[0], af[2] = cvt4(raw[0])
-                            af[1], af[3] = cvt4(raw[1])
-                            af[4], af[6] = cvt4(raw[2])
-                            af[5], af[7] = cvt4(raw[3])
+                            af[0], af[4] = cvt4(raw[0])
+                            af[1], af[5] = cvt4(raw[1])
+                            af[2], af[6] = cvt4(raw[2])
+                            af[3], af[7] = cvt4(raw[3])
                         for j in range(nt):
                             q = 4 * (i * nt + j)
                             lo = 2 * j
