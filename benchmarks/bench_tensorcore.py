@@ -2,17 +2,19 @@
 torch measured in the same run. Device time behind a queued sleep (gpu_timing.py, DEVICE.md).
 
 Tables (targets from issue 14):
-  1. GEMM 4096^3 per-tensor: tile configurations and promotions vs cuBLASLt, torch._scaled_mm
-     (>= 0.5x cuBLASLt; the floor to ship 0.25x)
-  2. GEMM 28672 x 4096 at M = 4096, the default configuration
-  3. block-scaled 4096^3 (1 x 128 x 128 x 128) vs torch's block-scaled _scaled_mm
+  1. GEMM 4096^3 per-tensor: tile configurations (e4m3 mma and f16-staged) and promotions vs
+     cuBLASLt, torch._scaled_mm (>= 0.5x cuBLASLt; the floor to ship 0.25x)
+  2. GEMM 28672 x 4096 at M = 4096: table 1's fastest and the e4m3 default
+  3. block-scaled 4096^3 (1 x 128 x 128 x 128) vs torch's block-scaled _scaled_mm, each configuration
+     able to hold the K-block partial
   4. decode GEMV at M = 1, 4, 16 on four shapes vs cuBLASLt, with the weight-read floor
      (>= 1.3x cuBLASLt at 4096^2, >= 1.0x elsewhere); the GEMV's configurations at M = 1
   5. the fused static FP8 layer at M = 1 (bf16 x) vs torch's bf16 matmul (>= 1.8x)
-  6. accuracy on uniformly drawn codes: worst error / G3 bound, each promotion beside cuBLASLt
+  6. accuracy on uniformly drawn codes: worst error / G3 bound, each promotion (the e4m3 kernel and
+     the f16-staged one) beside cuBLASLt
 
-Run: python3 benchmarks/bench_tensorcore.py [gemm | gemm1] [decode] [accuracy]   (all by default;
-gemm1: table 1 only;
+Run: python3 benchmarks/bench_tensorcore.py [gemm | gemm1 | gemm_all] [decode] [accuracy]   (all by
+default; gemm1: table 1 only; gemm_all: with every e4m3 tile configuration, not only the default;
 needs cupy, torch, numba-cuda, nvmath-python; a GPU)
 """
 
@@ -101,15 +103,39 @@ def main(sections):
     sb = cp.asarray([0.25], dtype=cp.float32)
     ta_s, tb_s = torch.as_tensor(sa, device="cuda").reshape(()), torch.as_tensor(sb, device="cuda").reshape(())
 
-    if "gemm" in sections or "gemm1" in sections:
-        gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first="gemm" not in sections)
+    if "gemm" in sections or "gemm1" in sections or "gemm_all" in sections:
+        gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first="gemm1" in sections and "gemm" not in sections,
+                    all_e4m3="gemm_all" in sections)
     if "decode" in sections:
         decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth)
     if "accuracy" in sections:
         accuracy_table(chain)
 
 
-def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False):
+E4M3_DEFAULT = "128x128_w8_32x64"  # the e4m3-mma tile the GPU tests first ran on
+# the f16-staged variants measured with the tensor core's own accumulation too
+F16_CHAINED = ("f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16a_128x256_w8_64x64")
+BEST = {}  # filled by table 1: "gemm" (any tile), "block" (BN dividing 128 with a K-block partial)
+
+
+def timed_row(label, make, flops, t_peer, repeats=10):
+    """One table row: device us of make()'s launch, TFLOP/s, the peer's time / this; None (and a
+    'failed' row) when compiling or running it raises -- one configuration must not cost the rest."""
+    try:
+        t = best_of(make(), repeats, 2)
+    except Exception as exc:
+        row(label, f"failed: {exc.__class__.__name__}: {exc}"[:160], "", "")
+        return None
+    row(label, f"{t:.0f}", f"{flops / t / 1e6:.0f}", f"{t_peer / t:.3f}")
+    return t
+
+
+def block_capable(cfg):
+    bm, bn = tc.tile_shape(cfg)
+    return 128 % bn == 0 and cfg.mt * cfg.nt <= 16  # 32 x 64 warp tiles: room for the K-block partial
+
+
+def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False):
     # 1. 4096^3 -------------------------------------------------------------------------------------
     table("1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
           ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"])
@@ -121,23 +147,37 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False):
     t_torch = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 20)
     row("cuBLASLt (vtnumba)", f"{t_lt:.0f}", f"{flops / t_lt / 1e6:.0f}", "1.00")
     row("torch._scaled_mm", f"{t_torch:.0f}", f"{flops / t_torch / 1e6:.0f}", f"{t_lt / t_torch:.2f}")
-    variants = [(name, cfg, tc.PER_MMA, chain) for name, cfg in tc.GEMM_CONFIGS.items() if not name.startswith("sim")]
-    default_name = next(name for name, cfg in tc.GEMM_CONFIGS.items() if cfg == tc.GEMM_DEFAULT)
-    if chain:
-        variants.append((default_name + " explicit promotion", tc.GEMM_DEFAULT, tc.PER_MMA, False))
-    variants.append((default_name + " per_128", tc.GEMM_DEFAULT, tc.PER_128, chain))
-    best = (float("inf"), None)
-    for name, cfg, promotion, ch in variants:
-        try:
-            t = best_of(gemm_fn(a, b, sa, sb, cfg, promotion, ch), 10, 2)
-        except Exception as exc:  # one configuration failing must not cost the rest of the run
-            row(f"vt {name} ({promotion})", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
+    e4m3_default = E4M3_DEFAULT
+    # (name, config, promotion, chain, the default semantics): the e4m3 kernel chains C on sm_90
+    # (promotion per mma there); the f16-staged kernel promotes per k32 explicitly
+    variants = []
+    for name, cfg in tc.GEMM_CONFIGS.items():
+        if name.startswith("sim") or (not cfg.f16 and name != e4m3_default and not all_e4m3):
             continue
-        row(f"vt {name} ({promotion}{', chained C' if ch and promotion == tc.PER_MMA else ''})", f"{t:.0f}",
-            f"{flops / t / 1e6:.0f}", f"{t_lt / t:.3f}")
-        if promotion == tc.PER_MMA and ch == chain and t < best[0]:
-            best = (t, cfg)
-    best_cfg = best[1] or tc.GEMM_DEFAULT
+        variants.append((name, cfg, tc.PER_MMA, chain and not cfg.f16, True))
+    e4m3 = tc.GEMM_CONFIGS[e4m3_default]
+    if chain:
+        variants.append((e4m3_default + " explicit promotion", e4m3, tc.PER_MMA, False, False))
+    variants.append((e4m3_default + " per_128", e4m3, tc.PER_128, chain, False))
+    for name in F16_CHAINED:
+        variants.append((name + " tensor-core accumulation", tc.GEMM_CONFIGS[name], tc.PER_MMA, True, False))
+    for name, cfg in tc.GEMM_CONFIGS.items():
+        if cfg.f16 and block_capable(cfg) and not name.startswith("sim"):
+            variants.append((name + " per_128", cfg, tc.PER_128, False, False))
+    best, best_block = (float("inf"), None), (float("inf"), None)
+    for name, cfg, promotion, ch, default in variants:
+        form = ", chained C" if ch and promotion == tc.PER_MMA and not cfg.f16 else ""
+        t = timed_row(f"vt {name} ({promotion}{form})", lambda: gemm_fn(a, b, sa, sb, cfg, promotion, ch), flops,
+                      t_lt)
+        if t is None:
+            continue
+        if default and t < best[0]:
+            best = (t, name)
+        if default and block_capable(cfg) and t < best_block[0]:
+            best_block = (t, name)
+    BEST["gemm"] = best[1] or e4m3_default
+    BEST["block"] = best_block[1] or e4m3_default
+    print(f"best (promotion per mma): {BEST['gemm']}; best able to hold block scales: {BEST['block']}")
     if only_first:
         return
 
@@ -149,10 +189,12 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False):
     flops2 = 2 * s * n * k
     t_lt2 = best_of(lambda: gemm.scaled_mm(a, b2, sa, sb, BF16, None, "cublaslt"), 10)
     t_torch2 = best_of(lambda: torch._scaled_mm(ta, tb2.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 10)
-    t_vt2 = best_of(gemm_fn(a, b2, sa, sb, best_cfg, tc.PER_MMA, chain), 5, 2)
     row("cuBLASLt", f"{t_lt2:.0f}", f"{flops2 / t_lt2 / 1e6:.0f}", "1.00")
     row("torch._scaled_mm", f"{t_torch2:.0f}", f"{flops2 / t_torch2 / 1e6:.0f}", f"{t_lt2 / t_torch2:.2f}")
-    row("vt tensor-core (best config of table 1)", f"{t_vt2:.0f}", f"{flops2 / t_vt2 / 1e6:.0f}", f"{t_lt2 / t_vt2:.3f}")
+    for name in dict.fromkeys((BEST["gemm"], e4m3_default)):
+        cfg = tc.GEMM_CONFIGS[name]
+        timed_row(f"vt {name}", lambda: gemm_fn(a, b2, sa, sb, cfg, tc.PER_MMA, chain and not cfg.f16), flops2, t_lt2,
+                  repeats=5)
 
     # 3. block-scaled 4096^3 ------------------------------------------------------------------------
     table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
@@ -168,10 +210,14 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False):
     except Exception as exc:
         row("torch block _scaled_mm", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
     sa_c, sb_c = cp.asarray(sa_blk).T, cp.asarray(sb_blk)  # [M, KB] with strides (4, 4 M), [NB, KB]
-    for promotion in (tc.PER_MMA, tc.PER_128):
-        t = best_of(gemm_fn(a, b, sa_c, sb_c, best_cfg, promotion, chain, block=True), 10, 2)
-        row(f"vt tensor-core block ({promotion})", f"{t:.0f}", f"{flops / t / 1e6:.0f}", f"{t_tblk / t:.3f}")
-
+    block_names = [e4m3_default] + [name for name in tc.GEMM_CONFIGS if tc.GEMM_CONFIGS[name].f16
+                                    and block_capable(tc.GEMM_CONFIGS[name]) and not name.startswith("sim")]
+    for name in block_names:
+        cfg = tc.GEMM_CONFIGS[name]
+        for promotion in (tc.PER_MMA, tc.PER_128):
+            timed_row(f"vt {name} block ({promotion})",
+                      lambda: gemm_fn(a, b, sa_c, sb_c, cfg, promotion, chain and not cfg.f16, block=True), flops,
+                      t_tblk)
 
 
 def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
@@ -217,10 +263,18 @@ def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
 
 def accuracy_table(chain):
     # 6. accuracy -----------------------------------------------------------------------------------
+    def f16_pick(key):  # table 1's fastest f16-staged configuration, if it ran
+        name = BEST.get(key)
+        return name if name and tc.GEMM_CONFIGS[name].f16 else "f16ab_128x128_w8_32x64"
+
+    f16_name, f16_split = f16_pick("gemm"), f16_pick("block")
     table("6. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
-          ["K", "vt per_mma", "vt per_mma explicit", "vt per_128", "vt GEMV M=16", "cuBLASLt", "torch._scaled_mm"])
+          ["K", "vt per_mma", "vt per_mma explicit", "vt per_128", f"vt {f16_name} per_mma",
+           f"vt {f16_name} tensor-core accumulation", f"vt {f16_split} per_128", "vt GEMV M=16", "cuBLASLt",
+           "torch._scaled_mm"])
     rng = np.random.default_rng(0)
     one = cp.ones(1, dtype=cp.float32)
+    e4m3 = tc.GEMM_CONFIGS[E4M3_DEFAULT]
     for k in (256, 4096):
         ah = rng.integers(0, 256, size=(512, k), dtype=np.uint8)
         bh = rng.integers(0, 256, size=(512, k), dtype=np.uint8)
@@ -232,14 +286,18 @@ def accuracy_table(chain):
         def ratio(y):
             return f"{np.max(np.abs(y.astype(np.float64) - ref) / bound):.3f}"
 
-        cells = []
-        for promotion, ch in ((tc.PER_MMA, chain), (tc.PER_MMA, False), (tc.PER_128, chain)):
-            bm, bn = tc.tile_shape(tc.GEMM_DEFAULT)
-            y = cp.empty((512, 512), dtype=cp.float32)
-            tc.gemm_launcher(tc.GEMM_DEFAULT, promotion, False, ch, True)(
-                (-(-512 // bn), -(-512 // bm)), 32 * tc.GEMM_DEFAULT.wm * tc.GEMM_DEFAULT.wn, ad, bd, one, 0, one, 0,
+        def run(cfg, promotion, ch):
+            bm, bn = tc.tile_shape(cfg)
+            y = cp.full((512, 512), cp.nan, dtype=cp.float32)
+            tc.gemm_launcher(cfg, promotion, False, ch, True)(
+                (-(-512 // bn), -(-512 // bm)), 32 * cfg.wm * cfg.wn, ad, bd, one, 0, one, 0,
                 cp.zeros(1, cp.uint16), 0, y, 0)
-            cells.append(ratio(y.get()))
+            return y.get()
+
+        outs = [run(e4m3, tc.PER_MMA, chain), run(e4m3, tc.PER_MMA, False), run(e4m3, tc.PER_128, chain),
+                run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, False), run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, True),
+                run(tc.GEMM_CONFIGS[f16_split], tc.PER_128, False)]
+        cells = [ratio(y) for y in outs]
         y16 = gemm.TensorCoreGemv().run(gemm.GemmCall(ad[:16], bd, np.float32(1), np.float32(1), F32, None)).get()
         ref16, bound16 = ref[:16], bound[:16]
         cells.append(f"{np.max(np.abs(y16.astype(np.float64) - ref16) / bound16):.3f}")
@@ -249,6 +307,9 @@ def accuracy_table(chain):
         one_t = torch.ones((), device="cuda")
         y_t = torch._scaled_mm(ta_u, tb_u.t(), scale_a=one_t, scale_b=one_t, out_dtype=torch.float32).cpu().numpy()
         row(k, *cells, ratio(y_lt), ratio(y_t))
+        same = int((outs[3] == outs[0]).sum())
+        print(f"K = {k}: {f16_name} per_mma equals the e4m3 kernel's per_mma (chained C = {chain}) in "
+              f"{same} of {outs[0].size} elements", flush=True)
 
 
 if __name__ == "__main__":

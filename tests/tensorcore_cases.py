@@ -108,16 +108,89 @@ def _layout_kernel(a, b, c, d):
 _pack_dev = None
 
 
-def mma_layout_check(rng, to_device=None, to_host=None):
-    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/mma.py
-    documents (lane 4 g + t: A rows g, g + 8 at k 4t.. and 4t + 16..; B column g), runs the mma with
-    a non-zero C and writes D by the C layout. Returns (D, ref = A B^T + C, G3 bound)."""
-    global cuda, types, mma, _pack_dev
+def _pack16(bits, row, k0):
+    return np.uint32(bits[row, k0]) | (np.uint32(bits[row, k0 + 1]) << np.uint32(16))
+
+
+def _f16_layout_kernel(a, b, c, d):
+    scratch = cuda.shared.array(192, types.uint32)  # mma.SCRATCH_WORDS_PER_WARP
+    lane = cuda.threadIdx.x
+    g = lane // 4
+    t = lane % 4
+    d0, d1, d2, d3 = mma.mma_f16(
+        _pack16_dev(a, g, 2 * t), _pack16_dev(a, g + 8, 2 * t), _pack16_dev(a, g, 2 * t + 8),
+        _pack16_dev(a, g + 8, 2 * t + 8), _pack16_dev(b, g, 2 * t), _pack16_dev(b, g, 2 * t + 8),
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1], scratch, 0, lane)
+    d[g, 2 * t] = d0
+    d[g, 2 * t + 1] = d1
+    d[g + 8, 2 * t] = d2
+    d[g + 8, 2 * t + 1] = d3
+
+
+def _cvt_kernel(words, out):
+    i = cuda.threadIdx.x + cuda.blockIdx.x * cuda.blockDim.x
+    if i < words.shape[0]:
+        lo, hi = mma.cvt_e4m3x4_f16(words[i])
+        out[2 * i] = lo
+        out[2 * i + 1] = hi
+
+
+_pack16_dev = None
+
+
+def _bind():
+    global cuda, types, mma, _pack_dev, _pack16_dev
     from vtnumba.cuda import mma as mma_module
     from vtnumba.cuda.target import cuda as cuda_module, types as types_module
 
     cuda, types, mma = cuda_module, types_module, mma_module
     _pack_dev = cuda.jit(device=True)(_pack)
+    _pack16_dev = cuda.jit(device=True)(_pack16)
+
+
+def _launch(kernel, grid, block, host_args, to_device, to_host, out_index):
+    args = list(host_args) if to_device is None else [to_device(v) for v in host_args]
+    cuda.jit(kernel)[grid, block](*args)
+    return args[out_index] if to_host is None else to_host(args[out_index])
+
+
+def mma_f16_layout_check(rng, to_device=None, to_host=None):
+    """mma_layout_check for the f16 m16n8k16 mma (vtnumba/cuda/mma.py's f16 fragments): A [16, 16]
+    and B [8, 16] hold decoded e4m3 codes as f16 (every product exact). Returns (D, A B^T + C, G3
+    bound)."""
+    _bind()
+    a, b = uniform_codes(rng, (16, 16)), uniform_codes(rng, (8, 16))
+    a16, b16 = (reference.decode(v).astype(np.float16).view(np.uint16) for v in (a, b))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    d = _launch(_f16_layout_kernel, 1, 32, [a16, b16, c, np.full((16, 8), np.nan, dtype=np.float32)], to_device,
+                to_host, 3)
+    ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
+    return d, ref + c, bound
+
+
+def cvt_f16_check(to_device=None, to_host=None):
+    """All 256 codes through cvt_e4m3x4_f16 (four a word): (got, expected) f16 bit patterns, the
+    expected from reference.decode (exact in f16)."""
+    _bind()
+    codes = np.arange(256, dtype=np.uint8)
+    words = codes.view(np.uint32).copy()  # code 4 i + j in byte j of word i
+    got = _launch(_cvt_kernel, 1, 64, [words, np.zeros(128, dtype=np.uint32)], to_device, to_host, 1)
+    return got.view(np.uint16), reference.decode(codes).astype(np.float16).view(np.uint16)
+
+
+def assert_same_f16(got, want):
+    """Bit-equal f16 patterns, any NaN payload matching any NaN. Returns the values compared."""
+    got_nan, want_nan = (np.isnan(v.view(np.float16)) for v in (got, want))
+    np.testing.assert_array_equal(got_nan, want_nan)
+    np.testing.assert_array_equal(got[~want_nan], want[~want_nan])
+    return int((~want_nan).sum())
+
+
+def mma_layout_check(rng, to_device=None, to_host=None):
+    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/mma.py
+    documents (lane 4 g + t: A rows g, g + 8 at k 4t.. and 4t + 16..; B column g), runs the mma with
+    a non-zero C and writes D by the C layout. Returns (D, ref = A B^T + C, G3 bound)."""
+    _bind()
     a, b = uniform_codes(rng, (16, 32)), uniform_codes(rng, (8, 32))
     c = rng.standard_normal((16, 8)).astype(np.float32)
     d = np.full((16, 8), np.nan, dtype=np.float32)

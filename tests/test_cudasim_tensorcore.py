@@ -9,8 +9,8 @@ Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py st
 import numpy as np
 import pytest
 
-from tensorcore_cases import (BF16, F16, F32, block_reference, check_g3, group_quantize, mma_layout_check,
-                              uniform_codes)
+from tensorcore_cases import (BF16, F16, F32, assert_same_f16, block_reference, check_g3, cvt_f16_check,
+                              group_quantize, mma_f16_layout_check, mma_layout_check, uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.cudasim
@@ -65,6 +65,12 @@ def test_mma_emulation_matches_the_documented_fragment_layout(tc):
     assert check_g3(d, ref, bound, F32)[0] == 128
 
 
+def test_f16_mma_and_cvt_emulations_match_the_documented_layouts(tc):
+    d, ref, bound = mma_f16_layout_check(np.random.default_rng(2))
+    assert check_g3(d, ref, bound, F32)[0] == 128
+    assert assert_same_f16(*cvt_f16_check()) == 254  # every code but the two NaNs, bit for bit
+
+
 CASES = [  # (out dtype, per-row x per-channel scales, bias dtype)
     (F32, False, None),
     (F16, True, F16),
@@ -72,9 +78,10 @@ CASES = [  # (out dtype, per-row x per-channel scales, bias dtype)
 ]
 
 
+@pytest.mark.parametrize("config", ["sim_32x16", "sim_32x16_f16ab"])  # e4m3 mma; f16-staged tiles
 @pytest.mark.parametrize("promotion", ["per_mma", "per_128"])
 @pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", CASES, ids=str)
-def test_gemm_g3_partial_tiles_nan(tc, gemm, promotion, out_dtype, vector_scales, bias_dtype):
+def test_gemm_g3_partial_tiles_nan(tc, gemm, promotion, config, out_dtype, vector_scales, bias_dtype):
     rng = np.random.default_rng(7)
     m, n, k = 37, 20, 208  # partial M and N tiles; K: three 64-wide tiles and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
@@ -82,7 +89,7 @@ def test_gemm_g3_partial_tiles_nan(tc, gemm, promotion, out_dtype, vector_scales
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
     bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
     call = gemm.GemmCall(a, b, sa, sb, out_dtype, bias)
-    kernel = gemm.TensorCoreGemm(promotion, simulate=True)
+    kernel = gemm.TensorCoreGemm(promotion, config=tc.GEMM_CONFIGS[config], simulate=True)
     assert kernel.can_implement(call) == (True, "")
     y = kernel.run(call)
     ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
@@ -114,15 +121,65 @@ def test_gemm_chain_equals_explicit_promotion_and_word_loads(tc):
     np.testing.assert_array_equal(outs["words"], outs["explicit"])
 
 
-@pytest.mark.parametrize("promotion", ["per_mma", "per_128"])
-def test_blockwise_gemm(promotion):
+def _run_f16_staged(tc, config, promotion, chain, a, b):
+    """The f16-staged GEMM (y = a @ b^T in float32, unit scales) through its emulation."""
+    cfg = tc.GEMM_CONFIGS[config]
+    (m, _), n = a.shape, b.shape[0]
+    bm, bn = tc.tile_shape(cfg)
+    y = np.full((m, n), np.nan, dtype=np.float32)
+    one = np.ones(1, np.float32)
+    tc.gemm_launcher(cfg, promotion, False, chain, True)(
+        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, np.zeros(1, np.uint16), 0, y, 0)
+    return y
+
+
+@pytest.mark.parametrize("m, n, k", [(20, 9, 16), (40, 17, 336)])  # K: one partial tile; five and a 16-wide one
+def test_f16_staging_of_either_operand_or_both(tc, m, n, k):
+    """Staging A, B or both in f16 shared memory (the other converted from e4m3 fragments in
+    registers) feeds the HMMAs the same operands in the same k order: the same values, within G3,
+    NaN rows exactly; the tensor core's own accumulation (chain) within G3 too."""
+    rng = np.random.default_rng(k)
+    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
+    ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
+    both = _run_f16_staged(tc, "sim_32x16_f16ab", "per_mma", False, a, b)
+    assert check_g3(both, ref, bound, F32)[0] > m * n // 2
+    for config in ("sim_32x16_f16a", "sim_32x16_f16b"):
+        np.testing.assert_array_equal(_run_f16_staged(tc, config, "per_mma", False, a, b), both)
+    assert check_g3(_run_f16_staged(tc, "sim_32x16_f16ab", "per_mma", True, a, b), ref, bound, F32)[0] > m * n // 2
+
+
+def test_f16_staged_config_rules(tc):
+    with pytest.raises(ValueError, match="f16 must be one of"):
+        tc.gemm_kernel(tc.TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="c"), "per_mma", False, False)
+    with pytest.raises(ValueError, match="ldmatrix must be True"):
+        tc.gemm_kernel(tc.TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False, f16="ab"), "per_mma", False,
+                       False)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        tc.gemm_kernel(tc.TileConfig(mt=4, nt=8, wm=4, wn=4, stages=8, ldmatrix=True, f16="ab"), "per_mma", False,
+                       False)
+    # the e4m3 ring and two f16 tiles of the staged rows, in dynamic shared memory
+    assert tc.shared_bytes(tc.GEMM_CONFIGS["sim_32x16_f16b"]) == (0, 2 * 48 * 64 + 2 * 16 * 128)
+    assert tc.shared_bytes(tc.GEMM_CONFIGS["sim_32x16"]) == (2 * 48 * 64, 0)
+
+
+@pytest.mark.parametrize("promotion, config", [("per_mma", "sim_32x16"), ("per_128", "sim_32x16"),
+                                               ("per_mma", "sim_32x16_f16ab"), ("per_128", "sim_32x16_f16b")])
+def test_blockwise_gemm(tc, promotion, config):
     rng = np.random.default_rng(9)
     m, n, k = 40, 150, 320  # three K blocks, the last 64 wide; two weight row blocks, the second partial
     a, b = uniform_codes(rng, (m, k)), uniform_codes(rng, (n, k), nan_codes=True)
     sa = rng.uniform(0.001, 0.02, (m, 3)).astype(np.float32)
     sb = rng.uniform(-0.05, 0.05, (2, 3)).astype(np.float32)
     bias = rng.standard_normal(n).astype(BF16)
-    y = blockwise(a, b, sa, sb, BF16, bias, promotion=promotion)
+    if config == "sim_32x16":  # block.select's kernel
+        y = blockwise(a, b, sa, sb, BF16, bias, promotion=promotion)
+    else:
+        from vtnumba.cuda import block
+
+        call = block.BlockCall(a, b, sa, sb, (128, 128), BF16, bias)
+        y = np.empty((m, n), dtype=BF16)
+        kernel, grid, threads, args = tc.gemm_launch(call, y.view(np.uint16), True, promotion, tc.GEMM_CONFIGS[config])
+        kernel(grid, threads, *args)
     ref, bound = block_reference(a, b, sa, sb, bias.astype(np.float64))
     assert check_g3(y, ref, bound, BF16)[0] > m * n // 2
 

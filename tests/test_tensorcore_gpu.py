@@ -9,8 +9,8 @@ output dtype and bias; the documented fragment layout on the hardware; the claim
 import numpy as np
 import pytest
 
-from tensorcore_cases import (BF16, F16, F32, block_reference, check_g3, group_quantize,
-                              mma_layout_check, uniform_codes)
+from tensorcore_cases import (BF16, F16, F32, assert_same_f16, block_reference, check_g3, cvt_f16_check,
+                              group_quantize, mma_f16_layout_check, mma_layout_check, uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.gpu
@@ -62,6 +62,12 @@ def test_fragment_layout_on_the_hardware(cp):
     compared, worst = check_g3(d, ref, bound, F32)
     assert compared == 128
     print(f"one m16n8k32 tile: worst err / G3 bound {worst:.2e}")
+
+
+def test_f16_mma_and_cvt_on_the_hardware(cp):
+    d, ref, bound = mma_f16_layout_check(np.random.default_rng(2), cp.asarray, lambda v: v.get())
+    assert check_g3(d, ref, bound, F32)[0] == 128
+    assert assert_same_f16(*cvt_f16_check(cp.asarray, lambda v: v.get())) == 254  # all but the NaNs, bit for bit
 
 
 def test_chained_c_is_promotion_per_mma(tc, cp):
@@ -222,3 +228,123 @@ def test_static_shared_estimate_covers_the_compiled_kernel(tc, cp, mode, m):
                                           cu.CUfunction(launcher.function().ptr))
     assert err == cu.CUresult.CUDA_SUCCESS, err
     assert 0 < declared <= tc_gemv.gemv_static_shared_bytes(1 if m <= 8 else 2, cfg, mode)
+
+
+# -- f16-staged tiles (tc_gemm.py: A, B or both converted once per block into f16 shared memory) ------
+F16_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16ab_128x128_w4_64x64", "f16b_128x128_w4_64x64",
+               "f16ab_128x256_w8_64x64", "f16a_128x256_w8_64x64", "f16ab_256x128_w8_64x64", "f16b_256x128_w8_64x64"]
+# block scales (and per_128) keep a K-block partial beside the accumulator: the 32 x 64 warp tiles,
+# whose BN (128) divides the weight blocks
+F16_SPLIT_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64"]
+
+
+def launch_f32(tc, cp, config, promotion, chain, a, b):
+    """y = a @ b^T (float32 out, unit scales) on one configuration, every element poisoned first."""
+    cfg = tc.GEMM_CONFIGS[config]
+    (m, _), n = a.shape, b.shape[0]
+    bm, bn = tc.tile_shape(cfg)
+    y = cp.full((m, n), cp.nan, dtype=cp.float32)
+    one = cp.ones(1, cp.float32)
+    tc.gemm_launcher(cfg, promotion, False, chain, True)(
+        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, cp.zeros(1, cp.uint16), 0, y, 0)
+    return y.get()
+
+
+@pytest.fixture(scope="module")
+def uniform_k4096(cp):
+    rng = np.random.default_rng(11)
+    m, n, k = 384, 320, 4096  # partial tiles for every configuration but 128 x 128
+    a, b = uniform_codes(rng, (m, k)), uniform_codes(rng, (n, k))
+    ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
+    return cp.asarray(a), cp.asarray(b), ref, bound
+
+
+@pytest.mark.parametrize("config", F16_CONFIGS)
+def test_f16_staged_strict_g3_one_result_for_every_tile(tc, cp, uniform_k4096, config):
+    """Every f16-staged configuration holds strict G3 (promotion per k32) and computes the same bits:
+    the HMMAs get the same operands in the same k order whichever operands are staged."""
+    a, b, ref, bound = uniform_k4096
+    y = launch_f32(tc, cp, config, tc.PER_MMA, False, a, b)
+    compared, worst = check_g3(y, ref, bound, F32)
+    assert compared > y.size * 9 // 10
+    np.testing.assert_array_equal(y, launch_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b))
+    print(f"{config}: worst err / G3 bound {worst:.4f}")
+
+
+def test_f16_staged_equals_the_e4m3_kernel_on_sm_90(tc, cp, uniform_k4096):
+    """On sm_90 the e4m3 mma is lowered to two HMMA.16816.F32 from zero and a float32 add of C:
+    the f16-staged kernel's per_mma issues exactly that, so the two kernels agree bit for bit."""
+    from vtnumba.cuda import device
+
+    if not tc.chains_in_float32(device.current().cc):
+        pytest.skip(f"the e4m3 mma is native on {device.current().cc}")
+    a, b, _, _ = uniform_k4096
+    e4m3 = launch_f32(tc, cp, "128x128_w8_32x64", tc.PER_MMA, True, a, b)
+    assert not np.isnan(e4m3).any()
+    np.testing.assert_array_equal(launch_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b), e4m3)
+
+
+@pytest.mark.parametrize("config, promotion, chain", [(c, "per_128", False) for c in F16_SPLIT_CONFIGS] + [
+    (c, "per_mma", True) for c in ("f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16a_128x256_w8_64x64")])
+def test_f16_staged_tensor_core_accumulation_g3(tc, cp, uniform_k4096, config, promotion, chain):
+    """per_128 lets the HMMAs accumulate each 128-wide K block, chain the whole K: G3 measured."""
+    a, b, ref, bound = uniform_k4096
+    y = launch_f32(tc, cp, config, promotion, chain, a, b)
+    compared, worst = check_g3(y, ref, bound, F32)
+    assert compared > y.size * 9 // 10
+    print(f"{config} {promotion}{' chain' if chain else ''}: worst err / G3 bound {worst:.4f}")
+
+
+@pytest.mark.parametrize("config", F16_CONFIGS)
+@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", CASES, ids=str)
+def test_f16_staged_scales_out_dtypes_bias_nan(tc, gemm, cp, config, out_dtype, vector_scales, bias_dtype):
+    rng = np.random.default_rng(12)
+    m, n, k = 300, 200, 1040  # partial tiles everywhere; K: sixteen 64-wide tiles and a 16-wide one
+    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
+    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
+    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
+    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), dev(cp, sa), dev(cp, sb), out_dtype, dev(cp, bias))
+    kernel = gemm.TensorCoreGemm(config=tc.GEMM_CONFIGS[config])
+    assert kernel.can_implement(call) == (True, "")
+    y = host(kernel.run(call))
+    ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
+    assert check_g3(y, ref, bound, out_dtype)[0] > m * n // 2
+    assert np.isnan(y[[0, -1]]).all() and not np.isnan(y[1:-1]).any()
+
+
+def test_f16_staged_prepared_launch(tc, gemm, cp):
+    """bind (a prepared launch, what graph capture replays) passes the dynamic shared memory too."""
+    rng = np.random.default_rng(13)
+    a, b = uniform_codes(rng, (200, 512)), uniform_codes(rng, (136, 512))
+    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1), F32, None)
+    kernel = gemm.TensorCoreGemm(config=tc.GEMM_CONFIGS[F16_CONFIGS[0]])
+    y = cp.full((200, 136), cp.nan, dtype=cp.float32)
+    kernel.bind(call)(y, cp.cuda.get_current_stream().ptr)
+    ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
+    assert check_g3(y.get(), ref, bound, F32)[0] > 0
+    np.testing.assert_array_equal(y.get(), host(kernel.run(call)))
+
+
+@pytest.mark.parametrize("config", F16_SPLIT_CONFIGS)
+@pytest.mark.parametrize("promotion", ["per_mma", "per_128"])
+def test_f16_staged_blockwise(tc, cp, config, promotion):
+    from vtnumba.cuda import block
+
+    rng = np.random.default_rng(14)
+    m, n, k = 200, 300, 1088  # three weight row blocks (the last partial); nine K blocks, the last 64 wide
+    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
+    sa = rng.uniform(0.001, 0.02, (m, 9)).astype(np.float32)
+    sb = rng.uniform(-0.05, 0.05, (3, 9)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(BF16)
+    call = block.BlockCall(cp.asarray(a), cp.asarray(b), cp.asfortranarray(cp.asarray(sa)), cp.asarray(sb), (128, 128),
+                           BF16, cp.asarray(bias))
+    y = cp.empty((m, n), dtype=cp.uint16)
+    kernel, grid, threads, args = tc.gemm_launch(call, y, True, promotion, tc.GEMM_CONFIGS[config])
+    kernel(grid, threads, *args)
+    y = y.get().view(BF16)
+    ref, bound = block_reference(a, b, sa, sb, bias.astype(np.float64))
+    compared, worst = check_g3(y, ref, bound, BF16)
+    assert compared > (m - 2) * n // 2
+    assert np.isnan(y[[0, -1]]).all() and not np.isnan(y[1:-1]).any()
+    print(f"block {config} {promotion}: worst err / G3 bound {worst:.3f}")

@@ -18,18 +18,27 @@ may load any permutation of k as long as it uses the same one for both (the deco
 
 On sm_90 the instruction is not native: ptxas lowers it to e4m3 -> f16 conversions
 (F2FP.F16.E4M3.UNPACK_B), two HMMA.16816.F32 (the first from zero) and a float32 FADD of C
-(cuobjdump), so C is added in float32 after each k32 product (tensorcore.py relies on it).
+(cuobjdump), so C is added in float32 after each k32 product (tc_gemm.py relies on it).
+
+The f16 path (tc_gemm.py's f16-staged tiles): ``cvt_e4m3x4_f16`` converts four codes (one 32-bit
+word) into two f16x2 words with ``cvt.rn.f16x2.e4m3x2`` (sm_89 and newer; exact: every e4m3 value
+is an f16 value, NaN stays NaN), and ``mma_f16`` is ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``
+(native HMMA.16816.F32 on sm_80 and newer). Its fragments, lane = 4 g + t, two f16 a register (the
+lower k in the lower half): A: a0, a1 rows g, g + 8 at k = 2t, 2t + 1; a2, a3 the same at k + 8;
+B: b0 column g at k = 2t, 2t + 1, b1 at k + 8; C and D as above.
 
 ``ldmatrix.sync.aligned.m8n8.x4.shared.b16`` hands lane 4 g + t the 32-bit word t of row g of
 each of four 8 x 16-byte matrices whose row addresses lanes 8 j .. 8 j + 7 supply: with rows of
 codes that is word for word the A fragment (matrices: rows 0-7 / 8-15 at k 0-15, then at k 16-31)
-and two B fragments, one instruction where 32-bit shared loads take four.
+and two B fragments, one instruction where 32-bit shared loads take four. With rows of f16 (8 a
+16-byte row) the same four matrices are the m16n8k16 A fragment (rows 0-7 / 8-15 at k 0-7, then
+k 8-15) and two B fragments.
 
 Emulation (``NUMBA_ENABLE_CUDASIM=1``): the simulator runs each thread as a Python thread and has
 no PTX. There each warp-level primitive exchanges its lanes' operands through a shared ``scratch``
 array (``SCRATCH_WORDS_PER_WARP`` uint32 per warp), synchronizing the block (so every thread of the
 block must call it, as on the GPU every lane of a warp must); the emulated mma decodes the codes
-exactly and sums the 32 products of each output in float32, k ascending, then adds C. The hardware
+exactly and sums the 32 (f16: 16) products of each output in float32, k ascending, then adds C. The hardware
 functions take the same ``scratch, warp, lane`` arguments and ignore them, so one kernel source
 serves both. ``cp.async`` is a synchronous copy there, commit and wait do nothing.
 """
@@ -79,6 +88,54 @@ if SIMULATOR:
                 out.append(np.float32(np.float32(cin) + s))
         return out[0], out[1], out[2], out[3]
 
+    # the f16 m16n8k16 fragments: A[r, k] in lane 4 (r % 8) + (k % 8) // 2, register (r >= 8) +
+    # 2 (k >= 8), half k % 2; B[k, n] (per column n) in lane 4 n + (k % 8) // 2, register k >= 8
+    _k16 = np.arange(16)
+    _HA_LANE = 4 * (np.arange(16)[:, None] % 8) + (_k16[None, :] % 8) // 2
+    _HA_REG = (np.arange(16)[:, None] // 8) + 2 * (_k16[None, :] // 8)
+    _HB_LANE = 4 * np.arange(8)[:, None] + (_k16[None, :] % 8) // 2
+    _HB_REG = np.broadcast_to(_k16[None, :] // 8, (8, 16))
+    _HSHIFT = (16 * (_k16 % 2)).astype(np.uint32)
+
+    def _halves(words, lanes, regs):
+        bits = ((words[lanes, regs] >> _HSHIFT[None, :]) & np.uint32(0xFFFF)).astype(np.uint16)
+        return bits.view(np.float16).astype(np.float32)
+
+    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+        """Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)."""
+        base = warp * SCRATCH_WORDS_PER_WARP
+        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
+            scratch[base + 6 * lane + i] = np.uint32(w)
+        cuda.syncthreads()
+        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
+        g, t = lane // 4, lane % 4
+        a_rows = _halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]])  # [2, 16]
+        b_cols = _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2])  # [2, 16]
+        cuda.syncthreads()
+        out = []
+        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
+            s = np.float32(0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                for k in range(16):
+                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
+                out.append(np.float32(np.float32(cin) + s))
+        return out[0], out[1], out[2], out[3]
+
+    _F16_BITS = _DECODE.astype(np.float16).view(np.uint16).astype(np.uint32)  # exact: e4m3 is in f16
+
+    def cvt_e4m3x4_f16(word):
+        """The four codes of ``word`` as two f16x2 words: (codes 0, 1), (codes 2, 3), the lower code
+        in the lower half."""
+        w = np.uint32(word)
+        h = [_F16_BITS[int((w >> np.uint32(8 * i)) & np.uint32(0xFF))] for i in range(4)]
+        return np.uint32(h[0] | (h[1] << np.uint32(16))), np.uint32(h[2] | (h[3] << np.uint32(16)))
+
+    def sts_u32x4(smem, word, w0, w1, w2, w3):
+        smem[word] = w0
+        smem[word + 1] = w1
+        smem[word + 2] = w2
+        smem[word + 3] = w3
+
     def ldmatrix_x4(smem, row_word, scratch, warp, lane):
         """Emulated ldmatrix .x4: lane supplies the word index of row ``lane % 8`` of matrix
         ``lane // 8``; returns word ``lane % 4`` of row ``lane // 4`` of each matrix."""
@@ -122,6 +179,9 @@ if SIMULATOR:
         return cuda.jit(device=True)(wait)
 
     mma_e4m3 = cuda.jit(device=True)(mma_e4m3)
+    mma_f16 = cuda.jit(device=True)(mma_f16)
+    cvt_e4m3x4_f16 = cuda.jit(device=True)(cvt_e4m3x4_f16)
+    sts_u32x4 = cuda.jit(device=True)(sts_u32x4)
     ldmatrix_x4 = cuda.jit(device=True)(ldmatrix_x4)
     lds_u32 = cuda.jit(device=True)(lds_u32)
     lds_u32x4 = cuda.jit(device=True)(lds_u32x4)
@@ -169,6 +229,59 @@ else:
                                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
             res = builder.call(asm, ins)
             return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+        """D = A B + C for one m16n8k16 f16 tile, float32 accumulate (this lane's fragments: two
+        f16 a 32-bit register); scratch, warp and lane are the emulation's and are ignored here."""
+        sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
+            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
+            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, ins)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def cvt_e4m3x4_f16(typingctx, word):
+        """The four e4m3 codes of a 32-bit word as two f16x2 words, (codes 0, 1) and (codes 2, 3),
+        the lower code in the lower half (cvt.rn.f16x2.e4m3x2: exact)."""
+        ret = types.UniTuple(types.uint32, 2)
+        sig = ret(word)
+
+        def codegen(context, builder, signature, args):
+            w = context.cast(builder, args[0], signature.args[0], types.uint32)
+            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 2), [_i32])
+            asm = ir.InlineAsm(fnty, "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
+                                     "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }", "=r,=r,r")
+            res = builder.call(asm, [w])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+
+        return sig, codegen
+
+    @intrinsic
+    def sts_u32x4(typingctx, smem, word, w0, w1, w2, w3):
+        """smem[word .. word + 4) = w0 .. w3 in one 16-byte shared store (word % 4 == 0)."""
+        sig = types.void(smem, word, w0, w1, w2, w3)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            _, ptr = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
+            vec = ir.Constant(ir.VectorType(_i32, 4), ir.Undefined)
+            for i in range(4):
+                v = context.cast(builder, args[2 + i], tys[2 + i], types.uint32)
+                vec = builder.insert_element(vec, v, ir.Constant(_i32, i))
+            builder.store(vec, builder.bitcast(ptr, ir.VectorType(_i32, 4).as_pointer(3)), align=16)
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -286,5 +399,6 @@ def available(cc):
     return not SIMULATOR and tuple(cc) >= MIN_CC
 
 
-__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
+__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "mma_f16", "cvt_e4m3x4_f16", "sts_u32x4",
+           "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
            "cp_async_commit", "cp_async_wait_group"]

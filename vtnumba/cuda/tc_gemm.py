@@ -16,6 +16,12 @@ Design
   and 16-byte aligned rows (else the caller falls back to the CUDA-core kernel).
 - Block scales (128 x 128 weights, 1 x 128 activation groups): the partial P of each 128-wide K
   block is promoted as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order).
+- f16 staging (``TileConfig.f16``: "a", "b" or "ab"; sm_90 only, see ``default_config``): the
+  staged operands are converted once per block into double-buffered f16 tiles in dynamic shared
+  memory (e4m3 -> f16 is exact) and the warps run the native ``mma.m16n8k16`` f16 HMMA; the other
+  operand, if any, is converted from e4m3 fragments in registers. Each k32 step issues the same
+  two HMMAs and float32 add that ptxas makes of the e4m3 mma on sm_90, so promotion per mma keeps
+  its meaning and its bits (the comment above ``GEMM_CONFIGS`` has the details).
 
 Promotion (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30)
 ---------------------------------------------------------------------------
@@ -42,6 +48,16 @@ What limits speed
   tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
   conversion) with per-wgmma promotion into float32 registers (DeepSeek-V3's scheme), or, short of
   it, converting each stage once per block into f16 shared memory (3x fewer conversions).
+- f16 staging, not yet timed on the H200 (its first run stopped at the opt-in to more than 48 KB
+  of dynamic shared memory, since fixed; the same run reproduced the e4m3 figures: 549 us, 0.19x
+  cuBLASLt's 103 us). The trade, from the SASS (ptxas -v, cuobjdump) per SM and 64-wide K tile:
+  staging both operands of the 128 x 128 tile cuts the conversions to a third (32 F2FP per warp)
+  but moves ~160 KB through shared memory (the f16 ldmatrix reads double, and each staged byte is
+  copied, read and written again as f16), ~1,280 clocks at 128 B a clock for 512 HMMAs; staging one
+  operand and converting the other in registers, with 64 x 64 warp tiles (255 registers, 8-32 bytes
+  of spill outside the main loop), balances the two: 128 x 256 staging A needs ~1,150 clocks of
+  shared memory, ~1,280 of conversions and ~1,400 of issue (a third of it the per-k32 float32 adds)
+  for 1,024 HMMAs. Predicted from those counts, not measured: 170-330 us at 4096^3.
 """
 
 import functools
@@ -78,14 +94,48 @@ _ALIGN_128 = None if SIMULATOR else 128
 # 32-bit words) conflict-free: the 8 rows one phase touches fall on 8 distinct (row parity, chunk)
 # pairs, i.e. all 32 banks.
 
-TileConfig = namedtuple("TileConfig", "mt nt wm wn stages ldmatrix")
+TileConfig = namedtuple("TileConfig", "mt nt wm wn stages ldmatrix f16", defaults=("",))
+TileConfig.__doc__ = """A tile configuration: MT x NT mma tiles per warp, WM x WN warps, a STAGES deep
+cp.async ring, fragments by ldmatrix (else 32-bit shared loads); ``f16``: the operands staged in
+f16 shared memory ("a", "b" or "ab"; "" runs the e4m3 mma), see below."""
 BK = 64  # codes per row per stage
 ROW_WORDS = BK // 4
+F16_ROW_WORDS = BK // 2  # an f16 row of a stage: 128 bytes, eight 16-byte chunks
 SHARED_LIMIT = 48 * 1024  # static shared memory: no opt-in attribute needed
+F16_SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in (sm_90; sm_89: 99 KB)
 
-# Measured at 4096^3 on the H200 (us, per_mma): 547 / 594 / 547 / 573 / 523 / 581 in this order.
-# The default stays the 128 x 128 tile the GPU tests ran on, and whose BN divides the 128-wide
-# weight blocks (128 x 96 was 4% faster and does not).
+# f16 staging (``f16`` non-empty). The FP8 mma is not native on sm_90 (module docstring): each warp
+# converts the e4m3 fragments it reads, so a byte is converted once per warp that reads it (A by WN
+# warps, B by WM warps). A staged operand is instead converted once per block: the cp.async ring
+# still lands e4m3 codes, then each thread converts the 16-byte chunks it copied itself (its own
+# cp.async.wait_group makes them visible to it: no barrier) into f16 rows of a double-buffered f16
+# tile, and the warps read f16 fragments of it with ldmatrix. An operand not staged is read from the
+# ring as e4m3 fragments and converted in registers. Either way the warps run the native f16
+# ``mma.m16n8k16``. Iteration kt converts tile kt + 1 and computes tile kt between one pair of
+# barriers, so one warp's conversions overlap another's mma. Staging trades conversions for shared
+# memory traffic (a staged k16 row: 16 bytes copied, read, 32 written, and 32 per ldmatrix read,
+# against 16 per read unstaged), hence the one-operand variants.
+#
+# An f16 row is 128 bytes, eight chunks; chunk c of row r is stored at c ^ (r & 7): conflict-free
+# for ldmatrix (8 consecutive rows) and for the conversion's 16-byte stores (a phase of 8 threads:
+# 2 rows x 4 source chunks, one parity each). A 16-code chunk c converts with one
+# cvt.rn.f16x2.e4m3x2 per code pair, no byte shuffles: f16 chunk 2c holds the lower pair of each
+# 4-code word (codes 16c + 4t + {0, 1} at k' = 2t + {0, 1}), chunk 2c + 1 the upper pair. Each k32
+# step runs two HMMAs, the first on the lower pairs, the second on the upper ones -- the split
+# ptxas's own lowering of the e4m3 mma makes on sm_90 (cuobjdump: the first HMMA reads the F2FP of
+# every register's low half, the second of its .H1 half) -- which is also what converting an e4m3
+# ldmatrix fragment in registers gives. A and B use the same order, so each product pairs the same
+# codes (mma.py).
+#
+# Promotion: per_mma runs the two k16 HMMAs of each k32 step from C = 0 (the second adding the
+# first's result), then adds that partial in float32 -- the arithmetic ptxas emits for the e4m3 mma
+# with the accumulator as C on sm_90. per_128 (and block scales) chain the K block's partial through
+# the HMMAs and promote it once per 128 of K; ``chain`` with per_mma chains the accumulator through
+# every HMMA (no float32 add at all: the tensor core's accumulation, measured, not claimed).
+
+# Measured at 4096^3 on the H200 (us, per_mma): 547 / 594 / 547 / 573 / 523 / 581 for the first six
+# (e4m3) in this order. The default stays the 128 x 128 tile the GPU tests ran on, and whose BN
+# divides the 128-wide weight blocks (128 x 96 was 4% faster and does not).
 GEMM_CONFIGS = {
     "128x128_w8_32x64": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=True),
     "128x128_w8_64x32": TileConfig(mt=4, nt=4, wm=2, wn=4, stages=3, ldmatrix=True),
@@ -93,14 +143,48 @@ GEMM_CONFIGS = {
     "128x128_w8_32x64_lds": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=False),
     "128x96_w4_64x48": TileConfig(mt=4, nt=6, wm=2, wn=2, stages=3, ldmatrix=True),
     "128x192_w8_64x48_s2": TileConfig(mt=4, nt=6, wm=2, wn=4, stages=2, ldmatrix=True),
+    "f16ab_128x128_w8_32x64": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=3, ldmatrix=True, f16="ab"),
+    "f16b_128x128_w8_32x64": TileConfig(mt=2, nt=8, wm=4, wn=2, stages=4, ldmatrix=True, f16="b"),
+    "f16ab_128x128_w4_64x64": TileConfig(mt=4, nt=8, wm=2, wn=2, stages=3, ldmatrix=True, f16="ab"),
+    "f16b_128x128_w4_64x64": TileConfig(mt=4, nt=8, wm=2, wn=2, stages=4, ldmatrix=True, f16="b"),
+    "f16ab_128x256_w8_64x64": TileConfig(mt=4, nt=8, wm=2, wn=4, stages=3, ldmatrix=True, f16="ab"),
+    "f16a_128x256_w8_64x64": TileConfig(mt=4, nt=8, wm=2, wn=4, stages=4, ldmatrix=True, f16="a"),
+    "f16ab_256x128_w8_64x64": TileConfig(mt=4, nt=8, wm=4, wn=2, stages=3, ldmatrix=True, f16="ab"),
+    "f16b_256x128_w8_64x64": TileConfig(mt=4, nt=8, wm=4, wn=2, stages=4, ldmatrix=True, f16="b"),
     "sim_32x16": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True),  # tiny, for the simulator
     "sim_32x16_lds": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False),
+    "sim_32x16_f16ab": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="ab"),
+    "sim_32x16_f16a": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=3, ldmatrix=True, f16="a"),
+    "sim_32x16_f16b": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="b"),
 }
 GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
+# The f16-staged defaults, sm_90 only (see default_config). None -- the e4m3 default there too --
+# until they are timed on the H200: benchmarks/bench_tensorcore.py gemm prints the fastest of each
+# kind after table 1 ("best (promotion per mma): ...; best able to hold block scales: ...").
+F16_DEFAULT = None
+F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x 64 warp tiles, BN | 128
+
+
+def default_config(cc, split):
+    """The configuration ``gemm_launch`` runs on compute capability ``cc`` (``split``: per_128 or
+    block scales, which keep a K-block partial beside the accumulator). f16 staging on sm_90, where
+    the FP8 mma is converted to f16 HMMAs anyway; the e4m3 mma elsewhere: native FP8 on sm_89 and
+    sm_12x, whose 99 KB of shared memory per block would not hold the f16 tiles either."""
+    f16 = F16_SPLIT_DEFAULT if split else F16_DEFAULT
+    return GEMM_CONFIGS[f16] if f16 and not SIMULATOR and tuple(cc) == (9, 0) else GEMM_DEFAULT
 
 
 def tile_shape(cfg):
     return cfg.wm * cfg.mt * 16, cfg.wn * cfg.nt * 8
+
+
+def shared_bytes(cfg):
+    """(static, dynamic) shared memory of a configuration's kernel, in bytes: the f16-staged kernel
+    keeps its e4m3 ring and two f16 tiles of the staged operands in dynamic shared memory."""
+    bm, bn = tile_shape(cfg)
+    ring = cfg.stages * (bm + bn) * BK
+    staged = bm * ("a" in cfg.f16) + bn * ("b" in cfg.f16)
+    return (0, ring + 2 * staged * BK * 2) if cfg.f16 else (ring, 0)
 
 
 def _check_config(cfg, block_scaled):
@@ -110,8 +194,14 @@ def _check_config(cfg, block_scaled):
         raise ValueError(f"tile {bm} x {bn} must split into 16-byte copies evenly over {threads} threads")
     if cfg.ldmatrix and cfg.nt % 2:
         raise ValueError(f"ldmatrix loads B fragments two n8 tiles at a time: nt must be even, got {cfg.nt}")
-    if cfg.stages * (bm + bn) * BK > SHARED_LIMIT:
-        raise ValueError(f"{cfg.stages} stages of {bm} x {bn} tiles exceed {SHARED_LIMIT} bytes of shared memory")
+    if cfg.f16 not in ("", "a", "b", "ab"):
+        raise ValueError(f"f16 must be one of '', 'a', 'b', 'ab', got {cfg.f16!r}")
+    if cfg.f16 and not cfg.ldmatrix:
+        raise ValueError("the f16-staged kernel reads its fragments with ldmatrix: ldmatrix must be True")
+    static, dynamic = shared_bytes(cfg)
+    if static > SHARED_LIMIT or dynamic > F16_SHARED_LIMIT:
+        raise ValueError(f"{cfg.stages} stages of {bm} x {bn} tiles exceed "
+                         f"{F16_SHARED_LIMIT if cfg.f16 else SHARED_LIMIT} bytes of shared memory")
     if block_scaled and 128 % bn:
         raise ValueError(f"block-scaled tiles must divide the 128-wide weight blocks: BN = {bn}")
     return bm, bn, threads
@@ -126,28 +216,41 @@ def _split_accumulators(promotion, block_scaled):
 def gemm_kernel(cfg, promotion, block_scaled, chain):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
-    add -- the same arithmetic where the mma itself adds C in float32 after each k32 product (sm_90,
-    see ``chains_in_float32``), with half the adds."""
+    add -- on the e4m3 kernel the same arithmetic where the mma itself adds C in float32 after each
+    k32 product (sm_90, see ``chains_in_float32``), with half the adds; on the f16-staged kernel
+    the tensor core's own accumulation through every k16 HMMA (no float32 add)."""
     if promotion not in PROMOTIONS:
         raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
     bm, bn, threads = _check_config(cfg, block_scaled)
     mt, nt, wm_count, stages, use_ldmatrix = cfg.mt, cfg.nt, cfg.wm, cfg.stages, cfg.ldmatrix
+    f16, f16_a, f16_b = cfg.f16 != "", "a" in cfg.f16, "b" in cfg.f16
+    # "ab": a thread refills the ring slot it has just converted (all of it its own); one operand
+    # staged: a slot is refilled once its tile is computed (the other operand is read from it)
+    early_refill = f16_a and f16_b
     warps = cfg.wm * cfg.wn
     a_words = bm * ROW_WORDS
     stage_words = (bm + bn) * ROW_WORDS
-    smem_words = stages * stage_words
+    ring_words = stages * stage_words
+    f16_b_words = bm * F16_ROW_WORDS if f16_a else 0  # where B rows start in an f16 tile
+    f16_words = (bm * f16_a + bn * f16_b) * F16_ROW_WORDS  # one f16 tile; two follow the ring
+    smem_words = 0 if f16 else ring_words  # f16: dynamic shared memory, sized at launch
     a_copies = bm * 4 // threads
     b_copies = bn * 4 // threads
     rows_per_pass = threads // 4
     n_acc = mt * nt * 4
     split = _split_accumulators(promotion, block_scaled)
     n_part = n_acc if split else 1
-    n_af, n_bf = 4, 2 * nt
+    n_af, n_bf = (8, 4 * nt) if f16 else (4, 2 * nt)
+    n_raw = 4 if f16 else 1  # e4m3 fragments of an unstaged operand, before conversion
     chained = promotion == PER_128 or chain
     scratch_words = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
-    mma_op, ldsm, lds = mma.mma_e4m3, mma.ldmatrix_x4, mma.lds_u32
+    own_scratch = SIMULATOR or not f16
+    mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
+    lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
     cp16, commit = mma.cp_async_16, mma.cp_async_commit
-    wait_tile = mma.cp_async_wait_group(stages - 2)
+    # the groups still pending when a tile is needed: e4m3, tile kt at iteration kt (stages - 1
+    # issued ahead); f16, tile kt + 1 at iteration kt (early refill: stages issued ahead of it)
+    wait_tile = mma.cp_async_wait_group(stages - 1 if early_refill else stages - 2)
     load_bias_value, finish, store = load_bias, scaled_value, store_out
 
     @cuda.jit(**_DEVICE)
@@ -168,6 +271,33 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
             ok = k_ok and i < b_rows
             cp16(smem, base + a_words + i * rows_per_pass * ROW_WORDS, b,
                  (b_addr + i * b_step + col) if ok else b_zero, 16 if ok else 0)
+
+    @cuda.jit(**_DEVICE)
+    def convert_rows(smem, src, dst, r0, chunk, copies):
+        """Convert this thread's ``copies`` chunks (rows r0 + i * rows_per_pass, codes 16 chunk ..
+        16 chunk + 15) from the ring words at ``src`` (its copy words) to the f16 rows at ``dst``:
+        f16 chunk 2 chunk takes the lower code pair of each word, chunk 2 chunk + 1 the upper."""
+        for i in range(copies):
+            r = r0 + i * rows_per_pass
+            w0, w1, w2, w3 = lds4(smem, src + i * rows_per_pass * ROW_WORDS)
+            l0, h0 = cvt4(w0)
+            l1, h1 = cvt4(w1)
+            l2, h2 = cvt4(w2)
+            l3, h3 = cvt4(w3)
+            row = dst + r * F16_ROW_WORDS
+            sts4(smem, row + 4 * ((2 * chunk) ^ (r % 8)), l0, l1, l2, l3)
+            sts4(smem, row + 4 * ((2 * chunk + 1) ^ (r % 8)), h0, h1, h2, h3)
+
+    @cuda.jit(**_DEVICE)
+    def convert_tile(smem, slot, half, copy_word, r0, chunk):
+        """Convert this thread's chunks of the staged operands in ring slot ``slot`` into f16 tile
+        ``half``."""
+        src = slot * stage_words + copy_word
+        dst = ring_words + half * f16_words
+        if f16_a:
+            convert_rows(smem, src, dst, r0, chunk, a_copies)
+        if f16_b:
+            convert_rows(smem, src + a_words, dst + f16_b_words, r0, chunk, b_copies)
 
     if block_scaled:
         @cuda.jit(**_DEVICE)
@@ -194,11 +324,15 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         m_total, k_total = a.shape
         n_total = b.shape[0]
         smem = cuda.shared.array(smem_words, types.uint32, alignment=_ALIGN_128)  # cp.async, ldmatrix: 16 B
-        scratch = cuda.shared.array(scratch_words, types.uint32)
+        if own_scratch:
+            scratch = cuda.shared.array(scratch_words, types.uint32)
+        else:
+            scratch = smem  # unused on a GPU: no static array beside the dynamic one
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_part, types.float32)
         af = cuda.local.array(n_af, types.uint32)
         bf = cuda.local.array(n_bf, types.uint32)
+        raw = cuda.local.array(n_raw, types.uint32)
         for i in range(n_acc):
             acc[i] = _F32_ZERO
         for i in range(n_part):
@@ -225,17 +359,19 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         b_step = rows_per_pass * b.strides[0]
         a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
         b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
-        # the fragment reads: with ldmatrix, lane supplies row lane % 8 of matrix lane // 8
+        # the fragment reads: with ldmatrix, lane supplies row lane % 8 of matrix lane // 8; an e4m3
+        # row (ring) has its chunks swizzled by (row >> 1) & 3, an f16 row by row & 7 (the warps'
+        # rows start at multiples of 8)
         rr = lane % 8
         jj = lane // 8
         sw = (rr // 2) % 4 if use_ldmatrix else (g // 2) % 4
         if use_ldmatrix:
             a_row = wm * mt * 16 + rr + 8 * (jj % 2)
             b_row = wn * nt * 8 + 8 * (jj // 2) + rr
-            a_hi = jj // 2  # matrices 2, 3: k + 16
+            a_hi = jj // 2  # matrices 2, 3: the next chunk of k
             b_hi = jj % 2
-            a_lane = a_row * ROW_WORDS
-            b_lane = a_words + b_row * ROW_WORDS
+            a_lane = a_row * (F16_ROW_WORDS if f16_a else ROW_WORDS)
+            b_lane = (f16_b_words + b_row * F16_ROW_WORDS) if f16_b else (a_words + b_row * ROW_WORDS)
         else:
             a_lane = (wm * mt * 16 + g) * ROW_WORDS + t
             b_lane = a_words + (wn * nt * 8 + g) * ROW_WORDS + t
@@ -244,71 +380,174 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         kt_total = (k_total + BK - 1) // BK
         block_n = n0 // 128
 
-        for s in range(stages - 1):
+        # prologue: the ring's first tiles in flight (f16: tile 0 converted too)
+        for s in range(stages if early_refill else stages - 1):
             if s < kt_total:
                 issue_tile(smem, a, b, k_total, s, s, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero, b_zero,
                            16 * chunk, copy_word)
             commit()
-        st_read = 0
-        st_write = stages - 1
-        for kt in range(kt_total):
+        if f16:
             wait_tile()
-            cuda.syncthreads()
-            nk = kt + stages - 1
-            if nk < kt_total:
-                issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
-                           b_zero, 16 * chunk, copy_word)
-            commit()
-            sbase = st_read * stage_words
-            for ks in range(2):
-                # fragments of this 32-wide k step (chunks 2 ks, 2 ks + 1 of every row): B for the
-                # warp's columns first, then A one m16 tile at a time (fewer registers live)
-                if use_ldmatrix:
-                    b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
-                    for j in range(nt // 2):
-                        bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
-                            smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
-                    a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw)
-                else:
-                    lo = 4 * ((2 * ks) ^ sw)
-                    hi = 4 * ((2 * ks + 1) ^ sw)
-                    for j in range(nt):
-                        base = sbase + b_lane + 8 * ROW_WORDS * j
-                        bf[2 * j] = lds(smem, base + lo)
-                        bf[2 * j + 1] = lds(smem, base + hi)
-                for i in range(mt):
-                    if use_ldmatrix:
-                        af[0], af[1], af[2], af[3] = ldsm(smem, a_off + 16 * ROW_WORDS * i, scratch, warp, lane)
+            convert_tile(smem, 0, 0, copy_word, r0, chunk)
+            if early_refill:
+                if stages < kt_total:
+                    issue_tile(smem, a, b, k_total, stages, 0, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
+                               b_zero, 16 * chunk, copy_word)
+                commit()
+        st_read = 0  # the ring slot of tile kt
+        st_write = stages - 1  # the ring slot of tile kt - 1 (refilled at iteration kt)
+        for kt in range(kt_total):
+            st_next = 0 if st_read == stages - 1 else st_read + 1  # the ring slot of tile kt + 1
+            if f16:
+                # f16 tile kt % 2 is complete, nobody reads f16 tile (kt + 1) % 2 nor ring slot
+                # st_write any more
+                cuda.syncthreads()
+                if not early_refill:
+                    nk = kt + stages - 1
+                    if nk < kt_total:
+                        issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
+                                   a_zero, b_zero, 16 * chunk, copy_word)
+                    commit()
+                if kt + 1 < kt_total:
+                    wait_tile()  # this thread's copies of tile kt + 1
+                    convert_tile(smem, st_next, (kt + 1) % 2, copy_word, r0, chunk)
+                    # early refill: the slot just converted was all this thread's own
+                    if early_refill and kt + 1 + stages < kt_total:
+                        issue_tile(smem, a, b, k_total, kt + 1 + stages, st_next, a_addr, b_addr, a_step, b_step,
+                                   a_rows, b_rows, a_zero, b_zero, 16 * chunk, copy_word)
+                if early_refill:
+                    commit()
+                fbase = ring_words + (kt % 2) * f16_words
+                sbase = st_read * stage_words
+                for ks in range(2):
+                    # one k32 step (e4m3 chunks 2 ks, 2 ks + 1 = f16 chunks 4 ks .. 4 ks + 3), two HMMAs:
+                    # HMMA h takes the code pair h of every 4-code word, i.e. f16 chunks 4 ks + h (k' 0-7)
+                    # and 4 ks + 2 + h (k' 8-15). B fragments for the warp's columns first (bf[0, 2 nt):
+                    # HMMA 0, [2 nt, 4 nt): HMMA 1), then A one m16 tile at a time
+                    if f16_b:
+                        for h in range(2):
+                            b_off = fbase + b_lane + 4 * ((4 * ks + h + 2 * b_hi) ^ rr)
+                            for j in range(nt // 2):
+                                q = 2 * nt * h + 4 * j
+                                bf[q], bf[q + 1], bf[q + 2], bf[q + 3] = ldsm(
+                                    smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane)
                     else:
-                        base = sbase + a_lane + 16 * ROW_WORDS * i
-                        af[0] = lds(smem, base + lo)
-                        af[1] = lds(smem, base + 8 * ROW_WORDS + lo)
-                        af[2] = lds(smem, base + hi)
-                        af[3] = lds(smem, base + 8 * ROW_WORDS + hi)
-                    for j in range(nt):
-                        q = 4 * (i * nt + j)
-                        if chained and split:  # the tensor core accumulates the K block itself
-                            part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
-                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
-                        elif chained:  # the mma adds C (the accumulator) in float32 itself
-                            acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
-                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
-                        else:  # promotion per mma: C = 0, the partial added in float32
-                            d0, d1, d2, d3 = mma_op(
-                                af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                            if split:
-                                part[q] += d0
-                                part[q + 1] += d1
-                                part[q + 2] += d2
-                                part[q + 3] += d3
-                            else:
-                                acc[q] += d0
-                                acc[q + 1] += d1
-                                acc[q + 2] += d2
-                                acc[q + 3] += d3
+                        # the lower code pair of e4m3 b0, b1 -> the first HMMA's b0, b1; the upper -> the second's
+                        b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
+                        for j in range(nt // 2):
+                            raw[0], raw[1], raw[2], raw[3] = ldsm(smem, b_off + 16 * ROW_WORDS * j, scratch, warp,
+                                                                  lane)
+                            for u in range(2):  # n8 tiles 2 j, 2 j + 1
+                                q = 2 * (2 * j + u)
+                                bf[q], bf[2 * nt + q] = cvt4(raw[2 * u])
+                                bf[q + 1], bf[2 * nt + q + 1] = cvt4(raw[2 * u + 1])
+                    for i in range(mt):
+                        if f16_a:
+                            for h in range(2):
+                                a_off = fbase + a_lane + 4 * ((4 * ks + h + 2 * a_hi) ^ rr) + 16 * F16_ROW_WORDS * i
+                                af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3] = ldsm(
+                                    smem, a_off, scratch, warp, lane)
+                        else:
+                            # the lower code pair of e4m3 a0..a3 -> the first HMMA's a0..a3; the upper -> the second's
+                            a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw) + 16 * ROW_WORDS * i
+                            raw[0], raw[1], raw[2], raw[3] = ldsm(smem, a_off, scratch, warp, lane)
+                            af[0], af[4] = cvt4(raw[0])
+                            af[1], af[5] = cvt4(raw[1])
+                            af[2], af[6] = cvt4(raw[2])
+                            af[3], af[7] = cvt4(raw[3])
+                        for j in range(nt):
+                            q = 4 * (i * nt + j)
+                            lo = 2 * j
+                            hi = 2 * nt + 2 * j
+                            if chained and split:  # the tensor core accumulates the K block itself
+                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma16(
+                                    af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
+                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
+                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma16(
+                                    af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
+                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
+                            elif chained:  # ... or the whole accumulator
+                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma16(
+                                    af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
+                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
+                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma16(
+                                    af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
+                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
+                            else:  # promotion per mma: the k32 partial (two HMMAs from 0), added in float32
+                                d0, d1, d2, d3 = mma16(af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
+                                                       _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
+                                                       d0, d1, d2, d3, scratch, warp, lane)
+                                if split:
+                                    part[q] += d0
+                                    part[q + 1] += d1
+                                    part[q + 2] += d2
+                                    part[q + 3] += d3
+                                else:
+                                    acc[q] += d0
+                                    acc[q + 1] += d1
+                                    acc[q + 2] += d2
+                                    acc[q + 3] += d3
+            else:
+                wait_tile()
+                cuda.syncthreads()
+                nk = kt + stages - 1
+                if nk < kt_total:
+                    issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
+                               a_zero, b_zero, 16 * chunk, copy_word)
+                commit()
+                sbase = st_read * stage_words
+                for ks in range(2):
+                    # fragments of this 32-wide k step (chunks 2 ks, 2 ks + 1 of every row): B for the
+                    # warp's columns first, then A one m16 tile at a time (fewer registers live)
+                    if use_ldmatrix:
+                        b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
+                        for j in range(nt // 2):
+                            bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
+                                smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
+                        a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw)
+                    else:
+                        lo = 4 * ((2 * ks) ^ sw)
+                        hi = 4 * ((2 * ks + 1) ^ sw)
+                        for j in range(nt):
+                            base = sbase + b_lane + 8 * ROW_WORDS * j
+                            bf[2 * j] = lds(smem, base + lo)
+                            bf[2 * j + 1] = lds(smem, base + hi)
+                    for i in range(mt):
+                        if use_ldmatrix:
+                            af[0], af[1], af[2], af[3] = ldsm(smem, a_off + 16 * ROW_WORDS * i, scratch, warp, lane)
+                        else:
+                            base = sbase + a_lane + 16 * ROW_WORDS * i
+                            af[0] = lds(smem, base + lo)
+                            af[1] = lds(smem, base + 8 * ROW_WORDS + lo)
+                            af[2] = lds(smem, base + hi)
+                            af[3] = lds(smem, base + 8 * ROW_WORDS + hi)
+                        for j in range(nt):
+                            q = 4 * (i * nt + j)
+                            if chained and split:  # the tensor core accumulates the K block itself
+                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
+                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
+                            elif chained:  # the mma adds C (the accumulator) in float32 itself
+                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
+                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
+                            else:  # promotion per mma: C = 0, the partial added in float32
+                                d0, d1, d2, d3 = mma_op(
+                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+                                if split:
+                                    part[q] += d0
+                                    part[q + 1] += d1
+                                    part[q + 2] += d2
+                                    part[q + 3] += d3
+                                else:
+                                    acc[q] += d0
+                                    acc[q + 1] += d1
+                                    acc[q + 2] += d2
+                                    acc[q + 3] += d3
+            st_read = st_next
+            st_write = 0 if st_write == stages - 1 else st_write + 1
             if split and (kt % 2 == 1 or kt == kt_total - 1):
                 # the end of a 128-wide K block: promote (and scale) the partial into acc
                 kb = kt // 2
@@ -324,8 +563,6 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                                 else:
                                     acc[q + e] += part[q + e]
                                 part[q + e] = _F32_ZERO
-            st_read = 0 if st_read == stages - 1 else st_read + 1
-            st_write = 0 if st_write == stages - 1 else st_write + 1
 
         # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc)
         has_bias = bias_kind != 0
@@ -358,13 +595,47 @@ def _out_type(out_is_float32):
     return types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
 
 
+class DynamicSharedKernel:
+    """A compiled kernel (launch.Kernel) whose every launch takes ``shared_mem`` bytes of dynamic
+    shared memory, opting in above 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, once
+    per device); called and prepared like the kernel itself."""
+
+    def __init__(self, kernel, shared_mem):
+        self.kernel, self.shared_mem = kernel, shared_mem
+        self._opted_in = set()  # function pointers
+
+    def __getattr__(self, name):  # ptx, function, signature, ...
+        return getattr(self.kernel, name)
+
+    def _opt_in(self):
+        if SIMULATOR or self.shared_mem <= SHARED_LIMIT:
+            return
+        fn = self.kernel.function()
+        if fn.ptr not in self._opted_in:
+            # cupy's Function (unlike its RawKernel) has no setter for the attribute: the driver call
+            from cupy.cuda import driver
+
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_mem)
+            self._opted_in.add(fn.ptr)
+
+    def __call__(self, grid, block, *args):
+        self._opt_in()
+        self.kernel(grid, block, *args, shared_mem=self.shared_mem)
+
+    def prepare(self, grid, block, *args):
+        self._opt_in()
+        return self.kernel.prepare(grid, block, *args, shared_mem=self.shared_mem)
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
     """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
-    32 * wm * wn threads."""
+    32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``)."""
     scale = _f32_2d if block_scaled else _f32_1d
     sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
-    return compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), sig)
+    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), sig)
+    dynamic = shared_bytes(cfg)[1]
+    return DynamicSharedKernel(kernel, dynamic) if dynamic else kernel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -423,8 +694,9 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
     dev = call.device
     bias, bias_kind = bias_bits(call.bias, dev)
-    chain = not SIMULATOR and chains_in_float32(dev.cc)
-    cfg = config or GEMM_DEFAULT
+    cfg = config or default_config(dev.cc, _split_accumulators(promotion, block_scaled))
+    # the f16-staged kernel promotes per k32 explicitly; its chain is the tensor core's accumulation
+    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(dev.cc)
     bm, bn = tile_shape(cfg)
     sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32),
@@ -433,6 +705,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
              OUT_KIND[call.out_dtype]))
 
 
-__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "tile_shape", "gemm_kernel",
+__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
+           "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
            "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
            "bias_bits"]
