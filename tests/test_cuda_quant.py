@@ -300,7 +300,10 @@ def test_bad_gpu_inputs_are_refused_before_any_kernel(cp):
     with pytest.raises(ValueError, match="x must be 2-D"):
         vt.quantize_fp8(x.reshape(-1), per_token=True)
     with pytest.raises(TypeError, match="scale on the GPU must be a float32 array"):
-        vt.quantize_fp8(x, cp.ones(1, dtype=cp.float64))
+        vt.quantize_fp8(x, cp.ones(1, dtype=cp.float16))
+    # float64 is cast to float32 (RNE) at the boundary, for scales as for x (README, "torch models")
+    np.testing.assert_array_equal(vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float64)).data.get(),
+                                  vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float32)).data.get())
 
 
 class _FakeGpuArray:

@@ -107,8 +107,10 @@ def test_runs_on_torchs_current_stream_without_synchronizing():
     src = _cuda(x_host)
     x = torch.full_like(src, float("nan"))  # read too early, x would encode to 0x7F everywhere
     vt.quantize_fp8(src, 0.05), vt.quantize_fp8(src, per_token=True)  # compile outside the timed window
-    torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # and let cupy's pool make its first blocks for this stream: a first
+        vt.quantize_fp8(src, 0.05), vt.quantize_fp8(src, per_token=True)  # cudaMalloc may synchronize
+    torch.cuda.synchronize()
     cupy_stream_before = cupy.cuda.get_current_stream().ptr
     with torch.cuda.stream(side):
         torch.cuda._sleep(SLEEP_CYCLES)

@@ -48,16 +48,15 @@ What limits speed
   tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
   conversion) with per-wgmma promotion into float32 registers (DeepSeek-V3's scheme), or, short of
   it, converting each stage once per block into f16 shared memory (3x fewer conversions).
-- f16 staging, not yet timed on the H200 (its first run stopped at the opt-in to more than 48 KB
-  of dynamic shared memory, since fixed; the same run reproduced the e4m3 figures: 549 us, 0.19x
-  cuBLASLt's 103 us). The trade, from the SASS (ptxas -v, cuobjdump) per SM and 64-wide K tile:
-  staging both operands of the 128 x 128 tile cuts the conversions to a third (32 F2FP per warp)
-  but moves ~160 KB through shared memory (the f16 ldmatrix reads double, and each staged byte is
-  copied, read and written again as f16), ~1,280 clocks at 128 B a clock for 512 HMMAs; staging one
-  operand and converting the other in registers, with 64 x 64 warp tiles (255 registers, 8-32 bytes
-  of spill outside the main loop), balances the two: 128 x 256 staging A needs ~1,150 clocks of
-  shared memory, ~1,280 of conversions and ~1,400 of issue (a third of it the per-k32 float32 adds)
-  for 1,024 HMMAs. Predicted from those counts, not measured: 170-330 us at 4096^3.
+- f16 staging, timed on the H200 (2026-11-30 17:47 UTC, benchmarks/bench_tensorcore.py gemm): every
+  f16-staged configuration was slower than the e4m3 kernel's 550 us at 4096^3 -- 593 us (one operand
+  staged, 64 x 64 warp tiles) to 679 us -- and 930-1,039 against 988 us block-scaled; bit for bit
+  the e4m3 kernel's result (262,144 of 262,144 elements at K = 256 and 4096). Cutting the
+  conversions to a third did not pay: the SASS counts per SM and 64-wide K tile put the staged
+  kernels at ~1,150-1,280 clocks of shared-memory traffic (each staged byte copied, read and written
+  again as f16, the f16 ldmatrix reads doubled) against the conversions they save, so the tile
+  pipeline stays bound near where it was. The e4m3 kernel stays the default (F16_DEFAULT below);
+  the staged ones stay selectable for the next attempt (wgmma).
 """
 
 import functools
@@ -158,9 +157,9 @@ GEMM_CONFIGS = {
     "sim_32x16_f16b": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="b"),
 }
 GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
-# The f16-staged defaults, sm_90 only (see default_config). None -- the e4m3 default there too --
-# until they are timed on the H200: benchmarks/bench_tensorcore.py gemm prints the fastest of each
-# kind after table 1 ("best (promotion per mma): ...; best able to hold block scales: ...").
+# The f16-staged defaults, sm_90 only (see default_config). None -- the e4m3 default there too: on
+# the H200 every f16-staged configuration was slower (module docstring; benchmarks/bench_tensorcore.py
+# gemm prints the fastest of each kind after table 1).
 F16_DEFAULT = None
 F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x 64 warp tiles, BN | 128
 
