@@ -108,8 +108,10 @@ def test_runs_on_torchs_current_stream_without_synchronizing():
     x = torch.full_like(src, float("nan"))  # read too early, x would encode to 0x7F everywhere
     vt.quantize_fp8(src, 0.05), vt.quantize_fp8(src, per_token=True)  # compile outside the timed window
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):  # and let cupy's pool make its first blocks for this stream: a first
-        vt.quantize_fp8(src, 0.05), vt.quantize_fp8(src, per_token=True)  # cudaMalloc may synchronize
+    with torch.cuda.stream(side):  # and let cupy's and torch's pools make their first blocks for this
+        warm = vt.quantize_fp8(src, 0.05)  # stream: a first cudaMalloc may synchronize (seen on the H200:
+        vt.quantize_fp8(src, per_token=True)  # torch's .to() below, on its first call on the stream)
+        warm.data.to(torch.int32) + 1
     torch.cuda.synchronize()
     cupy_stream_before = cupy.cuda.get_current_stream().ptr
     with torch.cuda.stream(side):
