@@ -24,8 +24,6 @@ round, outside the timed region. Before timing, both sides' results are compared
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
@@ -33,26 +31,8 @@ import torch
 import vtnumba as vt
 import vtnumba.torch as vtt
 from vtnumba import seam
+from vtnumba.timing import paired_host_time
 from vtnumba.testing import devices
-
-
-def _time_pairs(base_fn, test_fn, calls, rounds, sync):
-    """(best base, best test, median paired difference) seconds per call, alternating rounds."""
-    base_t, test_t, diffs = [], [], []
-    for r in range(rounds):
-        pair = {}
-        order = (("base", base_fn), ("test", test_fn)) if r % 2 == 0 else (("test", test_fn), ("base", base_fn))
-        for name, fn in order:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            sync()
-            pair[name] = (t1 - t0) / calls
-        base_t.append(pair["base"])
-        test_t.append(pair["test"])
-        diffs.append(pair["test"] - pair["base"])
-    return min(base_t), min(test_t), statistics.median(diffs)
 
 
 def _host_bytes(a):
@@ -71,7 +51,7 @@ def _row(name, base_fn, test_fn, args, sync, target, ratio_target=None):
     for _ in range(50):  # warm-up: compile and fill caches outside the timed region
         base_fn(), test_fn()
     sync()
-    t_base, t_test, paired = _time_pairs(base_fn, test_fn, args.calls, args.rounds, sync)
+    t_base, t_test, paired = paired_host_time(base_fn, test_fn, args.calls, args.rounds, sync)
     added_min, added_paired = (t_test - t_base) * 1e6, paired * 1e6
     added = max(added_min, added_paired)
     ratio = t_test / t_base
@@ -193,7 +173,7 @@ def main():
             for _ in range(50):
                 linear(x1), layer(x1)
             sync()
-            t_lin, t_fp8, paired = _time_pairs(lambda: linear(x1), lambda: layer(x1), args.calls, args.rounds, sync)
+            t_lin, t_fp8, paired = paired_host_time(lambda: linear(x1), lambda: layer(x1), args.calls, args.rounds, sync)
             ratio = t_fp8 / t_lin
             verdict = ("ok" if ratio <= 1.2 else "MISSED") if gpu else "(GPU target)"
             print(f"{'Fp8Linear ' + scheme:<34}{t_lin * 1e6:>10.2f}{t_fp8 * 1e6:>10.2f}{(t_fp8 - t_lin) * 1e6:>12.2f}"

@@ -18,40 +18,18 @@ synchronized after each round, outside the timed region.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import vtnumba as vt
 from vtnumba import seam
+from vtnumba.timing import paired_host_time
 
 
 def _ops_call(x, w):
     """What matmul_fp8 does, written out with the public ops."""
     q = seam.quantize_activation(x, w)
     return vt.scaled_mm(q.data, w.data, q.scale, w.weight_scale, out_dtype=x.dtype, bias=w.bias)
-
-
-def _time_pairs(ops_fn, seam_fn, calls, rounds, sync):
-    """Per-call seconds of each side: alternating short rounds (the order flips every round), so
-    other load on the machine hits both sides alike. Returns (min ops, min seam, median of the
-    paired per-round differences): the minimum is the least-disturbed round, and the paired median
-    is robust to the occasional round another process interrupted."""
-    ops_t, seam_t, diffs = [], [], []
-    for r in range(rounds):
-        pair = {}
-        for name, fn in ((("ops", ops_fn), ("seam", seam_fn)) if r % 2 == 0 else (("seam", seam_fn), ("ops", ops_fn))):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            sync()
-            pair[name] = (t1 - t0) / calls
-        ops_t.append(pair["ops"])
-        seam_t.append(pair["seam"])
-        diffs.append(pair["seam"] - pair["ops"])
-    return min(ops_t), min(seam_t), statistics.median(diffs)
 
 
 def main():
@@ -109,7 +87,7 @@ def main():
             for _ in range(50):  # warm-up: compile and fill caches outside the timed region
                 ops_fn(), seam_fn()
             sync()
-            t_ops, t_seam, paired = _time_pairs(ops_fn, seam_fn, args.calls, args.rounds, sync)
+            t_ops, t_seam, paired = paired_host_time(ops_fn, seam_fn, args.calls, args.rounds, sync)
             added_min, added_paired = (t_seam - t_ops) * 1e6, paired * 1e6
             added = max(added_min, added_paired)
             worst = max(worst, added)

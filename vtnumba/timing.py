@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _arrays
 
-__all__ = ["cpu_time", "device_us", "best_device_us", "host_us"]
+__all__ = ["cpu_time", "device_us", "best_device_us", "host_us", "paired_host_time"]
 
 
 def _device_of(args):
@@ -150,3 +150,26 @@ def host_us(call, repeats=2000, warmup=20):
     elapsed = time.perf_counter() - t0
     stream.synchronize()
     return elapsed / repeats * 1e6
+
+
+def paired_host_time(base_fn, test_fn, calls, rounds, sync=lambda: None):
+    """Host seconds per call of two ways of doing the same thing, for the cost one adds over the
+    other: alternating short rounds of ``calls`` calls (the order flips every round, so other load on
+    the machine hits both alike), ``sync()`` after each side's clock stops. Returns (best base, best
+    test, median of the paired per-round differences): the minimum is the least-disturbed round, the
+    paired median is robust to a round another process interrupted."""
+    base_t, test_t, diffs = [], [], []
+    for r in range(rounds):
+        pair = {}
+        order = (("base", base_fn), ("test", test_fn)) if r % 2 == 0 else (("test", test_fn), ("base", base_fn))
+        for name, fn in order:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            sync()
+            pair[name] = (t1 - t0) / calls
+        base_t.append(pair["base"])
+        test_t.append(pair["test"])
+        diffs.append(pair["test"] - pair["base"])
+    return min(base_t), min(test_t), statistics.median(diffs)

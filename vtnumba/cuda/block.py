@@ -23,8 +23,6 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
                     size, shape and GPU, exact float32 accumulation within each block (G3 per block).
 """
 
-import os
-
 import numpy as np
 
 from .. import _config
@@ -181,28 +179,10 @@ KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 
 def select(call, kernel=None):
     """The kernel that runs ``call`` (``kernel`` by name if given); ValueError listing every reason
-    when none can."""
-    disabled = {n.strip() for n in os.environ.get("VT_DISABLE_KERNELS", "").split(",") if n.strip()}
-    if kernel is not None:
-        chosen = KERNELS_BY_NAME.get(kernel)
-        if chosen is None:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None for a block-scaled call, "
-                             f"got {kernel!r}")
-        ok, why = chosen.can_implement(call)
-        if not ok:
-            raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
-        return chosen
-    reasons = []
-    for candidate in KERNELS:
-        if candidate.name in disabled:
-            reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
-            continue
-        ok, why = candidate.can_implement(call)
-        if ok:
-            return candidate
-        reasons.append(f"{candidate.name}: {why}")
-    raise ValueError(f"no GPU block-scaled GEMM kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T "
-                     "call:\n  " + "\n  ".join(reasons))
+    when none can (``gemm.choose``)."""
+    from .gemm import choose
+
+    return choose(call, kernel, KERNELS, KERNELS_BY_NAME, "block-scaled GEMM")
 
 
 def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):

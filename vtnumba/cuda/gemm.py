@@ -398,11 +398,18 @@ def kernel_order(m):
 def select(call, kernel=None):
     """The kernel that runs ``call``: ``kernel`` (a name) if given, else the first in priority
     order that can; ValueError listing every reason when none can."""
+    return choose(call, kernel, kernel_order(call.m), KERNELS_BY_NAME, "FP8 GEMM")
+
+
+def choose(call, kernel, candidates, by_name, what):
+    """The first of ``candidates`` that can run ``call`` (each says ``can_implement`` and why not),
+    or the one named ``kernel``; the kernels named in VT_DISABLE_KERNELS (read at every call) are
+    left out. None fitting is one ValueError listing every reason, as vLLM's kernel choice does."""
     disabled = disabled_kernels()
     if kernel is not None:
-        chosen = KERNELS_BY_NAME.get(kernel)
+        chosen = by_name.get(kernel)
         if chosen is None:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None, got {kernel!r}")
+            raise ValueError(f"kernel must be one of {sorted(by_name)} or None for a {what} call, got {kernel!r}")
         if chosen.name in disabled:
             raise ValueError(f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS={os.environ['VT_DISABLE_KERNELS']!r}")
         ok, why = chosen.can_implement(call)
@@ -410,7 +417,7 @@ def select(call, kernel=None):
             raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
         return chosen
     reasons = []
-    for candidate in kernel_order(call.m):
+    for candidate in candidates:
         if candidate.name in disabled:
             reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
             continue
@@ -418,7 +425,7 @@ def select(call, kernel=None):
         if ok:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
-    raise ValueError(f"no GPU FP8 GEMM kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  "
+    raise ValueError(f"no GPU {what} kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  "
                      + "\n  ".join(reasons))
 
 

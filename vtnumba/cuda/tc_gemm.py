@@ -212,6 +212,30 @@ def _split_accumulators(promotion, block_scaled):
 
 
 @functools.lru_cache(maxsize=None)
+def scale_readers(block_scaled):
+    """(row_scale(scale, step, i), kblock_scale(scale, i, kb)) device functions: per-tensor and
+    per-row x per-channel scales are read at the end (``scale[i * step]``), block scales at each
+    K-block's promotion (``scale[i, kb]``); each form reads 1.0 where the other applies."""
+    if block_scaled:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return _F32_ONE  # the block scales are applied in the main loop
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return scale[i, kb]
+    else:
+        @cuda.jit(**_DEVICE)
+        def row_scale(scale, step, i):
+            return scale[i * step]
+
+        @cuda.jit(**_DEVICE)
+        def kblock_scale(scale, i, kb):
+            return _F32_ONE
+    return row_scale, kblock_scale
+
+
+@functools.lru_cache(maxsize=None)
 def gemm_kernel(cfg, promotion, block_scaled, chain):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
@@ -298,22 +322,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         if f16_b:
             convert_rows(smem, src + a_words, dst + f16_b_words, r0, chunk, b_copies)
 
-    if block_scaled:
-        @cuda.jit(**_DEVICE)
-        def row_scale(scale, step, i):
-            return _F32_ONE  # the block scales are applied in the main loop
-
-        @cuda.jit(**_DEVICE)
-        def kblock_scale(scale, i, kb):
-            return scale[i, kb]
-    else:
-        @cuda.jit(**_DEVICE)
-        def row_scale(scale, step, i):
-            return scale[i * step]
-
-        @cuda.jit(**_DEVICE)
-        def kblock_scale(scale, i, kb):
-            return _F32_ONE
+    row_scale, kblock_scale = scale_readers(block_scaled)
 
     def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b

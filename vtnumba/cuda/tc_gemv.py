@@ -32,7 +32,7 @@ from .gemv import X_KIND, GemvStage, XKind
 from .launch import compile_kernel
 from .target import DEVICE_INLINE, SIMULATOR, cuda, types
 from .tc_gemm import _ALIGN_16, _F32_ONE, _F32_ZERO, _U32_ZERO, bias_bits, chains_in_float32, rows_reason, \
-    shape_reason, unavailable_reason
+    scale_readers, shape_reason, unavailable_reason
 
 _DEVICE = DEVICE_INLINE
 
@@ -253,22 +253,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
                 hi = pair(vals[i + 2] * mult, vals[i + 3] * mult)
             xs[word + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
 
-    if block_scaled:
-        @cuda.jit(**_DEVICE)
-        def row_scale(scale, step, i):
-            return _F32_ONE
-
-        @cuda.jit(**_DEVICE)
-        def kblock_scale(scale, i, kb):
-            return scale[i, kb]
-    else:
-        @cuda.jit(**_DEVICE)
-        def row_scale(scale, step, i):
-            return scale[i * step]
-
-        @cuda.jit(**_DEVICE)
-        def kblock_scale(scale, i, kb):
-            return _F32_ONE
+    row_scale, kblock_scale = scale_readers(block_scaled)
 
     def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y[:M] = round_out(scaled (a or quantize(x)) @ b^T + bias); the arguments of

@@ -15,13 +15,48 @@ import numpy as np
 from .codec import decode_e4m3
 from .epilogue import F32_1D, I32, I64, U8_2D, U16_1D, epilogue_value, out_type, store_out
 from .launch import compile_kernel
-from .target import cuda, types
+from .target import DEVICE_INLINE, cuda, types
 
 TILE_M = 64
 TILE_N = 64
 TILE_K = 32
 TILED_THREADS = 256  # 16 x 16, each thread a 4 x 4 block of outputs, strided by 16
 TILED_SHARED_FLOATS = TILE_K * (TILE_M + TILE_N)  # == TILE_M * TILE_N: the output tile fits too
+
+
+@cuda.jit(**DEVICE_INLINE)
+def load_tile(smem, a, b, m0, n0, k0, k_end, tid):
+    """Decode the [64, 32] tiles of a and b at (m0 | n0, k0) into shared memory, k-major (the compute
+    loop then reads rows of 64 consecutive floats: no bank conflicts); past the matrices or k_end,
+    zeros. Consecutive threads take consecutive k: coalesced byte loads."""
+    m_total = a.shape[0]
+    n_total = b.shape[0]
+    for i in range(TILE_M * TILE_K // TILED_THREADS):
+        idx = tid + i * TILED_THREADS
+        r = idx // TILE_K
+        c = idx - r * TILE_K
+        k = k0 + c
+        va = np.float32(0.0)
+        vb = np.float32(0.0)
+        if k < k_end:
+            if m0 + r < m_total:
+                va = decode_e4m3(a[m0 + r, k])
+            if n0 + r < n_total:
+                vb = decode_e4m3(b[n0 + r, k])
+        smem[c * TILE_M + r] = va
+        smem[TILE_K * TILE_M + c * TILE_N + r] = vb
+
+
+@cuda.jit(**DEVICE_INLINE)
+def accumulate_tile(smem, acc, tx, ty):
+    """acc[i * 4 + j] += the tile's products for output (ty + 16 i, tx + 16 j), float32 FMAs."""
+    for kk in range(TILE_K):
+        a_row = kk * TILE_M + ty
+        b_row = TILE_K * TILE_M + kk * TILE_N + tx
+        for i in range(4):
+            av = smem[a_row + 16 * i]
+            for j in range(4):
+                acc[i * 4 + j] += av * smem[b_row + 16 * j]
 
 
 def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
@@ -39,29 +74,9 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
     m0 = cuda.blockIdx.y * TILE_M
     n0 = cuda.blockIdx.x * TILE_N
     for k0 in range(0, k_total, TILE_K):
-        # load and decode: consecutive threads take consecutive k (coalesced byte loads)
-        for i in range(TILE_M * TILE_K // TILED_THREADS):
-            idx = tid + i * TILED_THREADS
-            r = idx // TILE_K
-            c = idx - r * TILE_K
-            k = k0 + c
-            va = np.float32(0.0)
-            vb = np.float32(0.0)
-            if k < k_total:
-                if m0 + r < m_total:
-                    va = decode_e4m3(a[m0 + r, k])
-                if n0 + r < n_total:
-                    vb = decode_e4m3(b[n0 + r, k])
-            smem[c * TILE_M + r] = va
-            smem[TILE_K * TILE_M + c * TILE_N + r] = vb
+        load_tile(smem, a, b, m0, n0, k0, k_total, tid)
         cuda.syncthreads()
-        for kk in range(TILE_K):
-            a_row = kk * TILE_M + ty
-            b_row = TILE_K * TILE_M + kk * TILE_N + tx
-            for i in range(4):
-                av = smem[a_row + 16 * i]
-                for j in range(4):
-                    acc[i * 4 + j] += av * smem[b_row + 16 * j]
+        accumulate_tile(smem, acc, tx, ty)
         cuda.syncthreads()
     # stage the accumulators through shared memory: a short loop with constant indices keeps acc in
     # registers (an epilogue indexing acc in a loop the compiler does not unroll would spill it)
@@ -111,28 +126,9 @@ def _tiled_block_kernel(a, b, scale_a, scale_b, block_n, block_k, bias, bias_kin
         for i in range(16):
             part[i] = np.float32(0.0)
         for k0 in range(k_begin, k_end, TILE_K):
-            for i in range(TILE_M * TILE_K // TILED_THREADS):
-                idx = tid + i * TILED_THREADS
-                r = idx // TILE_K
-                c = idx - r * TILE_K
-                k = k0 + c
-                va = np.float32(0.0)
-                vb = np.float32(0.0)
-                if k < k_end:
-                    if m0 + r < m_total:
-                        va = decode_e4m3(a[m0 + r, k])
-                    if n0 + r < n_total:
-                        vb = decode_e4m3(b[n0 + r, k])
-                smem[c * TILE_M + r] = va
-                smem[TILE_K * TILE_M + c * TILE_N + r] = vb
+            load_tile(smem, a, b, m0, n0, k0, k_end, tid)
             cuda.syncthreads()
-            for kk in range(TILE_K):
-                a_row = kk * TILE_M + ty
-                b_row = TILE_K * TILE_M + kk * TILE_N + tx
-                for i in range(4):
-                    av = smem[a_row + 16 * i]
-                    for j in range(4):
-                        part[i * 4 + j] += av * smem[b_row + 16 * j]
+            accumulate_tile(smem, part, tx, ty)
             cuda.syncthreads()
         # the block step: (P * sa[m, kb]) * sb[n // bn, kb], added in kb order (rows / columns past
         # the matrix read row / column 0's scale: their results are never stored)
