@@ -19,7 +19,7 @@ def test_cudasim_suite_passes():
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-m", "cudasim", "-p", "no:cacheprovider", "tests/"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, f"simulator tests failed (exit {proc.returncode}):\n{tail}"
     summary = re.search(r"(\d+) passed", proc.stdout.splitlines()[-1] if proc.stdout else "")

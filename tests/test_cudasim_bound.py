@@ -25,8 +25,7 @@ def _full_path(backend, x, w, ws, input_scale, per_token, out_dtype, bias):
 
 
 @pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
-@pytest.mark.parametrize("m", [2, 9])  # the decode GEMV, then the tiled GEMM
-@pytest.mark.parametrize("x_dtype,out_dtype", [(np.float32, np.float32), (BF16, BF16)])
+@pytest.mark.parametrize("m, x_dtype, out_dtype", [(2, BF16, BF16), (9, np.float32, np.float32)])  # GEMV; tiled
 def test_bound_call_replays_the_full_path_bitwise(scheme, m, x_dtype, out_dtype):
     import vtnumba.cuda as backend
     from vtnumba.cuda.bound import BoundLinear
