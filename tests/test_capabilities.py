@@ -24,14 +24,16 @@ def test_hopper_h100_h200_runs_every_path():
     assert runs(path_rules((9, 0), CUBLASLT_13_1)) == set(KEYS)
     # before cuBLASLt 12.9: per-tensor only among the cuBLASLt modes
     old = path_rules((9, 0), CUBLASLT_12_8)
-    assert runs(old) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma"}
+    assert runs(old) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma"}
     assert "cuBLASLt >= 12.9" in old["cublaslt_outer_vector"] and "cuBLASLt >= 12.9" in old["cublaslt_block_128x128"]
     assert "12.8.0" in old["cublaslt_block_128x128"]
 
 
 def test_gb10_has_no_128x128_block_mode():
     rules = path_rules((12, 1), CUBLASLT_13_1)
-    assert runs(rules) == set(KEYS) - {"cublaslt_block_128x128"}
+    assert runs(rules) == set(KEYS) - {"cublaslt_block_128x128", "tensor_core_wgmma"}
+    assert rules["tensor_core_wgmma"] == ("wgmma is an sm_90a instruction (arch-specific: Hopper only), "
+                                          "this GPU is sm_121")
     why = rules["cublaslt_block_128x128"]
     assert "Hopper (sm_90) only" in why and "sm_121" in why and "MXFP8" in why
 
@@ -54,7 +56,7 @@ def test_ampere_has_no_fp8_at_all():
 
 def test_without_cublaslt_the_numba_paths_remain():
     rules = path_rules((9, 0), None, cublaslt_reason="nvmath-python is not installed")
-    assert runs(rules) == {"hardware_e4m3_cvt", "tensor_core_mma"}
+    assert runs(rules) == {"hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma"}
     assert rules["cublaslt_per_tensor"] == rules["cublaslt_block_128x128"] == "nvmath-python is not installed"
     assert "11.11" in path_rules((9, 0), 110800)["cublaslt_per_tensor"]  # cuBLASLt before FP8
 
@@ -69,12 +71,14 @@ def test_simulator_runs_no_hardware_path():
 def test_rules_agree_with_the_paths_that_use_them(cc):
     """The report's rules are the ones the GEMM and the encoder apply, not a copy of them."""
     from vtnumba.cuda.codec import hardware_available
+    from vtnumba.cuda.wgmma import available as wgmma_available
 
     for version in (CUBLASLT_12_8, CUBLASLT_12_9):
         rules = path_rules(cc, version)
         if rules["cublaslt_per_tensor"] is None:
             assert rules["cublaslt_outer_vector"] == cublaslt.outer_vec_reason(cc, version)
         assert (rules["hardware_e4m3_cvt"] is None) == hardware_available(cc)
+        assert (rules["tensor_core_wgmma"] is None) == wgmma_available(cc)
 
 
 def test_version_text():

@@ -299,7 +299,10 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     scale_b[n // bn, kb]`` with P the float32 sum of the exact products in K-block kb, summed over
     kb in float32 (upstream's Triton block kernel's order). ``kernel`` forces one implementation by name (for
     tests and benchmarks); by default the backend picks by shape. CPU kernels: "reference",
-    "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "decode_gemv", "tiled".
+    "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "tensorcore_gemv", "tensorcore",
+    "decode_gemv", "tiled", and "wgmma" (by name only: Hopper's native FP8 instruction, within the tensor-core
+    bound rather than strict G3); block-scaled: "cublaslt_block", "tensorcore_block_gemv", "tensorcore_block",
+    "tiled_block", "wgmma_block".
     """
     device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
     a = _arrays.codes_uint8(a, "a")

@@ -26,7 +26,7 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device, tc_gemm, tc_gemv
+from . import cublaslt, device, tc_gemm, tc_gemv, wg_gemm
 from .epilogue import BIAS_KIND, OUT_KIND, BiasKind
 from .target import SIMULATOR
 from .tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
@@ -152,6 +152,22 @@ class TensorCoreBlock:
         return _run_numba(call, lambda c, y_bits: tc_gemm.gemm_launch(c, y_bits, True, self.promotion))
 
 
+class WgmmaBlock:
+    """The block-scaled GEMM on wgmma (wg_gemm.py), per-128 promotion: by name only
+    (``kernel="wgmma_block"``), as gemm.WgmmaGemm."""
+
+    name = "wgmma_block"
+
+    def can_implement(self, call):
+        if (call.block_n, call.block_k) != (128, 128):
+            return False, f"the wgmma kernel takes 128 x 128 blocks, got block_size {(call.block_n, call.block_k)}"
+        reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def run(self, call):
+        return _run_numba(call, lambda c, y_bits: wg_gemm.gemm_launch(c, y_bits, True))
+
+
 class TiledBlock:
     name = "tiled_block"
 
@@ -174,7 +190,7 @@ class TiledBlock:
 
 
 KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TiledBlock())
-KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaBlock(),)}  # wgmma: by name only
 
 
 def select(call, kernel=None):

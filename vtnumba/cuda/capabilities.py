@@ -13,6 +13,7 @@ versions, and for each path either that it runs here or why it does not. The pat
                             blocks (VEC128_32F x BLK128x128_32F, the DeepSeek-V3 / Qwen3-FP8 format)
 ``hardware_e4m3_cvt``       the hardware e4m3 conversion (``cvt ... e4m3x2``), vtnumba's default encoder
 ``tensor_core_mma``         FP8 tensor-core mma (``mma.sync ... e4m3``)
+``tensor_core_wgmma``       Hopper's native FP8 warpgroup MMA (``wgmma.mma_async ... e4m3``, sm_90a)
 
 The rules are one pure function of (compute capability, cuBLASLt version, simulator flag),
 ``path_rules``, so they can be read, and tested, for GPUs that are not here. ``capabilities()`` adds
@@ -35,6 +36,7 @@ PATHS = (
     ("cublaslt_block_128x128", "cuBLASLt FP8 GEMM, 128x128 block scales"),
     ("hardware_e4m3_cvt", "hardware e4m3 conversion (cvt)"),
     ("tensor_core_mma", "tensor-core FP8 mma (mma.sync e4m3)"),
+    ("tensor_core_wgmma", "tensor-core FP8 warpgroup MMA (wgmma e4m3, sm_90a)"),
 )
 CUBLASLT_PATHS = ("cublaslt_per_tensor", "cublaslt_outer_vector", "cublaslt_block_128x128")
 
@@ -44,6 +46,8 @@ FP8_TENSOR_CORE_MIN_CC = (8, 9)
 # cuBLASLt's FP8 matmul shipped in cuBLAS 11.11 (CUDA 11.8); versions as cublasLtGetVersion gives
 # them: major * 10000 + minor * 100 + patch.
 CUBLASLT_FP8_MIN_VERSION = 111100
+# wgmma exists only for the arch-specific target sm_90a (PTX ISA): Hopper, not its successors
+WGMMA_CC = (9, 0)
 
 
 def sm(cc):
@@ -73,7 +77,8 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
         no_lt = "the CUDA simulator has no cuBLASLt (the Numba GEMM kernels run)"
         no_ptx = "the CUDA simulator runs no inline PTX"
         return {"cublaslt_per_tensor": no_lt, "cublaslt_outer_vector": no_lt, "cublaslt_block_128x128": no_lt,
-                "hardware_e4m3_cvt": no_ptx + " (the portable encoder runs)", "tensor_core_mma": no_ptx}
+                "hardware_e4m3_cvt": no_ptx + " (the portable encoder runs)", "tensor_core_mma": no_ptx,
+                "tensor_core_wgmma": no_ptx}
     cc = tuple(int(v) for v in cc)
     rules = {}
     if cc < FP8_TENSOR_CORE_MIN_CC:
@@ -94,6 +99,8 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
                                   f"(the portable encoder runs, same bytes)")
     rules["tensor_core_mma"] = (None if cc >= FP8_TENSOR_CORE_MIN_CC else
                                 f"mma.sync with e4m3 operands needs sm_89+, this GPU is {sm(cc)}")
+    rules["tensor_core_wgmma"] = (None if cc == WGMMA_CC else
+                                  f"wgmma is an sm_90a instruction (arch-specific: Hopper only), this GPU is {sm(cc)}")
     return rules
 
 

@@ -45,7 +45,7 @@ import os
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device, gemv, tc_gemm, tc_gemv, tiled
+from . import cublaslt, device, gemv, tc_gemm, tc_gemv, tiled, wg_gemm
 from .codec import hardware_available
 from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_kernel
 from .gemv import GemvStage
@@ -375,11 +375,32 @@ class TensorCoreGemm(_NumbaKernel):
         return tc_gemm.gemm_launch(call, y_bits, False, self.promotion, self.config)
 
 
+class WgmmaGemm(_NumbaKernel):
+    """The GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py): by name only (``kernel="wgmma"``).
+    It holds the tensor-core bound with promotion per 128 of K (or per k32), not strict G3, so the
+    automatic order behind the lever keeps the exact tc_gemm kernel."""
+
+    name = "wgmma"
+
+    def __init__(self, promotion=wg_gemm.PER_128, config=None):
+        if promotion not in wg_gemm.PROMOTIONS:
+            raise ValueError(f"promotion must be one of {wg_gemm.PROMOTIONS}, got {promotion!r}")
+        self.promotion, self.config = promotion, config
+
+    def can_implement(self, call):
+        reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def launch(self, call, y_bits):
+        return wg_gemm.gemm_launch(call, y_bits, False, self.promotion, self.config)
+
+
 # cuBLASLt first (fastest everywhere it runs; measured in benchmarks/bench_gpu_gemm.py); then the
 # tensor-core kernels (exact); the CUDA-core kernels for what they refuse (odd K, unaligned rows,
 # GPUs before sm_89, the simulator).
 KERNELS = (CublasLt(), CublasLtF32Epilogue(), TensorCoreGemv(), TensorCoreGemm(), DecodeGemv(), Tiled())
-KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+# and, chosen by name only, the wgmma GEMM (not exact in G3's sense; see WgmmaGemm)
+KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaGemm(),)}
 _LARGE_M_ORDER = KERNELS
 _SMALL_M_ORDER = (KERNELS_BY_NAME["decode_gemv"],) + tuple(k for k in KERNELS if k.name != "decode_gemv")
 

@@ -159,7 +159,7 @@ class Kernel:
     """A kernel compiled once per device and launched through the CUDA driver (see the module
     docstring)."""
 
-    def __init__(self, pyfunc, signature, *, lineinfo=False, launch_bounds=None):
+    def __init__(self, pyfunc, signature, *, lineinfo=False, launch_bounds=None, arch=""):
         self.pyfunc = pyfunc
         self.signature = tuple(signature)
         self.name = getattr(pyfunc, "__qualname__", repr(pyfunc))
@@ -167,6 +167,9 @@ class Kernel:
         self._lineinfo = lineinfo
         # (max threads per block, min resident blocks per SM): ptxas then caps the registers
         self._launch_bounds = launch_bounds
+        # "a": the arch-specific target (sm_90a), for instructions only it has (wgmma.py); its PTX
+        # loads on that exact compute capability only
+        self._arch = arch
         self._functions = {}  # device id -> cupy Function (it keeps its module loaded)
         self._lock = threading.Lock()
         self._dispatcher = None  # simulator only
@@ -184,7 +187,9 @@ class Kernel:
 
     # -- compile and load -------------------------------------------------------------------
     def ptx(self, cc):
-        """PTX for compute capability ``cc`` (a (major, minor) tuple)."""
+        """PTX for compute capability ``cc`` (a (major, minor) tuple; with ``arch``, its
+        arch-specific target)."""
+        cc = (cc[0], cc[1], self._arch) if self._arch else tuple(cc)
         ptx, _ = cuda.compile(self.pyfunc, self.signature, device=False, abi="numba", cc=cc, output="ptx",
                               lineinfo=self._lineinfo, launch_bounds=self._launch_bounds)
         return ptx

@@ -1,0 +1,331 @@
+"""The FP8 GEMM on Hopper's native FP8 tensor-core instruction (``wgmma``, wgmma.py), from Numba.
+
+It computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` (or the
+block-scaled form) with the epilogue of epilogue.py, like tc_gemm.py, at tensor-core speed: tc_gemm's
+``mma.sync`` is converted to f16 on sm_90, ``wgmma`` is not.
+
+Design
+------
+A block of two warpgroups (256 threads) computes a 128 x BN tile of y: warpgroup w owns rows
+64 w .. 64 w + 63, all BN columns (one m64n{BN}k32 wgmma per 32 of K). K advances 128 codes a
+stage: every thread copies 16-byte chunks of the stage's A rows [128, 128] and B rows [BN, 128]
+with ``cp.async`` into a STAGES-deep ring of 128-byte-swizzled tiles (wgmma.py's layout) in dynamic
+shared memory, STAGES - 1 stages ahead of the one computed. Rows past M / N and chunks past K are
+zero-filled (zero codes are exact zeros). Per stage: wait for this thread's copies, fence them into
+the async proxy, one barrier (every copy landed; every warpgroup done reading the slot refilled
+next), issue the next stage's copies, then the four k32 wgmmas.
+
+Promotion: a 128-wide K block's partial P goes into float32 registers once the block's wgmmas are
+done (``per_128``: the four wgmmas chain in the tensor core, DeepSeek-V3's interval, CUTLASS's
+FP8 promotion interval), or after every wgmma (``per_wgmma``: each k32 partial from zero, added in
+float32). Block scales (128 x 128 weights, 1 x 128 activation groups) are applied at the block's
+promotion as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order, tc_gemm's).
+
+Precision: Hopper's FP8 tensor core does not add the products of one wgmma in float32 (DeepSeek-V3
+§3.3.2; cuBLASLt misses G3 by up to 16x). Promotion bounds how far that reaches: it holds
+``vtnumba.testing.reference.tensor_core_bound``; it does not claim DESIGN.md's strict G3, which
+tc_gemm.py holds. So this kernel is chosen by name (``kernel="wgmma"``), never by the automatic
+order behind the lever, whose contract is strict G3.
+
+Shape rules: K % 16 == 0 and 16-byte aligned rows (cp.async), any M and N; compute capability 9.0
+(the sm_90a target). No simulator emulation: tested on the H200.
+"""
+
+import functools
+from collections import namedtuple
+
+import numpy as np
+
+from . import wgmma
+from .epilogue import OUT_KIND, load_bias, scaled_value, store_out
+from .launch import compile_kernel
+from .target import DEVICE_INLINE, SIMULATOR, cuda, types
+from .tc_gemm import DynamicSharedKernel, bias_bits, rows_reason, scale_readers
+
+PER_128, PER_WGMMA = "per_128", "per_wgmma"
+PROMOTIONS = (PER_128, PER_WGMMA)
+
+BM = 128  # two warpgroups of 64 rows
+THREADS = 256
+BK = wgmma.ROW_BYTES  # codes per stage: one 128-byte swizzled row
+ROW_WORDS = BK // 4
+CHUNKS = BK // 16  # 16-byte chunks per row
+ROWS_PER_PASS = THREADS // CHUNKS  # rows one pass of copies covers (32: a multiple of 8, see below)
+K_STEPS = BK // wgmma.K_STEP
+SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in (sm_90)
+
+WgConfig = namedtuple("WgConfig", "bn stages")
+WgConfig.__doc__ = "A tile configuration: BN columns per block (the wgmma's N), a STAGES-deep cp.async ring."
+WG_CONFIGS = {
+    "128x128_s4": WgConfig(bn=128, stages=4),
+    "128x128_s5": WgConfig(bn=128, stages=5),
+    "128x128_s6": WgConfig(bn=128, stages=6),
+    "128x64_s6": WgConfig(bn=64, stages=6),
+}
+WG_DEFAULT = WG_CONFIGS["128x128_s5"]
+
+_F32_ZERO = np.float32(0.0)
+# the descriptor's constant fields: stride byte offset 1024 (>> 4), the 128-byte swizzle
+_DESC_HIGH = np.uint64((wgmma.SWIZZLE_ATOM_BYTES >> 4) << 32 | wgmma.SWIZZLE_128B << 62)
+_DESC_ADDRESS_MASK = np.uint32(0x3FFF)
+
+
+def shared_bytes(cfg):
+    """Dynamic shared memory of a configuration's kernel: the ring plus the slack that puts it on a
+    1024-byte boundary."""
+    return cfg.stages * (BM + cfg.bn) * BK + wgmma.SWIZZLE_ATOM_BYTES
+
+
+def _check_config(cfg, block_scaled, promotion):
+    if promotion not in PROMOTIONS:
+        raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
+    if cfg.bn % 32 or not 32 <= cfg.bn <= 256:
+        raise ValueError(f"BN must be a multiple of 32 in [32, 256] (whole copy passes), got {cfg.bn}")
+    if cfg.stages < 3:
+        raise ValueError(f"the ring needs at least 3 stages (one computed, one draining, one landing), got {cfg.stages}")
+    if shared_bytes(cfg) > SHARED_LIMIT:
+        raise ValueError(f"{cfg.stages} stages of 128 x {cfg.bn} tiles exceed {SHARED_LIMIT} bytes of shared memory")
+    if block_scaled and 128 % cfg.bn:
+        raise ValueError(f"block-scaled tiles must divide the 128-wide weight blocks: BN = {cfg.bn}")
+    if block_scaled and promotion != PER_128:
+        raise ValueError("block scales are applied per 128-wide K block: promotion must be per_128")
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(cfg, promotion, block_scaled):
+    """The wgmma GEMM for one tile configuration, promotion and scale layout (arguments as
+    tc_gemm.gemm_kernel's)."""
+    _check_config(cfg, block_scaled, promotion)
+    bn, stages = cfg.bn, cfg.stages
+    regs = bn // 2  # accumulator floats per thread
+    nt = bn // 8
+    a_bytes = BM * BK
+    stage_bytes = (BM + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
+    a_copies = BM // ROWS_PER_PASS
+    b_copies = bn // ROWS_PER_PASS
+    per_wgmma = promotion == PER_WGMMA
+    mma = wgmma.mma_e4m3(bn)
+    wait_all, wait_one, hold = wgmma.wait(0, regs), wgmma.wait(1, regs), wgmma.hold(regs)
+    fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
+    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+
+    cp16, commit_copies, global_address = mma_sync.cp_async_16, mma_sync.cp_async_commit, mma_sync.global_address
+    # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
+    wait_copies = mma_sync.cp_async_wait_group(stages - 3)
+    row_scale, kblock_scale = scale_readers(block_scaled)
+    load_bias_value, finish, store = load_bias, scaled_value, store_out
+
+    @cuda.jit(**DEVICE_INLINE)
+    def issue_stage(smem, a, b, k_total, kt, slot_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code):
+        """cp.async this thread's chunks of K stage ``kt`` into the ring slot whose word (with this
+        thread's row and swizzled chunk position) is ``slot_word``; invalid ones zero-filled, read
+        from the thread's first (valid) address."""
+        col = kt * BK
+        k_ok = col + chunk_code < k_total
+        for i in range(a_copies):
+            ok = k_ok and i < a_rows
+            cp16(smem, slot_word + i * ROWS_PER_PASS * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_addr,
+                 16 if ok else 0)
+        for i in range(b_copies):
+            ok = k_ok and i < b_rows
+            cp16(smem, slot_word + (a_bytes // 4) + i * ROWS_PER_PASS * ROW_WORDS, b,
+                 (b_addr + i * b_step + col) if ok else b_addr, 16 if ok else 0)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def block_scales(scale_a, scale_b, kb, row_a, m_total, block_n):
+        """(sa[row_a, kb], sa[row_a + 8, kb], sb[n // 128, kb]): this thread's block scales of K block
+        kb (1.0 each without block scales). Read a block ahead of their use: a global load on the
+        promotion's path would stall the next block's barrier."""
+        return (kblock_scale(scale_a, min(row_a, m_total - 1), kb), kblock_scale(scale_a, min(row_a + 8, m_total - 1), kb),
+                kblock_scale(scale_b, block_n, kb))
+
+    @cuda.jit(**DEVICE_INLINE)
+    def promote(acc, part, sa0, sa1, sbv):
+        """acc += the K block's partial (block scales: (P * sa[m, kb]) * sb[n // 128, kb])."""
+        if block_scaled:
+            for j in range(nt):
+                acc[4 * j] += np.float32(part[4 * j] * sa0) * sbv
+                acc[4 * j + 1] += np.float32(part[4 * j + 1] * sa0) * sbv
+                acc[4 * j + 2] += np.float32(part[4 * j + 2] * sa1) * sbv
+                acc[4 * j + 3] += np.float32(part[4 * j + 3] * sa1) * sbv
+        else:
+            for i in range(regs):
+                acc[i] += part[i]
+        hold(acc)  # the adds happen here, not after the next wgmma (see wgmma.hold)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
+                chunk_code, desc0, wg, acc, cur, prev, scale_a, scale_b, row_a, m_total, block_n):
+        """K block kt: wait for its tile, refill the ring slot of tile kt - 2 (its wgmmas finished at
+        the previous block's wait), issue this block's wgmmas into ``cur`` and, while they run,
+        promote the previous block's partial ``prev`` (per_128). per_wgmma runs each k32 wgmma to
+        completion and promotes it before the next: overlapping them through two partials, as
+        per_128 does, made ptxas serialize every wgmma (C7514) for reasons its advisory does not name."""
+        # the scales of the block promoted here: kt - 1 (per_128, while block kt runs), kt (per_wgmma)
+        sa0, sa1, sbv = block_scales(scale_a, scale_b, kt if per_wgmma else max(kt - 1, 0), row_a, m_total, block_n)
+        wait_copies()  # this thread's copies of tile kt have landed
+        fence_proxy()  # ... and are visible to the tensor core's reads
+        cuda.syncthreads()  # everyone's; and every wgmma reading tile kt - 2 is done
+        nk = kt + stages - 2
+        if nk < kt_total:
+            issue_stage(smem, a, b, k_total, nk, copy_word + (nk % stages) * (stage_bytes // 4), a_addr, b_addr,
+                        a_step, b_step, a_rows, b_rows, chunk_code)
+        commit_copies()
+        slot = (kt % stages) * stage_bytes
+        desc_a = desc0 + np.uint64((slot + wg * 64 * BK) >> 4)
+        desc_b = desc0 + np.uint64((slot + a_bytes) >> 4)
+        if per_wgmma:  # each k32 slice (32 bytes on: + 2 in the descriptor's address field) from zero
+            for kk in range(K_STEPS):
+                fence()
+                mma(cur, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), 0)
+                commit_mma()
+                wait_all(cur)
+                promote(acc, cur, sa0, sa1, sbv)
+        else:
+            fence()
+            for kk in range(K_STEPS):
+                mma(cur, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), kk)  # kk > 0 adds
+            commit_mma()
+            # the previous block's wgmmas are done (this one's may run on). Unconditional: with a branch
+            # around the wait, ptxas serializes every wgmma (C7514, "non wgmma instructions reading
+            # accumulator registers ... between start and end of the pipeline stage"). Before block 0
+            # ``prev`` holds zeros, and adding them changes nothing.
+            wait_one(prev)
+            promote(acc, prev, sa0, sa1, sbv)
+
+    def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        m_total, k_total = a.shape
+        n_total = b.shape[0]
+        smem = cuda.shared.array(0, types.uint32)  # dynamic: the ring, sized at launch
+        acc = cuda.local.array(regs, types.float32)
+        part0 = cuda.local.array(regs, types.float32)
+        part1 = cuda.local.array(regs, types.float32)
+        for i in range(regs):
+            acc[i] = _F32_ZERO
+            part0[i] = _F32_ZERO
+            part1[i] = _F32_ZERO
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+        warp = (tid % 128) // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        m0 = cuda.blockIdx.y * BM
+        n0 = cuda.blockIdx.x * bn
+        # the ring starts at the first 1024-byte boundary of the dynamic shared memory
+        base = wgmma.shared_address(smem, 0)
+        pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
+        desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
+        # copies: thread -> rows r0 + i * ROWS_PER_PASS, chunk c, stored at chunk position c ^ (row % 8)
+        # (ROWS_PER_PASS is a multiple of 8: the same position for every i)
+        r0 = tid // CHUNKS
+        chunk = tid % CHUNKS
+        copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
+        a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
+        b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
+        a_step = ROWS_PER_PASS * a.strides[0]
+        b_step = ROWS_PER_PASS * b.strides[0]
+        a_rows = (m_total - m0 - r0 + ROWS_PER_PASS - 1) // ROWS_PER_PASS  # copies with a row < M
+        b_rows = (n_total - n0 - r0 + ROWS_PER_PASS - 1) // ROWS_PER_PASS
+        kt_total = (k_total + BK - 1) // BK
+        row_a = m0 + wg * 64 + warp * 16 + g  # this thread's accumulator rows: row_a, row_a + 8
+        block_n = n0 // 128
+
+        for s in range(stages - 2):  # tiles 0 .. stages - 3 in flight; tile kt + stages - 2 at block kt
+            if s < kt_total:
+                issue_stage(smem, a, b, k_total, s, copy_word + s * (stage_bytes // 4), a_addr, b_addr, a_step,
+                            b_step, a_rows, b_rows, 16 * chunk)
+            commit_copies()
+        # two partials alternate (unrolled by two: a local array indexed at run time would leave
+        # the registers): per_128, block kt in part0 / part1 by parity; per_wgmma, see k_block
+        kt = 0
+        while kt + 1 < kt_total:
+            k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
+                    16 * chunk, desc0, wg, acc, part0, part1, scale_a, scale_b, row_a,
+                    m_total, block_n)
+            k_block(smem, a, b, k_total, kt + 1, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows,
+                    b_rows, 16 * chunk, desc0, wg, acc, part1, part0, scale_a, scale_b, row_a, m_total, block_n)
+            kt += 2
+        if kt < kt_total:  # an odd count: the last block in part0
+            k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
+                    16 * chunk, desc0, wg, acc, part0, part1, scale_a, scale_b, row_a,
+                    m_total, block_n)
+            kt += 1
+        # per_128: the last block's partial is still in flight (part0 for an odd count, else part1;
+        # none when K is 0)
+        if not per_wgmma:
+            sa0, sa1, sbv = block_scales(scale_a, scale_b, max(kt_total - 1, 0), row_a, m_total, block_n)
+            if kt_total % 2 == 1:
+                wait_all(part0)
+                promote(acc, part0, sa0, sa1, sbv)
+            else:  # a wait on every path: ptxas otherwise injects one and serializes the wgmmas (C7517)
+                wait_all(part1)
+                if kt_total > 0:
+                    promote(acc, part1, sa0, sa1, sbv)
+
+        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc)
+        has_bias = bias_kind != 0
+        for j in range(nt):
+            for e in range(2):
+                n = n0 + 8 * j + 2 * t + e
+                if n < n_total:
+                    sbn = row_scale(scale_b, sb_step, n)
+                    bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                    for h in range(2):
+                        m = row_a + 8 * h
+                        if m < m_total:
+                            v = finish(acc[4 * j + 2 * h + e], row_scale(scale_a, sa_step, m), sbn, has_bias, bv)
+                            store(y, m, n, v, out_kind)
+
+    return gemm
+
+
+_u8_2d = types.uint8[:, :]
+_f32_1d = types.float32[::1]
+_f32_2d = types.float32[:, :]
+_u16_1d = types.uint16[::1]
+_i64 = types.int64
+_i32 = types.int32
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_launcher(cfg, promotion, block_scaled, out_is_float32):
+    """The compiled wgmma GEMM (a ``DynamicSharedKernel``): launch on grid (ceil(N / BN),
+    ceil(M / 128)) of 256 threads."""
+    scale = _f32_2d if block_scaled else _f32_1d
+    out = types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
+    sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, out, _i32)
+    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH,
+                            launch_bounds=(THREADS, 1))
+    return DynamicSharedKernel(kernel, shared_bytes(cfg))
+
+
+def unavailable_reason(dev):
+    """Why the wgmma GEMM cannot run on device record ``dev`` (None when it can)."""
+    if SIMULATOR:
+        return "the wgmma GEMM has no simulator emulation (it runs on an sm_90 GPU only)"
+    if not wgmma.available(dev.cc):
+        return f"wgmma is an sm_90a instruction: it needs compute capability 9.0, got {dev.cc}"
+    return None
+
+
+def shape_reason(call):
+    if call.k % 16:
+        return f"the wgmma GEMM needs K to be a multiple of 16, got K = {call.k}"
+    return rows_reason(call.a, "a") or rows_reason(call.b, "b")
+
+
+def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
+    """(kernel, grid, block, args) of the wgmma GEMM for a ``gemm.GemmCall`` (or a
+    ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
+    bias, bias_kind = bias_bits(call.bias, call.device)
+    cfg = config or WG_DEFAULT
+    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
+            (-(-call.n // cfg.bn), -(-call.m // BM)), THREADS,
+            (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
+             OUT_KIND[call.out_dtype]))
+
+
+__all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "BM", "THREADS", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",
+           "shared_bytes", "gemm_kernel", "gemm_launcher", "unavailable_reason", "shape_reason", "gemm_launch"]

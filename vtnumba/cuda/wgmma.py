@@ -1,0 +1,181 @@
+"""Hopper's warpgroup MMA for Numba kernels: ``wgmma.mma_async`` with e4m3 operands read from
+shared memory through matrix descriptors, its fences, and the ``fence.proxy.async`` that makes
+``cp.async`` data visible to it -- llvmlite ``InlineAsm`` intrinsics, the mechanism of mma.py.
+
+Why: on sm_90 the FP8 ``mma.sync`` of mma.py is not native (ptxas converts every operand to f16
+first), which holds tc_gemm.py at ~0.18x cuBLASLt. ``wgmma`` is Hopper's native FP8 tensor-core
+instruction, the one cuBLASLt, CUTLASS and DeepGEMM issue. It exists only for the arch-specific
+target ``sm_90a`` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), so kernels
+using it compile with ``compile_kernel(..., arch="a")`` and run on compute capability 9.0 only.
+
+The instruction, for one warpgroup (four consecutive warps, 128 threads, all executing it):
+``wgmma.mma_async.sync.aligned.m64n{N}k32.f32.e4m3.e4m3 {d}, desc_a, desc_b, p, 1, 1`` computes
+D[64, N] = A[64, 32] B[32, N] (+ D when the predicate p is true) in float32; A is 64 rows of 32
+codes (K-major), B is N rows of 32 codes (K-major: a row of nn.Linear's weight), both in shared
+memory. D lives in registers, N / 2 floats a thread: thread 32 w + 4 g + t holds, for each n8 block
+j, d[4 j], d[4 j + 1] at row 16 w + g, columns 8 j + 2 t, 8 j + 2 t + 1, and d[4 j + 2], d[4 j + 3]
+at row 16 w + g + 8 (mma.py's C layout, repeated per n8 block).
+
+Shared-memory layout (the 128-byte swizzle, ``layout_type`` 1): a tile is rows of 128 codes, one
+128-byte row each; 16-byte chunk c of row r is stored at chunk position c ^ (r % 8), and the tile
+starts on a 1024-byte boundary (the swizzle is a function of the address bits, so the pattern must
+start there). A descriptor holds the start address >> 4 (bits 0-13), the leading byte offset >> 4
+(bits 16-29; unused by swizzled K-major layouts: 0), the stride byte offset >> 4 (bits 32-45: 1024,
+the distance between groups of 8 rows) and the layout type (bits 62-63). The k32 slice kk of a
+128-code row is the same descriptor with its start advanced by 32 kk bytes: the hardware applies the
+swizzle to the address it computes. These are DeepGEMM's choices (``make_smem_desc(ptr, 1, 0, 1024)``
+in its mma_utils.cuh) with TMA's SWIZZLE_128B tile layout, written here by ``cp.async``.
+
+Ordering (PTX ISA): ``wgmma.fence`` before the first wgmma of a batch (registers written by other
+instructions); ``wgmma.commit_group`` closes the batch; ``wgmma.wait_group n`` waits until at most n
+batches are pending. The accumulator registers must not be touched between the wgmma and the wait:
+``wait_group`` here also passes the accumulator through the asm statement (DeepGEMM's
+``warpgroup_fence_operand``), so no use of it can be scheduled above the wait. Data written by
+``cp.async`` (the generic proxy) reaches wgmma (the async proxy) only after the writing thread's
+``fence.proxy.async.shared::cta`` and a barrier.
+
+There is no simulator emulation: the kernels using these run on an sm_90 GPU only (wg_gemm.py).
+"""
+
+import numpy as np
+
+from .target import SIMULATOR, intrinsic, types
+
+MIN_CC = MAX_CC = (9, 0)  # sm_90a: arch-specific, so exactly 9.0 (not 10.x, not 12.x)
+ARCH = "a"  # compile_kernel(..., arch=ARCH)
+SWIZZLE_128B = 1  # the descriptor's layout type
+SWIZZLE_ATOM_BYTES = 1024  # 8 rows of 128 bytes: a tile starts on this boundary
+ROW_BYTES = 128  # codes per row of a tile (the K depth of one stage)
+K_STEP = 32  # codes per wgmma
+
+
+def descriptor_base(address):
+    """The 64-bit descriptor of a 128-byte-swizzled K-major tile at shared ``address`` (bytes; a
+    multiple of 1024), as a Python int; add ``offset >> 4`` for a tile or k slice ``offset`` bytes on."""
+    return (((address >> 4) & 0x3FFF) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (SWIZZLE_128B << 62))
+
+
+def available(cc):
+    """Whether wgmma runs on compute capability ``cc`` (a real GPU, never the simulator)."""
+    return not SIMULATOR and tuple(cc) == MIN_CC
+
+
+if not SIMULATOR and intrinsic is not None:
+    from llvmlite import ir
+
+    from .mma import _shared_address
+
+    _i32, _i64, _f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    def _void_asm(text):
+        @intrinsic
+        def op(typingctx):
+            def codegen(context, builder, signature, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        return op
+
+    fence = _void_asm("wgmma.fence.sync.aligned;")
+    commit = _void_asm("wgmma.commit_group.sync.aligned;")
+    fence_proxy_async = _void_asm("fence.proxy.async.shared::cta;")
+
+    @intrinsic
+    def shared_address(typingctx, smem, word):
+        """The 32-bit shared-window address (bytes) of word ``word`` of a shared array."""
+        sig = types.uint32(smem, word)
+
+        def codegen(context, builder, signature, args):
+            addr, _ = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            return addr
+
+        return sig, codegen
+
+    def _registers(builder, arr_ptr, first, count):
+        return [builder.gep(arr_ptr, [ir.Constant(_i64, first + i)]) for i in range(count)]
+
+    def _local_data(context, builder, arrty, arr):
+        return context.make_array(arrty)(context, builder, arr).data
+
+    _MMAS = {}
+
+    def mma_e4m3(n):
+        """The intrinsic ``mma(acc, desc_a, desc_b, accumulate)``: one m64n{n}k32 e4m3 wgmma into
+        the float32 local array ``acc`` (n / 2 elements, indices known at compile time: they stay
+        registers); ``accumulate`` false (0) computes D = A B, true adds A B to acc."""
+        if n % 8 or not 8 <= n <= 256:
+            raise ValueError(f"wgmma e4m3 needs N a multiple of 8 in [8, 256], got {n}")
+        if n not in _MMAS:
+            regs = n // 2
+            outs = ", ".join(f"${i}" for i in range(regs))
+            text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+                    "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3.e4m3 {%s}, $%d, $%d, p, 1, 1; }"
+                    % (2 * regs + 2, n, outs, 2 * regs, 2 * regs + 1))
+            constraints = ",".join(["=f"] * regs + [str(i) for i in range(regs)] + ["l", "l", "r"])
+
+            @intrinsic
+            def mma(typingctx, acc, desc_a, desc_b, accumulate):
+                sig = types.void(acc, desc_a, desc_b, accumulate)
+
+                def codegen(context, builder, signature, args):
+                    tys = signature.args
+                    cells = _registers(builder, _local_data(context, builder, tys[0], args[0]), 0, regs)
+                    ins = [builder.load(c) for c in cells]
+                    ins.append(context.cast(builder, args[1], tys[1], types.uint64))
+                    ins.append(context.cast(builder, args[2], tys[2], types.uint64))
+                    ins.append(context.cast(builder, args[3], tys[3], types.int32))
+                    fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs + [_i64, _i64, _i32])
+                    res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), ins)
+                    for i, c in enumerate(cells):
+                        builder.store(builder.extract_value(res, i), c)
+                    return context.get_dummy_value()
+
+                return sig, codegen
+
+            _MMAS[n] = mma
+        return _MMAS[n]
+
+    _PASS_THROUGH = {}
+
+    def _pass_through(text, regs):
+        """The intrinsic ``op(acc)``: the asm statement ``text``, with the ``regs`` floats of the local
+        array ``acc`` passed through it (tied operands), so no use of them moves across it."""
+        key = (text, regs)
+        if key not in _PASS_THROUGH:
+            constraints = ",".join(["=f"] * regs + [str(i) for i in range(regs)] + ["~{memory}"])
+
+            @intrinsic
+            def op(typingctx, acc):
+                sig = types.void(acc)
+
+                def codegen(context, builder, signature, args):
+                    cells = _registers(builder, _local_data(context, builder, signature.args[0], args[0]), 0, regs)
+                    fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs)
+                    res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True),
+                                       [builder.load(c) for c in cells])
+                    for i, c in enumerate(cells):
+                        builder.store(builder.extract_value(res, i), c)
+                    return context.get_dummy_value()
+
+                return sig, codegen
+
+            _PASS_THROUGH[key] = op
+        return _PASS_THROUGH[key]
+
+    def wait(pending, regs):
+        """The intrinsic ``wait(acc)``: ``wgmma.wait_group pending``, with the ``regs`` floats of the
+        local array ``acc`` passed through the statement, so they are read only after it."""
+        return _pass_through(f"wgmma.wait_group.sync.aligned {int(pending)};", regs)
+
+    def hold(regs):
+        """The intrinsic ``hold(acc)``: an empty statement the ``regs`` floats of ``acc`` pass through
+        (DeepGEMM's ``warpgroup_fence_operand``). After a promotion it pins the float32 adds before
+        the next wgmma: LLVM otherwise sinks them past it, keeping the partial alive while the tensor
+        core rewrites it, and ptxas then serializes every wgmma (its advisory C7514)."""
+        return _pass_through("", regs)
+
+
+__all__ = ["MIN_CC", "ARCH", "SWIZZLE_128B", "SWIZZLE_ATOM_BYTES", "ROW_BYTES", "K_STEP", "descriptor_base",
+           "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait", "hold"]
