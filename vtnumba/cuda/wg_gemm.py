@@ -37,7 +37,8 @@ from collections import namedtuple
 import numpy as np
 
 from . import wgmma
-from .epilogue import OUT_KIND, load_bias, scaled_value, store_out
+from .codec import float32_to_bfloat16_bits, float32_to_half_bits
+from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
 from .launch import compile_kernel
 from .target import DEVICE_INLINE, SIMULATOR, cuda, types
 from .tc_gemm import DynamicSharedKernel, bias_bits, rows_reason, scale_readers
@@ -45,26 +46,36 @@ from .tc_gemm import DynamicSharedKernel, bias_bits, rows_reason, scale_readers
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
 PROMOTIONS = (PER_128, PER_WGMMA)
 
-BM = 128  # two warpgroups of 64 rows
-THREADS = 256
+WG_ROWS = 64  # rows of y per warpgroup (the wgmma's M)
+WG_THREADS = 128
 BK = wgmma.ROW_BYTES  # codes per stage: one 128-byte swizzled row
 ROW_WORDS = BK // 4
 CHUNKS = BK // 16  # 16-byte chunks per row
-ROWS_PER_PASS = THREADS // CHUNKS  # rows one pass of copies covers (32: a multiple of 8, see below)
 K_STEPS = BK // wgmma.K_STEP
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in (sm_90)
 
-WgConfig = namedtuple("WgConfig", "bn stages")
-WgConfig.__doc__ = "A tile configuration: BN columns per block (the wgmma's N), a STAGES-deep cp.async ring."
+WgConfig = namedtuple("WgConfig", "bn stages warpgroups blocks_per_sm", defaults=(2, 1))
+WgConfig.__doc__ = """A tile configuration: BN columns per block (the wgmma's N), a STAGES-deep cp.async
+ring, WARPGROUPS (1 or 2) of 64 rows each, and the blocks per SM the registers are capped for."""
 WG_CONFIGS = {
     "128x128_s4": WgConfig(bn=128, stages=4),
     "128x128_s5": WgConfig(bn=128, stages=5),
-    "128x128_s6": WgConfig(bn=128, stages=6),
     "128x64_s6": WgConfig(bn=64, stages=6),
+    "64x128_s4_x2": WgConfig(bn=128, stages=4, warpgroups=1, blocks_per_sm=2),
+    "64x128_s3_x2": WgConfig(bn=128, stages=3, warpgroups=1, blocks_per_sm=2),
 }
-WG_DEFAULT = WG_CONFIGS["128x128_s5"]
+
+
+def block_rows(cfg):
+    return WG_ROWS * cfg.warpgroups
+
+
+def threads(cfg):
+    return WG_THREADS * cfg.warpgroups
+WG_DEFAULT = WG_CONFIGS["128x128_s4"]
 
 _F32_ZERO = np.float32(0.0)
+OUT_FLOAT32, OUT_FLOAT16 = int(OutKind.FLOAT32), int(OutKind.FLOAT16)
 # the descriptor's constant fields: stride byte offset 1024 (>> 4), the 128-byte swizzle
 _DESC_HIGH = np.uint64((wgmma.SWIZZLE_ATOM_BYTES >> 4) << 32 | wgmma.SWIZZLE_128B << 62)
 _DESC_ADDRESS_MASK = np.uint32(0x3FFF)
@@ -73,16 +84,21 @@ _DESC_ADDRESS_MASK = np.uint32(0x3FFF)
 def shared_bytes(cfg):
     """Dynamic shared memory of a configuration's kernel: the ring plus the slack that puts it on a
     1024-byte boundary."""
-    return cfg.stages * (BM + cfg.bn) * BK + wgmma.SWIZZLE_ATOM_BYTES
+    return cfg.stages * (block_rows(cfg) + cfg.bn) * BK + wgmma.SWIZZLE_ATOM_BYTES
 
 
 def _check_config(cfg, block_scaled, promotion):
     if promotion not in PROMOTIONS:
         raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
-    if cfg.bn % 32 or not 32 <= cfg.bn <= 256:
-        raise ValueError(f"BN must be a multiple of 32 in [32, 256] (whole copy passes), got {cfg.bn}")
+    if cfg.warpgroups not in (1, 2):
+        raise ValueError(f"warpgroups must be 1 or 2, got {cfg.warpgroups}")
+    rows_per_pass = threads(cfg) // CHUNKS
+    if cfg.bn % rows_per_pass or not 32 <= cfg.bn <= 256:
+        raise ValueError(f"BN must be a multiple of {rows_per_pass} in [32, 256] (whole copy passes), got {cfg.bn}")
     if cfg.stages < 3:
         raise ValueError(f"the ring needs at least 3 stages (one computed, one draining, one landing), got {cfg.stages}")
+    if cfg.bn // 2 * threads(cfg) * 4 > cfg.stages * (block_rows(cfg) + cfg.bn) * BK:
+        raise ValueError(f"the epilogue stages the accumulators in the ring: {cfg.stages} stages are too few")
     if shared_bytes(cfg) > SHARED_LIMIT:
         raise ValueError(f"{cfg.stages} stages of 128 x {cfg.bn} tiles exceed {SHARED_LIMIT} bytes of shared memory")
     if block_scaled and 128 % cfg.bn:
@@ -97,23 +113,27 @@ def gemm_kernel(cfg, promotion, block_scaled):
     tc_gemm.gemm_kernel's)."""
     _check_config(cfg, block_scaled, promotion)
     bn, stages = cfg.bn, cfg.stages
+    bm = block_rows(cfg)
+    rows_per_pass = threads(cfg) // CHUNKS  # rows one pass of copies covers (a multiple of 8, see below)
     regs = bn // 2  # accumulator floats per thread
     nt = bn // 8
-    a_bytes = BM * BK
-    stage_bytes = (BM + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
-    a_copies = BM // ROWS_PER_PASS
-    b_copies = bn // ROWS_PER_PASS
+    a_bytes = bm * BK
+    stage_bytes = (bm + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
+    a_copies = bm // rows_per_pass
+    b_copies = bn // rows_per_pass
     per_wgmma = promotion == PER_WGMMA
     mma = wgmma.mma_e4m3(bn)
-    wait_all, wait_one, hold = wgmma.wait(0, regs), wgmma.wait(1, regs), wgmma.hold(regs)
+    wait_all, wait_one, hold, stash = wgmma.wait(0, regs), wgmma.wait(1, regs), wgmma.hold(regs), wgmma.stash(regs)
+    nthreads = threads(cfg)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
     from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
     cp16, commit_copies, global_address = mma_sync.cp_async_16, mma_sync.cp_async_commit, mma_sync.global_address
     # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
     wait_copies = mma_sync.cp_async_wait_group(stages - 3)
+    wait_no_copies = mma_sync.cp_async_wait_group(0)
     row_scale, kblock_scale = scale_readers(block_scaled)
-    load_bias_value, finish, store = load_bias, scaled_value, store_out
+    load_bias_value, finish, store, store_pair = load_bias, scaled_value, store_out, wgmma.store_global_pair
 
     @cuda.jit(**DEVICE_INLINE)
     def issue_stage(smem, a, b, k_total, kt, slot_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code):
@@ -124,11 +144,11 @@ def gemm_kernel(cfg, promotion, block_scaled):
         k_ok = col + chunk_code < k_total
         for i in range(a_copies):
             ok = k_ok and i < a_rows
-            cp16(smem, slot_word + i * ROWS_PER_PASS * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_addr,
+            cp16(smem, slot_word + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_addr,
                  16 if ok else 0)
         for i in range(b_copies):
             ok = k_ok and i < b_rows
-            cp16(smem, slot_word + (a_bytes // 4) + i * ROWS_PER_PASS * ROW_WORDS, b,
+            cp16(smem, slot_word + (a_bytes // 4) + i * rows_per_pass * ROW_WORDS, b,
                  (b_addr + i * b_step + col) if ok else b_addr, 16 if ok else 0)
 
     @cuda.jit(**DEVICE_INLINE)
@@ -155,14 +175,12 @@ def gemm_kernel(cfg, promotion, block_scaled):
 
     @cuda.jit(**DEVICE_INLINE)
     def k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                chunk_code, desc0, wg, acc, cur, prev, scale_a, scale_b, row_a, m_total, block_n):
+                chunk_code, desc0, wg, acc, cur, prev, sa0, sa1, sbv, scale_a, scale_b, row_a, m_total, block_n):
         """K block kt: wait for its tile, refill the ring slot of tile kt - 2 (its wgmmas finished at
         the previous block's wait), issue this block's wgmmas into ``cur`` and, while they run,
         promote the previous block's partial ``prev`` (per_128). per_wgmma runs each k32 wgmma to
         completion and promotes it before the next: overlapping them through two partials, as
         per_128 does, made ptxas serialize every wgmma (C7514) for reasons its advisory does not name."""
-        # the scales of the block promoted here: kt - 1 (per_128, while block kt runs), kt (per_wgmma)
-        sa0, sa1, sbv = block_scales(scale_a, scale_b, kt if per_wgmma else max(kt - 1, 0), row_a, m_total, block_n)
         wait_copies()  # this thread's copies of tile kt have landed
         fence_proxy()  # ... and are visible to the tensor core's reads
         cuda.syncthreads()  # everyone's; and every wgmma reading tile kt - 2 is done
@@ -175,23 +193,28 @@ def gemm_kernel(cfg, promotion, block_scaled):
         desc_a = desc0 + np.uint64((slot + wg * 64 * BK) >> 4)
         desc_b = desc0 + np.uint64((slot + a_bytes) >> 4)
         if per_wgmma:  # each k32 slice (32 bytes on: + 2 in the descriptor's address field) from zero
+            nsa0, nsa1, nsbv = block_scales(scale_a, scale_b, kt, row_a, m_total, block_n)  # 1.0: no block scales
             for kk in range(K_STEPS):
                 fence()
                 mma(cur, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), 0)
                 commit_mma()
                 wait_all(cur)
-                promote(acc, cur, sa0, sa1, sbv)
+                promote(acc, cur, nsa0, nsa1, nsbv)
         else:
             fence()
             for kk in range(K_STEPS):
                 mma(cur, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), kk)  # kk > 0 adds
             commit_mma()
+            # this block's scales, for the next block's promotion: loaded while the wgmmas run (read
+            # before the cp.async wait instead, the loads' latency joined that wait on the H200)
+            nsa0, nsa1, nsbv = block_scales(scale_a, scale_b, kt, row_a, m_total, block_n)
             # the previous block's wgmmas are done (this one's may run on). Unconditional: with a branch
             # around the wait, ptxas serializes every wgmma (C7514, "non wgmma instructions reading
             # accumulator registers ... between start and end of the pipeline stage"). Before block 0
             # ``prev`` holds zeros, and adding them changes nothing.
             wait_one(prev)
             promote(acc, prev, sa0, sa1, sbv)
+        return nsa0, nsa1, nsbv
 
     def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         m_total, k_total = a.shape
@@ -210,23 +233,23 @@ def gemm_kernel(cfg, promotion, block_scaled):
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        m0 = cuda.blockIdx.y * BM
+        m0 = cuda.blockIdx.y * bm
         n0 = cuda.blockIdx.x * bn
         # the ring starts at the first 1024-byte boundary of the dynamic shared memory
         base = wgmma.shared_address(smem, 0)
         pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
         desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
-        # copies: thread -> rows r0 + i * ROWS_PER_PASS, chunk c, stored at chunk position c ^ (row % 8)
-        # (ROWS_PER_PASS is a multiple of 8: the same position for every i)
+        # copies: thread -> rows r0 + i * rows_per_pass, chunk c, stored at chunk position c ^ (row % 8)
+        # (rows_per_pass is a multiple of 8: the same position for every i)
         r0 = tid // CHUNKS
         chunk = tid % CHUNKS
         copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
         a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
         b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
-        a_step = ROWS_PER_PASS * a.strides[0]
-        b_step = ROWS_PER_PASS * b.strides[0]
-        a_rows = (m_total - m0 - r0 + ROWS_PER_PASS - 1) // ROWS_PER_PASS  # copies with a row < M
-        b_rows = (n_total - n0 - r0 + ROWS_PER_PASS - 1) // ROWS_PER_PASS
+        a_step = rows_per_pass * a.strides[0]
+        b_step = rows_per_pass * b.strides[0]
+        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
+        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
         kt_total = (k_total + BK - 1) // BK
         row_a = m0 + wg * 64 + warp * 16 + g  # this thread's accumulator rows: row_a, row_a + 8
         block_n = n0 // 128
@@ -238,24 +261,25 @@ def gemm_kernel(cfg, promotion, block_scaled):
             commit_copies()
         # two partials alternate (unrolled by two: a local array indexed at run time would leave
         # the registers): per_128, block kt in part0 / part1 by parity; per_wgmma, see k_block
+        sa0 = sa1 = sbv = np.float32(1.0)  # block -1's scales: they multiply the zeros promoted before block 0
         kt = 0
         while kt + 1 < kt_total:
-            k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                    16 * chunk, desc0, wg, acc, part0, part1, scale_a, scale_b, row_a,
-                    m_total, block_n)
-            k_block(smem, a, b, k_total, kt + 1, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows,
-                    b_rows, 16 * chunk, desc0, wg, acc, part1, part0, scale_a, scale_b, row_a, m_total, block_n)
+            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
+                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
+                                    scale_b, row_a, m_total, block_n)
+            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt + 1, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
+                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part1, part0, sa0, sa1, sbv, scale_a,
+                                    scale_b, row_a, m_total, block_n)
             kt += 2
         if kt < kt_total:  # an odd count: the last block in part0
-            k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                    16 * chunk, desc0, wg, acc, part0, part1, scale_a, scale_b, row_a,
-                    m_total, block_n)
+            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
+                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
+                                    scale_b, row_a, m_total, block_n)
             kt += 1
         # per_128: the last block's partial is still in flight (part0 for an odd count, else part1;
         # none when K is 0)
         if not per_wgmma:
-            sa0, sa1, sbv = block_scales(scale_a, scale_b, max(kt_total - 1, 0), row_a, m_total, block_n)
-            if kt_total % 2 == 1:
+            if kt_total % 2 == 1:  # (sa0, sa1, sbv): the last block's scales, returned by its k_block
                 wait_all(part0)
                 promote(acc, part0, sa0, sa1, sbv)
             else:  # a wait on every path: ptxas otherwise injects one and serializes the wgmmas (C7517)
@@ -263,19 +287,50 @@ def gemm_kernel(cfg, promotion, block_scaled):
                 if kt_total > 0:
                     promote(acc, part1, sa0, sa1, sbv)
 
-        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc)
+        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc). acc goes
+        # through shared memory (the ring, once every wgmma and copy is done), element i of thread
+        # tid at word i * threads + tid (conflict-free), so it is never indexed at run time (wgmma.stash)
+        wait_no_copies()
+        cuda.syncthreads()
+        out = cuda.shared.array(0, types.float32)  # the same dynamic shared memory as smem
+        first = pad // 4 + tid
+        stash(acc, out, first, nthreads)
         has_bias = bias_kind != 0
+        sam0 = row_scale(scale_a, sa_step, min(row_a, m_total - 1))
+        sam1 = row_scale(scale_a, sa_step, min(row_a + 8, m_total - 1))
+        # two adjacent columns in one store where y's rows keep the pair aligned (N even, as for every
+        # real layer); else one element at a time
+        pair_bytes = 8 if out_kind == OUT_FLOAT32 else 4
+        paired = y.strides[0] % pair_bytes == 0 and global_address(y, 0, 0) % pair_bytes == 0
         for j in range(nt):
-            for e in range(2):
-                n = n0 + 8 * j + 2 * t + e
-                if n < n_total:
-                    sbn = row_scale(scale_b, sb_step, n)
-                    bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
-                    for h in range(2):
-                        m = row_a + 8 * h
-                        if m < m_total:
-                            v = finish(acc[4 * j + 2 * h + e], row_scale(scale_a, sa_step, m), sbn, has_bias, bv)
-                            store(y, m, n, v, out_kind)
+            n = n0 + 8 * j + 2 * t  # even; the pair is (n, n + 1)
+            if n < n_total:
+                two = n + 1 < n_total
+                sb0 = row_scale(scale_b, sb_step, n)
+                sb1 = row_scale(scale_b, sb_step, n + 1) if two else sb0
+                bv0 = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                bv1 = load_bias_value(bias, bias_kind, n + 1) if has_bias and two else _F32_ZERO
+                for h in range(2):
+                    m = row_a + 8 * h
+                    if m < m_total:
+                        sam = sam0 if h == 0 else sam1
+                        i = first + (4 * j + 2 * h) * nthreads
+                        v0 = finish(out[i], sam, sb0, has_bias, bv0)
+                        if not two:
+                            store(y, m, n, v0, out_kind)
+                        else:
+                            v1 = finish(out[i + nthreads], sam, sb1, has_bias, bv1)
+                            if not paired:
+                                store(y, m, n, v0, out_kind)
+                                store(y, m, n + 1, v1, out_kind)
+                            elif out_kind == OUT_FLOAT32:
+                                store_pair(global_address(y, m, 4 * n), v0, v1)
+                            elif out_kind == OUT_FLOAT16:
+                                store_pair(global_address(y, m, 2 * n), float32_to_half_bits(v0),
+                                           float32_to_half_bits(v1))
+                            else:
+                                store_pair(global_address(y, m, 2 * n), float32_to_bfloat16_bits(v0),
+                                           float32_to_bfloat16_bits(v1))
 
     return gemm
 
@@ -296,7 +351,7 @@ def gemm_launcher(cfg, promotion, block_scaled, out_is_float32):
     out = types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
     sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, out, _i32)
     kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH,
-                            launch_bounds=(THREADS, 1))
+                            launch_bounds=(threads(cfg), cfg.blocks_per_sm))
     return DynamicSharedKernel(kernel, shared_bytes(cfg))
 
 
@@ -322,10 +377,10 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     cfg = config or WG_DEFAULT
     sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
-            (-(-call.n // cfg.bn), -(-call.m // BM)), THREADS,
+            (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))), threads(cfg),
             (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
              OUT_KIND[call.out_dtype]))
 
 
-__all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "BM", "THREADS", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",
+__all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "block_rows", "threads", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",
            "shared_bytes", "gemm_kernel", "gemm_launcher", "unavailable_reason", "shape_reason", "gemm_launch"]
