@@ -115,7 +115,8 @@ def correctness():
                     sb = cp.asarray(np.atleast_1d(sbh))
                     launcher = wg.gemm_launcher(cfg, promotion, block, True)
                     sa_step = 0 if block or scales == "tensor" else 1
-                    launcher((-(-n // cfg.bn), -(-m // wg.block_rows(cfg))), wg.threads(cfg), a, b, sa, sa_step, sb, sa_step,
+                    launcher((-(-n // cfg.bn), -(-m // wg.block_rows(cfg))), wg.threads(cfg), a, b, sa, sa_step, sb,
+                             sa_step,
                              cp.zeros(1, dtype=cp.uint16), 0, y, OUT_F32)
                     yh = y.get().astype(np.float64)
                     err = np.abs(yh - ref)
@@ -152,7 +153,8 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
     print(f"fastest wgmma configuration (per_128): {best[1]}", flush=True)
     BEST_NAME[0] = best[1] or "128x128_s4"
 
-    table("2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out", ["kernel", "us", "TFLOP/s", "cuBLASLt / this"])
+    table("2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out",
+          ["kernel", "us", "TFLOP/s", "cuBLASLt / this"])
     n, k = 28672, 4096
     b2, tb2 = codes(gen, n, k)
     flops2, nbytes2 = 2 * s * n * k, s * k + n * k + 2 * s * n
@@ -163,7 +165,8 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
     row("torch._scaled_mm", f"{t_torch2:.0f}", f"{flops2 / t_torch2 / 1e6:.0f}", f"{t_lt2 / t_torch2:.3f}")
     for name in dict.fromkeys((best[1] or "128x128_s4", "128x128_s4")):
         for promotion in wg.PROMOTIONS:
-            timed_row(f"vt wgmma {name} ({promotion}) 28672", lambda: wg_fn(a, b2, sa, sb, wg.WG_CONFIGS[name], promotion),
+            timed_row(f"vt wgmma {name} ({promotion}) 28672",
+                      lambda: wg_fn(a, b2, sa, sb, wg.WG_CONFIGS[name], promotion),
                       flops2, nbytes2, t_lt2, 5)
 
     table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
@@ -187,7 +190,8 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
             timed_row(f"vt wgmma {name} block (per_128)", lambda: wg_fn(a, b, sa_c, sb_c, cfg, wg.PER_128, block=True),
                       flops, nbytes, t_tblk)
     timed_row(f"vt wgmma {BEST_NAME[0]} block, k-contiguous scale_a",
-              lambda: wg_fn(a, b, sa_k, sb_c, wg.WG_CONFIGS[BEST_NAME[0]], wg.PER_128, block=True), flops, nbytes, t_tblk)
+              lambda: wg_fn(a, b, sa_k, sb_c, wg.WG_CONFIGS[BEST_NAME[0]], wg.PER_128, block=True), flops, nbytes,
+              t_tblk)
     return t_lt
 
 
@@ -229,7 +233,8 @@ def roofline(t_lt, outdir):
     dst = cp.empty_like(src)
     bw = 2 * src.nbytes / (best_device_us(lambda: cp.copyto(dst, src), 10, 2) * 1e-6)
     peak = 2 * 4096 ** 3 / (t_lt * 1e-6)
-    table(f"5. roofline (copy {bw / 1e12:.2f} TB/s read + write; peak = cuBLASLt FP8 4096^3, {peak / 1e12:.0f} TFLOP/s)",
+    table(f"5. roofline (copy {bw / 1e12:.2f} TB/s read + write; peak = cuBLASLt FP8 4096^3, "
+          f"{peak / 1e12:.0f} TFLOP/s)",
           ["kernel", "FLOP/byte", "TFLOP/s", "roof TFLOP/s", "share of roof"])
     for r in RECORDS:
         roof = min(peak, r.intensity * bw)
@@ -250,7 +255,8 @@ def main(argv):
     cc = device.current().cc
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-    print(f"# bench_wgmma {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}; sm_{cc[0]}{cc[1]}")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    print(f"# bench_wgmma {now:%Y-%m-%d %H:%M UTC} on {smi}; sm_{cc[0]}{cc[1]}")
     failures = correctness()
     gen = torch.Generator(device="cuda").manual_seed(0)
     sa = cp.asarray([0.5], dtype=cp.float32)

@@ -24,6 +24,9 @@ The kernels, and where each applies:
                            M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
+``wgmma``                  (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py,
+                           sm_90): 0.5x cuBLASLt at 4096^3 with promotion per 128 of K, within the
+                           tensor-core bound cuBLASLt is held to rather than strict G3.
 
 Precision (measured on the H200, 2026-11-29): cuBLASLt's FP8 GEMM is bit-identical to
 torch._scaled_mm, but it does not accumulate every product in float32 (FAST_ACCUM is off): on codes

@@ -46,8 +46,8 @@ What limits speed
   FADD ablation above prices one instruction at ~1 cycle). Tile shapes converting less (128 x 96,
   4 warps of 64 x 48: 1.17 conversions per HMMA instead of 1.5) gained 4% (523 us); 64 x 64 warp
   tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
-  conversion) with per-wgmma promotion into float32 registers (DeepSeek-V3's scheme), or, short of
-  it, converting each stage once per block into f16 shared memory (3x fewer conversions).
+  conversion): wg_gemm.py, 0.5x cuBLASLt with promotion per 128 of K -- within the tensor-core bound,
+  not strict G3, which is why this kernel stays the lever's path.
 - f16 staging, timed on the H200 (2026-11-30 17:47 UTC, benchmarks/bench_tensorcore.py gemm): every
   f16-staged configuration was slower than the e4m3 kernel's 550 us at 4096^3 -- 593 us (one operand
   staged, 64 x 64 warp tiles) to 679 us -- and 930-1,039 against 988 us block-scaled; bit for bit

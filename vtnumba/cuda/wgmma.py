@@ -230,4 +230,5 @@ if not SIMULATOR and intrinsic is not None:
 
 
 __all__ = ["MIN_CC", "ARCH", "SWIZZLE_128B", "SWIZZLE_ATOM_BYTES", "ROW_BYTES", "K_STEP", "descriptor_base",
-           "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait", "hold", "stash", "store_global_pair"]
+           "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait", "hold", "stash",
+           "store_global_pair"]
