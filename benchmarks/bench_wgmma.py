@@ -242,7 +242,8 @@ def roofline(t_lt, outdir):
     if outdir:
         try:
             ceilings = Ceilings("cuda", bw / 1e9, peak / 1e9, "cuBLASLt FP8 4096^3")
-            picked = [r for r in RECORDS if "4096" not in r.name and "28672" not in r.name and "block" not in r.name]
+            picked = [r for r in RECORDS if r.name in ("cuBLASLt", "vt mma.sync tc_gemm (per_mma)")
+                      or r.name.startswith(f"vt wgmma {BEST_NAME[0]} (")]
             roofline_plot(picked, ceilings, path=f"{outdir}/roofline_wgmma.png",
                           title="FP8 GEMM 4096^3 on the H200 (measured ceilings)")
             print(f"roofline figure: {outdir}/roofline_wgmma.png")

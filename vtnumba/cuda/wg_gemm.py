@@ -32,21 +32,23 @@ Shape rules: K % 16 == 0 and 16-byte aligned rows (cp.async), any M and N; compu
 
 Measured on the H200 (benchmarks/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.md)
 -------------------------------------------------------------------------------------
-- 4096^3, bf16 out: 203 us per_128 (678 TFLOP/s, 0.50x cuBLASLt's 101 us; tc_gemm's mma.sync 551 us),
-  305 us per_wgmma; 28672 x 4096 x 4096: 0.40x; block-scaled 4096^3: 264 us, 0.42x torch's block
-  ``_scaled_mm`` (244 us with k-contiguous activation scales).
+- 4096^3, bf16 out: 203-204 us per_128 (675 TFLOP/s, 0.499x / 0.509x cuBLASLt's 101 / 104 us in two
+  runs; tc_gemm's mma.sync 549 us), 305 us per_wgmma; 28672 x 4096 x 4096: 0.40-0.41x; block-scaled
+  4096^3: 261-264 us, 0.42-0.43x torch's block ``_scaled_mm`` (242 us with k-contiguous activation
+  scales).
 - Accuracy on uniformly drawn codes, worst error / G3 bound: per_128 44.3 / 4.95 / 0.049 at K = 32 /
   256 / 4096 -- the same as cuBLASLt's, whose interval it shares; per_wgmma 44.3 / 1.91 / 0.022. Both
   within the tensor-core bound (at most 0.042 of it). tc_gemm: 0.016 / 0.002 / < 0.001.
-- What limits it, as far as measured: each 128 x 128 block reads 32 KB of A and B rows per 128 of K,
-  5.3 TB/s out of L2 at 203 us; 64 x 128 blocks at two per SM move 1.5x the bytes per FLOP at
-  7.2 TB/s (223 us), so L2 bandwidth is near but not the whole limit. The rest is, we think (no ncu
-  run), latency: one barrier per K block keeps the two warpgroups in step, and only one K block of
-  wgmmas is queued behind the one being promoted. Registers cap the tile: two warpgroups of m64n128
-  hold 64 accumulators, 2 x 64 partials and the addresses, 222 of 255 registers, so m64n256 (fewer
-  bytes per FLOP) does not fit. What CUTLASS-style Hopper kernels add -- a producer warp feeding TMA
-  copies through mbarriers instead of block barriers, multicast across a cluster -- is what remains.
-  Ablations that did nothing: cp.async L2 prefetch hints (.L2::128B / 256B), a 5-stage ring (205 us).
+- What limits it (Nsight Compute on the 4096^3 launch, benchmarks/RESULTS.md): not memory -- L2 at
+  35% of its throughput, DRAM at 6% -- but latency at low occupancy. With 224 registers a thread
+  (64 accumulators, 2 x 64 partials so a block's promotion overlaps the next block's wgmmas, the
+  addresses) one block of 8 warps fits an SM: 2 warps a scheduler, issue slots 47% busy, no warp
+  ready in 50% of cycles. Every warp both copies and computes, and one barrier per K block keeps
+  them in step. The register budget also rules out m64n256 tiles. What CUTLASS-style Hopper kernels
+  add is the remedy: a producer warpgroup (few registers, ``setmaxnreg``) feeding the ring (TMA)
+  through mbarriers, consumers that never wait on a block barrier. Ablations that changed little:
+  cp.async L2 prefetch hints (.L2::128B / 256B), a 5-stage ring (205 us), one warpgroup per block at
+  two blocks per SM (223 us: more warps, but 1.5x the bytes per FLOP).
 - Two fixes that mattered, both in the SASS: the accumulators reach the epilogue through shared
   memory (``wgmma.stash``; indexed at run time they stayed in local memory, and with block scales
   LLVM stored all 64 every K block: 2.7x the time), and ``wgmma.hold`` after each promotion (without
