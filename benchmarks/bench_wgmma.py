@@ -30,23 +30,12 @@ from vtnumba.cuda import wg_gemm as wg
 from vtnumba.profile import Ceilings, ProfileRecord, best_device_us, roofline_plot
 from vtnumba.testing import reference
 
+from bench_tensorcore import codes, row, table  # this directory: the tables and codes of the same issue
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OUT_F32, OUT_BF16 = 0, 2
 RECORDS = []
 BEST_NAME = ["128x128_s4"]  # table 1's fastest per_128 configuration
-
-
-def table(title, header):
-    print(f"\n## {title}\n| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
-
-
-def row(*cells):
-    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
-
-
-def codes(gen, rows, cols):
-    t = (torch.randn(rows, cols, device="cuda", generator=gen) * 0.5).to(torch.float8_e4m3fn)
-    return cp.asarray(t.view(torch.uint8)), t
 
 
 def wg_fn(a, b, sa, sb, cfg, promotion, block=False, out=OUT_BF16, y=None):

@@ -635,13 +635,18 @@ class DynamicSharedKernel:
         return self.kernel.prepare(grid, block, *args, shared_mem=self.shared_mem)
 
 
+def gemm_signature(block_scaled, out_is_float32):
+    """The argument types of a tiled GEMM kernel (this module's and wg_gemm.py's): a, b, scale_a,
+    sa_step, scale_b, sb_step, bias bits, bias kind, y, out kind."""
+    scale = _f32_2d if block_scaled else _f32_1d
+    return (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
     """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
     32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``)."""
-    scale = _f32_2d if block_scaled else _f32_1d
-    sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
-    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), sig)
+    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), gemm_signature(block_scaled, out_is_float32))
     dynamic = shared_bytes(cfg)[1]
     return DynamicSharedKernel(kernel, dynamic) if dynamic else kernel
 
@@ -715,5 +720,5 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
 
 __all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
            "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
-           "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
+           "gemm_signature", "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
            "bias_bits"]

@@ -65,7 +65,7 @@ from .codec import float32_to_bfloat16_bits, float32_to_half_bits
 from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
 from .launch import compile_kernel
 from .target import DEVICE_INLINE, SIMULATOR, cuda, types
-from .tc_gemm import DynamicSharedKernel, bias_bits, rows_reason, scale_readers
+from .tc_gemm import DynamicSharedKernel, bias_bits, gemm_signature, rows_reason, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
 PROMOTIONS = (PER_128, PER_WGMMA)
@@ -361,21 +361,11 @@ def gemm_kernel(cfg, promotion, block_scaled):
     return gemm
 
 
-_u8_2d = types.uint8[:, :]
-_f32_1d = types.float32[::1]
-_f32_2d = types.float32[:, :]
-_u16_1d = types.uint16[::1]
-_i64 = types.int64
-_i32 = types.int32
-
-
 @functools.lru_cache(maxsize=None)
 def gemm_launcher(cfg, promotion, block_scaled, out_is_float32):
     """The compiled wgmma GEMM (a ``DynamicSharedKernel``): launch on grid (ceil(N / BN),
-    ceil(M / 128)) of 256 threads."""
-    scale = _f32_2d if block_scaled else _f32_1d
-    out = types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
-    sig = (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, out, _i32)
+    ceil(M / block_rows(cfg))) of threads(cfg) threads."""
+    sig = gemm_signature(block_scaled, out_is_float32)
     kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH,
                             launch_bounds=(threads(cfg), cfg.blocks_per_sm))
     return DynamicSharedKernel(kernel, shared_bytes(cfg))

@@ -99,6 +99,16 @@ if not SIMULATOR and intrinsic is not None:
     def _local_data(context, builder, arrty, arr):
         return context.make_array(arrty)(context, builder, arr).data
 
+    def _call_through(context, builder, arrty, arr, regs, text, constraints, extra=(), extra_types=()):
+        """Call the asm ``text`` with the ``regs`` floats of local array ``arr`` as tied in/out
+        operands (then the ``extra`` values), and store its results back into the array."""
+        cells = _registers(builder, _local_data(context, builder, arrty, arr), 0, regs)
+        fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs + list(extra_types))
+        res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True),
+                           [builder.load(c) for c in cells] + list(extra))
+        for i, c in enumerate(cells):
+            builder.store(builder.extract_value(res, i), c)
+
     _MMAS = {}
 
     def mma_e4m3(n):
@@ -121,15 +131,10 @@ if not SIMULATOR and intrinsic is not None:
 
                 def codegen(context, builder, signature, args):
                     tys = signature.args
-                    cells = _registers(builder, _local_data(context, builder, tys[0], args[0]), 0, regs)
-                    ins = [builder.load(c) for c in cells]
-                    ins.append(context.cast(builder, args[1], tys[1], types.uint64))
-                    ins.append(context.cast(builder, args[2], tys[2], types.uint64))
-                    ins.append(context.cast(builder, args[3], tys[3], types.int32))
-                    fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs + [_i64, _i64, _i32])
-                    res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), ins)
-                    for i, c in enumerate(cells):
-                        builder.store(builder.extract_value(res, i), c)
+                    extra = [context.cast(builder, args[1], tys[1], types.uint64),
+                             context.cast(builder, args[2], tys[2], types.uint64),
+                             context.cast(builder, args[3], tys[3], types.int32)]
+                    _call_through(context, builder, tys[0], args[0], regs, text, constraints, extra, [_i64, _i64, _i32])
                     return context.get_dummy_value()
 
                 return sig, codegen
@@ -151,12 +156,7 @@ if not SIMULATOR and intrinsic is not None:
                 sig = types.void(acc)
 
                 def codegen(context, builder, signature, args):
-                    cells = _registers(builder, _local_data(context, builder, signature.args[0], args[0]), 0, regs)
-                    fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs)
-                    res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True),
-                                       [builder.load(c) for c in cells])
-                    for i, c in enumerate(cells):
-                        builder.store(builder.extract_value(res, i), c)
+                    _call_through(context, builder, signature.args[0], args[0], regs, text, constraints)
                     return context.get_dummy_value()
 
                 return sig, codegen
