@@ -97,7 +97,7 @@ def correctness():
                 ref, g3 = reference.scaled_mm(ah, bh, sah[:, None], sbh[None, :])
                 tcb = reference.tensor_core_bound(ah, bh, sah[:, None], sbh[None, :])
             for promotion in (wg.PROMOTIONS if not block else (wg.PER_128,)):
-                for name in ("128x128_s4", "64x128_s3_x2"):
+                for name in ("128x128_s4", "64x128_s3_x2", "ws_128x128_s4"):
                     cfg = wg.WG_CONFIGS[name]
                     y = cp.full((m, n), cp.nan, dtype=cp.float32)
                     sa = cp.asarray(np.atleast_1d(sah))
@@ -205,7 +205,7 @@ def accuracy_table():
         outs = []
         for promotion in wg.PROMOTIONS:
             y = cp.full((512, 512), cp.nan, dtype=cp.float32)
-            wg_fn(ad, bd, one, one, wg.WG_DEFAULT, promotion, out=OUT_F32, y=y)()
+            wg_fn(ad, bd, one, one, wg.DEFAULTS[promotion], promotion, out=OUT_F32, y=y)()
             outs.append(y.get())
         cfg = tc.GEMM_DEFAULT
         bm, bn = tc.tile_shape(cfg)

@@ -140,3 +140,29 @@ def test_per_128_is_never_less_accurate_than_cublaslt(gemm, cp, k):
     print(f"K={k}: worst err / G3 bound {worst}")
     assert worst["per_128"] <= worst["cublaslt"] * (1 + 1e-3)
     assert worst["per_wgmma"] <= worst["per_128"] * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("promotion, block_scaled", [("per_128", False), ("per_wgmma", False), ("per_128", True)])
+def test_both_kernel_forms_give_the_same_bits(gemm, cp, promotion, block_scaled):
+    """The warp-specialized form (a producer warpgroup, mbarriers) and the default one issue the same
+    wgmmas and promote in the same order: bit for bit the same y, partial tiles and NaN rows included."""
+    from vtnumba.cuda import wg_gemm
+
+    rng = np.random.default_rng(17)
+    m, n, k = 300, 264, 1168  # partial tiles; ten K blocks, the last 16 wide
+    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
+    if block_scaled:
+        sa = cp.asfortranarray(cp.asarray(rng.uniform(0.001, 0.02, (m, 10)).astype(np.float32)))
+        sb = cp.asarray(rng.uniform(-0.05, 0.05, (3, 10)).astype(np.float32))
+    else:
+        sa, sb = cp.asarray(rng.uniform(0.5, 2.0, m).astype(np.float32)), cp.asarray(np.float32([0.25]))
+    outs = []
+    for name in ("128x128_s4", "ws_128x128_s4"):
+        cfg = wg_gemm.WG_CONFIGS[name]
+        y = cp.full((m, n), cp.nan, dtype=cp.float32)
+        launcher = wg_gemm.gemm_launcher(cfg, promotion, block_scaled, True)
+        launcher((-(-n // cfg.bn), -(-m // wg_gemm.block_rows(cfg))), wg_gemm.threads(cfg), cp.asarray(a),
+                 cp.asarray(b), sa, 0 if block_scaled else 1, sb, 0, cp.zeros(1, cp.uint16), 0, y, 0)
+        outs.append(y.get())
+    assert np.isnan(outs[0][[0, -1]]).all() and np.isfinite(outs[0][1:-1]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -6,14 +6,19 @@ block-scaled form) with the epilogue of epilogue.py, like tc_gemm.py, at tensor-
 
 Design
 ------
-A block of two warpgroups (256 threads) computes a 128 x BN tile of y: warpgroup w owns rows
-64 w .. 64 w + 63, all BN columns (one m64n{BN}k32 wgmma per 32 of K). K advances 128 codes a
-stage: every thread copies 16-byte chunks of the stage's A rows [128, 128] and B rows [BN, 128]
-with ``cp.async`` into a STAGES-deep ring of 128-byte-swizzled tiles (wgmma.py's layout) in dynamic
-shared memory, STAGES - 1 stages ahead of the one computed. Rows past M / N and chunks past K are
-zero-filled (zero codes are exact zeros). Per stage: wait for this thread's copies, fence them into
-the async proxy, one barrier (every copy landed; every warpgroup done reading the slot refilled
-next), issue the next stage's copies, then the four k32 wgmmas.
+A block computes a 128 x BN tile of y with two warpgroups: warpgroup w owns rows 64 w .. 64 w + 63,
+all BN columns (one m64n{BN}k32 wgmma per 32 of K). K advances 128 codes a stage: 16-byte ``cp.async``
+copies of the stage's A rows [128, 128] and B rows [BN, 128] fill a STAGES-deep ring of
+128-byte-swizzled tiles (wgmma.py's layout) in dynamic shared memory. Rows past M / N and chunks past
+K are zero-filled (zero codes are exact zeros). Two forms (``WgConfig.producer``):
+
+- every thread copies and computes (``gemm_kernel``, the default): per stage, wait for this thread's
+  copies, fence them into the async proxy, one block barrier, issue the copies STAGES - 2 stages
+  ahead, then the four wgmmas into one of two partials, and promote the previous block's partial
+  while they run;
+- warp-specialized (``specialized_kernel``): a third warpgroup only copies, and stages change hands
+  through mbarriers; each computing warpgroup promotes its partial after its own wgmmas, while the
+  other's run.
 
 Promotion: a 128-wide K block's partial P goes into float32 registers once the block's wgmmas are
 done (``per_128``: the four wgmmas chain in the tensor core, DeepSeek-V3's interval, CUTLASS's
@@ -32,10 +37,10 @@ Shape rules: K % 16 == 0 and 16-byte aligned rows (cp.async), any M and N; compu
 
 Measured on the H200 (benchmarks/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.md)
 -------------------------------------------------------------------------------------
-- 4096^3, bf16 out: 203-204 us per_128 (675 TFLOP/s, 0.499x / 0.509x cuBLASLt's 101 / 104 us in two
-  runs; tc_gemm's mma.sync 549 us), 305 us per_wgmma; 28672 x 4096 x 4096: 0.40-0.41x; block-scaled
-  4096^3: 261-264 us, 0.42-0.43x torch's block ``_scaled_mm`` (242 us with k-contiguous activation
-  scales).
+- 4096^3, bf16 out: 201-204 us per_128 (675-683 TFLOP/s, 0.499x-0.511x cuBLASLt's 101-104 us over three
+  runs; tc_gemm's mma.sync 548 us), 287 us per_wgmma (warp-specialized; 304 in the default form);
+  28672 x 4096 x 4096: 0.41x; block-scaled 4096^3: 261-264 us, 0.42-0.43x torch's block
+  ``_scaled_mm`` (242 us with k-contiguous activation scales).
 - Accuracy on uniformly drawn codes, worst error / G3 bound: per_128 44.3 / 4.95 / 0.049 at K = 32 /
   256 / 4096 -- the same as cuBLASLt's, whose interval it shares; per_wgmma 44.3 / 1.91 / 0.022. Both
   within the tensor-core bound (at most 0.042 of it). tc_gemm: 0.016 / 0.002 / < 0.001.
@@ -44,9 +49,13 @@ Measured on the H200 (benchmarks/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.
   (64 accumulators, 2 x 64 partials so a block's promotion overlaps the next block's wgmmas, the
   addresses) one block of 8 warps fits an SM: 2 warps a scheduler, issue slots 47% busy, no warp
   ready in 50% of cycles. Every warp both copies and computes, and one barrier per K block keeps
-  them in step. The register budget also rules out m64n256 tiles. What CUTLASS-style Hopper kernels
-  add is the remedy: a producer warpgroup (few registers, ``setmaxnreg``) feeding the ring (TMA)
-  through mbarriers, consumers that never wait on a block barrier. Ablations that changed little:
+  them in step. The register budget also rules out m64n256 tiles. The warp-specialized form (a
+  producer warpgroup, mbarriers) removes the copies and the barrier from the computing warps, but at
+  three warpgroups a thread gets 168 registers, too few for the second partial, so each warpgroup
+  waits for its own wgmmas before promoting: 217 us per_128 (287 us per_wgmma, where it wins).
+  ``setmaxnreg`` (40 / 232, CUTLASS's split) did not raise ptxas's allocation above 168 from Numba's
+  PTX (224 bytes of spills), and TMA (cuTensorMapEncode from the host) is not reachable from cupy.
+  Ablations that changed little:
   cp.async L2 prefetch hints (.L2::128B / 256B), a 5-stage ring (205 us), one warpgroup per block at
   two blocks per SM (223 us: more warps, but 1.5x the bytes per FLOP).
 - Two fixes that mattered, both in the SASS: the accumulators reach the epilogue through shared
@@ -78,15 +87,19 @@ CHUNKS = BK // 16  # 16-byte chunks per row
 K_STEPS = BK // wgmma.K_STEP
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in (sm_90)
 
-WgConfig = namedtuple("WgConfig", "bn stages warpgroups blocks_per_sm", defaults=(2, 1))
+WgConfig = namedtuple("WgConfig", "bn stages warpgroups blocks_per_sm producer", defaults=(2, 1, False))
 WgConfig.__doc__ = """A tile configuration: BN columns per block (the wgmma's N), a STAGES-deep cp.async
-ring, WARPGROUPS (1 or 2) of 64 rows each, and the blocks per SM the registers are capped for."""
+ring, WARPGROUPS (1 or 2) computing 64 rows each, the blocks per SM the registers are capped for, and
+PRODUCER: one more warpgroup that only copies, handing stages over through mbarriers (see
+``specialized_kernel``); else every thread copies and computes, one block barrier per K block."""
 WG_CONFIGS = {
     "128x128_s4": WgConfig(bn=128, stages=4),
     "128x128_s5": WgConfig(bn=128, stages=5),
     "128x64_s6": WgConfig(bn=64, stages=6),
     "64x128_s4_x2": WgConfig(bn=128, stages=4, warpgroups=1, blocks_per_sm=2),
     "64x128_s3_x2": WgConfig(bn=128, stages=3, warpgroups=1, blocks_per_sm=2),
+    "ws_128x128_s4": WgConfig(bn=128, stages=4, producer=True),
+    "ws_128x128_s6": WgConfig(bn=128, stages=6, producer=True),
 }
 
 
@@ -95,8 +108,14 @@ def block_rows(cfg):
 
 
 def threads(cfg):
-    return WG_THREADS * cfg.warpgroups
+    return WG_THREADS * (cfg.warpgroups + cfg.producer)
+
+
+MBARRIER_BYTES = 2 * 8  # per stage: "full" (the producer's copies landed) and "empty" (consumed)
 WG_DEFAULT = WG_CONFIGS["128x128_s4"]
+# per promotion, the fastest on the H200 at 4096^3 (benchmarks/RESULTS.md): per_128 203 us (the
+# warp-specialized form 217), per_wgmma 287 us warp-specialized (305 otherwise)
+DEFAULTS = {PER_128: WG_DEFAULT, PER_WGMMA: WG_CONFIGS["ws_128x128_s4"]}
 
 _F32_ZERO = np.float32(0.0)
 OUT_FLOAT32, OUT_FLOAT16 = int(OutKind.FLOAT32), int(OutKind.FLOAT16)
@@ -108,7 +127,8 @@ _DESC_ADDRESS_MASK = np.uint32(0x3FFF)
 def shared_bytes(cfg):
     """Dynamic shared memory of a configuration's kernel: the ring plus the slack that puts it on a
     1024-byte boundary."""
-    return cfg.stages * (block_rows(cfg) + cfg.bn) * BK + wgmma.SWIZZLE_ATOM_BYTES
+    barriers = cfg.stages * MBARRIER_BYTES if cfg.producer else 0
+    return cfg.stages * (block_rows(cfg) + cfg.bn) * BK + wgmma.SWIZZLE_ATOM_BYTES + barriers
 
 
 def _check_config(cfg, block_scaled, promotion):
@@ -116,13 +136,13 @@ def _check_config(cfg, block_scaled, promotion):
         raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
     if cfg.warpgroups not in (1, 2):
         raise ValueError(f"warpgroups must be 1 or 2, got {cfg.warpgroups}")
-    rows_per_pass = threads(cfg) // CHUNKS
+    rows_per_pass = (WG_THREADS if cfg.producer else threads(cfg)) // CHUNKS
     if cfg.bn % rows_per_pass or not 32 <= cfg.bn <= 256:
         raise ValueError(f"BN must be a multiple of {rows_per_pass} in [32, 256] (whole copy passes), got {cfg.bn}")
     if cfg.stages < 3:
         raise ValueError(f"the ring needs at least 3 stages (one computed, one draining, one landing), "
                          f"got {cfg.stages}")
-    if cfg.bn // 2 * threads(cfg) * 4 > cfg.stages * (block_rows(cfg) + cfg.bn) * BK:
+    if cfg.bn // 2 * WG_THREADS * cfg.warpgroups * 4 > cfg.stages * (block_rows(cfg) + cfg.bn) * BK:
         raise ValueError(f"the epilogue stages the accumulators in the ring: {cfg.stages} stages are too few")
     if shared_bytes(cfg) > SHARED_LIMIT:
         raise ValueError(f"{cfg.stages} stages of 128 x {cfg.bn} tiles exceed {SHARED_LIMIT} bytes of shared memory")
@@ -132,31 +152,25 @@ def _check_config(cfg, block_scaled, promotion):
         raise ValueError("block scales are applied per 128-wide K block: promotion must be per_128")
 
 
+KernelParts = namedtuple("KernelParts", "issue_stage block_scales promote write_out")
+
+
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(cfg, promotion, block_scaled):
-    """The wgmma GEMM for one tile configuration, promotion and scale layout (arguments as
-    tc_gemm.gemm_kernel's)."""
-    _check_config(cfg, block_scaled, promotion)
-    bn, stages = cfg.bn, cfg.stages
+def kernel_parts(cfg, block_scaled, copy_threads):
+    """The device functions both kernel forms share, for a configuration whose copies are made by
+    ``copy_threads`` threads: the stage copy, the block-scale read, the promotion and the epilogue."""
+    bn = cfg.bn
     bm = block_rows(cfg)
-    rows_per_pass = threads(cfg) // CHUNKS  # rows one pass of copies covers (a multiple of 8, see below)
-    regs = bn // 2  # accumulator floats per thread
+    rows_per_pass = copy_threads // CHUNKS  # rows one pass of copies covers (a multiple of 8, see below)
+    regs = bn // 2
     nt = bn // 8
     a_bytes = bm * BK
-    stage_bytes = (bm + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
     a_copies = bm // rows_per_pass
     b_copies = bn // rows_per_pass
-    per_wgmma = promotion == PER_WGMMA
-    mma = wgmma.mma_e4m3(bn)
-    wait_all, wait_one, hold, stash = wgmma.wait(0, regs), wgmma.wait(1, regs), wgmma.hold(regs), wgmma.stash(regs)
-    nthreads = threads(cfg)
-    fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
+    hold, stash = wgmma.hold(regs), wgmma.stash(regs)
     from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
-    cp16, commit_copies, global_address = mma_sync.cp_async_16, mma_sync.cp_async_commit, mma_sync.global_address
-    # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
-    wait_copies = mma_sync.cp_async_wait_group(stages - 3)
-    wait_no_copies = mma_sync.cp_async_wait_group(0)
+    cp16, global_address = mma_sync.cp_async_16, mma_sync.global_address
     row_scale, kblock_scale = scale_readers(block_scaled)
     load_bias_value, finish, store, store_pair = load_bias, scaled_value, store_out, wgmma.store_global_pair
 
@@ -179,8 +193,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
     @cuda.jit(**DEVICE_INLINE)
     def block_scales(scale_a, scale_b, kb, row_a, m_total, block_n):
         """(sa[row_a, kb], sa[row_a + 8, kb], sb[n // 128, kb]): this thread's block scales of K block
-        kb (1.0 each without block scales). Read a block ahead of their use: a global load on the
-        promotion's path would stall the next block's barrier."""
+        kb (1.0 each without block scales)."""
         return (kblock_scale(scale_a, min(row_a, m_total - 1), kb),
                 kblock_scale(scale_a, min(row_a + 8, m_total - 1), kb),
                 kblock_scale(scale_b, block_n, kb))
@@ -198,6 +211,79 @@ def gemm_kernel(cfg, promotion, block_scaled):
             for i in range(regs):
                 acc[i] += part[i]
         hold(acc)  # the adds happen here, not after the next wgmma (see wgmma.hold)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def write_out(acc, out, first, stride, y, m_total, n_total, n0, row_a, t, scale_a, sa_step, scale_b, sb_step,
+                  bias, bias_kind, out_kind):
+        """y = round_out((acc * sa) * sb + bias) for this thread's accumulators (block scales are
+        already in acc). acc goes through shared memory ``out`` (free by now), element i at word
+        first + i * stride (threads at consecutive words: conflict-free), so it is never indexed at
+        run time (wgmma.stash). Two adjacent columns go in one store where y's rows keep the pair
+        aligned (N even, as for every real layer); else one element at a time."""
+        stash(acc, out, first, stride)
+        has_bias = bias_kind != 0
+        sam0 = row_scale(scale_a, sa_step, min(row_a, m_total - 1))
+        sam1 = row_scale(scale_a, sa_step, min(row_a + 8, m_total - 1))
+        pair_bytes = 8 if out_kind == OUT_FLOAT32 else 4
+        paired = y.strides[0] % pair_bytes == 0 and global_address(y, 0, 0) % pair_bytes == 0
+        for j in range(nt):
+            n = n0 + 8 * j + 2 * t  # even; the pair is (n, n + 1)
+            if n < n_total:
+                two = n + 1 < n_total
+                sb0 = row_scale(scale_b, sb_step, n)
+                sb1 = row_scale(scale_b, sb_step, n + 1) if two else sb0
+                bv0 = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                bv1 = load_bias_value(bias, bias_kind, n + 1) if has_bias and two else _F32_ZERO
+                for h in range(2):
+                    m = row_a + 8 * h
+                    if m < m_total:
+                        sam = sam0 if h == 0 else sam1
+                        i = first + (4 * j + 2 * h) * stride
+                        v0 = finish(out[i], sam, sb0, has_bias, bv0)
+                        if not two:
+                            store(y, m, n, v0, out_kind)
+                        else:
+                            v1 = finish(out[i + stride], sam, sb1, has_bias, bv1)
+                            if not paired:
+                                store(y, m, n, v0, out_kind)
+                                store(y, m, n + 1, v1, out_kind)
+                            elif out_kind == OUT_FLOAT32:
+                                store_pair(global_address(y, m, 4 * n), v0, v1)
+                            elif out_kind == OUT_FLOAT16:
+                                store_pair(global_address(y, m, 2 * n), float32_to_half_bits(v0),
+                                           float32_to_half_bits(v1))
+                            else:
+                                store_pair(global_address(y, m, 2 * n), float32_to_bfloat16_bits(v0),
+                                           float32_to_bfloat16_bits(v1))
+
+    return KernelParts(issue_stage, block_scales, promote, write_out)
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(cfg, promotion, block_scaled):
+    """The wgmma GEMM for one tile configuration, promotion and scale layout (arguments as
+    tc_gemm.gemm_kernel's)."""
+    _check_config(cfg, block_scaled, promotion)
+    if cfg.producer:
+        return specialized_kernel(cfg, promotion, block_scaled)
+    bn, stages = cfg.bn, cfg.stages
+    bm = block_rows(cfg)
+    rows_per_pass = threads(cfg) // CHUNKS  # rows one pass of copies covers (a multiple of 8, see below)
+    regs = bn // 2  # accumulator floats per thread
+    a_bytes = bm * BK
+    stage_bytes = (bm + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
+    per_wgmma = promotion == PER_WGMMA
+    mma = wgmma.mma_e4m3(bn)
+    wait_all, wait_one = wgmma.wait(0, regs), wgmma.wait(1, regs)
+    nthreads = threads(cfg)
+    issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, nthreads)
+    fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
+    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+
+    commit_copies, global_address = mma_sync.cp_async_commit, mma_sync.global_address
+    # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
+    wait_copies = mma_sync.cp_async_wait_group(stages - 3)
+    wait_no_copies = mma_sync.cp_async_wait_group(0)
 
     @cuda.jit(**DEVICE_INLINE)
     def k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
@@ -313,50 +399,134 @@ def gemm_kernel(cfg, promotion, block_scaled):
                 if kt_total > 0:
                     promote(acc, part1, sa0, sa1, sbv)
 
-        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc). acc goes
-        # through shared memory (the ring, once every wgmma and copy is done), element i of thread
-        # tid at word i * threads + tid (conflict-free), so it is never indexed at run time (wgmma.stash)
+        # epilogue, through the ring once every wgmma and copy is done
         wait_no_copies()
         cuda.syncthreads()
         out = cuda.shared.array(0, types.float32)  # the same dynamic shared memory as smem
-        first = pad // 4 + tid
-        stash(acc, out, first, nthreads)
-        has_bias = bias_kind != 0
-        sam0 = row_scale(scale_a, sa_step, min(row_a, m_total - 1))
-        sam1 = row_scale(scale_a, sa_step, min(row_a + 8, m_total - 1))
-        # two adjacent columns in one store where y's rows keep the pair aligned (N even, as for every
-        # real layer); else one element at a time
-        pair_bytes = 8 if out_kind == OUT_FLOAT32 else 4
-        paired = y.strides[0] % pair_bytes == 0 and global_address(y, 0, 0) % pair_bytes == 0
-        for j in range(nt):
-            n = n0 + 8 * j + 2 * t  # even; the pair is (n, n + 1)
-            if n < n_total:
-                two = n + 1 < n_total
-                sb0 = row_scale(scale_b, sb_step, n)
-                sb1 = row_scale(scale_b, sb_step, n + 1) if two else sb0
-                bv0 = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
-                bv1 = load_bias_value(bias, bias_kind, n + 1) if has_bias and two else _F32_ZERO
-                for h in range(2):
-                    m = row_a + 8 * h
-                    if m < m_total:
-                        sam = sam0 if h == 0 else sam1
-                        i = first + (4 * j + 2 * h) * nthreads
-                        v0 = finish(out[i], sam, sb0, has_bias, bv0)
-                        if not two:
-                            store(y, m, n, v0, out_kind)
-                        else:
-                            v1 = finish(out[i + nthreads], sam, sb1, has_bias, bv1)
-                            if not paired:
-                                store(y, m, n, v0, out_kind)
-                                store(y, m, n + 1, v1, out_kind)
-                            elif out_kind == OUT_FLOAT32:
-                                store_pair(global_address(y, m, 4 * n), v0, v1)
-                            elif out_kind == OUT_FLOAT16:
-                                store_pair(global_address(y, m, 2 * n), float32_to_half_bits(v0),
-                                           float32_to_half_bits(v1))
-                            else:
-                                store_pair(global_address(y, m, 2 * n), float32_to_bfloat16_bits(v0),
-                                           float32_to_bfloat16_bits(v1))
+        write_out(acc, out, pad // 4 + tid, nthreads, y, m_total, n_total, n0, row_a, t, scale_a, sa_step, scale_b,
+                  sb_step, bias, bias_kind, out_kind)
+
+    return gemm
+
+
+@functools.lru_cache(maxsize=None)
+def specialized_kernel(cfg, promotion, block_scaled):
+    """The warp-specialized form (``cfg.producer``): warpgroup 0 only copies, warpgroups 1 and 2
+    only compute, and stages change hands through two mbarriers each, never a block barrier.
+
+    - Producer: for stage kt, wait until "empty" of its slot completes (the consumers are done with
+      stage kt - STAGES), issue its cp.async copies, then -- LAG stages behind, in order -- wait for
+      its own copies of stage kt - LAG, fence them into the async proxy and arrive on that slot's
+      "full" (128 arrivals complete it).
+    - Consumers: wait for "full", run the block's four wgmmas, wait for them, arrive on "empty" (256
+      arrivals), promote. Without a block barrier one warpgroup promotes while the other's wgmmas
+      run, so the partial is not double-buffered: 64 + 64 accumulators fit the 168 registers three
+      warpgroups leave a thread.
+    Phase parity: the r-th completion of a barrier (r = 0, 1, ...) is waited for with parity r & 1."""
+    bn, stages = cfg.bn, cfg.stages
+    bm = block_rows(cfg)
+    regs = bn // 2
+    a_bytes = bm * BK
+    stage_bytes = (bm + bn) * BK
+    lag = stages - 2  # copies in flight behind the newest stage (< stages: the producer never waits on itself)
+    consumers = WG_THREADS * cfg.warpgroups
+    per_wgmma = promotion == PER_WGMMA
+    mma = wgmma.mma_e4m3(bn)
+    wait_all = wgmma.wait(0, regs)
+    fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
+    bar_init, bar_arrive, bar_try_wait = wgmma.mbarrier_init, wgmma.mbarrier_arrive, wgmma.mbarrier_try_wait
+    from . import mma as mma_sync
+
+    commit_copies, global_address = mma_sync.cp_async_commit, mma_sync.global_address
+    wait_lag = mma_sync.cp_async_wait_group(lag)
+    wait_no_copies = mma_sync.cp_async_wait_group(0)
+    issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, WG_THREADS)
+    rows_per_pass = WG_THREADS // CHUNKS
+    full_word, empty_word = 0, 2 * stages  # the mbarriers: words [0, 4 stages) of the dynamic memory
+
+    def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        m_total, k_total = a.shape
+        n_total = b.shape[0]
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+        m0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
+        kt_total = (k_total + BK - 1) // BK
+        base = wgmma.shared_address(smem, 0)
+        ring = base + stages * MBARRIER_BYTES  # the ring: the first 1024-byte boundary after the barriers
+        pad = ring + (wgmma.SWIZZLE_ATOM_BYTES - ring % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES - base
+        acc = cuda.local.array(regs, types.float32)  # the consumers' (the producer's stay zero, unused)
+        part = cuda.local.array(regs, types.float32)
+        for i in range(regs):
+            acc[i] = _F32_ZERO
+            part[i] = _F32_ZERO
+        ctid = tid - WG_THREADS
+        row_a = m0 + (wg - 1) * 64 + ((ctid % 128) // 32) * 16 + (ctid % 32) // 4  # rows row_a, row_a + 8
+        if tid == 0:
+            for s in range(stages):
+                bar_init(smem, full_word + 2 * s, WG_THREADS)
+                bar_init(smem, empty_word + 2 * s, consumers)
+        cuda.syncthreads()
+        if wg == 0:  # the producer
+            r0 = tid // CHUNKS
+            chunk = tid % CHUNKS
+            copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
+            a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
+            b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
+            a_step = rows_per_pass * a.strides[0]
+            b_step = rows_per_pass * b.strides[0]
+            a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass
+            b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+            for kt in range(kt_total):
+                slot = kt % stages
+                if kt >= stages:  # the consumers' (kt // stages)-th release of this slot
+                    while bar_try_wait(smem, empty_word + 2 * slot, (kt // stages - 1) & 1) == 0:
+                        pass
+                issue_stage(smem, a, b, k_total, kt, copy_word + slot * (stage_bytes // 4), a_addr, b_addr, a_step,
+                            b_step, a_rows, b_rows, 16 * chunk)
+                commit_copies()
+                if kt >= lag:
+                    wait_lag()  # stage kt - lag has landed (for this thread)
+                    fence_proxy()
+                    bar_arrive(smem, full_word + 2 * ((kt - lag) % stages))
+            wait_no_copies()
+            fence_proxy()
+            for kt in range(max(kt_total - lag, 0), kt_total):
+                bar_arrive(smem, full_word + 2 * (kt % stages))
+        else:  # a consumer: rows 64 (wg - 1) .. of the tile
+            block_n = n0 // 128
+            desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
+            for kt in range(kt_total):
+                slot = kt % stages
+                while bar_try_wait(smem, full_word + 2 * slot, (kt // stages) & 1) == 0:
+                    pass
+                sa0, sa1, sbv = block_scales(scale_a, scale_b, kt, row_a, m_total, block_n)
+                at = slot * stage_bytes
+                desc_a = desc0 + np.uint64((at + (wg - 1) * 64 * BK) >> 4)
+                desc_b = desc0 + np.uint64((at + a_bytes) >> 4)
+                if per_wgmma:
+                    for kk in range(K_STEPS):
+                        fence()
+                        mma(part, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), 0)
+                        commit_mma()
+                        wait_all(part)
+                        if kk == K_STEPS - 1:
+                            bar_arrive(smem, empty_word + 2 * slot)
+                        promote(acc, part, sa0, sa1, sbv)
+                else:
+                    fence()
+                    for kk in range(K_STEPS):
+                        mma(part, desc_a + np.uint64(2 * kk), desc_b + np.uint64(2 * kk), kk)
+                    commit_mma()
+                    wait_all(part)
+                    bar_arrive(smem, empty_word + 2 * slot)  # the slot's reads are done
+                    promote(acc, part, sa0, sa1, sbv)
+        cuda.syncthreads()  # every copy landed and every wgmma read: the ring is free for the epilogue
+        if wg > 0:
+            out = cuda.shared.array(0, types.float32)
+            write_out(acc, out, pad // 4 + (tid - WG_THREADS), consumers, y, m_total, n_total, n0, row_a,
+                      (tid % 32) % 4, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind)
 
     return gemm
 
@@ -390,7 +560,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     """(kernel, grid, block, args) of the wgmma GEMM for a ``gemm.GemmCall`` (or a
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
     bias, bias_kind = bias_bits(call.bias, call.device)
-    cfg = config or WG_DEFAULT
+    cfg = config or DEFAULTS[promotion]
     sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
             (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))), threads(cfg),
@@ -399,4 +569,5 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
 
 
 __all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "block_rows", "threads", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",
-           "shared_bytes", "gemm_kernel", "gemm_launcher", "unavailable_reason", "shape_reason", "gemm_launch"]
+           "DEFAULTS", "shared_bytes", "kernel_parts", "gemm_kernel", "specialized_kernel", "gemm_launcher",
+           "unavailable_reason", "shape_reason", "gemm_launch"]
