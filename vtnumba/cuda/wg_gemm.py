@@ -54,7 +54,8 @@ Measured on the H200 (benchmarks/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.
   three warpgroups a thread gets 168 registers, too few for the second partial, so each warpgroup
   waits for its own wgmmas before promoting: 217 us per_128 (287 us per_wgmma, where it wins).
   ``setmaxnreg`` (40 / 232, CUTLASS's split) did not raise ptxas's allocation above 168 from Numba's
-  PTX (224 bytes of spills), and TMA (cuTensorMapEncode from the host) is not reachable from cupy.
+  PTX (224 bytes of spills). TMA was not tried: its tensor map is encoded on the host
+  (cuTensorMapEncodeTiled), outside the driver calls vtnumba's launcher makes.
   Ablations that changed little:
   cp.async L2 prefetch hints (.L2::128B / 256B), a 5-stage ring (205 us), one warpgroup per block at
   two blocks per SM (223 us: more warps, but 1.5x the bytes per FLOP).
