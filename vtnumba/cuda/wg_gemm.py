@@ -153,7 +153,7 @@ def _check_config(cfg, block_scaled, promotion):
         raise ValueError("block scales are applied per 128-wide K block: promotion must be per_128")
 
 
-KernelParts = namedtuple("KernelParts", "issue_stage block_scales promote write_out")
+KernelParts = namedtuple("KernelParts", "copy_plan issue_stage block_scales promote write_out")
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,6 +174,25 @@ def kernel_parts(cfg, block_scaled, copy_threads):
     cp16, global_address = mma_sync.cp_async_16, mma_sync.global_address
     row_scale, kblock_scale = scale_readers(block_scaled)
     load_bias_value, finish, store, store_pair = load_bias, scaled_value, store_out, wgmma.store_global_pair
+
+    @cuda.jit(**DEVICE_INLINE)
+    def copy_plan(a, b, ctid, pad, m0, n0):
+        """This copying thread's part of every stage (``ctid``: its index among the copying threads):
+        rows r0 + i * rows_per_pass, chunk c, stored at chunk position c ^ (row % 8) (rows_per_pass is
+        a multiple of 8: the same position for every i). Returns (its word in ring slot 0, its A and B
+        source addresses, their steps, how many of its A / B copies have a row inside M / N, the K
+        offset of its chunk)."""
+        m_total = a.shape[0]
+        n_total = b.shape[0]
+        r0 = ctid // CHUNKS
+        chunk = ctid % CHUNKS
+        copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
+        a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
+        b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
+        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass
+        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+        return (copy_word, a_addr, b_addr, rows_per_pass * a.strides[0], rows_per_pass * b.strides[0], a_rows, b_rows,
+                16 * chunk)
 
     @cuda.jit(**DEVICE_INLINE)
     def issue_stage(smem, a, b, k_total, kt, slot_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code):
@@ -257,7 +276,7 @@ def kernel_parts(cfg, block_scaled, copy_threads):
                                 store_pair(global_address(y, m, 2 * n), float32_to_bfloat16_bits(v0),
                                            float32_to_bfloat16_bits(v1))
 
-    return KernelParts(issue_stage, block_scales, promote, write_out)
+    return KernelParts(copy_plan, issue_stage, block_scales, promote, write_out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,7 +288,6 @@ def gemm_kernel(cfg, promotion, block_scaled):
         return specialized_kernel(cfg, promotion, block_scaled)
     bn, stages = cfg.bn, cfg.stages
     bm = block_rows(cfg)
-    rows_per_pass = threads(cfg) // CHUNKS  # rows one pass of copies covers (a multiple of 8, see below)
     regs = bn // 2  # accumulator floats per thread
     a_bytes = bm * BK
     stage_bytes = (bm + bn) * BK  # a multiple of 1024: every tile starts on a swizzle atom
@@ -277,11 +295,11 @@ def gemm_kernel(cfg, promotion, block_scaled):
     mma = wgmma.mma_e4m3(bn)
     wait_all, wait_one = wgmma.wait(0, regs), wgmma.wait(1, regs)
     nthreads = threads(cfg)
-    issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, nthreads)
+    copy_plan, issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, nthreads)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
     from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
-    commit_copies, global_address = mma_sync.cp_async_commit, mma_sync.global_address
+    commit_copies = mma_sync.cp_async_commit
     # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
     wait_copies = mma_sync.cp_async_wait_group(stages - 3)
     wait_no_copies = mma_sync.cp_async_wait_group(0)
@@ -352,17 +370,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
         base = wgmma.shared_address(smem, 0)
         pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
         desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
-        # copies: thread -> rows r0 + i * rows_per_pass, chunk c, stored at chunk position c ^ (row % 8)
-        # (rows_per_pass is a multiple of 8: the same position for every i)
-        r0 = tid // CHUNKS
-        chunk = tid % CHUNKS
-        copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
-        a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
-        b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
-        a_step = rows_per_pass * a.strides[0]
-        b_step = rows_per_pass * b.strides[0]
-        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
-        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+        copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code = copy_plan(a, b, tid, pad, m0, n0)
         kt_total = (k_total + BK - 1) // BK
         row_a = m0 + wg * 64 + warp * 16 + g  # this thread's accumulator rows: row_a, row_a + 8
         block_n = n0 // 128
@@ -370,7 +378,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
         for s in range(stages - 2):  # tiles 0 .. stages - 3 in flight; tile kt + stages - 2 at block kt
             if s < kt_total:
                 issue_stage(smem, a, b, k_total, s, copy_word + s * (stage_bytes // 4), a_addr, b_addr, a_step,
-                            b_step, a_rows, b_rows, 16 * chunk)
+                            b_step, a_rows, b_rows, chunk_code)
             commit_copies()
         # two partials alternate (unrolled by two: a local array indexed at run time would leave
         # the registers): per_128, block kt in part0 / part1 by parity; per_wgmma, see k_block
@@ -378,15 +386,15 @@ def gemm_kernel(cfg, promotion, block_scaled):
         kt = 0
         while kt + 1 < kt_total:
             sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
+                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
                                     scale_b, row_a, m_total, block_n)
             sa0, sa1, sbv = k_block(smem, a, b, k_total, kt + 1, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part1, part0, sa0, sa1, sbv, scale_a,
+                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part1, part0, sa0, sa1, sbv, scale_a,
                                     scale_b, row_a, m_total, block_n)
             kt += 2
         if kt < kt_total:  # an odd count: the last block in part0
             sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, 16 * chunk, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
+                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
                                     scale_b, row_a, m_total, block_n)
             kt += 1
         # per_128: the last block's partial is still in flight (part0 for an odd count, else part1;
@@ -438,11 +446,10 @@ def specialized_kernel(cfg, promotion, block_scaled):
     bar_init, bar_arrive, bar_try_wait = wgmma.mbarrier_init, wgmma.mbarrier_arrive, wgmma.mbarrier_try_wait
     from . import mma as mma_sync
 
-    commit_copies, global_address = mma_sync.cp_async_commit, mma_sync.global_address
+    commit_copies = mma_sync.cp_async_commit
     wait_lag = mma_sync.cp_async_wait_group(lag)
     wait_no_copies = mma_sync.cp_async_wait_group(0)
-    issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, WG_THREADS)
-    rows_per_pass = WG_THREADS // CHUNKS
+    copy_plan, issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, WG_THREADS)
     full_word, empty_word = 0, 2 * stages  # the mbarriers: words [0, 4 stages) of the dynamic memory
 
     def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
@@ -470,22 +477,14 @@ def specialized_kernel(cfg, promotion, block_scaled):
                 bar_init(smem, empty_word + 2 * s, consumers)
         cuda.syncthreads()
         if wg == 0:  # the producer
-            r0 = tid // CHUNKS
-            chunk = tid % CHUNKS
-            copy_word = (pad + r0 * BK + 16 * (chunk ^ (r0 % 8))) // 4
-            a_addr = global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
-            b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
-            a_step = rows_per_pass * a.strides[0]
-            b_step = rows_per_pass * b.strides[0]
-            a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass
-            b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+            copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code = copy_plan(a, b, tid, pad, m0, n0)
             for kt in range(kt_total):
                 slot = kt % stages
                 if kt >= stages:  # the consumers' (kt // stages)-th release of this slot
                     while bar_try_wait(smem, empty_word + 2 * slot, (kt // stages - 1) & 1) == 0:
                         pass
                 issue_stage(smem, a, b, k_total, kt, copy_word + slot * (stage_bytes // 4), a_addr, b_addr, a_step,
-                            b_step, a_rows, b_rows, 16 * chunk)
+                            b_step, a_rows, b_rows, chunk_code)
                 commit_copies()
                 if kt >= lag:
                     wait_lag()  # stage kt - lag has landed (for this thread)
