@@ -90,13 +90,17 @@ def test_strided_rows_and_refusals(gemm, cp):
 def test_chosen_by_name_only(gemm, cp):
     """Never picked automatically (the lever's path promises strict G3); forced by name it runs."""
     for m in (1, 16, 4096):
-        assert "wgmma" not in [k.name for k in gemm.kernel_order(m)]
+        assert not {"wgmma", "wgmma_k32"} & {k.name for k in gemm.kernel_order(m)}
     rng = np.random.default_rng(14)
     a, b = uniform_codes(rng, (256, 256)), uniform_codes(rng, (128, 256))
     import vtnumba as vt
 
-    y = vt.scaled_mm(cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1), kernel="wgmma")
-    gates.assert_g3(y, a, b, np.float32(1), np.float32(1), tensor_core=True)
+    ys = {}
+    for name in ("wgmma", "wgmma_k32"):
+        ys[name] = vt.scaled_mm(cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1), kernel=name)
+        gates.assert_g3(ys[name], a, b, np.float32(1), np.float32(1), tensor_core=True)
+    assert gemm.KERNELS_BY_NAME["wgmma_k32"].promotion == "per_wgmma"
+    assert not np.array_equal(ys["wgmma"].get(), ys["wgmma_k32"].get())  # two promotions, two results
 
 
 @pytest.mark.parametrize("m", [3, 200])

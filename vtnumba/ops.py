@@ -300,9 +300,10 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     kb in float32 (upstream's Triton block kernel's order). ``kernel`` forces one implementation by name (for
     tests and benchmarks); by default the backend picks by shape. CPU kernels: "reference",
     "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "tensorcore_gemv", "tensorcore",
-    "decode_gemv", "tiled", and "wgmma" (by name only: Hopper's native FP8 instruction, within the tensor-core
-    bound rather than strict G3); block-scaled: "cublaslt_block", "tensorcore_block_gemv", "tensorcore_block",
-    "tiled_block", "wgmma_block".
+    "decode_gemv", "tiled", and "wgmma" / "wgmma_k32" (by name only: Hopper's native FP8 instruction,
+    promoting to float32 every 128 of K / every 32, within the tensor-core bound rather than strict
+    G3); block-scaled: "cublaslt_block", "tensorcore_block_gemv", "tensorcore_block", "tiled_block",
+    "wgmma_block".
     """
     device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
     a = _arrays.codes_uint8(a, "a")

@@ -24,9 +24,10 @@ The kernels, and where each applies:
                            M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
-``wgmma``                  (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py,
-                           sm_90): 0.5x cuBLASLt at 4096^3 with promotion per 128 of K, within the
-                           tensor-core bound cuBLASLt is held to rather than strict G3.
+``wgmma``, ``wgmma_k32``   (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py,
+                           sm_90): 0.5x cuBLASLt at 4096^3 with promotion per 128 of K (``wgmma_k32``:
+                           per k32, 0.35x), within the tensor-core bound cuBLASLt is held to rather
+                           than strict G3.
 
 Precision (measured on the H200, 2026-11-29): cuBLASLt's FP8 GEMM is bit-identical to
 torch._scaled_mm, but it does not accumulate every product in float32 (FAST_ACCUM is off): on codes
@@ -379,16 +380,19 @@ class TensorCoreGemm(_NumbaKernel):
 
 
 class WgmmaGemm(_NumbaKernel):
-    """The GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py): by name only (``kernel="wgmma"``).
-    It holds the tensor-core bound with promotion per 128 of K (or per k32), not strict G3, so the
-    automatic order behind the lever keeps the exact tc_gemm kernel."""
+    """The GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py), by name only: ``kernel="wgmma"``
+    promotes into float32 every 128 of K (DeepSeek-V3's interval, cuBLASLt's accuracy at half its
+    speed), ``kernel="wgmma_k32"`` after every wgmma (2.6x more accurate at K = 256, 0.7x the speed).
+    Both hold the tensor-core bound, not strict G3, so the automatic order behind the lever keeps the
+    exact tc_gemm kernel."""
 
-    name = "wgmma"
+    NAMES = {wg_gemm.PER_128: "wgmma", wg_gemm.PER_WGMMA: "wgmma_k32"}
 
     def __init__(self, promotion=wg_gemm.PER_128, config=None):
         if promotion not in wg_gemm.PROMOTIONS:
             raise ValueError(f"promotion must be one of {wg_gemm.PROMOTIONS}, got {promotion!r}")
         self.promotion, self.config = promotion, config
+        self.name = self.NAMES[promotion]
 
     def can_implement(self, call):
         reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
@@ -403,7 +407,7 @@ class WgmmaGemm(_NumbaKernel):
 # GPUs before sm_89, the simulator).
 KERNELS = (CublasLt(), CublasLtF32Epilogue(), TensorCoreGemv(), TensorCoreGemm(), DecodeGemv(), Tiled())
 # and, chosen by name only, the wgmma GEMM (not exact in G3's sense; see WgmmaGemm)
-KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaGemm(),)}
+KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaGemm(), WgmmaGemm(wg_gemm.PER_WGMMA))}
 _LARGE_M_ORDER = KERNELS
 _SMALL_M_ORDER = (KERNELS_BY_NAME["decode_gemv"],) + tuple(k for k in KERNELS if k.name != "decode_gemv")
 
