@@ -120,9 +120,9 @@ DEFAULTS = {PER_128: WG_DEFAULT, PER_WGMMA: WG_CONFIGS["ws_128x128_s4"]}
 
 _F32_ZERO = np.float32(0.0)
 OUT_FLOAT32, OUT_FLOAT16 = int(OutKind.FLOAT32), int(OutKind.FLOAT16)
-# the descriptor's constant fields: stride byte offset 1024 (>> 4), the 128-byte swizzle
-_DESC_HIGH = np.uint64((wgmma.SWIZZLE_ATOM_BYTES >> 4) << 32 | wgmma.SWIZZLE_128B << 62)
-_DESC_ADDRESS_MASK = np.uint32(0x3FFF)
+# the descriptor's constant fields (stride byte offset 1024 >> 4, the 128-byte swizzle) and address mask
+_DESC_HIGH = np.uint64(wgmma.descriptor_base(0))
+_DESC_ADDRESS_MASK = np.uint32(wgmma.DESCRIPTOR_ADDRESS_MASK)
 
 
 def shared_bytes(cfg):

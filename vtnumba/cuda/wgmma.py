@@ -37,11 +37,9 @@ batches are pending. The accumulator registers must not be touched between the w
 There is no simulator emulation: the kernels using these run on an sm_90 GPU only (wg_gemm.py).
 """
 
-import numpy as np
-
 from .target import SIMULATOR, intrinsic, types
 
-MIN_CC = MAX_CC = (9, 0)  # sm_90a: arch-specific, so exactly 9.0 (not 10.x, not 12.x)
+MIN_CC = (9, 0)  # sm_90a: arch-specific, so exactly 9.0 (not 10.x, not 12.x)
 ARCH = "a"  # compile_kernel(..., arch=ARCH)
 SWIZZLE_128B = 1  # the descriptor's layout type
 SWIZZLE_ATOM_BYTES = 1024  # 8 rows of 128 bytes: a tile starts on this boundary
@@ -49,10 +47,14 @@ ROW_BYTES = 128  # codes per row of a tile (the K depth of one stage)
 K_STEP = 32  # codes per wgmma
 
 
+DESCRIPTOR_ADDRESS_MASK = 0x3FFF  # bits 0-13: the start address >> 4
+
+
 def descriptor_base(address):
     """The 64-bit descriptor of a 128-byte-swizzled K-major tile at shared ``address`` (bytes; a
-    multiple of 1024), as a Python int; add ``offset >> 4`` for a tile or k slice ``offset`` bytes on."""
-    return (((address >> 4) & 0x3FFF) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (SWIZZLE_128B << 62))
+    multiple of 1024), as a Python int; add ``offset >> 4`` for a tile or k slice ``offset`` bytes on.
+    ``descriptor_base(0)`` holds the constant fields a kernel ORs with the address it computes."""
+    return (((address >> 4) & DESCRIPTOR_ADDRESS_MASK) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (SWIZZLE_128B << 62))
 
 
 def available(cc):
@@ -277,6 +279,6 @@ if not SIMULATOR and intrinsic is not None:
         return _pass_through("", regs)
 
 
-__all__ = ["MIN_CC", "ARCH", "SWIZZLE_128B", "SWIZZLE_ATOM_BYTES", "ROW_BYTES", "K_STEP", "descriptor_base",
-           "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait", "hold", "stash",
-           "store_global_pair", "mbarrier_init", "mbarrier_arrive", "mbarrier_try_wait"]
+__all__ = ["MIN_CC", "ARCH", "SWIZZLE_128B", "SWIZZLE_ATOM_BYTES", "ROW_BYTES", "K_STEP", "DESCRIPTOR_ADDRESS_MASK",
+           "descriptor_base", "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait",
+           "hold", "stash", "store_global_pair", "mbarrier_init", "mbarrier_arrive", "mbarrier_try_wait"]
