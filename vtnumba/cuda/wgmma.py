@@ -4,7 +4,7 @@ shared memory through matrix descriptors, its fences, and the ``fence.proxy.asyn
 
 Why: on sm_90 the FP8 ``mma.sync`` of mma.py is not native (ptxas converts every operand to f16
 first), which holds tc_gemm.py at ~0.18x cuBLASLt. ``wgmma`` is Hopper's native FP8 tensor-core
-instruction, the one cuBLASLt, CUTLASS and DeepGEMM issue. It exists only for the arch-specific
+instruction, the one CUTLASS's and DeepGEMM's Hopper kernels issue. It exists only for the arch-specific
 target ``sm_90a`` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), so kernels
 using it compile with ``compile_kernel(..., arch="a")`` and run on compute capability 9.0 only.
 
@@ -33,6 +33,9 @@ batches are pending. The accumulator registers must not be touched between the w
 ``warpgroup_fence_operand``), so no use of it can be scheduled above the wait. Data written by
 ``cp.async`` (the generic proxy) reaches wgmma (the async proxy) only after the writing thread's
 ``fence.proxy.async.shared::cta`` and a barrier.
+
+Also here: mbarriers (the warp-specialized kernel's hand-over of ring slots), ``hold`` and ``stash``
+(which keep a kernel's accumulators in registers, see their docstrings) and a paired global store.
 
 There is no simulator emulation: the kernels using these run on an sm_90 GPU only (wg_gemm.py).
 """
