@@ -130,6 +130,26 @@ def timed_row(label, make, flops, t_peer, repeats=10):
     return t
 
 
+def block_table(gen, ta, tb, s, flops):
+    """Table 3's header and peer: block scales for an s^3 GEMM (1 x 128 activation groups, 128 x 128
+    weight blocks) and torch's block-scaled _scaled_mm on them. Returns the scales as the kernels take
+    them -- [M, KB] m-contiguous (torch's and cuBLASLt's layout) and [NB, KB] -- and torch's time
+    (NaN when torch refuses)."""
+    table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
+          ["kernel", "us", "TFLOP/s", "torch block / this"])
+    kb = s // 128
+    sa_blk = torch.rand(kb, s, device="cuda", generator=gen) * 0.01 + 0.001
+    sb_blk = torch.rand(s // 128, kb, device="cuda", generator=gen) * 0.01 + 0.001
+    t_tblk = float("nan")
+    try:
+        t_tblk = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa_blk.t(), scale_b=sb_blk.t(),
+                                                  out_dtype=torch.bfloat16), 10)
+        row("torch block _scaled_mm", f"{t_tblk:.0f}", f"{flops / t_tblk / 1e6:.0f}", "1.00")
+    except Exception as exc:
+        row("torch block _scaled_mm", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
+    return cp.asarray(sa_blk).T, cp.asarray(sb_blk), t_tblk
+
+
 def block_capable(cfg):
     bm, bn = tc.tile_shape(cfg)
     return 128 % bn == 0 and cfg.mt * cfg.nt <= 16  # 32 x 64 warp tiles: room for the K-block partial
@@ -197,19 +217,7 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False
                   repeats=5)
 
     # 3. block-scaled 4096^3 ------------------------------------------------------------------------
-    table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
-          ["kernel", "us", "TFLOP/s", "torch block / this"])
-    kb = s // 128
-    sa_blk = torch.rand(kb, s, device="cuda", generator=gen) * 0.01 + 0.001
-    sb_blk = torch.rand(s // 128, kb, device="cuda", generator=gen) * 0.01 + 0.001
-    t_tblk = float("nan")
-    try:
-        t_tblk = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa_blk.t(), scale_b=sb_blk.t(),
-                                                  out_dtype=torch.bfloat16), 10)
-        row("torch block _scaled_mm", f"{t_tblk:.0f}", f"{flops / t_tblk / 1e6:.0f}", "1.00")
-    except Exception as exc:
-        row("torch block _scaled_mm", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
-    sa_c, sb_c = cp.asarray(sa_blk).T, cp.asarray(sb_blk)  # [M, KB] with strides (4, 4 M), [NB, KB]
+    sa_c, sb_c, t_tblk = block_table(gen, ta, tb, s, flops)
     block_names = [e4m3_default] + [name for name in tc.GEMM_CONFIGS if tc.GEMM_CONFIGS[name].f16
                                     and block_capable(tc.GEMM_CONFIGS[name]) and not name.startswith("sim")]
     for name in block_names:

@@ -30,7 +30,7 @@ from vtnumba.cuda import wg_gemm as wg
 from vtnumba.profile import Ceilings, ProfileRecord, best_device_us, roofline_plot
 from vtnumba.testing import reference
 
-from bench_tensorcore import codes, row, table  # this directory: the tables and codes of the same issue
+from bench_tensorcore import block_table, codes, row, table  # this directory: the tables and codes of the same issue
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OUT_F32, OUT_BF16 = 0, 2
@@ -84,9 +84,7 @@ def correctness():
                 sah = rng.uniform(0.5, 2.0, (m, kb)).astype(np.float32)
                 sbh = rng.uniform(0.5, 2.0, (-(-n // 128), kb)).astype(np.float32)
                 ref, g3 = reference.block_scaled_mm(ah, bh, sah, sbh, (128, 128))
-                # the tensor-core allowance of the per-tensor model, scaled by the largest block scales
-                _, g3_unit = reference.scaled_mm(ah, bh, 1.0, 1.0)
-                tcb = reference.tensor_core_bound(ah, bh, 1.0, 1.0) * float(sah.max() * sbh.max()) + g3
+                tcb = g3 + reference.block_tensor_core_allowance(ah, bh, sah, sbh, (128, 128))
             elif scales == "tensor":
                 sah, sbh = np.float32(0.5), np.float32(0.25)
                 ref, g3 = reference.scaled_mm(ah, bh, sah, sbh)
@@ -158,19 +156,7 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
                       lambda: wg_fn(a, b2, sa, sb, wg.WG_CONFIGS[name], promotion),
                       flops2, nbytes2, t_lt2, 5)
 
-    table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
-          ["kernel", "us", "TFLOP/s", "torch block / this"])
-    kb = s // 128
-    sa_blk = torch.rand(kb, s, device="cuda", generator=gen) * 0.01 + 0.001
-    sb_blk = torch.rand(s // 128, kb, device="cuda", generator=gen) * 0.01 + 0.001
-    t_tblk = float("nan")
-    try:
-        t_tblk = best_device_us(lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa_blk.t(), scale_b=sb_blk.t(),
-                                                         out_dtype=torch.bfloat16), 10, 2)
-        row("torch block _scaled_mm", f"{t_tblk:.0f}", f"{flops / t_tblk / 1e6:.0f}", "1.00")
-    except Exception as exc:
-        row("torch block _scaled_mm", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
-    sa_c, sb_c = cp.asarray(sa_blk).T, cp.asarray(sb_blk)  # [M, KB] (m-contiguous), [NB, KB]
+    sa_c, sb_c, t_tblk = block_table(gen, ta, tb, s, flops)  # [M, KB] m-contiguous, [NB, KB]
     timed_row("vt mma.sync tc_gemm block (per_mma)", lambda: tc_fn(a, b, sa_c, sb_c, block=True), flops, nbytes,
               t_tblk, 5)
     sa_k = cp.ascontiguousarray(sa_c)  # [M, KB] k-contiguous: the layout ablation

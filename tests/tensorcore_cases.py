@@ -12,6 +12,37 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 OUT_DTYPES = [F32, F16, BF16]
 BLOCK = 128
+# (out dtype, per-row x per-channel scales, bias dtype): the GPU tests' epilogue cases
+EPILOGUE_CASES = [
+    (F32, False, None), (F32, True, F32), (F16, True, F16), (F16, False, F32), (BF16, True, BF16), (BF16, False, None),
+]
+
+
+def scales_and_bias(rng, m, n, vector_scales, bias_dtype):
+    """(scale_a, scale_b, bias) of an epilogue case: signed per-row and positive per-channel float32
+    vectors (or two scalars, one negative), and a standard-normal bias of ``bias_dtype`` (or None)."""
+    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
+    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
+    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    return sa, sb, bias
+
+
+def to_device(xp, v):
+    """``v`` as an ``xp`` array; scalars and None as they are."""
+    return v if v is None or np.isscalar(v) else xp.asarray(v)
+
+
+def launch_tc_f32(tc, xp, config, promotion, chain, a, b):
+    """y = a @ b^T (float32 out, unit scales) from tc_gemm's kernel for one configuration, every
+    element NaN-poisoned first; ``xp`` is numpy under the simulator, cupy on a GPU."""
+    cfg = tc.GEMM_CONFIGS[config]
+    (m, _), n = a.shape, b.shape[0]
+    bm, bn = tc.tile_shape(cfg)
+    y = xp.full((m, n), xp.nan, dtype=xp.float32)
+    one = xp.ones(1, xp.float32)
+    tc.gemm_launcher(cfg, promotion, False, chain, True)(
+        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, xp.zeros(1, xp.uint16), 0, y, 0)
+    return y
 
 
 def uniform_codes(rng, shape, nan_codes=False):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tensorcore_cases import (BF16, F16, F32, assert_same_f16, block_reference, check_g3, cvt_f16_check,
-                              group_quantize, mma_f16_layout_check, mma_layout_check, uniform_codes)
+                              group_quantize, launch_tc_f32, mma_f16_layout_check, mma_layout_check, scales_and_bias,
+                              uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.cudasim
@@ -85,9 +86,7 @@ def test_gemm_g3_partial_tiles_nan(tc, gemm, promotion, config, out_dtype, vecto
     rng = np.random.default_rng(7)
     m, n, k = 37, 20, 208  # partial M and N tiles; K: three 64-wide tiles and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
-    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
-    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
-    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    sa, sb, bias = scales_and_bias(rng, m, n, vector_scales, bias_dtype)
     call = gemm.GemmCall(a, b, sa, sb, out_dtype, bias)
     kernel = gemm.TensorCoreGemm(promotion, config=tc.GEMM_CONFIGS[config], simulate=True)
     assert kernel.can_implement(call) == (True, "")
@@ -121,18 +120,6 @@ def test_gemm_chain_equals_explicit_promotion_and_word_loads(tc):
     np.testing.assert_array_equal(outs["words"], outs["explicit"])
 
 
-def _run_f16_staged(tc, config, promotion, chain, a, b):
-    """The f16-staged GEMM (y = a @ b^T in float32, unit scales) through its emulation."""
-    cfg = tc.GEMM_CONFIGS[config]
-    (m, _), n = a.shape, b.shape[0]
-    bm, bn = tc.tile_shape(cfg)
-    y = np.full((m, n), np.nan, dtype=np.float32)
-    one = np.ones(1, np.float32)
-    tc.gemm_launcher(cfg, promotion, False, chain, True)(
-        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, np.zeros(1, np.uint16), 0, y, 0)
-    return y
-
-
 @pytest.mark.parametrize("m, n, k", [(20, 9, 16), (40, 17, 336)])  # K: one partial tile; five and a 16-wide one
 def test_f16_staging_of_either_operand_or_both(tc, m, n, k):
     """Staging A, B or both in f16 shared memory (the other converted from e4m3 fragments in
@@ -141,11 +128,11 @@ def test_f16_staging_of_either_operand_or_both(tc, m, n, k):
     rng = np.random.default_rng(k)
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
-    both = _run_f16_staged(tc, "sim_32x16_f16ab", "per_mma", False, a, b)
+    both = launch_tc_f32(tc, np, "sim_32x16_f16ab", "per_mma", False, a, b)
     assert check_g3(both, ref, bound, F32)[0] > m * n // 2
     for config in ("sim_32x16_f16a", "sim_32x16_f16b"):
-        np.testing.assert_array_equal(_run_f16_staged(tc, config, "per_mma", False, a, b), both)
-    assert check_g3(_run_f16_staged(tc, "sim_32x16_f16ab", "per_mma", True, a, b), ref, bound, F32)[0] > m * n // 2
+        np.testing.assert_array_equal(launch_tc_f32(tc, np, config, "per_mma", False, a, b), both)
+    assert check_g3(launch_tc_f32(tc, np, "sim_32x16_f16ab", "per_mma", True, a, b), ref, bound, F32)[0] > m * n // 2
 
 
 def test_f16_staged_config_rules(tc):

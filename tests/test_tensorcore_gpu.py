@@ -9,8 +9,9 @@ output dtype and bias; the documented fragment layout on the hardware; the claim
 import numpy as np
 import pytest
 
-from tensorcore_cases import (BF16, F16, F32, assert_same_f16, block_reference, check_g3, cvt_f16_check,
-                              group_quantize, mma_f16_layout_check, mma_layout_check, uniform_codes)
+from tensorcore_cases import (BF16, EPILOGUE_CASES, F32, assert_same_f16, block_reference, check_g3,
+                              cvt_f16_check, group_quantize, launch_tc_f32, mma_f16_layout_check, mma_layout_check,
+                              scales_and_bias, to_device, uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.gpu
@@ -45,12 +46,9 @@ def host(y):
     return y.view(np.uint16).get().view(dt) if dt == BF16 else y.get()
 
 
-def dev(cp, v):
-    return v if v is None or np.isscalar(v) else cp.asarray(v)
-
-
 def run_gemm(tc, gemm, cp, a, b, sa, sb, out_dtype, bias=None, promotion="per_mma"):
-    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), dev(cp, sa), dev(cp, sb), out_dtype, dev(cp, bias))
+    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype,
+                         to_device(cp, bias))
     kernel = gemm.TensorCoreGemm(promotion) if call.m > 16 else gemm.TensorCoreGemv()
     ok, why = kernel.can_implement(call)
     assert ok, why
@@ -107,20 +105,13 @@ def test_gemm_strict_g3_uniform_codes(tc, gemm, cp, promotion, k):
     print(f"{promotion} K={k}: worst err / G3 bound {worst:.3f}")
 
 
-CASES = [  # (out dtype, per-row x per-channel scales, bias dtype)
-    (F32, False, None), (F32, True, F32), (F16, True, F16), (F16, False, F32), (BF16, True, BF16), (BF16, False, None),
-]
-
-
 @pytest.mark.parametrize("m", [1, 5, 16, 300])
-@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", CASES, ids=str)
+@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", EPILOGUE_CASES, ids=str)
 def test_scales_out_dtypes_bias_partial_tiles_nan(tc, gemm, cp, m, out_dtype, vector_scales, bias_dtype):
     rng = np.random.default_rng(4 + m)
     n, k = 200, 1040  # partial tiles everywhere; K: sixteen 64-wide tiles and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=m > 1), uniform_codes(rng, (n, k))
-    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
-    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
-    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    sa, sb, bias = scales_and_bias(rng, m, n, vector_scales, bias_dtype)
     y = run_gemm(tc, gemm, cp, a, b, sa, sb, out_dtype, bias)
     ref, bound = reference.scaled_mm(a, b, sa, sb, None if bias is None else bias.astype(np.float64))
     compared, _ = check_g3(y, ref, bound, out_dtype)
@@ -238,18 +229,6 @@ F16_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16ab_128x128
 F16_SPLIT_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64"]
 
 
-def launch_f32(tc, cp, config, promotion, chain, a, b):
-    """y = a @ b^T (float32 out, unit scales) on one configuration, every element poisoned first."""
-    cfg = tc.GEMM_CONFIGS[config]
-    (m, _), n = a.shape, b.shape[0]
-    bm, bn = tc.tile_shape(cfg)
-    y = cp.full((m, n), cp.nan, dtype=cp.float32)
-    one = cp.ones(1, cp.float32)
-    tc.gemm_launcher(cfg, promotion, False, chain, True)(
-        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, cp.zeros(1, cp.uint16), 0, y, 0)
-    return y.get()
-
-
 @pytest.fixture(scope="module")
 def uniform_k4096(cp):
     rng = np.random.default_rng(11)
@@ -264,10 +243,10 @@ def test_f16_staged_strict_g3_one_result_for_every_tile(tc, cp, uniform_k4096, c
     """Every f16-staged configuration holds strict G3 (promotion per k32) and computes the same bits:
     the HMMAs get the same operands in the same k order whichever operands are staged."""
     a, b, ref, bound = uniform_k4096
-    y = launch_f32(tc, cp, config, tc.PER_MMA, False, a, b)
+    y = launch_tc_f32(tc, cp, config, tc.PER_MMA, False, a, b).get()
     compared, worst = check_g3(y, ref, bound, F32)
     assert compared > y.size * 9 // 10
-    np.testing.assert_array_equal(y, launch_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b))
+    np.testing.assert_array_equal(y, launch_tc_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b).get())
     print(f"{config}: worst err / G3 bound {worst:.4f}")
 
 
@@ -279,9 +258,9 @@ def test_f16_staged_equals_the_e4m3_kernel_on_sm_90(tc, cp, uniform_k4096):
     if not tc.chains_in_float32(device.current().cc):
         pytest.skip(f"the e4m3 mma is native on {device.current().cc}")
     a, b, _, _ = uniform_k4096
-    e4m3 = launch_f32(tc, cp, "128x128_w8_32x64", tc.PER_MMA, True, a, b)
+    e4m3 = launch_tc_f32(tc, cp, "128x128_w8_32x64", tc.PER_MMA, True, a, b).get()
     assert not np.isnan(e4m3).any()
-    np.testing.assert_array_equal(launch_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b), e4m3)
+    np.testing.assert_array_equal(launch_tc_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b).get(), e4m3)
 
 
 @pytest.mark.parametrize("config, promotion, chain", [(c, "per_128", False) for c in F16_SPLIT_CONFIGS] + [
@@ -289,22 +268,21 @@ def test_f16_staged_equals_the_e4m3_kernel_on_sm_90(tc, cp, uniform_k4096):
 def test_f16_staged_tensor_core_accumulation_g3(tc, cp, uniform_k4096, config, promotion, chain):
     """per_128 lets the HMMAs accumulate each 128-wide K block, chain the whole K: G3 measured."""
     a, b, ref, bound = uniform_k4096
-    y = launch_f32(tc, cp, config, promotion, chain, a, b)
+    y = launch_tc_f32(tc, cp, config, promotion, chain, a, b).get()
     compared, worst = check_g3(y, ref, bound, F32)
     assert compared > y.size * 9 // 10
     print(f"{config} {promotion}{' chain' if chain else ''}: worst err / G3 bound {worst:.4f}")
 
 
 @pytest.mark.parametrize("config", F16_CONFIGS)
-@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", CASES, ids=str)
+@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", EPILOGUE_CASES, ids=str)
 def test_f16_staged_scales_out_dtypes_bias_nan(tc, gemm, cp, config, out_dtype, vector_scales, bias_dtype):
     rng = np.random.default_rng(12)
     m, n, k = 300, 200, 1040  # partial tiles everywhere; K: sixteen 64-wide tiles and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
-    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
-    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
-    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
-    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), dev(cp, sa), dev(cp, sb), out_dtype, dev(cp, bias))
+    sa, sb, bias = scales_and_bias(rng, m, n, vector_scales, bias_dtype)
+    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype,
+                         to_device(cp, bias))
     kernel = gemm.TensorCoreGemm(config=tc.GEMM_CONFIGS[config])
     assert kernel.can_implement(call) == (True, "")
     y = host(kernel.run(call))

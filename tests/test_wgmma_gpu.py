@@ -11,7 +11,7 @@ and that promotion per 128 of K is never less accurate than cuBLASLt on uniforml
 import numpy as np
 import pytest
 
-from tensorcore_cases import BF16, F16, F32, uniform_codes
+from tensorcore_cases import BF16, EPILOGUE_CASES, F32, scales_and_bias, to_device, uniform_codes
 from vtnumba.testing import gates, reference
 
 pytestmark = pytest.mark.gpu
@@ -34,31 +34,21 @@ def gemm(cp):
     return gemm
 
 
-def dev(cp, v):
-    return v if v is None or np.isscalar(v) else cp.asarray(v)
-
-
 def run(gemm, cp, a, b, sa, sb, out_dtype, bias=None, promotion="per_128"):
-    call = gemm.GemmCall(dev(cp, a), dev(cp, b), dev(cp, sa), dev(cp, sb), out_dtype, dev(cp, bias))
+    call = gemm.GemmCall(to_device(cp, a), to_device(cp, b), to_device(cp, sa), to_device(cp, sb), out_dtype,
+                         to_device(cp, bias))
     kernel = gemm.WgmmaGemm(promotion)
     assert kernel.can_implement(call) == (True, "")
     return kernel.run(call)
 
 
-CASES = [  # (out dtype, per-row x per-channel scales, bias dtype)
-    (F32, False, None), (F32, True, F32), (F16, True, F16), (F16, False, F32), (BF16, True, BF16), (BF16, False, None),
-]
-
-
 @pytest.mark.parametrize("promotion", ["per_128", "per_wgmma"])
-@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", CASES, ids=str)
+@pytest.mark.parametrize("out_dtype, vector_scales, bias_dtype", EPILOGUE_CASES, ids=str)
 def test_scales_out_dtypes_bias_partial_tiles_nan(gemm, cp, promotion, out_dtype, vector_scales, bias_dtype):
     rng = np.random.default_rng(11)
     m, n, k = 300, 200, 1040  # partial tiles everywhere; K: eight 128-wide stages and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
-    sa = rng.uniform(-0.02, 0.02, m).astype(np.float32) if vector_scales else np.float32(0.015)
-    sb = rng.uniform(0.001, 0.01, n).astype(np.float32) if vector_scales else np.float32(-0.25)
-    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    sa, sb, bias = scales_and_bias(rng, m, n, vector_scales, bias_dtype)
     y = run(gemm, cp, a, b, sa, sb, out_dtype, bias, promotion)
     compared = gates.assert_g3(y, a, b, sa, sb, bias, out_dtype, tensor_core=True)
     assert compared > (m - 2) * n * 9 // 10

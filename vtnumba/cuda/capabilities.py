@@ -46,8 +46,6 @@ FP8_TENSOR_CORE_MIN_CC = (8, 9)
 # cuBLASLt's FP8 matmul shipped in cuBLAS 11.11 (CUDA 11.8); versions as cublasLtGetVersion gives
 # them: major * 10000 + minor * 100 + patch.
 CUBLASLT_FP8_MIN_VERSION = 111100
-# wgmma exists only for the arch-specific target sm_90a (PTX ISA): Hopper, not its successors
-WGMMA_CC = (9, 0)
 
 
 def sm(cc):
@@ -72,6 +70,7 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
     cuBLASLt cannot be loaded, ``cublaslt_reason`` saying why), else one sentence saying why not.
     ``simulator``: running under the CUDA simulator, which has neither cuBLASLt nor inline PTX."""
     from .codec import HARDWARE_MIN_CC  # here, not at import: codec needs numba-cuda
+    from .wgmma import MIN_CC as WGMMA_CC  # sm_90a, arch-specific: exactly Hopper
 
     if simulator:
         no_lt = "the CUDA simulator has no cuBLASLt (the Numba GEMM kernels run)"

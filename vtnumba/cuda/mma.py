@@ -213,43 +213,33 @@ else:
         ptr = builder.gep(builder.bitcast(ary.data, _i8.as_pointer()), [offset])
         return builder.ptrtoint(builder.addrspacecast(ptr, _i8.as_pointer(1)), _i64)
 
-    @intrinsic
-    def mma_e4m3(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """D = A B + C for one m16n8k32 e4m3 tile (this lane's fragments); scratch, warp and lane
-        are the emulation's and are ignored here."""
-        sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
+    def _mma_sync(instruction):
+        """The intrinsic ``mma(a0..a3, b0, b1, c0..c3, scratch, warp, lane) -> (d0..d3)`` running
+        ``instruction`` (an m16n8 mma.sync with four A, two B and four float32 C/D registers a lane);
+        scratch, warp and lane are the emulation's and are ignored here."""
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+            sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
 
-        def codegen(context, builder, signature, args):
-            tys = signature.args
-            ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
-            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
-            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
-            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-                                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-            res = builder.call(asm, ins)
-            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+            def codegen(context, builder, signature, args):
+                tys = signature.args
+                ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
+                ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
+                fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
+                asm = ir.InlineAsm(fnty, instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+                                                       "{$10, $11, $12, $13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+                res = builder.call(asm, ins)
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_value(res, i) for i in range(4)])
 
-        return sig, codegen
+            return sig, codegen
 
-    @intrinsic
-    def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """D = A B + C for one m16n8k16 f16 tile, float32 accumulate (this lane's fragments: two
-        f16 a 32-bit register); scratch, warp and lane are the emulation's and are ignored here."""
-        sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
+        return mma
 
-        def codegen(context, builder, signature, args):
-            tys = signature.args
-            ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
-            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
-            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
-            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-            res = builder.call(asm, ins)
-            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
-
-        return sig, codegen
+    # D = A B + C for one m16n8k32 e4m3 tile (this lane's fragments)
+    mma_e4m3 = _mma_sync("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32")
+    # D = A B + C for one m16n8k16 f16 tile, float32 accumulate (two f16 a 32-bit register)
+    mma_f16 = _mma_sync("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
 
     @intrinsic
     def cvt_e4m3x4_f16(typingctx, word):

@@ -324,6 +324,21 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
 
     row_scale, kblock_scale = scale_readers(block_scaled)
 
+    @cuda.jit(**_DEVICE)
+    def add_partial(acc, part, q, d0, d1, d2, d3):
+        """Promotion per mma: add one mma's partial (d0..d3) in float32 to the K-block partial (split)
+        or straight to the accumulator."""
+        if split:
+            part[q] += d0
+            part[q + 1] += d1
+            part[q + 2] += d2
+            part[q + 3] += d3
+        else:
+            acc[q] += d0
+            acc[q + 1] += d1
+            acc[q + 2] += d2
+            acc[q + 3] += d3
+
     def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b
         float32 vectors read as scale[i * step]. Block-scaled: scale_a [M, ceil(K/128)] per
@@ -486,16 +501,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                                                        _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
                                 d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
                                                        d0, d1, d2, d3, scratch, warp, lane)
-                                if split:
-                                    part[q] += d0
-                                    part[q + 1] += d1
-                                    part[q + 2] += d2
-                                    part[q + 3] += d3
-                                else:
-                                    acc[q] += d0
-                                    acc[q + 1] += d1
-                                    acc[q + 2] += d2
-                                    acc[q + 3] += d3
+                                add_partial(acc, part, q, d0, d1, d2, d3)
             else:
                 wait_tile()
                 cuda.syncthreads()
@@ -544,16 +550,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                                 d0, d1, d2, d3 = mma_op(
                                     af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
                                     _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                if split:
-                                    part[q] += d0
-                                    part[q + 1] += d1
-                                    part[q + 2] += d2
-                                    part[q + 3] += d3
-                                else:
-                                    acc[q] += d0
-                                    acc[q + 1] += d1
-                                    acc[q + 2] += d2
-                                    acc[q + 3] += d3
+                                add_partial(acc, part, q, d0, d1, d2, d3)
             st_read = st_next
             st_write = 0 if st_write == stages - 1 else st_write + 1
             if split and (kt % 2 == 1 or kt == kt_total - 1):

@@ -75,7 +75,7 @@ from .codec import float32_to_bfloat16_bits, float32_to_half_bits
 from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
 from .launch import compile_kernel
 from .target import DEVICE_INLINE, SIMULATOR, cuda, types
-from .tc_gemm import DynamicSharedKernel, bias_bits, gemm_signature, rows_reason, scale_readers
+from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, bias_bits, gemm_signature, rows_reason, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
 PROMOTIONS = (PER_128, PER_WGMMA)
@@ -86,7 +86,7 @@ BK = wgmma.ROW_BYTES  # codes per stage: one 128-byte swizzled row
 ROW_WORDS = BK // 4
 CHUNKS = BK // 16  # 16-byte chunks per row
 K_STEPS = BK // wgmma.K_STEP
-SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block with the opt-in (sm_90)
+SHARED_LIMIT = F16_SHARED_LIMIT  # dynamic shared memory per block with the opt-in (sm_90), tc_gemm's
 
 WgConfig = namedtuple("WgConfig", "bn stages warpgroups blocks_per_sm producer", defaults=(2, 1, False))
 WgConfig.__doc__ = """A tile configuration: BN columns per block (the wgmma's N), a STAGES-deep cp.async

@@ -197,53 +197,45 @@ if not SIMULATOR and intrinsic is not None:
 
         return sig, codegen
 
+    def _on_shared_word(context, builder, signature, args, text, constraints, returns=False):
+        """Call the asm ``text`` on the shared address of word args[1] of the shared array args[0]
+        ($0, or $1 after a 32-bit result) and the other arguments as 32-bit operands."""
+        tys = signature.args
+        addr, _ = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
+        ins = [addr] + [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], tys[2:])]
+        fnty = ir.FunctionType(_i32 if returns else ir.VoidType(), [_i32] * len(ins))
+        return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), ins)
+
     # mbarriers (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"), 8 bytes
     # of shared memory each at an 8-byte aligned word: init with the arrival count a phase needs; a
     # thread arrives; a waiter polls try_wait.parity with the parity of the phase it waits for
     # (0 for the first completion, then 1, 0, ...), which gives 1 once that phase has completed.
     @intrinsic
     def mbarrier_init(typingctx, smem, word, count):
-        sig = types.void(smem, word, count)
-
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            addr, _ = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
-            n = context.cast(builder, args[2], tys[2], types.uint32)
-            fnty = ir.FunctionType(ir.VoidType(), [_i32, _i32])
-            builder.call(ir.InlineAsm(fnty, "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}",
-                                      side_effect=True), [addr, n])
+            _on_shared_word(context, builder, signature, args, "mbarrier.init.shared::cta.b64 [$0], $1;",
+                            "r,r,~{memory}")
             return context.get_dummy_value()
 
-        return sig, codegen
+        return types.void(smem, word, count), codegen
 
     @intrinsic
     def mbarrier_arrive(typingctx, smem, word):
-        sig = types.void(smem, word)
-
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            addr, _ = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
-            fnty = ir.FunctionType(ir.VoidType(), [_i32])
-            builder.call(ir.InlineAsm(fnty, "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }",
-                                      "r,~{memory}", side_effect=True), [addr])
+            _on_shared_word(context, builder, signature, args,
+                            "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }", "r,~{memory}")
             return context.get_dummy_value()
 
-        return sig, codegen
+        return types.void(smem, word), codegen
 
     @intrinsic
     def mbarrier_try_wait(typingctx, smem, word, parity):
-        sig = types.uint32(smem, word, parity)
-
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            addr, _ = _shared_address(context, builder, tys[0], args[0], args[1], tys[1])
-            par = context.cast(builder, args[2], tys[2], types.uint32)
-            fnty = ir.FunctionType(_i32, [_i32, _i32])
-            text = ("{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
-                    "selp.u32 $0, 1, 0, done; }")
-            return builder.call(ir.InlineAsm(fnty, text, "=r,r,r,~{memory}", side_effect=True), [addr, par])
+            return _on_shared_word(context, builder, signature, args,
+                                   "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+                                   "selp.u32 $0, 1, 0, done; }", "=r,r,r,~{memory}", returns=True)
 
-        return sig, codegen
+        return types.uint32(smem, word, parity), codegen
 
     _STASHES = {}
 

@@ -56,10 +56,7 @@ def assert_block_g3(y, a, b, scale_a, scale_b, block_size, bias=None, out_dtype=
     ref, bound = reference.block_scaled_mm(a, b, scale_a, scale_b, block_size,
                                            None if bias is None else np.asarray(bias, np.float64))
     if tensor_core:
-        # sum_kb |sa sb| sum|terms|: the same reference on magnitudes (codes without their sign bit)
-        magnitudes, _ = reference.block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(scale_a),
-                                                  np.abs(scale_b), block_size)
-        bound = bound + reference.TENSOR_CORE_REL * magnitudes
+        bound = bound + reference.block_tensor_core_allowance(a, b, scale_a, scale_b, block_size)
     return _assert_within(y, ref, bound, (a.shape[0], b.shape[0]), out_dtype, require_nonzero)
 
 

@@ -248,3 +248,13 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, bias=None):
     if bias is not None:
         ref = ref + np.asarray(bias, dtype=np.float64).reshape(1, -1)
     return ref, bound
+
+
+def block_tensor_core_allowance(a, b, scale_a, scale_b, block_size):
+    """What Hopper's tensor cores add to ``block_scaled_mm``'s bound when they accumulate each block
+    (cuBLASLt's block scaling, the wgmma kernels): ``TENSOR_CORE_REL`` of each block's scaled sum of
+    |terms|, sum_kb |sa sb| sum |terms| -- the same reference run on magnitudes (codes without their
+    sign bit)."""
+    magnitudes, _ = block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(scale_a), np.abs(scale_b),
+                                    block_size)
+    return TENSOR_CORE_REL * magnitudes
