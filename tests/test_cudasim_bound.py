@@ -12,37 +12,44 @@ pytestmark = pytest.mark.cudasim
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _full_path(backend, x, w, ws, input_scale, per_token, out_dtype, bias):
+def _full_path(backend, x, w, out_dtype):
     """What matmul_fp8 runs without a binding: the backend's quantization, then its scaled_mm."""
-    if per_token:
+    if w.activation_scheme == "per_token":
         codes, scale = backend.quantize_per_token(x, None)
         scale = scale.reshape(-1)
-    elif input_scale is None:
+    elif w.activation_scheme == "dynamic":
         codes, scale = backend.quantize_dynamic(x)
+    elif w.activation_scheme == "static":
+        codes, scale = backend.quantize_static(x, w.input_scale), backend.scale_array(w.input_scale)
     else:
-        codes, scale = backend.quantize_static(x, input_scale), backend.scale_array(input_scale)
-    return backend.scaled_mm(codes, w, scale, ws, out_dtype, bias, None)
+        codes, scale = backend.quantize_per_group(x, w.block_size[1], False, True)
+        return backend.block_scaled_mm(codes, w.data, scale, w.weight_scale, w.block_size, out_dtype, w.bias, None)
+    return backend.scaled_mm(codes, w.data, scale, w.weight_scale, out_dtype, w.bias, None)
 
 
-@pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
+@pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token", "per_group"])
 @pytest.mark.parametrize("m, x_dtype, out_dtype", [(2, BF16, BF16), (9, np.float32, np.float32)])  # GEMV; tiled
 def test_bound_call_replays_the_full_path_bitwise(scheme, m, x_dtype, out_dtype):
     import vtnumba.cuda as backend
+    from vtnumba import seam
     from vtnumba.cuda.bound import BoundLinear
 
     rng = np.random.default_rng(m)
     n, k = 24, 64
-    w = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8)
-    ws = rng.uniform(0.001, 0.01, size=n).astype(np.float32)
+    codes = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8)
     bias = rng.standard_normal(n).astype(np.float32)
-    input_scale = np.float32(0.02) if scheme == "static" else None
-    per_token = scheme == "per_token"
+    if scheme == "per_group":  # 8 x 16 blocks: the tiled block kernel, scales per block
+        w = seam.Fp8Weight(codes, rng.uniform(0.001, 0.01, size=(3, 4)).astype(np.float32), bias=bias,
+                           block_size=(8, 16))
+    else:
+        w = seam.Fp8Weight(codes, rng.uniform(0.001, 0.01, size=n).astype(np.float32), bias=bias,
+                           input_scale=np.float32(0.02) if scheme == "static" else None, activation_scheme=scheme)
     out_dtype = np.dtype(out_dtype)
     xs = [(rng.standard_normal((m, k)) * 3).astype(x_dtype) for _ in range(3)]
-    bound = BoundLinear(xs[0], w, ws, input_scale, per_token, out_dtype, bias)
+    bound = BoundLinear(xs[0], w, out_dtype)
     compared = 0
     for x in xs:  # new inputs through the same binding: only the input pointer changes
-        want = _full_path(backend, x, w, ws, input_scale, per_token, out_dtype, bias)
+        want = _full_path(backend, x, w, out_dtype)
         got = bound(x, 0)
         assert got.dtype == out_dtype and got.shape == (m, n)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

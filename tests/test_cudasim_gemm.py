@@ -182,6 +182,41 @@ def test_f32_epilogue_kernel(gemm):
     assert assert_g3(y.view(BF16), a, b, sa, sb, bias, BF16) > 0
 
 
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16, BF16])
+@pytest.mark.parametrize("bias_dtype", [None, np.float32, BF16])
+def test_f32_epilogue_eight_wide_equals_element_wise(gemm, out_dtype, bias_dtype):
+    """The 8-wide epilogue (N % 8 == 0) writes every element with the element-per-thread kernel's
+    bits, per-row and per-channel scales, every bias kind; rows of several groups and a grid that
+    strides."""
+    from vtnumba.cuda import epilogue
+
+    rng = np.random.default_rng(41)
+    m, n = 5, 24
+    acc = (rng.standard_normal((m, n)) * 1e3).astype(np.float32)
+    acc[0, :3] = [np.inf, -np.inf, np.nan]
+    sa = rng.uniform(-0.1, 0.1, m).astype(np.float32)
+    sb = rng.uniform(0.001, 0.1, n).astype(np.float32)
+    bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
+    bias_bits, bias_kind = (np.zeros(1, np.uint16), 0) if bias is None else (bias.view(np.uint16),
+                                                                              epilogue.BIAS_KIND[np.dtype(bias_dtype)])
+    out_kind = epilogue.OUT_KIND[np.dtype(out_dtype)]
+    wide = np.dtype(np.float32) if out_dtype == np.float32 else np.dtype(np.uint16)
+    poison = 0x7F if wide == np.uint16 else np.nan
+    y_wide = np.full((m, n), poison, dtype=wide)
+    kernel, grid, block, args = epilogue.epilogue_launch(acc, y_wide, sa, 1, sb, 1, bias_bits, bias_kind, out_kind)
+    assert kernel is epilogue.epilogue_vector_kernel(out_dtype == np.float32)
+    kernel(2, 4, *args)  # fewer threads than 8-element groups: the grid-stride loop runs
+    y_one = np.full((m, n), poison, dtype=wide)
+    epilogue.epilogue_kernel(out_dtype == np.float32)(4, 32, acc, y_one, sa, 1, sb, 1, bias_bits, bias_kind,
+                                                       out_kind)
+    odd = epilogue.epilogue_launch(np.ascontiguousarray(acc[:, :n - 1]), np.ascontiguousarray(y_one[:, :n - 1]), sa,
+                                   1, sb, 1, bias_bits, bias_kind, out_kind)[0]
+    assert odd is epilogue.epilogue_kernel(out_dtype == np.float32)  # N % 8 != 0: element per thread
+    ys = [y_wide, y_one]
+    np.testing.assert_array_equal(ys[0].view(np.uint8), ys[1].view(np.uint8))
+    assert np.count_nonzero(ys[1].view(np.uint8)) > m * n
+
+
 def test_empty_and_zero_k(gemm):
     rng = np.random.default_rng(60)
     y = gemm.scaled_mm(np.zeros((0, 32), np.uint8), random_codes(rng, (8, 32)), np.float32(1), np.float32(1),

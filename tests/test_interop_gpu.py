@@ -172,7 +172,7 @@ def test_fp8_linear_on_the_gpu(scheme):
     assert y1.is_cuda and y1.dtype == torch.bfloat16 and y1.shape == (3, 5, 64)
     torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     # the same as the seam on cupy views of the same input
-    want_gpu = seam.matmul_fp8(cupy.from_dlpack(xg.view(torch.int16)).view(BF16), layer._placed[0])
+    want_gpu = seam.matmul_fp8(cupy.from_dlpack(xg.view(torch.int16)).view(BF16), layer._resident[0])
     assert _host(y1).tobytes() == devices.to_host(want_gpu).tobytes()
     rel = (y1.float().cpu() - want).abs().max() / want.abs().max()
     assert rel < 0.05  # bf16 input vs float32 input: close
@@ -183,11 +183,11 @@ def test_gpu_linear_from_a_cuda_linear_stays_there():
 
     linear = torch.nn.Linear(64, 32).cuda()
     layer = vtt.Fp8Linear.from_linear(linear, "per_token")  # quantized on the GPU, on torch's stream
-    assert layer.weight.device == "cuda:0"
+    assert layer.weight.is_cuda and layer.weight.dtype == torch.float8_e4m3fn and layer.fp8_weight.device == "cuda:0"
     with torch.no_grad():
         y = layer(torch.randn(4, 64, device="cuda"))
         assert y.is_cuda
-        with pytest.raises(ValueError, match="x must be on the weight's device cuda:0, got a tensor on cpu"):
+        with pytest.raises(ValueError, match="x must be on the layer's device cuda:0, got a tensor on cpu"):
             layer(torch.randn(4, 64))
 
 

@@ -292,13 +292,15 @@ def test_f16_staged_scales_out_dtypes_bias_nan(tc, gemm, cp, config, out_dtype, 
 
 
 def test_f16_staged_prepared_launch(tc, gemm, cp):
-    """bind (a prepared launch, what graph capture replays) passes the dynamic shared memory too."""
+    """A prepared launch of its steps (what a bound call and graph capture replay) passes the
+    dynamic shared memory too."""
     rng = np.random.default_rng(13)
     a, b = uniform_codes(rng, (200, 512)), uniform_codes(rng, (136, 512))
     call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1), F32, None)
     kernel = gemm.TensorCoreGemm(config=tc.GEMM_CONFIGS[F16_CONFIGS[0]])
     y = cp.full((200, 136), cp.nan, dtype=cp.float32)
-    kernel.bind(call)(y, cp.cuda.get_current_stream().ptr)
+    (step,) = kernel.steps(call, y, gemm.fresh_scratch)
+    step.kernel.prepare(step.grid, step.block, *step.args).launch(cp.cuda.get_current_stream().ptr)
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
     assert check_g3(y.get(), ref, bound, F32)[0] > 0
     np.testing.assert_array_equal(y.get(), host(kernel.run(call)))

@@ -52,8 +52,11 @@ def test_fp8_linear_is_the_seam_bitwise(scheme):
     torch.manual_seed(1)
     linear = nn.Linear(64, 48)
     layer = vtt.Fp8Linear.from_linear(linear, scheme, input_scale=0.02 if scheme == "static" else None)
-    w = layer.weight
+    w = layer.fp8_weight  # the seam's view of the layer's buffers
     assert isinstance(w, seam.Fp8Weight) and w.activation_scheme == scheme
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight.shape == (48, 64)
+    assert set(dict(layer.named_buffers())) == {"weight", "weight_scale", "bias"} | (
+        {"input_scale"} if scheme == "static" else set())
     assert w.per_channel == (scheme == "per_token") and w.bias is not None
     ref = seam.Fp8Weight.from_float(linear.weight.detach().numpy(), input_scale=0.02 if scheme == "static" else None,
                                     per_channel=scheme == "per_token", activation_scheme=scheme,
@@ -108,11 +111,11 @@ def test_convert_swaps_the_selected_linears_and_skips_ignored():
     config = seam.Fp8Config("modelopt", "tensor", "dynamic", ("*lm_head*", "layers.1.*"))
     converted = vtt.convert(copy.deepcopy(model), config)
     assert _linear_names(converted, vtt.Fp8Linear) == ["layers.0.down_proj", "layers.0.up_proj"]
-    assert not converted.layers[0]["up_proj"].weight.per_channel
+    assert not converted.layers[0]["up_proj"].fp8_weight.per_channel
     config = seam.Fp8Config("compressed-tensors", "channel", "per_token", ("re:.*down_proj",))
     converted = vtt.convert(copy.deepcopy(model), config)
     assert _linear_names(converted, vtt.Fp8Linear) == ["layers.0.up_proj", "layers.1.up_proj", "lm_head"]
-    assert converted.lm_head.weight.per_channel and converted.lm_head.weight.bias is None
+    assert converted.lm_head.fp8_weight.per_channel and converted.lm_head.bias is None
 
     # a bare Linear converts to its Fp8Linear
     assert isinstance(vtt.convert(nn.Linear(8, 4)), vtt.Fp8Linear)
@@ -128,7 +131,7 @@ def test_static_scales_from_calibrate():
     assert all(np.isfinite(s) and s > 0 for s in scales.values())
     converted = vtt.convert(copy.deepcopy(model), "static", input_scales=scales)
     layer = converted.layers[0]["up_proj"]
-    assert layer.activation_scheme == "static" and layer.weight.input_scale == scales["layers.0.up_proj"]
+    assert layer.activation_scheme == "static" and layer.fp8_weight.input_scale == scales["layers.0.up_proj"]
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(converted(samples[0]), model(samples[0]), dim=-1)
     assert cos.min() > 0.99
@@ -146,8 +149,8 @@ def test_convert_from_a_checkpoint(tmp_path):
     converted = vtt.convert(copy.deepcopy(model), seam.Fp8Config("fp8", "tensor", "dynamic", ("lm_head",)),
                             checkpoint=tmp_path)
     layer = converted.layers[1]["down_proj"]
-    np.testing.assert_array_equal(layer.weight.data, tensors["layers.1.down_proj.weight"].view(np.uint8))
-    assert layer.weight.bias is None and layer.weight.source["files"] == ["model.safetensors"]
+    np.testing.assert_array_equal(layer.fp8_weight.data, tensors["layers.1.down_proj.weight"].view(np.uint8))
+    assert layer.bias is None and layer.fp8_weight.source["files"] == ["model.safetensors"]
 
 
 def test_bad_input_is_named():
@@ -173,9 +176,9 @@ def test_block_scaled_conversion_follows_the_config():
     model = _model()
     converted = vtt.convert(copy.deepcopy(model), seam.Fp8Config("fp8", "block", "per_group", (), (32, 32)))
     layers = [m for m in converted.modules() if isinstance(m, vtt.Fp8Linear)]
-    assert layers and all(m.weight.block_size == (32, 32) and m.activation_scheme == "per_group" for m in layers)
+    assert layers and all(m.block_size == (32, 32) and m.activation_scheme == "per_group" for m in layers)
     by_name = vtt.convert(copy.deepcopy(model), "per_group")
-    assert {m.weight.block_size for m in by_name.modules() if isinstance(m, vtt.Fp8Linear)} == {(128, 128)}
+    assert {m.block_size for m in by_name.modules() if isinstance(m, vtt.Fp8Linear)} == {(128, 128)}
     first = next(m for m in model.modules() if isinstance(m, nn.Linear))
     x = _x(4, first.in_features)
     with torch.inference_mode():
@@ -193,3 +196,82 @@ def test_training_is_refused_clearly():
         model(x)
     with torch.no_grad():
         assert model(x).shape == (2, 40)
+
+
+def test_buffers_follow_the_module_but_keep_their_format():
+    """model.to(dtype) / .half() move an Fp8Linear's buffers without casting the FP8 weight or its
+    float32 scales (the bias follows the module, as nn.Linear's does); state_dict round-trips."""
+    model = vtt.convert(_model(), "static", input_scales={n: 0.02 for n in _linear_names(_model(), nn.Linear)})
+    layer = model.layers[0]["up_proj"]
+    x = _x(3, 64)
+    with torch.inference_mode():
+        want = layer(x)
+    state = copy.deepcopy(model.state_dict())
+    assert state["layers.0.up_proj.weight"].dtype == torch.float8_e4m3fn
+    assert state["layers.0.up_proj.input_scale"].dtype == torch.float32
+    model.to(torch.bfloat16)
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
+    assert layer.input_scale.dtype == torch.float32 and layer.bias.dtype == torch.bfloat16
+    assert list(dict(layer.named_buffers())) == ["weight", "weight_scale", "input_scale", "bias"]
+    # a fresh model of the same shape takes the saved buffers and gives the same bytes
+    fresh = vtt.convert(_model(), "static", input_scales={n: 0.5 for n in _linear_names(_model(), nn.Linear)})
+    with torch.inference_mode():
+        before = fresh.layers[0]["up_proj"](x)
+        fresh.load_state_dict(state)
+        after = fresh.layers[0]["up_proj"](x)
+    assert not torch.equal(before, want)
+    np.testing.assert_array_equal(after.numpy(), want.numpy())
+
+
+def test_block_layer_says_it_is_block_scaled():
+    layer = vtt.Fp8Linear.from_linear(nn.Linear(64, 32), "per_group", block_size=(16, 32))
+    assert "weight_scale=block (16, 32)" in repr(layer) and "activation_scheme='per_group'" in repr(layer)
+    assert tuple(layer.weight_scale.shape) == (2, 2)
+
+
+def test_custom_op_fake_gives_shapes_and_dtypes():
+    """torch.ops.vtnumba.fp8_linear's fake implementation (what torch.compile traces with): the
+    output shape [..., N] and dtype (x's, or the layer's out_dtype), on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = vtt.Fp8Linear.from_linear(nn.Linear(64, 48), "per_token", out_dtype=torch.bfloat16)
+    plain = vtt.Fp8Linear.from_linear(nn.Linear(64, 48), "dynamic")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x = mode.from_tensor(_x(2, 5, 64))
+        for module, dtype in ((layer, torch.bfloat16), (plain, torch.float32)):
+            y = torch.ops.vtnumba.fp8_linear(x, module.weight, module.weight_scale, module.input_scale, module.bias,
+                                             module.activation_scheme.value, None, False,
+                                             "" if module.out_dtype is None else "bfloat16")
+            assert tuple(y.shape) == (2, 5, 48) and y.dtype == dtype
+
+
+@pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token", "per_group"])
+def test_compiled_model_equals_eager_with_no_graph_break(scheme):
+    """torch.compile(fullgraph=True) traces a converted model (the layers are one custom op each)
+    and runs it to the eager bytes, on the CPU."""
+    torch._dynamo.reset()
+    model = _model()
+    scales = {n: 0.03 for n in _linear_names(model, nn.Linear)} if scheme == "static" else None
+    converted = vtt.convert(model, scheme, input_scales=scales, ignore=["lm_head"])
+    x = _x(4, 64)
+    with torch.inference_mode():
+        eager = converted(x)
+        explained = torch._dynamo.explain(converted)(x)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+        compiled = torch.compile(converted, fullgraph=True, backend="aot_eager")
+        got = compiled(x)
+    np.testing.assert_array_equal(got.numpy(), eager.numpy())
+    assert np.count_nonzero(eager.numpy()) > 0
+
+
+def test_inductor_compiles_a_converted_model():
+    """The default backend (inductor) around the custom ops, on the CPU: the eager bytes (a model
+    whose other ops are exact, so that inductor's fusions cannot move a rounding)."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    converted = vtt.convert(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)), "per_token")
+    x = _x(4, 64)
+    with torch.inference_mode():
+        eager = converted(x)
+        got = torch.compile(converted, fullgraph=True)(x)
+    np.testing.assert_array_equal(got.numpy(), eager.numpy())

@@ -18,10 +18,14 @@
    cupy's current device, the stream wrapped as a ``cupy.cuda.ExternalStream``), so it is ordered
    after the caller's torch work and before what the caller queues next. Nothing synchronizes.
    Other GPU arrays run on cupy's current device and stream, as cupy arrays always have.
-4. The op's array results go back to the caller's framework: torch in, torch out (through
+4. With torch CUDA tensors, every device allocation the op makes -- its results and its
+   temporaries -- comes from torch's caching allocator on that stream (cupy's allocator is routed
+   to ``torch.empty`` for the call): results are counted by ``torch.cuda.memory_allocated``, the
+   caller's cupy pool is left alone, and inside ``torch.cuda.graph`` the memory is the graph's, as
+   a capture in its default mode requires (cupy's pool may ``cudaMalloc``, which a capture refuses).
+5. The op's array results go back to the caller's framework: torch in, torch out (through
    ``torch.from_numpy`` on the CPU and a DLPack capsule on the GPU, no copy); every other input
-   kind gets numpy or cupy arrays. GPU results are allocated by cupy (its memory pool, on torch's
-   stream) and held by the tensor through DLPack: torch's caching allocator does not count them.
+   kind gets numpy or cupy arrays.
 
 Choices (also in the README):
 
@@ -202,7 +206,9 @@ class _Call:
         if view == "bfloat16":
             return arr.view(_BF16)
         if t.is_cuda:  # float64: cast on the stream the op will run on (torch's, on the tensor's GPU)
-            with _cupy_module("").cuda.Device(self.gpu), _torch_stream(torch, self.gpu):
+            cupy = _cupy_module("")
+            with cupy.cuda.Device(self.gpu), _torch_stream(torch, self.gpu), \
+                    cupy.cuda.using_allocator(_torch_allocator(torch, self.gpu)):
                 return arr.astype(np.float32)
         return arr.astype(np.float32)
 
@@ -358,11 +364,33 @@ def _run_foreign(fn, names, args, kwargs):
         return call.outbound(fn(*args, **kwargs))
     cupy = _cupy or _cupy_module(call.label(call.gpu_key))
     stream = _torch_stream(call.torch, call.gpu)
+    allocator = cupy.cuda.using_allocator(_torch_allocator(call.torch, call.gpu))
     if cupy.cuda.runtime.getDevice() == call.gpu:
-        with stream:
+        with stream, allocator:
             return call.outbound(fn(*args, **kwargs))
-    with cupy.cuda.Device(call.gpu), stream:
+    with cupy.cuda.Device(call.gpu), stream, allocator:
         return call.outbound(fn(*args, **kwargs))
+
+
+_TORCH_ALLOCATORS = {}  # GPU ordinal -> a cupy allocator drawing on torch's caching allocator
+
+
+def _torch_allocator(torch, index):
+    """A cupy allocator (nbytes -> MemoryPointer) whose memory is a torch uint8 tensor on GPU
+    ``index``, allocated on torch's current stream and held by the cupy memory (so by the array,
+    and by a tensor made from it through DLPack) until the last of them goes."""
+    alloc = _TORCH_ALLOCATORS.get(index)
+    if alloc is None:
+        cupy = _cupy_module(f"cuda:{index}")
+        device, empty, uint8 = torch.device("cuda", index), torch.empty, torch.uint8
+        unowned, pointer = cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer
+
+        def alloc(nbytes):
+            t = empty(nbytes, dtype=uint8, device=device)
+            return pointer(unowned(t.data_ptr(), nbytes, t, index), 0)
+
+        alloc = _TORCH_ALLOCATORS[index] = alloc
+    return alloc
 
 
 _STREAMS = {}  # (device, stream pointer) -> cupy ExternalStream wrapping torch's stream

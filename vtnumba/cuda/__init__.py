@@ -156,15 +156,19 @@ def _static_launches(xin, kind, n, aligned, out, scale, encoder):
     return [(kernel, _elementwise_grid(n, ngroups), quant.THREADS, (xin, _flat(out), scale_arg, ngroups))]
 
 
-def _dynamic_buffers(n, aligned, dev):
+def _fresh(shape, dtype):
+    """A new device array from the current allocator (the scratch of an immediate call)."""
+    return _device.xp.empty(shape, dtype=dtype)
+
+
+def _dynamic_buffers(n, aligned, dev, scratch=_fresh):
     """(scale (1,), partials argument, partial count). The amax partials live in the scale's own
-    allocation (scale = buf[:1]): a captured CUDA graph keeps writing them on replay, so they must
-    stay owned for as long as the scale is, never go back to the memory pool as a freed temporary
-    would."""
+    allocation (scale = buf[:1]), so that whoever holds the scale holds them (a captured CUDA graph
+    keeps writing them on replay)."""
     quant = _quant
     ngroups = n // quant.GROUP if aligned else 0
     parts = _blocks(ngroups + (n - ngroups * quant.GROUP), dev.sm_count * quant.AMAX_BLOCKS_PER_SM)
-    buf = _device.xp.empty((1 + parts,), dtype=np.float32)
+    buf = scratch((1 + parts,), np.float32)
     partials = buf[1:] if SIMULATOR else _Buffer(buf.data.ptr + 4, (parts,), (4,))
     return buf[:1], partials, parts
 
@@ -224,50 +228,60 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     return out, scales
 
 
-def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encoder=None):
-    quant = _backend()
-    xin, kind, shape, n, aligned, owner = _input(x)
+def _per_group_launches(xin, kind, shape, out, scales, group_size, scale_ue8m0, column_major_scales, encoder):
+    quant = _quant
     rows, cols = shape
-    xp = _device.xp
-    out = xp.empty(shape, dtype=np.uint8)
     groups = -(-cols // group_size)
-    # column-major: [groups, rows] underneath (m contiguous), seen as [rows, groups]
-    scales = xp.empty((groups, rows), dtype=np.float32).T if column_major_scales else \
-        xp.empty((rows, groups), dtype=np.float32)
-    if rows == 0 or cols == 0:
-        return out, scales
-    kernel, threads = quant.per_group_kernel(kind, _encoder(encoder, _device.current()), bool(scale_ue8m0))
-    total = rows * groups
-    blocks = max(1, min(-(-total // quant.GROUP_WARPS), quant.MAX_BLOCKS))
+    kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0))
+    blocks = max(1, min(-(-rows * groups // quant.GROUP_WARPS), quant.MAX_BLOCKS))
     row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
     flat_scales = scales.T if column_major_scales else scales
-    kernel(blocks, threads, xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride, group_stride)
+    return [(kernel, blocks, threads, (xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride,
+                                       group_stride))]
+
+
+def _group_scales(rows, groups, column_major, scratch=_fresh):
+    """Per-group scales [rows, groups]: column-major ([groups, rows] underneath, m contiguous) or not."""
+    return scratch((groups, rows), np.float32).T if column_major else scratch((rows, groups), np.float32)
+
+
+def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encoder=None):
+    _backend()
+    xin, kind, shape, n, aligned, owner = _input(x)
+    rows, cols = shape
+    out = _device.xp.empty(shape, dtype=np.uint8)
+    scales = _group_scales(rows, -(-cols // group_size), column_major_scales)
+    if rows == 0 or cols == 0:
+        return out, scales
+    _run(_per_group_launches(xin, kind, shape, out, scales, group_size, scale_ue8m0, column_major_scales,
+                             _encoder(encoder, _device.current())))
     del owner  # see quantize_static
     return out, scales
 
 
-def prepare_quantize(x, input_scale, per_token, scale_ub):
-    """The activation quantization of a linear layer for inputs shaped, typed and aligned like ``x``
-    (contiguous, 16-byte aligned), as prepared launches into buffers of its own: returns
-    (launches, codes, scale_a as scaled_mm takes it). Each launch's argument 0 is the flat input:
-    set it (``set_arg(0, x)``) and launch, in order. The launches are those ``_quantize`` makes."""
+def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch):
+    """A linear layer's activation quantization for inputs shaped, typed and aligned like ``x``
+    (contiguous [M, K], 16-byte aligned) as launches (kernel, grid, block, args) whose codes and
+    scales are taken from ``scratch(shape, dtype)``: (launches, codes, scale_a as scaled_mm takes
+    it). The flat input is argument 0 of every launch. ``scheme`` is the weight's activation
+    scheme; per-group scales are column-major (the layout cuBLASLt's block scaling reads). These
+    are the launches ``quantize_*`` make, on buffers the caller owns (``vtnumba.cuda.bound``)."""
     _backend()
     xin, kind, shape, n, aligned, _ = _input(x)
     dev = _device.current()
     encoder = _encoder(None, dev)
-    xp = _device.xp
-    codes = xp.empty(shape, dtype=np.uint8)
-    if per_token:
-        scales = xp.empty((shape[0], 1), dtype=np.float32)
-        launches = _per_token_launches(xin, kind, shape, aligned, codes, scales, scale_ub, encoder)
-        scale_a = scales.reshape(-1)
-    elif input_scale is None:
-        scale_a, partials, parts = _dynamic_buffers(n, aligned, dev)
-        launches = _dynamic_launches(xin, kind, n, aligned, codes, scale_a, partials, parts, encoder, dev)
-    else:
-        launches = _static_launches(xin, kind, n, aligned, codes, input_scale, encoder)
-        scale_a = scale_array(input_scale)
-    return [kernel.prepare(grid, block, *args) for kernel, grid, block, args in launches], codes, scale_a
+    codes = scratch(shape, np.uint8)
+    if scheme == "per_token":
+        scales = scratch((shape[0], 1), np.float32)
+        return _per_token_launches(xin, kind, shape, aligned, codes, scales, None, encoder), codes, scales.reshape(-1)
+    if scheme == "dynamic":
+        scale_a, partials, parts = _dynamic_buffers(n, aligned, dev, scratch)
+        return _dynamic_launches(xin, kind, n, aligned, codes, scale_a, partials, parts, encoder, dev), codes, scale_a
+    if scheme == "static":
+        return _static_launches(xin, kind, n, aligned, codes, input_scale, encoder), codes, scale_array(input_scale)
+    scales = _group_scales(shape[0], -(-shape[1] // group_size), True, scratch)
+    return (_per_group_launches(xin, kind, shape, codes, scales, group_size, scale_ue8m0, True, encoder), codes,
+            scales)
 
 
 def decode(codes):
@@ -362,5 +376,5 @@ def encoder_in_use():
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "quantize_per_group", "scaled_mm", "block_scaled_mm", "fp8_linear", "prepare_quantize", "capture",
+           "quantize_per_group", "quantize_launches", "scaled_mm", "block_scaled_mm", "fp8_linear", "capture",
            "encoder_in_use", "gpu_unavailable_reason", "capabilities"]

@@ -28,6 +28,7 @@ import numpy as np
 from .. import _config
 from . import cublaslt, device, tc_gemm, tc_gemv, wg_gemm
 from .epilogue import BIAS_KIND, OUT_KIND, BiasKind
+from .gemm import Kernel, Launch, Matmul, execute, out_bits
 from .target import SIMULATOR
 from .tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
 
@@ -64,7 +65,7 @@ def _padded_weight_scales(scale_b):
     return padded
 
 
-class CublasLtBlock:
+class CublasLtBlock(Kernel):
     name = "cublaslt_block"
 
     def can_implement(self, call):
@@ -104,10 +105,8 @@ class CublasLtBlock:
         call.plan, call.state = plan, state
         return True, ""
 
-    def run(self, call):
-        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
-        return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a_cols, call.scale_b_padded,
-                               call.bias, y)
+    def steps(self, call, y, scratch):
+        return [Matmul(call.plan, call.state, call.a, call.b, call.scale_a_cols, call.scale_b_padded, call.bias, y)]
 
 
 def _tensorcore_block_reason(call, simulate):
@@ -116,14 +115,7 @@ def _tensorcore_block_reason(call, simulate):
     return tc_gemm.unavailable_reason(call.device, simulate) or tc_gemm.shape_reason(call)
 
 
-def _run_numba(call, launch):
-    y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
-    kernel, grid, block, args = launch(call, y if call.out_dtype == np.float32 else y.view(np.uint16))
-    kernel(grid, block, *args)
-    return y
-
-
-class TensorCoreBlockGemv:
+class TensorCoreBlockGemv(Kernel):
     name = "tensorcore_block_gemv"
 
     def __init__(self, simulate=False):
@@ -134,11 +126,11 @@ class TensorCoreBlockGemv:
             or tc_gemv.gemv_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
-    def run(self, call):
-        return _run_numba(call, lambda c, y_bits: tc_gemv.gemv_codes_launch(c, y_bits, True))
+    def steps(self, call, y, scratch):
+        return [Launch(*tc_gemv.gemv_codes_launch(call, out_bits(y), True))]
 
 
-class TensorCoreBlock:
+class TensorCoreBlock(Kernel):
     name = "tensorcore_block"
 
     def __init__(self, promotion=tc_gemm.PER_MMA, simulate=False):
@@ -148,11 +140,11 @@ class TensorCoreBlock:
         reason = _tensorcore_block_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
-    def run(self, call):
-        return _run_numba(call, lambda c, y_bits: tc_gemm.gemm_launch(c, y_bits, True, self.promotion))
+    def steps(self, call, y, scratch):
+        return [Launch(*tc_gemm.gemm_launch(call, out_bits(y), True, self.promotion))]
 
 
-class WgmmaBlock:
+class WgmmaBlock(Kernel):
     """The block-scaled GEMM on wgmma (wg_gemm.py), per-128 promotion: by name only
     (``kernel="wgmma_block"``), as gemm.WgmmaGemm."""
 
@@ -164,29 +156,26 @@ class WgmmaBlock:
         reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
         return (False, reason) if reason else (True, "")
 
-    def run(self, call):
-        return _run_numba(call, lambda c, y_bits: wg_gemm.gemm_launch(c, y_bits, True))
+    def steps(self, call, y, scratch):
+        return [Launch(*wg_gemm.gemm_launch(call, out_bits(y), True))]
 
 
-class TiledBlock:
+class TiledBlock(Kernel):
     name = "tiled_block"
 
     def can_implement(self, call):
         return True, ""  # any block size, shape, strides and GPU
 
-    def run(self, call):
-        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
-        y_bits = y if call.out_dtype == np.float32 else y.view(np.uint16)
+    def steps(self, call, y, scratch):
         if call.bias is None:
             bias, bias_kind = call.device.placeholder("u16"), BiasKind.NONE
         else:
             bias = call.bias if call.bias.flags.c_contiguous else device.xp.ascontiguousarray(call.bias)
             bias, bias_kind = bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
         grid = ((call.n + TILE_N - 1) // TILE_N, (call.m + TILE_M - 1) // TILE_M)
-        tiled_block_kernel(call.out_dtype == np.float32)(
-            grid, TILED_THREADS, call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k,
-            bias, bias_kind, y_bits, OUT_KIND[call.out_dtype])
-        return y
+        return [Launch(tiled_block_kernel(call.out_dtype == np.float32), grid, TILED_THREADS,
+                       (call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k, bias, bias_kind,
+                        out_bits(y), OUT_KIND[call.out_dtype]))]
 
 
 KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TiledBlock())
@@ -206,7 +195,7 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
     if a.shape[0] == 0 or b.shape[0] == 0:
         return device.array_module().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
     call = BlockCall(a, b, scale_a, scale_b, block_size, out_dtype, bias)
-    return select(call, kernel).run(call)
+    return execute(select(call, kernel), call)
 
 
 __all__ = ["block_scaled_mm", "select", "BlockCall", "KERNELS", "KERNELS_BY_NAME"]

@@ -2,22 +2,27 @@
 
 An FP8 layer at decode does 4-36 us of GPU work, while one trip through the validating ops costs
 ~100 us of host time (benchmarks/profile_gpu_host.py: the device resolved several times, shapes
-re-validated, scales wrapped, the kernel choice walked, parameters packed, two allocations). A
+re-validated, scales wrapped, the kernel choice walked, parameters packed, several allocations). A
 model calls the same layer with the same input signature token after token, so the seam binds the
-call once per (input shape, dtype, output dtype, device, stream, lever): ``BoundLinear`` holds
+call once per (input shape, dtype, output dtype, device, lever): ``BoundLinear`` holds
 
-- the activation quantization as prepared launches (``launch.PreparedLaunch``) writing into codes
-  and scale buffers the binding owns,
-- the GEMM the kernel choice picked for those buffers, bound (``gemm.py``'s ``bind``: a cuBLASLt
-  descriptor of its own with the scale and bias pointers set once, or a prepared Numba launch),
+- the activation quantization's launches, prepared (``launch.PreparedLaunch``),
+- the GEMM the kernel choice picked, as its steps (``gemm.py``): prepared Numba launches and cuBLASLt
+  matmuls on a descriptor of their own whose heuristic ran once,
 
-and a call patches the input pointer, allocates the output from cupy's pool and enqueues. The
-work enqueued is the unbound call's, launch for launch, so the result is bitwise the same.
+and a call gives it three device pointers -- the input x, the output y and one *scratch* block for
+the activation's codes and scales (and the f32-staged accumulator) -- which it writes into the
+prepared parameters before enqueueing. The work enqueued is the unbound call's, launch for launch,
+so the result is bitwise the same.
+
+The caller allocates y and the scratch for each call, from whatever allocator it uses: cupy's pool
+for cupy callers, torch's caching allocator for torch callers (``vtnumba.torch``). Nothing the call
+writes outlives it, so one binding serves every stream, a CUDA graph captured from it owns its
+memory like any captured work, and no buffer is ever shared by two calls in flight.
 
 What a binding assumes (the seam checks it per call, and falls back to the full path otherwise):
-the input is C-contiguous and 16-byte aligned with the bound shape and dtype; the current stream,
-device and lever settings are the bound ones. The owned buffers are reused call after call in the
-bound stream's order, which is why the stream is part of the key.
+the input is C-contiguous and 16-byte aligned with the bound shape and dtype; the device and lever
+settings are the bound ones.
 """
 
 import threading
@@ -25,61 +30,195 @@ import threading
 import numpy as np
 
 from .. import _arrays
-from . import device, gemm
+from . import block, device, gemm
+from .launch import Buffer
 from .target import SIMULATOR
+
+# Parts of the scratch block start on 256-byte boundaries, as allocations do (cuBLASLt's operands
+# and the kernels' 16-byte accesses keep their alignment).
+_ALIGN = 256
+_X, _Y, _SCRATCH = 0, 1, 2  # which per-call pointer an argument is relative to
+_FIXED = -1
+
+
+def _pointer(arg):
+    """The device address of an array argument (a Buffer, cupy or numpy array), or None."""
+    if type(arg) is Buffer:
+        return arg.ptr
+    if isinstance(arg, np.ndarray):  # the simulator's arrays (numpy's .data is a memoryview)
+        return arg.__array_interface__["data"][0]
+    ptr = getattr(getattr(arg, "data", None), "ptr", None)
+    return ptr
+
+
+class _Scratch:
+    """Hands out arrays for the bound call's temporaries at bind time, each recorded at an aligned
+    offset of the one scratch block a call allocates (``nbytes`` in all)."""
+
+    def __init__(self):
+        self.parts = []  # (address of the bind-time array, bytes, offset in the block)
+        self.nbytes = 0
+
+    def __call__(self, shape, dtype):
+        a = device.xp.empty(shape, dtype=dtype)
+        offset = -(-self.nbytes // _ALIGN) * _ALIGN
+        self.parts.append((_pointer(a), a.nbytes, offset, a))
+        self.nbytes = offset + a.nbytes
+        return a
+
+
+class _Layout:
+    """Where each bind-time array lives: inside x, inside y, inside a scratch part, or elsewhere (a
+    weight, a scale, a placeholder: fixed)."""
+
+    def __init__(self, x, y, scratch):
+        self.ranges = [(_pointer(x), x.nbytes, _X, 0), (_pointer(y), y.nbytes, _Y, 0)]
+        self.ranges += [(ptr, nbytes, _SCRATCH, offset) for ptr, nbytes, offset, _ in scratch.parts]
+
+    def locate(self, arg):
+        """(source, offset) of an argument's address: source _X / _Y / _SCRATCH, or (_FIXED,
+        address); None for a non-array argument."""
+        ptr = _pointer(arg)
+        if ptr is None:
+            return None
+        for start, nbytes, source, offset in self.ranges:
+            if start <= ptr < start + max(nbytes, 1):
+                return source, offset + ptr - start
+        return _FIXED, ptr
+
+
+class _LaunchStep:
+    """A prepared kernel launch whose x / y / scratch pointers are rewritten per call."""
+
+    __slots__ = ("prepared", "patches", "views")
+
+    def __init__(self, launch, layout):
+        kernel, grid, block_dim, args = launch
+        self.prepared = kernel.prepare(grid, block_dim, *args)
+        patches, views = [], []
+        for index, arg in enumerate(args):
+            where = layout.locate(arg)
+            if where is not None and where[0] != _FIXED:
+                if not SIMULATOR:
+                    patches.append((self.prepared._data_slot[index], where[0], where[1]))
+                views.append((index, where[0], where[1], arg))
+        self.patches, self.views = tuple(patches), tuple(views)
+        if not SIMULATOR:  # hold the fixed arguments (weights, scales), not the bind-time x / y / scratch
+            for index, _, _, _ in views:
+                self.prepared.args[index] = None
+
+    def __call__(self, bases, stream_ptr, alloc):
+        slots = self.prepared._slots
+        for slot, source, offset in self.patches:
+            slots[slot] = bases[source] + offset
+        self.prepared.launch(stream_ptr)
+
+    def simulate(self, arrays):
+        """Under the simulator: the same launch on views of this call's arrays (x, y, scratch)."""
+        for index, source, offset, template in self.views:
+            self.prepared.set_arg(index, _view_like(template, arrays[source], offset))
+        self.prepared.launch(0)
+
+
+def _view_like(template, buffer, offset):
+    """A numpy view of ``buffer``'s bytes from ``offset`` with the template's shape, dtype, strides."""
+    raw = buffer.reshape(-1).view(np.uint8)
+    return np.ndarray(template.shape, template.dtype, buffer=raw, offset=offset, strides=template.strides)
+
+
+class _MatmulStep:
+    """A cuBLASLt matmul on a descriptor of its own, its operand pointers resolved per call."""
+
+    __slots__ = ("state", "handle", "plan", "operands", "last", "held")
+
+    def __init__(self, matmul, layout):
+        self.state = matmul.state
+        self.handle = matmul.state.handle
+        arrays = (matmul.a, matmul.b, matmul.scale_a, matmul.scale_b, matmul.bias, matmul.d)
+        self.operands = tuple(layout.locate(a) or (_FIXED, 0) for a in arrays)
+        # the fixed operands (the weight, its scales, a padded or contiguous copy made for this call)
+        self.held = tuple(a for a, (source, _) in zip(arrays, self.operands) if source == _FIXED)
+        pointers = tuple(_pointer(a) or 0 for a in (matmul.scale_a, matmul.scale_b, matmul.bias))
+        # vector and block scales need pointers before the heuristic query; the bind-time ones serve
+        self.plan = matmul.state.new_plan(matmul.plan.key, pointers)
+        self.last = None
+
+    def __call__(self, bases, stream_ptr, alloc):
+        a, b, sa, sb, bias, d = (offset if source < 0 else bases[source] + offset for source, offset in self.operands)
+        if (sa, sb, bias) != self.last:
+            self.plan.set_pointers(sa, sb, bias)
+            self.last = (sa, sb, bias)
+        ws = self.state.workspace_for(stream_ptr, alloc)
+        self.plan.enqueue(self.handle, a, b, d, ws[0], ws[1], stream_ptr)
+
+    def simulate(self, arrays):
+        raise RuntimeError("a cuBLASLt step cannot run under the CUDA simulator")
 
 
 class BoundLinear:
     """quantize(x) then the GEMM with a fixed weight, prepared once (see the module docstring).
 
-    ``BoundLinear(x, weight_data, weight_scale, input_scale, per_token, out_dtype, bias)`` binds
-    for inputs like ``x`` (a contiguous, aligned cupy [M, K] float array); ``bound(x, stream_ptr)``
-    returns y [M, N]."""
+    ``BoundLinear(x, weight, out_dtype)`` binds ``weight`` (an ``Fp8Weight`` whose arrays are on x's
+    GPU) for inputs like ``x`` (a contiguous, aligned [M, K] float array). Per call:
+    ``enqueue(x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc)`` with y [M, N] of ``out_dtype`` and a
+    scratch block of ``scratch_bytes`` (``alloc(nbytes)``: a temporary the call may need, e.g.
+    cuBLASLt's workspace while a new stream is captured); ``bound(x, stream_ptr)`` does it with
+    cupy allocations and returns y. ``kernels`` names what runs, in order."""
 
-    __slots__ = ("_launches", "_buffers", "_gemm", "_out_shape", "_out_dtype", "_lock")
+    __slots__ = ("steps", "scratch_bytes", "out_shape", "out_dtype", "kernels", "_lock")
 
-    def __init__(self, x, weight_data, weight_scale, input_scale, per_token, out_dtype, bias):
-        from . import prepare_quantize
+    def __init__(self, x, weight, out_dtype):
+        from . import quantize_launches
 
-        launches, codes, scale_a = prepare_quantize(x, input_scale, per_token, None)
-        call = gemm.GemmCall(codes, weight_data, scale_a, weight_scale, np.dtype(out_dtype), bias)
-        self._gemm = gemm.select(call).bind(call)
-        self._launches = launches
-        self._buffers = (codes, scale_a)  # owned: written by the launches, read by the GEMM
-        self._out_shape = (x.shape[0], weight_data.shape[0])
-        self._out_dtype = np.dtype(out_dtype)
-        self._lock = threading.Lock()  # the prepared parameters are patched per call
+        self.out_dtype = np.dtype(out_dtype)
+        m, n = x.shape[0], weight.shape[0]
+        self.out_shape = (m, n)
+        scratch = _Scratch()
+        scheme = str(weight.activation_scheme)
+        launches, codes, scale_a = quantize_launches(
+            x, scheme, weight.input_scale, None if weight.block_size is None else weight.block_size[1],
+            weight.scale_ue8m0, scratch)
+        y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
+        if weight.block_size is None:
+            call = gemm.GemmCall(codes, weight.data, scale_a, weight.weight_scale, self.out_dtype, weight.bias)
+            kernel = gemm.select(call)
+        else:
+            call = block.BlockCall(codes, weight.data, scale_a, weight.weight_scale, weight.block_size,
+                                   self.out_dtype, weight.bias)
+            kernel = block.select(call)
+        gemm_steps = kernel.steps(call, y, scratch)
+        layout = _Layout(x, y, scratch)
+        self.steps = tuple([_LaunchStep(launch, layout) for launch in launches]
+                           + [_LaunchStep(step, layout) if type(step) is gemm.Launch else _MatmulStep(step, layout)
+                              for step in gemm_steps])
+        self.scratch_bytes = scratch.nbytes
+        self.kernels = tuple(launch[0].pyfunc.__name__ for launch in launches) + (kernel.name,)
+        self._lock = threading.Lock()  # the prepared parameters are rewritten per call
+
+    def enqueue(self, x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc=None):
+        bases = (x_ptr, y_ptr, scratch_ptr)
+        with self._lock:
+            for step in self.steps:
+                step(bases, stream_ptr, alloc)
 
     def __call__(self, x, stream_ptr):
-        with self._lock:
-            if SIMULATOR:
-                for launch in self._launches:
-                    launch.set_arg(0, _flat_simulated(x))
-                    launch.launch(stream_ptr)
-            else:
-                x_ptr = x.data.ptr
-                for launch in self._launches:
-                    launch.launch_with(0, x_ptr, stream_ptr)
-            y = device.xp.empty(self._out_shape, dtype=self._out_dtype)
-            self._gemm(y, stream_ptr)
+        xp = device.xp
+        y = xp.empty(self.out_shape, dtype=self.out_dtype)
+        scratch = xp.empty(max(self.scratch_bytes, 1), dtype=np.uint8)
+        if SIMULATOR:
+            arrays = (np.ascontiguousarray(x), y, scratch)
+            with self._lock:
+                for step in self.steps:
+                    step.simulate(arrays)
+        else:
+            self.enqueue(x.data.ptr, y.data.ptr, scratch.data.ptr, stream_ptr)
         return y
-
-
-def _flat_simulated(x):
-    """The simulator's kernels take the flat array itself (16-bit floats as their bits)."""
-    flat = np.asarray(x).reshape(-1)
-    return flat.view(np.uint16) if flat.dtype.itemsize == 2 else flat
 
 
 def bind_linear(x, weight, out_dtype):
     """A ``BoundLinear`` for ``weight`` (an ``Fp8Weight`` whose arrays are on x's GPU) and inputs
-    like ``x``, quantized by the weight's activation scheme; None for a block-scaled weight (its
-    calls take the full path)."""
-    scheme = weight.activation_scheme
-    if weight.block_size is not None:
-        return None
-    return BoundLinear(x, weight.data, weight.weight_scale, weight.input_scale if scheme == "static" else None,
-                       scheme == "per_token", _arrays.out_dtype_of(out_dtype), weight.bias)
+    like ``x``, quantized by the weight's activation scheme."""
+    return BoundLinear(x, weight, _arrays.out_dtype_of(out_dtype))
 
 
 __all__ = ["BoundLinear", "bind_linear"]

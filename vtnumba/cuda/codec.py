@@ -83,11 +83,19 @@ if SIMULATOR:
 
     @cuda.jit(**DEVICE_INLINE)
     def store_u32x4(arr, index, w0, w1, w2, w3):
-        """Write 4 uint32 as the ``index``-th 16-byte word of a flat uint8 buffer."""
-        b = 16 * index
+        """Write 4 uint32 as the ``index``-th 16-byte word of a flat uint8, 16-bit or float32 buffer."""
+        size = arr.dtype.itemsize
+        b = (16 // size) * index
         for k, w in enumerate((w0, w1, w2, w3)):
-            for j in range(4):
-                arr[b + 4 * k + j] = np.uint8((np.uint32(w) >> np.uint32(8 * j)) & _U32_BYTE)
+            w = np.uint32(w)
+            if size == 4:
+                arr[b + k] = bits_float32(w) if arr.dtype == np.float32 else w
+            elif size == 2:
+                arr[b + 2 * k] = np.uint16(w & np.uint32(0xFFFF))
+                arr[b + 2 * k + 1] = np.uint16(w >> _U32_16)
+            else:
+                for j in range(4):
+                    arr[b + 4 * k + j] = np.uint8((w >> np.uint32(8 * j)) & _U32_BYTE)
 
     load_row_words = None  # no inline PTX: kernels take the portable row loads below
     half2_to_float32 = None

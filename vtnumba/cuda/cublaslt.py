@@ -213,7 +213,8 @@ class Plan:
         _lt.matmul_desc_set_attribute(self.desc, attr, self._ptr_addr, 8)
 
     def run(self, handle, a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, d_ptr, workspace, stream_ptr):
-        """Enqueue D = (a @ b^T) * scales (+ bias). All pointers are device pointers (ints).
+        """Enqueue D = (a @ b^T) * scales (+ bias). All pointers are device pointers (ints);
+        ``workspace`` is (pointer, bytes, ...) as ``DeviceState.workspace_for`` gives it.
 
         The descriptor keeps the pointer attributes between calls, and cuBLASLt reads them when a
         matmul is enqueued, so only those that changed are set again (a layer's weight scale, bias
@@ -221,7 +222,7 @@ class Plan:
         Callers hold the device state's lock."""
         if (scale_b_ptr, scale_a_ptr, bias_ptr) != self._last_pointers:
             self.set_pointers(scale_a_ptr, scale_b_ptr, bias_ptr)
-        self.enqueue(handle, a_ptr, b_ptr, d_ptr, workspace.data.ptr, workspace.nbytes, stream_ptr)
+        self.enqueue(handle, a_ptr, b_ptr, d_ptr, workspace[0], workspace[1], stream_ptr)
 
     def set_pointers(self, scale_a_ptr, scale_b_ptr, bias_ptr):
         """Set the scale and bias pointer attributes that differ from those set last."""
@@ -268,7 +269,7 @@ class DeviceState:
         self.version = _lt.get_version()
         self.lock = threading.Lock()
         self.plans = {}  # key -> Plan, or the reason (str) the key cannot run
-        self.workspaces = {}  # stream ptr -> cupy uint8 array
+        self.workspaces = {}  # stream ptr -> (pointer, bytes, owner): see workspace_for
 
     @property
     def outer_vec_reason(self):
@@ -292,24 +293,43 @@ class DeviceState:
                 self.plans[key] = found
         return found
 
-    def new_plan(self, key):
+    def new_plan(self, key, pointers=None):
         """A plan of its own for ``key`` (one that can run: ``plan_or_reason`` said so), for a bound
-        call that keeps its pointer attributes set once."""
-        return Plan(self.handle, key, WORKSPACE_BYTES)
+        call that keeps its pointer attributes; ``pointers`` as ``plan_or_reason`` takes them."""
+        return Plan(self.handle, key, WORKSPACE_BYTES, pointers)
 
-    def workspace(self, stream_ptr, cupy):
+    def workspace_for(self, stream_ptr, alloc=None):
+        """(pointer, bytes, owner) of cuBLASLt's workspace for a matmul on this stream.
+
+        Each stream has one of its own, allocated at its first matmul from cupy's default memory
+        pool -- never from torch's or a graph's pool, and never freed -- so that a CUDA graph
+        captured later on the stream may hold its address. A stream first met while it is being
+        captured gets a workspace for this call only, from ``alloc(nbytes)`` (default: cupy's
+        current allocator), in the graph's memory: a persistent one there would pin the graph's
+        pool, and torch's CUDA-graph trees reclaim such memory. torch scopes its own cuBLAS
+        workspaces to captured calls the same way (pytorch/pytorch#193832)."""
         ws = self.workspaces.get(stream_ptr)
-        if ws is None:
-            ws = self.workspaces[stream_ptr] = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+        if ws is not None:
+            return ws
+        import cupy
+
+        if cupy.cuda.runtime.streamIsCapturing(stream_ptr):
+            owner = alloc(WORKSPACE_BYTES) if alloc is not None else cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+            return _pointer(owner), WORKSPACE_BYTES, owner
+        with self.lock:
+            ws = self.workspaces.get(stream_ptr)
+            if ws is None:
+                memory = cupy.get_default_memory_pool().malloc(WORKSPACE_BYTES)
+                ws = self.workspaces[stream_ptr] = (memory.ptr, WORKSPACE_BYTES, memory)
         return ws
 
-    def workspace_for(self, stream_ptr):
-        ws = self.workspaces.get(stream_ptr)
-        if ws is None:
-            import cupy
 
-            ws = self.workspace(stream_ptr, cupy)
-        return ws
+def _pointer(owner):
+    """The device pointer of a cupy array or a torch tensor."""
+    data = getattr(owner, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return data.ptr
+    return owner.data_ptr()
 
 
 def plan_key(a, b, out_dtype, bias_dtype, mode_a, mode_b, d_align=256):

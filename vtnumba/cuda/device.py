@@ -94,9 +94,11 @@ class GpuDevice:
         return state
 
     def _upload(self, host):
+        """A device copy of a small host array, kept for the process: from cupy's own pool, never
+        from an allocator a caller routed cupy to for one call (torch's, a graph's private pool)."""
         if SIMULATOR:
             return host
-        with xp.cuda.Device(self.ordinal):
+        with xp.cuda.Device(self.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
             return xp.asarray(host)
 
     def __repr__(self):

@@ -45,13 +45,14 @@ with the same scale values first (the plan, the workspace and the scale buffers 
 """
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import _config
 from . import cublaslt, device, gemv, tc_gemm, tc_gemv, tiled, wg_gemm
 from .codec import hardware_available
-from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_kernel
+from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_launch
 from .gemv import GemvStage
 from .target import SIMULATOR
 
@@ -141,11 +142,12 @@ def _cublaslt_reason(call):
     return None
 
 
-def _take_plan(call, out_dtype, bias_dtype, mode_a, mode_b):
+def _take_plan(call, out_dtype, bias_dtype, mode_a, mode_b, pointers=None):
     """(True, "") with cuBLASLt's cached plan for ``call`` in these settings kept on the call for
-    ``run``, or (False, why) when cuBLASLt has none."""
+    ``steps``, or (False, why) when cuBLASLt has none. ``pointers`` (scale_a, scale_b, bias) are set
+    on a new plan's descriptor before its heuristic query (vector and block scales need them)."""
     state = call.device.cublaslt()
-    plan = state.plan_or_reason(cublaslt.plan_key(call.a, call.b, out_dtype, bias_dtype, mode_a, mode_b))
+    plan = state.plan_or_reason(cublaslt.plan_key(call.a, call.b, out_dtype, bias_dtype, mode_a, mode_b), pointers)
     if isinstance(plan, str):
         return False, plan
     call.plan, call.state = plan, state
@@ -160,43 +162,90 @@ def _bias_for_cublaslt(call):
     return bias
 
 
-# Each kernel runs a call (``run``: allocate y, enqueue) or binds it (``bind``: everything but
-# the output prepared once, for a caller that repeats the call on the same operands -- a layer's
-# weight, its internal activation buffers -- with a fresh output each time). Both enqueue the very
-# same work; a bound call owns its cuBLASLt descriptor (its scale and bias pointers set once) and
-# packed kernel parameters.
+# Each kernel says what a call enqueues as a list of steps (``steps(call, y, scratch)``): kernel
+# launches and cuBLASLt matmuls, on the call's operands, into the output y, with any temporary it
+# needs (the f32-staged path's accumulator) taken from ``scratch(shape, dtype)``. ``run`` enqueues
+# them at once; ``vtnumba.cuda.bound`` prepares them once and replays them with new pointers for the
+# activation, its scales, the output and the temporaries, call after call: the very same work.
 
 
-def _y_arg(y):
-    """The output as the Numba kernels take it: float32, or uint16 bits (a view only where the
-    simulator needs the dtype; on a GPU only the pointer is read)."""
-    return y if SIMULATOR is False or y.dtype == np.float32 else y.view(np.uint16)
+class Launch(NamedTuple):
+    """A kernel launch: ``kernel(grid, block, *args)``."""
+
+    kernel: object
+    grid: object
+    block: object
+    args: tuple
 
 
-class _NumbaKernel:
+class Matmul(NamedTuple):
+    """A cuBLASLt matmul of ``plan`` (``cublaslt.matmul``'s arguments)."""
+
+    plan: object
+    state: object
+    a: object
+    b: object
+    scale_a: object
+    scale_b: object
+    bias: object
+    d: object
+
+
+def fresh_scratch(shape, dtype):
+    """The scratch of an immediate call: a new array (cupy's current allocator)."""
+    return device.xp.empty(shape, dtype=dtype)
+
+
+def run_steps(steps):
+    """Enqueue ``steps`` on cupy's current stream."""
+    for step in steps:
+        if type(step) is Launch:
+            step.kernel(step.grid, step.block, *step.args)
+        else:
+            cublaslt.matmul(*step)
+
+
+def out_bits(y):
+    """The output as the Numba kernels write it: float32, or the uint16 bits of float16 / bfloat16."""
+    return y if y.dtype == _F32 else y.view(np.uint16)
+
+
+def execute(kernel, call):
+    """Run ``call`` on ``kernel`` (one that said it can): y [M, N] of the call's output dtype."""
+    y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
+    run_steps(kernel.steps(call, y, fresh_scratch))
+    return y
+
+
+class Kernel:
+    """What every GEMM kernel choice is: ``name``, ``can_implement(call)`` -> (ok, why not),
+    ``steps(call, y, scratch)``; ``run(call)`` enqueues its steps now and returns y."""
+
+    name = ""
+
+    def run(self, call):
+        return execute(self, call)
+
+
+class _NumbaKernel(Kernel):
     """A kernel written in Numba: ``launch(call, y_bits)`` says what it enqueues (kernel, grid,
     block, arguments), ``y_bits`` among the arguments."""
 
-    def run(self, call):
-        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        kernel, grid, block, args = self.launch(call, y_bits)
-        kernel(grid, block, *args)
-        return y
-
-    def bind(self, call):
-        y_bits = _empty_out(call.m, call.n, call.out_dtype)[1]
-        kernel, grid, block, args = self.launch(call, y_bits)
-        prepared = kernel.prepare(grid, block, *args)
-        index = next(i for i, arg in enumerate(args) if arg is y_bits)
-
-        def enqueue(y, stream_ptr):
-            prepared.set_arg(index, _y_arg(y))
-            prepared.launch(stream_ptr)
-
-        return enqueue
+    def steps(self, call, y, scratch):
+        return [Launch(*self.launch(call, out_bits(y)))]
 
 
-class CublasLt:
+def _vector_pointers(call, bias):
+    """The scale (and bias) pointers cuBLASLt must see before its heuristic query when a scale is a
+    vector: its OUTER_VEC_32F mode refuses a plan without them ("The scaling mode for A scale
+    (OUTER_VEC_32F) requires a custom pointer for A scale", its log says), the rule block scaling has
+    too. Any valid pointers serve: a plan's pointers are set again per call."""
+    if not (call.sa_step or call.sb_step):
+        return None
+    return call.scale_a.data.ptr, call.scale_b.data.ptr, 0 if bias is None else bias.data.ptr
+
+
+class CublasLt(Kernel):
     name = "cublaslt"
 
     def can_implement(self, call):
@@ -218,41 +267,13 @@ class CublasLt:
             reason = call.device.cublaslt().outer_vec_reason
             if reason:
                 return False, reason
-        return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b)
+        return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b, _vector_pointers(call, call.bias))
 
-    def run(self, call):
-        y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
-        return cublaslt.matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b,
-                               _bias_for_cublaslt(call), y)
-
-    def bind(self, call):
-        return _BoundMatmul(call, call.scale_a, call.scale_b, _bias_for_cublaslt(call))
+    def steps(self, call, y, scratch):
+        return [Matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b, _bias_for_cublaslt(call), y)]
 
 
-class _BoundMatmul:
-    """``call``'s cuBLASLt matmul into a given output, on a descriptor of its own whose scale and
-    bias pointers are set once; holds its operands."""
-
-    __slots__ = ("handle", "plan", "operands", "a_ptr", "b_ptr", "state", "ws_stream", "ws")
-
-    def __init__(self, call, scale_a, scale_b, bias):
-        self.state = call.state
-        self.handle = call.state.handle
-        self.plan = call.state.new_plan(call.plan.key)
-        self.plan.set_pointers(scale_a.data.ptr, scale_b.data.ptr, 0 if bias is None else bias.data.ptr)
-        self.operands = (call.a, call.b, scale_a, scale_b, bias)
-        self.a_ptr, self.b_ptr = call.a.data.ptr, call.b.data.ptr
-        self.ws_stream = self.ws = None
-
-    def __call__(self, d, stream_ptr):
-        if stream_ptr != self.ws_stream:  # the workspace of the stream (a binding keeps to one)
-            ws = self.state.workspace_for(stream_ptr)
-            self.ws, self.ws_stream = (ws.data.ptr, ws.nbytes, ws), stream_ptr
-        ws = self.ws
-        self.plan.enqueue(self.handle, self.a_ptr, self.b_ptr, d.data.ptr, ws[0], ws[1], stream_ptr)
-
-
-class CublasLtF32Epilogue:
+class CublasLtF32Epilogue(Kernel):
     name = "cublaslt_f32_epilogue"
 
     def can_implement(self, call):
@@ -261,36 +282,12 @@ class CublasLtF32Epilogue:
             return False, reason
         return _take_plan(call, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
 
-    def _epilogue(self, call, acc, y_bits):
-        bias, bias_kind = _bias_bits(call.bias, call.device)
-        total = call.m * call.n
-        blocks = max(1, min((total + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
-        return (epilogue_kernel(call.out_dtype == np.float32), blocks, 256,
-                (acc, y_bits, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind,
-                 OUT_KIND[call.out_dtype]))
-
-    def run(self, call):
-        acc = device.xp.empty((call.m, call.n), dtype=np.float32)
+    def steps(self, call, y, scratch):
+        acc = scratch((call.m, call.n), _F32)
         one = call.device.scalar(1.0)
-        cublaslt.matmul(call.plan, call.state, call.a, call.b, one, one, None, acc)  # f32(sum_k ...)
-        y, y_bits = _empty_out(call.m, call.n, call.out_dtype)
-        kernel, grid, block, args = self._epilogue(call, acc, y_bits)
-        kernel(grid, block, *args)
-        return y
-
-    def bind(self, call):
-        acc = device.xp.empty((call.m, call.n), dtype=np.float32)  # owned by the binding
-        one = call.device.scalar(1.0)
-        matmul = _BoundMatmul(call, one, one, None)
-        kernel, grid, block, args = self._epilogue(call, acc, _empty_out(call.m, call.n, call.out_dtype)[1])
-        prepared = kernel.prepare(grid, block, *args)
-
-        def enqueue(y, stream_ptr):
-            matmul(acc, stream_ptr)
-            prepared.set_arg(1, _y_arg(y))
-            prepared.launch(stream_ptr)
-
-        return enqueue
+        return [Matmul(call.plan, call.state, call.a, call.b, one, one, None, acc),  # f32(sum_k ...)
+                Launch(*epilogue_launch(acc, out_bits(y), call.scale_a, call.sa_step, call.scale_b, call.sb_step,
+                                        *_bias_bits(call.bias, call.device), OUT_KIND[call.out_dtype]))]
 
 
 class DecodeGemv(_NumbaKernel):
@@ -467,7 +464,7 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=No
     if a.shape[0] == 0 or b.shape[0] == 0:  # nothing to compute (and no kernel takes an empty grid)
         return device.array_module().empty((a.shape[0], b.shape[0]), dtype=out_dtype)
     call = GemmCall(a, b, scale_a, scale_b, out_dtype, bias)
-    return select(call, kernel).run(call)
+    return execute(select(call, kernel), call)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -509,5 +506,5 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
     return y
 
 
-__all__ = ["scaled_mm", "fused_linear", "fused_linear_reason", "select", "kernel_order", "disabled_kernels",
+__all__ = ["Kernel", "Launch", "Matmul", "run_steps", "execute", "fresh_scratch", "out_bits", "scaled_mm", "fused_linear", "fused_linear_reason", "select", "kernel_order", "disabled_kernels",
            "GemmCall", "KERNELS", "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M"]

@@ -71,8 +71,9 @@ def quantize_activation(x, weight):
 # A layer called again with an input of the same signature replays the call bound at its first
 # call (vtnumba.cuda.bound): the full path below validates and chooses once per signature. The
 # per-call checks are what could change between calls: the input's type, contiguity, alignment,
-# shape and dtype, the output dtype, the device, the stream, and the settings that steer the
-# kernel choice (the lever, VT_DISABLE_KERNELS). Anything else falls back to the full path.
+# shape and dtype, the output dtype, the device, and the settings that steer the kernel choice (the
+# lever, VT_DISABLE_KERNELS). Anything else falls back to the full path. A binding writes nothing
+# that outlives a call (its temporaries are allocated per call), so it serves every stream.
 _MAX_BOUND_PER_WEIGHT = 16
 _UNSEEN = object()  # a signature not met yet (None: met, and the call has no binding)
 _gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
@@ -90,11 +91,11 @@ def _gpu_parts():
     return _gpu
 
 
-def _bound_key(x, w, out_dtype, get_stream):
+def _bound_key(x, w, out_dtype):
     """The signature a bound call is kept under, or None when x cannot take the bound path."""
     if not x._c_contiguous or x.data.ptr & 15 or len(x.shape) != 2 or w.data is None:
         return None
-    return (x.shape, x.dtype, out_dtype, x.data.device_id, get_stream().ptr, kernel_settings())
+    return (x.shape, x.dtype, out_dtype, x.data.device_id, kernel_settings())
 
 
 def _host_weight(weight):
@@ -104,7 +105,7 @@ def _host_weight(weight):
 def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
     """Bind ``weight``'s call for x's signature (called after a full-path call succeeded)."""
     w = _host_weight(weight)
-    key = _bound_key(x, w, out_dtype, gpu[1])
+    key = _bound_key(x, w, out_dtype)
     if key is None:
         return
     calls = w.bound_calls
@@ -136,10 +137,9 @@ def matmul_fp8(x, weight, out_dtype=None):
         w = _host_weight(weight)
         calls = getattr(w, "bound_calls", None)
         if calls:
-            key = _bound_key(x, w, out_dtype, gpu[1])
-            bound = calls.get(key, _UNSEEN)
+            bound = calls.get(_bound_key(x, w, out_dtype), _UNSEEN)
             if bound is not _UNSEEN:
-                return bound(x, key[4]) if bound is not None else _matmul_fp8(x, weight, out_dtype)[0]
+                return bound(x, gpu[1]().ptr) if bound is not None else _matmul_fp8(x, weight, out_dtype)[0]
         y, w_device = _matmul_fp8(x, weight, out_dtype)
         if type(w) is Fp8Weight:
             _bind_after_full_call(x, weight, out_dtype, w_device, gpu)
