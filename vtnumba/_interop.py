@@ -327,6 +327,7 @@ def to_torch(arr, torch=None):
     torch = torch or sys.modules["torch"]
     if type(arr) is np.ndarray and arr.dtype is not _BF16:
         return torch.from_numpy(arr)
+    _torch_views(torch)
     bf16 = arr.dtype == _BF16
     if bf16:
         arr = arr.view(np.int16)

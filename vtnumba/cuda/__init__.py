@@ -228,12 +228,18 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     return out, scales
 
 
-def _per_group_launches(xin, kind, shape, out, scales, group_size, scale_ue8m0, column_major_scales, encoder):
+def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales,
+                        encoder):
     quant = _quant
     rows, cols = shape
     groups = -(-cols // group_size)
-    kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0))
-    blocks = max(1, min(-(-rows * groups // quant.GROUP_WARPS), quant.MAX_BLOCKS))
+    if aligned and cols % quant.GROUP == 0 and group_size % quant.GROUP == 0:  # the 16-wide form
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0),
+                                                                   quant.group_width(group_size))
+    else:
+        kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0))
+        per_block = quant.GROUP_WARPS
+    blocks = max(1, min(-(-rows * groups // per_block), quant.MAX_BLOCKS))
     row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
     flat_scales = scales.T if column_major_scales else scales
     return [(kernel, blocks, threads, (xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride,
@@ -253,7 +259,7 @@ def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encod
     scales = _group_scales(rows, -(-cols // group_size), column_major_scales)
     if rows == 0 or cols == 0:
         return out, scales
-    _run(_per_group_launches(xin, kind, shape, out, scales, group_size, scale_ue8m0, column_major_scales,
+    _run(_per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales,
                              _encoder(encoder, _device.current())))
     del owner  # see quantize_static
     return out, scales
@@ -280,8 +286,8 @@ def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch):
     if scheme == "static":
         return _static_launches(xin, kind, n, aligned, codes, input_scale, encoder), codes, scale_array(input_scale)
     scales = _group_scales(shape[0], -(-shape[1] // group_size), True, scratch)
-    return (_per_group_launches(xin, kind, shape, codes, scales, group_size, scale_ue8m0, True, encoder), codes,
-            scales)
+    return (_per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, True, encoder),
+            codes, scales)
 
 
 def decode(codes):

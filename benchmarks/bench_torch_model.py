@@ -1,0 +1,468 @@
+"""A torch model converted by vtnumba, timed as its user meets it, against the same model in bf16 and
+against torch's own FP8 path, in the same run (needs torch, cupy, a GPU; transformers for --parts decode).
+
+Parts (``--parts``, comma-separated; all by default):
+
+- ``mlp``: the Llama-3-8B MLP (gate and up 14336 x 4096, down 4096 x 14336, bf16, SiLU(gate) * up)
+  as a torch module; ``vtnumba.torch.convert`` of it per scheme; and torch's own FP8 peer per scheme
+  (the quantization under torch.compile, then ``torch._scaled_mm``: per-tensor, rowwise, or 128 x 128
+  block scales). Device time per forward: M <= 16 replayed from a CUDA graph on every side, larger M
+  eager behind a queued sleep (pure GPU time).
+- ``profile``: torch.profiler's breakdown of one converted forward per scheme (quantization, GEMM,
+  epilogue, other), and the torch peer's.
+- ``host``: host microseconds per eager forward of one 4096 x 4096 layer at M = 1: ``Fp8Linear``
+  against ``nn.Linear`` in bf16 (a loop of calls behind a queued sleep, so the GPU never holds the
+  host back).
+- ``decode``: transformers' ``LlamaForCausalLM`` with Llama-3-8B shapes (``--layers`` layers, random
+  weights, no download), greedy decode of ``--tokens`` tokens: eager ``generate`` (tokens/s, best of
+  3 after a warm-up) and each side's best path -- one decode step with a static KV cache captured in
+  a CUDA graph and replayed -- with the host and device time of one eager step; bf16 and every
+  scheme, lm_head kept in bf16.
+- ``convert``: time and GPU memory to convert a model with Llama-3-8B linear shapes (32 layers x 7
+  linears) that already sits on the GPU.
+
+    python3 benchmarks/bench_torch_model.py [--parts mlp,profile,host,decode,convert] [--ms 1,16,256,4096]
+"""
+
+import argparse
+import copy
+import time
+
+SCHEMES = ["static", "dynamic", "per_token", "per_group"]
+LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
+LINEARS_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "v_proj": (1024, 4096), "o_proj": (4096, 4096),
+              "gate_proj": (14336, 4096), "up_proj": (14336, 4096), "down_proj": (4096, 14336)}
+
+
+def table(title, header):
+    print(f"\n## {title}\n| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
+
+
+def row(*cells):
+    print("| " + " | ".join(c if isinstance(c, str) else f"{c:.2f}" if isinstance(c, float) else str(c)
+                            for c in cells) + " |", flush=True)
+
+
+def ratio(a, b):
+    return "n/a" if a is None or b is None else f"{a / b:.2f}x"
+
+
+# -- timing ----------------------------------------------------------------------------------------
+
+def device_us(torch, fn, calls=20, graph=False):
+    """GPU microseconds per call of fn(): eager calls behind a queued sleep, or (graph=True) the calls
+    captured once into a CUDA graph and replayed behind the sleep."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        run = g.replay
+        reps = 1
+    else:
+        run, reps = fn, calls
+    best = None
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(2e7))
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(end) * 1e3 / calls
+        best = us if best is None else min(best, us)
+    return best
+
+
+def host_us(torch, fn, calls=200):
+    """Host microseconds per call: a loop of calls behind a long queued sleep (the GPU cannot push
+    back), the host clock around it."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = None
+    for _ in range(5):
+        torch.cuda._sleep(int(1e9))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t = (time.perf_counter() - t0) / calls * 1e6
+        torch.cuda.synchronize()
+        best = t if best is None else min(best, t)
+    return best
+
+
+# -- the models ------------------------------------------------------------------------------------
+
+def mlp_module(torch, hidden, intermediate, dtype):
+    nn = torch.nn
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+            self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+            self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    torch.manual_seed(0)
+    m = Mlp().to("cuda", dtype)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+    return m.eval()
+
+
+def converted(torch, vtt, model, scheme, sample):
+    model = copy.deepcopy(model)
+    scales = vtt.calibrate(model, lambda: model(sample)) if scheme == "static" else None
+    return vtt.convert(model, scheme, input_scales=scales, ignore=["lm_head"])
+
+
+class TorchFp8Peer:
+    """torch's own FP8 linear path for a scheme: the activation quantized by a torch.compile'd
+    function, then ``torch._scaled_mm`` (cuBLASLt) with the weight quantized as vtnumba does."""
+
+    def __init__(self, torch, vtt, linear, scheme, input_scale=None):
+        self.torch, self.scheme = torch, scheme
+        layer = vtt.Fp8Linear.from_linear(linear, scheme, input_scale=input_scale)
+        self.w_t = layer.weight.t()  # [K, N] column-major, what _scaled_mm's b must be
+        f8 = torch.float8_e4m3fn
+        if scheme == "per_group":
+            self.sb = layer.weight_scale.t()  # [K/128, N/128]
+        elif scheme == "per_token":
+            self.sb = layer.weight_scale.reshape(1, -1)
+        else:
+            self.sb = layer.weight_scale.reshape(())
+        inv = None if input_scale is None else torch.tensor(1.0 / float(input_scale), device="cuda")
+        self.sa_static = None if input_scale is None else torch.tensor(float(input_scale), device="cuda")
+
+        def quant_static(x):
+            return (x.float() * inv).clamp(-448, 448).to(f8)
+
+        def quant_dynamic(x):
+            s = torch.clamp_min(x.abs().amax().float() / 448, 1 / (448 * 512))
+            return (x.float() / s).clamp(-448, 448).to(f8), s
+
+        def quant_token(x):
+            s = torch.clamp_min(x.abs().amax(dim=-1, keepdim=True).float() / 448, 1 / (448 * 512))
+            return (x.float() / s).clamp(-448, 448).to(f8), s
+
+        def quant_group(x):
+            m, k = x.shape
+            g = x.float().view(m, k // 128, 128)
+            s = torch.clamp_min(g.abs().amax(dim=-1, keepdim=True), 1e-10) / 448
+            q = (g / s).clamp(-448, 448).to(f8).view(m, k)
+            return q, s.view(m, k // 128).t().contiguous().t()  # [M, K/128], m contiguous
+
+        fn = {"static": quant_static, "dynamic": quant_dynamic, "per_token": quant_token,
+              "per_group": quant_group}[scheme]
+        self.quant = torch.compile(fn, dynamic=False)
+
+    def __call__(self, x):
+        torch = self.torch
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.scheme == "static":
+            q, sa = self.quant(x2), self.sa_static
+        else:
+            q, sa = self.quant(x2)
+        y = torch._scaled_mm(q, self.w_t, scale_a=sa, scale_b=self.sb, out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], -1)
+
+
+def peer_mlp(torch, vtt, model, scheme, sample):
+    scales = vtt.calibrate(model, lambda: model(sample)) if scheme == "static" else {}
+    gate, up, down = (TorchFp8Peer(torch, vtt, getattr(model, n), scheme, scales.get(n))
+                      for n in ("gate_proj", "up_proj", "down_proj"))
+    silu = torch.nn.functional.silu
+    return lambda x: down(silu(gate(x)) * up(x))
+
+
+# -- the parts ---------------------------------------------------------------------------------------
+
+def part_mlp(torch, vtt, ms):
+    h, i = LLAMA_8B["hidden"], LLAMA_8B["intermediate"]
+    model = mlp_module(torch, h, i, torch.bfloat16)
+    sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
+    table("Llama-3-8B MLP (gate/up 14336x4096, down 4096x14336, bf16): device us per forward "
+          "(M <= 16 replayed from a CUDA graph, larger M eager)",
+          ["scheme", "M", "bf16 us", "vtnumba us", "vtnumba vs bf16", "torch fp8 us", "torch fp8 vs bf16",
+           "vtnumba vs torch fp8"])
+    with torch.inference_mode():
+        bf16_us = {m: device_us(torch, lambda x=torch.randn(m, h, device="cuda", dtype=torch.bfloat16): model(x),
+                                graph=m <= 16) for m in ms}
+        for scheme in SCHEMES:
+            ours = converted(torch, vtt, model, scheme, sample)
+            peer = peer_mlp(torch, vtt, model, scheme, sample)
+            for m in ms:
+                x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+                vt_us = device_us(torch, lambda: ours(x), graph=m <= 16)
+                try:
+                    peer_us = device_us(torch, lambda: peer(x), graph=m <= 16)
+                except Exception as exc:  # torch refuses some shapes (block scales at M = 1)
+                    peer_us = None
+                    print(f"  torch fp8 {scheme} M={m}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                row(scheme, m, bf16_us[m], vt_us, ratio(bf16_us[m], vt_us), "n/a" if peer_us is None else peer_us,
+                    ratio(bf16_us[m], peer_us), ratio(peer_us, vt_us))
+            ours = peer = None
+            torch.cuda.empty_cache()
+    print("vs: time of the other side / time of this side (above 1: this side is faster)")
+
+
+def _category(name):
+    if "vtnumba" in name:
+        if "quantize" in name or "amax" in name:
+            return "quant"
+        if "epilogue" in name:
+            return "epilogue"
+        return "GEMM"
+    if "gemm" in name.lower() or "nvjet" in name or "xmma" in name or "cutlass" in name:
+        return "GEMM"
+    if "triton" in name:
+        return "quant"
+    return "other"
+
+
+def part_profile(torch, vtt, ms):
+    from torch.profiler import ProfilerActivity, profile
+
+    h, i = LLAMA_8B["hidden"], LLAMA_8B["intermediate"]
+    model = mlp_module(torch, h, i, torch.bfloat16)
+    sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
+    table("torch.profiler: where one MLP forward's GPU time goes (us; eager, after warm-up)",
+          ["side", "scheme", "M", "quant", "GEMM", "epilogue", "other", "total", "kernels"])
+    with torch.inference_mode():
+        for scheme in SCHEMES:
+            sides = [("vtnumba", converted(torch, vtt, model, scheme, sample)),
+                     ("torch fp8", peer_mlp(torch, vtt, model, scheme, sample))]
+            for side, fn in sides:
+                for m in ms:
+                    x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+                    try:
+                        for _ in range(3):
+                            fn(x)
+                        torch.cuda.synchronize()
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            fn(x)
+                            torch.cuda.synchronize()
+                    except Exception:
+                        continue
+                    spent = {"quant": 0.0, "GEMM": 0.0, "epilogue": 0.0, "other": 0.0}
+                    count = 0
+                    for e in prof.events():
+                        if e.device_type == torch.autograd.DeviceType.CUDA:
+                            spent[_category(e.name)] += getattr(e, "device_time", None) or e.cuda_time
+                            count += 1
+                    row(side, scheme, m, spent["quant"], spent["GEMM"], spent["epilogue"], spent["other"],
+                        sum(spent.values()), count)
+
+
+def part_host(torch, vtt):
+    nn = torch.nn
+    torch.manual_seed(0)
+    linear = nn.Linear(4096, 4096, bias=False).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    table("host us per eager forward, 4096 x 4096, M = 1, bf16 x (loop behind a queued sleep)",
+          ["layer", "host us", "vs nn.Linear (<= 1.3x)", "device us"])
+    with torch.inference_mode():
+        base = host_us(torch, lambda: linear(x))
+        row("nn.Linear bf16", base, "1.00x", device_us(torch, lambda: linear(x)))
+        for scheme in SCHEMES:
+            layer = vtt.Fp8Linear.from_linear(linear, scheme, input_scale=0.01 if scheme == "static" else None)
+            us = host_us(torch, lambda: layer(x))
+            row(f"Fp8Linear {scheme}", us, f"{us / base:.2f}x", device_us(torch, lambda: layer(x)))
+
+
+def llama(torch, layers):
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=LLAMA_8B["hidden"], intermediate_size=LLAMA_8B["intermediate"],
+                                   num_attention_heads=LLAMA_8B["heads"], num_key_value_heads=LLAMA_8B["kv_heads"],
+                                   num_hidden_layers=layers, vocab_size=LLAMA_8B["vocab"],
+                                   max_position_embeddings=4096, rope_theta=500000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    return model.eval(), cfg
+
+
+def _static_cache(cfg, length, torch):
+    from transformers import StaticCache
+
+    for kwargs in (dict(config=cfg, max_batch_size=1, max_cache_len=length, device="cuda", dtype=torch.bfloat16),
+                   dict(config=cfg, max_cache_len=length)):
+        try:
+            return StaticCache(**kwargs)
+        except TypeError:
+            continue
+    raise RuntimeError("this transformers' StaticCache takes neither known signature")
+
+
+def graph_decode_tokens_per_s(torch, model, cfg, prompt, tokens):
+    """Greedy decode with a static KV cache, each step one CUDA graph replay (the argmax and the
+    next position on the GPU too): tokens per second over ``tokens`` steps."""
+    length = prompt.shape[1] + tokens + 8
+    cache = _static_cache(cfg, length, torch)
+    with torch.inference_mode():
+        pos = torch.arange(prompt.shape[1], device="cuda")
+        logits = model(input_ids=prompt, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        ids = logits[:, -1:].argmax(-1)
+        position = torch.tensor([prompt.shape[1]], device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits
+            ids.copy_(out[:, -1:].argmax(-1))
+            position.add_(1)
+        position.fill_(prompt.shape[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        best = None
+        for _ in range(3):
+            position.fill_(prompt.shape[1])
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                graph.replay()
+            torch.cuda.synchronize()
+            rate = tokens / (time.perf_counter() - t0)
+            best = rate if best is None else max(best, rate)
+    return best
+
+
+def eager_step_us(torch, model, prompt):
+    """(host us, device us) of one eager decode step (a dynamic cache after the prompt)."""
+    with torch.inference_mode():
+        out = model(input_ids=prompt, use_cache=True)
+        cache, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+        def step():  # the cache grows by a token a call: a hundred calls stay a short context
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+
+        host = host_us(torch, step, calls=3)  # ~150 launches a step: the queue holds three behind the sleep
+        device = device_us(torch, step, calls=5)
+    return host, device
+
+
+def generate_tokens_per_s(torch, model, prompt, tokens):
+    with torch.inference_mode():
+        kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        model.generate(prompt, **kwargs)
+        best = None
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.generate(prompt, **kwargs)
+            torch.cuda.synchronize()
+            rate = tokens / (time.perf_counter() - t0)
+            best = rate if best is None else max(best, rate)
+    return best
+
+
+def part_decode(torch, vtt, layers, tokens):
+    model, cfg = llama(torch, layers)
+    prompt = torch.randint(0, LLAMA_8B["vocab"], (1, 16), device="cuda")
+    table(f"transformers LlamaForCausalLM, Llama-3-8B shapes, {layers} layers, random weights: greedy decode "
+          f"of {tokens} tokens (lm_head bf16)",
+          ["model", "eager generate tok/s", "vs bf16", "graph step tok/s", "vs bf16 graph", "eager step host us",
+           "eager step device us"])
+    base_eager = base_graph = None
+    sample = torch.randint(0, LLAMA_8B["vocab"], (1, 32), device="cuda")
+    for scheme in ["bf16"] + SCHEMES:
+        if scheme == "bf16":
+            m = model
+        else:
+            m = copy.deepcopy(model)
+            scales = None
+            if scheme == "static":
+                scales = vtt.calibrate(m, lambda: m(sample))
+            vtt.convert(m, scheme, input_scales=scales, ignore=["lm_head"])
+        eager = generate_tokens_per_s(torch, m, prompt, tokens)
+        try:
+            graph = graph_decode_tokens_per_s(torch, m, cfg, prompt, tokens)
+        except Exception as exc:
+            graph = None
+            print(f"  graph decode {scheme}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        try:
+            host, dev = eager_step_us(torch, m, prompt)
+        except Exception as exc:
+            host = dev = None
+            print(f"  eager step {scheme}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        if scheme == "bf16":
+            base_eager, base_graph = eager, graph
+        row(scheme, eager, ratio(eager, base_eager), "n/a" if graph is None else graph, ratio(graph, base_graph),
+            "n/a" if host is None else host, "n/a" if dev is None else dev)
+        if m is not model:
+            del m
+            torch.cuda.empty_cache()
+
+
+def part_convert(torch, vtt, layers=32):
+    nn = torch.nn
+    table(f"convert of a model on the GPU with Llama-3-8B linear shapes ({layers} layers x 7 linears, bf16)",
+          ["scheme", "convert s", "GPU GB before", "GPU GB after", "peak GB during", "bf16 weights freed"])
+    for scheme in SCHEMES:
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = nn.ModuleList([nn.ModuleDict({name: nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+                                                  for name, (n, k) in LINEARS_8B.items()}) for _ in range(layers)])
+        scales = {f"{i}.{name}": 0.02 for i in range(layers) for name in LINEARS_8B} if scheme == "static" else None
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        vtt.convert(model, scheme, input_scales=scales)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        after, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        freed = not any(isinstance(mod, nn.Linear) for mod in model.modules())
+        row(scheme, seconds, before / 1e9, after / 1e9, peak / 1e9, "yes" if freed and after < 0.6 * before else "no")
+        del model
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="mlp,profile,host,decode,convert")
+    ap.add_argument("--ms", default="1,16,256,4096")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    import torch
+
+    import vtnumba.torch as vtt
+
+    parts = args.parts.split(",")
+    ms = [int(m) for m in args.ms.split(",")]
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    if "mlp" in parts:
+        part_mlp(torch, vtt, ms)
+    if "profile" in parts:
+        part_profile(torch, vtt, [16, 4096])
+    if "host" in parts:
+        part_host(torch, vtt)
+    if "decode" in parts:
+        part_decode(torch, vtt, args.layers, args.tokens)
+    if "convert" in parts:
+        part_convert(torch, vtt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""A converted torch model on the GPU (marker ``gpu``; the H200 run proves it): which kernels run,
+graph capture, torch.compile, torch's allocator, conversion on the GPU.
+
+- Kernel choice is pinned two ways: the layer's binding names what it runs (``Fp8Linear.kernels``),
+  and torch.profiler sees exactly those launches -- cuBLASLt's GEMM with no Numba epilogue after it
+  wherever the docstrings promise cuBLASLt (per-token x per-channel scales through OUTER_VEC_32F
+  included), so a silent fallback fails here.
+- ``torch.cuda.graph`` in its default capture mode replays every scheme to the eager bytes.
+- ``torch.compile(fullgraph=True)`` and ``mode="reduce-overhead"`` give the eager bytes.
+- Results are torch allocations (``torch.cuda.memory_allocated`` counts them); cupy's pool is left
+  alone call after call.
+- ``convert`` of a model on the GPU quantizes there, to the CPU conversion's bytes.
+"""
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+SCHEMES = ["static", "dynamic", "per_token", "per_group"]
+QUANT_KERNEL = {"static": ("quantize_static",), "dynamic": ("finite_amax_partials", "quantize_dynamic"),
+                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group16",)}
+# Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``
+# demangled): a profiled kernel without it is cuBLASLt's
+OURS = "vtnumba"
+
+
+def _vtt():
+    import vtnumba.torch as vtt
+
+    return vtt
+
+
+def _mlp(k=256, hidden=512, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(k, hidden, bias=False), nn.SiLU(), nn.Linear(hidden, k, bias=False)).eval()
+
+
+def _converted(scheme, model=None, dtype=torch.bfloat16):
+    vtt = _vtt()
+    model = copy.deepcopy(model if model is not None else _mlp()).to("cuda", dtype)
+    scales = None
+    if scheme == "static":
+        x = torch.randn(64, model[0].in_features, device="cuda", dtype=dtype)
+        scales = vtt.calibrate(model, lambda: model(x))
+    return vtt.convert(model, scheme, input_scales=scales)
+
+
+def _expected_gemm(scheme, m):
+    if scheme == "per_group":  # cuBLASLt's block scaling refuses M % 4 != 0 (decode takes the tensor-core GEMV)
+        return "cublaslt_block" if m % 4 == 0 else "tensorcore_block_gemv"
+    return "cublaslt"
+
+
+def _profiled_kernels(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("m", [1, 16, 256])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_promised_kernel_runs(scheme, m, out_dtype):
+    vtt = _vtt()
+    torch.manual_seed(m)
+    linear = nn.Linear(1024, 512, bias=False).to("cuda", torch.bfloat16)
+    layer = vtt.Fp8Linear.from_linear(linear, scheme, input_scale=0.01 if scheme == "static" else None,
+                                      out_dtype=out_dtype)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    kernels = layer.kernels(x)
+    assert kernels == QUANT_KERNEL[scheme] + (_expected_gemm(scheme, m),), kernels
+    with torch.inference_mode():
+        names = _profiled_kernels(lambda: layer(x))
+    ours = [n for n in names if OURS in n]
+    theirs = [n for n in names if n not in ours]
+    assert all(any(q in n for n in ours) for q in QUANT_KERNEL[scheme]), names
+    assert not any("_epilogue" in n for n in names), names  # no f32-staged fallback
+    if _expected_gemm(scheme, m).startswith("cublaslt"):
+        assert theirs, names  # cuBLASLt ran the GEMM
+    else:
+        assert any("gemv" in n for n in ours) and not theirs, names
+
+
+def test_float32_bias_for_bf16_output_takes_the_f32_staged_path():
+    """The one documented fallback: a float32 bias with bf16 output (cuBLASLt would round the bias
+    to bf16 first) runs cuBLASLt into float32 and the Numba epilogue, the 8-wide form."""
+    vtt = _vtt()
+    linear = nn.Linear(1024, 512).cuda()  # float32 bias
+    layer = vtt.Fp8Linear.from_linear(linear, "per_token", out_dtype=torch.bfloat16)
+    x = torch.randn(16, 1024, device="cuda")
+    assert layer.kernels(x) == ("quantize_per_token", "cublaslt_f32_epilogue")
+    with torch.inference_mode():
+        names = _profiled_kernels(lambda: layer(x))
+    assert any("_epilogue_vector_kernel" in n for n in names), names
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_torch_cuda_graph_replays_the_eager_bytes(scheme):
+    model = _converted(scheme)
+    xs = [torch.randn(4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    static_x = xs[0].clone()
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch's docs do it
+            model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # the default capture mode: any cudaMalloc would break it
+            static_y = model(static_x)
+        compared = 0
+        for x in xs:
+            eager = model(x)
+            static_x.copy_(x)
+            graph.replay()
+            torch.testing.assert_close(static_y, eager, rtol=0, atol=0)
+            compared += int(torch.count_nonzero(eager))
+    assert compared > 0
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_compiled_model_equals_eager(scheme):
+    torch._dynamo.reset()
+    model = _converted(scheme)
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        eager = model(x)
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0
+        got = torch.compile(model, fullgraph=True)(x)
+        torch.testing.assert_close(got, eager, rtol=0, atol=0)
+        graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):  # warm-up, record, replay
+            got = graphed(x).clone()
+        torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    assert int(torch.count_nonzero(eager)) > 0
+
+
+def test_results_are_torch_allocations_and_cupy_pool_is_left_alone():
+    import cupy
+
+    layer = _converted("per_token")[0]
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        layer(x)
+        layer(x)  # bound by now
+        torch.cuda.synchronize()
+        pool = cupy.get_default_memory_pool()
+        used, total = pool.used_bytes(), pool.total_bytes()
+        before = torch.cuda.memory_allocated()
+        ys = [layer(x) for _ in range(4)]
+        after = torch.cuda.memory_allocated()
+        torch.cuda.synchronize()
+    assert after - before >= sum(y.numel() * y.element_size() for y in ys)
+    assert (pool.used_bytes(), pool.total_bytes()) == (used, total)
+    # the general (interop) path too: an op on tensors allocates its result from torch
+    import vtnumba as vt
+
+    before = torch.cuda.memory_allocated()
+    q = vt.quantize_fp8(x, per_token=True)
+    assert torch.cuda.memory_allocated() - before >= q.data.numel()
+    assert (pool.used_bytes(), pool.total_bytes()) == (used, total)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_convert_on_the_gpu_gives_the_cpu_conversion(scheme):
+    """A model on the GPU converts there (the codes and scales never visit the host), byte for byte
+    the CPU conversion, and its float weights are released."""
+    vtt = _vtt()
+    model = _mlp(seed=3).to(torch.bfloat16)
+    scales = {"0": 0.02, "2": 0.03} if scheme == "static" else None
+    on_cpu = vtt.convert(copy.deepcopy(model), scheme, input_scales=scales)
+    gpu_model = copy.deepcopy(model).cuda()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    on_gpu = vtt.convert(gpu_model, scheme, input_scales=scales)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() < before  # 2-byte weights gone, 1-byte codes in
+    for name in ("0", "2"):
+        a, b = on_cpu.get_submodule(name), on_gpu.get_submodule(name)
+        assert b.weight.is_cuda and b.weight_scale.is_cuda
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8).cpu())
+        assert torch.equal(a.weight_scale.view(torch.int32), b.weight_scale.view(torch.int32).cpu())
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(on_gpu(x.cuda()).cpu(), on_cpu.cuda()(x.cuda()).cpu(), rtol=0, atol=0)
+
+
+def test_fp8_linear_host_cost_stays_near_nn_linear():
+    """Not a timing gate (benchmarks/bench_torch_model.py measures it): a bound forward makes two
+    torch allocations and no cupy ones, and takes no lock other than the binding's."""
+    layer = _converted("dynamic")[0]
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        layer(x)
+        state = layer._states[0]
+        assert len(state.bound) == 1
+        (entry,) = state.bound.values()
+        calls = []
+        original = type(entry[0]).enqueue
+        type(entry[0]).enqueue = lambda self, *a: calls.append(a) or original(self, *a)
+        try:
+            layer(x)
+            layer(x)
+        finally:
+            type(entry[0]).enqueue = original
+    assert len(calls) == 2 and len(state.bound) == 1
