@@ -79,9 +79,24 @@ def test_static_matches_cpu(gpu, dtype, shape):
     assert compared == 2 * len(SCALES) * shape[0] * shape[1]
 
 
+@pytest.mark.parametrize("one_launch", [True, False], ids=["one-launch", "two-launch"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_dynamic_matches_cpu(gpu, dtype, shape):
+def test_dynamic_matches_cpu(gpu, dtype, shape, one_launch, monkeypatch):
+    """Both forms of dynamic quantization give the CPU's bytes: one block for small inputs, the amax
+    partials and the quantize kernel beyond (forced here by lowering the threshold)."""
+    from vtnumba.cuda import quant
+
+    if not one_launch:
+        monkeypatch.setattr(quant, "SMALL_DYNAMIC_MAX", 0)
+    gpu._backend()
+    xin, kind, _, n, aligned, _ = gpu._input(np.zeros(shape, dtype))
+    scale_buf = np.zeros(1, np.float32)
+    kernels = [launch[0] for launch in gpu._dynamic_launches(xin, kind, n, aligned, np.zeros(shape, np.uint8),
+                                                              scale_buf, scale_buf, 1, "portable",
+                                                              gpu._device.current())]
+    assert kernels == ([quant.dynamic_small_kernel(kind, "portable")] if one_launch else
+                       [quant.amax_kernel(kind), quant.dynamic_kernel(kind, "portable")])
     x = _matrix(dtype, 0.13, *shape, seed=7, huge=False)
     want = vt.quantize_fp8(x)
     codes, scale = gpu.quantize_dynamic(x)

@@ -215,3 +215,29 @@ def test_fp8_linear_host_cost_stays_near_nn_linear():
         finally:
             type(entry[0]).enqueue = original
     assert len(calls) == 2 and len(state.bound) == 1
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_layers_that_share_an_input_quantize_it_once(scheme):
+    """q/k/v and gate/up read one tensor: the second layer takes the first one's codes (one set of
+    quantization launches for two GEMMs), to the bytes each layer gives alone; an in-place write to
+    x between them, or another tensor, quantizes again."""
+    vtt = _vtt()
+    torch.manual_seed(5)
+    a, b = (nn.Linear(512, 256, bias=False).to("cuda", torch.bfloat16) for _ in range(2))
+    scale = 0.02 if scheme == "static" else None
+    la, lb = (vtt.Fp8Linear.from_linear(lin, scheme, input_scale=scale) for lin in (a, b))
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        alone_b = lb(x.clone())
+        la(x), lb(x)  # bound
+        names = _profiled_kernels(lambda: (la(x), lb(x)))
+        quant = [n for n in names if OURS in n and ("quantize" in n or "amax" in n)]
+        assert len(quant) == len(QUANT_KERNEL[scheme]), names  # once for both layers
+        la(x)
+        yb = lb(x)
+        torch.testing.assert_close(yb, alone_b, rtol=0, atol=0)
+        la(x)
+        x.mul_(2)  # an in-place write: the next layer must quantize the new values
+        torch.testing.assert_close(lb(x), lb(x.clone()), rtol=0, atol=0)
+        assert not torch.equal(lb(x), alone_b)

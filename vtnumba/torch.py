@@ -36,6 +36,7 @@ this module's own (tests/test_interop.py checks it).
 """
 
 import dataclasses
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -180,7 +181,7 @@ def _check_input(x, k):
         raise ValueError(f"x must be [..., K] with K = {k} (the layer's in_features), got shape {tuple(x.shape)}")
 
 
-def _gpu_forward(state, x, out_dtype):
+def _gpu_forward(state, x, out_dtype, quant_key=None):
     """The GPU forward: the bound call when x's signature has one (the module docstring), else the
     full path, which binds the signature for the next call."""
     if x.requires_grad and _grad_enabled():
@@ -189,16 +190,36 @@ def _gpu_forward(state, x, out_dtype):
         out_dtype = x.dtype
     entry = state.bound.get((x.shape, x.dtype, out_dtype, kernel_settings()))
     if entry is not None and x.is_contiguous() and not x.data_ptr() & 15 and _current_device() == state.index:
-        return _run_bound(state, entry, x, out_dtype)
+        return _run_bound(state, entry, x, out_dtype, quant_key)
     return _gpu_full(state, x, out_dtype)
 
 
-def _run_bound(state, entry, x, out_dtype):
+# The last activation quantized on each GPU by an eager forward: (x, its version, how it was
+# quantized, the stream, the scratch block holding its codes and scales). The layers that read one
+# input -- q, k and v; gate and up -- quantize it once: the next layer given the very same tensor,
+# unchanged (torch bumps ``_version`` on every in-place write), quantized the same way on the same
+# stream, takes these codes instead of making them again. The bytes are the same by construction.
+# Only eager forwards (a CUDA graph captured from them included) share: inside torch.compile each op
+# stays self-contained, since CUDA-graph trees reclaim memory an op leaves behind.
+_LAST_QUANT = {}
+
+
+def _run_bound(state, entry, x, out_dtype, quant_key=None):
     """The bound call: y and the scratch block from torch's allocator, on torch's current stream."""
     bound, y_shape = entry
     y = torch.empty(y_shape, dtype=out_dtype, device=state.device)
     scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=state.device)
-    bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), _raw_stream(state.index), state.alloc)
+    stream = _raw_stream(state.index)
+    if quant_key is None:
+        bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), stream, state.alloc)
+        return y
+    quant_key = (quant_key, x.shape, x.dtype, stream)
+    last = _LAST_QUANT.get(state.index)
+    if last is not None and last[0]() is x and last[1] == x._version and last[2] == quant_key:
+        bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), stream, state.alloc, last[3].data_ptr())
+    else:
+        bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), stream, state.alloc)
+        _LAST_QUANT[state.index] = (weakref.ref(x), x._version, quant_key, scratch)
     return y
 
 
@@ -294,6 +315,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", None if weight.bias is None else _tensor(weight.bias))
         self._states = {}  # device index -> _GpuState (dropped when the buffers move)
         self._resident = {}  # device index -> ResidentFp8 of the host weight (CPU buffers, GPU input)
+        self._scale_value = None  # (version, buffer, value) of the static scale (``_quant_key``)
 
     # -- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -327,7 +349,8 @@ class Fp8Linear(nn.Module):
                 block = block_size or (128, 128)
                 if w.is_cuda:
                     codes, scale = _quantize_blocks_on_gpu(w, block)
-                    weight = Fp8Weight(codes, scale, bias=bias, block_size=block, scale_ue8m0=scale_ue8m0)
+                    weight = Fp8Weight(_view(codes), _view(scale), bias=None if bias is None else _view(bias),
+                                       block_size=block, scale_ue8m0=scale_ue8m0)
                 else:
                     weight = Fp8Weight.from_float(w, bias=bias, block_size=block, scale_ue8m0=scale_ue8m0)
             else:
@@ -417,10 +440,26 @@ class Fp8Linear(nn.Module):
         index = x.get_device()
         if index >= 0:
             state = self._states.get(index)
-            return _gpu_forward(state if state is not None else self._gpu_state(index), x, self.out_dtype)
+            return _gpu_forward(state if state is not None else self._gpu_state(index), x, self.out_dtype,
+                                self._quant_key())
         if self.weight.is_cuda:
             raise ValueError(f"x must be on the layer's device {self.weight.device}, got a tensor on {x.device}")
         return _cpu_forward(self._parts(), x, self.out_dtype)
+
+    def _quant_key(self):
+        """What decides this layer's activation codes beside x itself: its scheme, and its static
+        scale's value (read once per change of the buffer: ``_version`` counts in-place writes) or
+        its group size."""
+        scheme = self.activation_scheme
+        if scheme == ActivationScheme.STATIC:
+            version = self.input_scale._version
+            cached = self._scale_value
+            if cached is None or cached[0] != version or cached[1] is not self.input_scale:
+                cached = self._scale_value = (version, self.input_scale, float(self.input_scale.item()))
+            return scheme, cached[2]
+        if scheme == ActivationScheme.PER_GROUP:
+            return scheme, self.block_size[1], self.scale_ue8m0
+        return scheme
 
     def kernels(self, x):
         """The kernels a GPU forward on inputs like ``x`` runs, in order: the activation

@@ -176,6 +176,8 @@ def _dynamic_buffers(n, aligned, dev, scratch=_fresh):
 def _dynamic_launches(xin, kind, n, aligned, out, scale, partials, parts, encoder, dev):
     quant = _quant
     ngroups = n // quant.GROUP if aligned else 0
+    if n <= quant.SMALL_DYNAMIC_MAX:  # one launch (quant.py says why)
+        return [(quant.dynamic_small_kernel(kind, encoder), 1, quant.SMALL_THREADS, (xin, _flat(out), scale, ngroups))]
     blocks = min(_elementwise_grid(n, ngroups), dev.sm_count * quant.DYNAMIC_BLOCKS_PER_SM)
     return [(quant.amax_kernel(kind), parts, quant.THREADS, (xin, partials, ngroups)),
             (quant.dynamic_kernel(kind, encoder), blocks, quant.THREADS, (xin, _flat(out), partials, scale, ngroups))]

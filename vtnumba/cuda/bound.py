@@ -37,7 +37,7 @@ from .target import SIMULATOR
 # Parts of the scratch block start on 256-byte boundaries, as allocations do (cuBLASLt's operands
 # and the kernels' 16-byte accesses keep their alignment).
 _ALIGN = 256
-_X, _Y, _SCRATCH = 0, 1, 2  # which per-call pointer an argument is relative to
+_X, _Y, _QUANT, _GEMM = 0, 1, 2, 3  # which per-call pointer an argument is relative to
 _FIXED = -1
 
 
@@ -51,17 +51,22 @@ def _pointer(arg):
     return ptr
 
 
+def _aligned(nbytes):
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 class _Scratch:
     """Hands out arrays for the bound call's temporaries at bind time, each recorded at an aligned
-    offset of the one scratch block a call allocates (``nbytes`` in all)."""
+    offset of a region of the scratch block a call allocates (``nbytes`` in all)."""
 
-    def __init__(self):
-        self.parts = []  # (address of the bind-time array, bytes, offset in the block)
+    def __init__(self, source):
+        self.source = source  # _QUANT (the activation's codes and scales) or _GEMM (the GEMM's own)
+        self.parts = []  # (address of the bind-time array, bytes, offset in the region, the array)
         self.nbytes = 0
 
     def __call__(self, shape, dtype):
         a = device.xp.empty(shape, dtype=dtype)
-        offset = -(-self.nbytes // _ALIGN) * _ALIGN
+        offset = _aligned(self.nbytes)
         self.parts.append((_pointer(a), a.nbytes, offset, a))
         self.nbytes = offset + a.nbytes
         return a
@@ -71,12 +76,13 @@ class _Layout:
     """Where each bind-time array lives: inside x, inside y, inside a scratch part, or elsewhere (a
     weight, a scale, a placeholder: fixed)."""
 
-    def __init__(self, x, y, scratch):
+    def __init__(self, x, y, *scratches):
         self.ranges = [(_pointer(x), x.nbytes, _X, 0), (_pointer(y), y.nbytes, _Y, 0)]
-        self.ranges += [(ptr, nbytes, _SCRATCH, offset) for ptr, nbytes, offset, _ in scratch.parts]
+        self.ranges += [(ptr, nbytes, scratch.source, offset) for scratch in scratches
+                        for ptr, nbytes, offset, _ in scratch.parts]
 
     def locate(self, arg):
-        """(source, offset) of an argument's address: source _X / _Y / _SCRATCH, or (_FIXED,
+        """(source, offset) of an argument's address: source _X / _Y / _QUANT / _GEMM, or (_FIXED,
         address); None for a non-array argument."""
         ptr = _pointer(arg)
         if ptr is None:
@@ -114,7 +120,8 @@ class _LaunchStep:
         self.prepared.launch(stream_ptr)
 
     def simulate(self, arrays):
-        """Under the simulator: the same launch on views of this call's arrays (x, y, scratch)."""
+        """Under the simulator: the same launch on views of this call's arrays (x, y and the scratch
+        block twice: its quantization and GEMM regions, as offsets into it)."""
         for index, source, offset, template in self.views:
             self.prepared.set_arg(index, _view_like(template, arrays[source], offset))
         self.prepared.launch(0)
@@ -163,9 +170,15 @@ class BoundLinear:
     ``enqueue(x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc)`` with y [M, N] of ``out_dtype`` and a
     scratch block of ``scratch_bytes`` (``alloc(nbytes)``: a temporary the call may need, e.g.
     cuBLASLt's workspace while a new stream is captured); ``bound(x, stream_ptr)`` does it with
-    cupy allocations and returns y. ``kernels`` names what runs, in order."""
+    cupy allocations and returns y. ``kernels`` names what runs, in order.
 
-    __slots__ = ("steps", "scratch_bytes", "out_shape", "out_dtype", "kernels", "_lock")
+    The block's first ``quant_bytes`` hold the activation's codes and scales. A caller that knows
+    another call already quantized the very same x the same way (same scheme and scale) may pass
+    that call's block as ``quant_ptr``: the quantization launches are skipped and the GEMM reads
+    those codes (the layers that share an input -- q, k, v; gate, up -- quantize it once)."""
+
+    __slots__ = ("quant_steps", "gemm_steps", "quant_bytes", "scratch_bytes", "out_shape", "out_dtype", "kernels",
+                 "_gemm_offset", "_lock")
 
     def __init__(self, x, weight, out_dtype):
         from . import quantize_launches
@@ -173,11 +186,11 @@ class BoundLinear:
         self.out_dtype = np.dtype(out_dtype)
         m, n = x.shape[0], weight.shape[0]
         self.out_shape = (m, n)
-        scratch = _Scratch()
+        quant_scratch, gemm_scratch = _Scratch(_QUANT), _Scratch(_GEMM)
         scheme = str(weight.activation_scheme)
         launches, codes, scale_a = quantize_launches(
             x, scheme, weight.input_scale, None if weight.block_size is None else weight.block_size[1],
-            weight.scale_ue8m0, scratch)
+            weight.scale_ue8m0, quant_scratch)
         y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
         if weight.block_size is None:
             call = gemm.GemmCall(codes, weight.data, scale_a, weight.weight_scale, self.out_dtype, weight.bias)
@@ -186,19 +199,26 @@ class BoundLinear:
             call = block.BlockCall(codes, weight.data, scale_a, weight.weight_scale, weight.block_size,
                                    self.out_dtype, weight.bias)
             kernel = block.select(call)
-        gemm_steps = kernel.steps(call, y, scratch)
-        layout = _Layout(x, y, scratch)
-        self.steps = tuple([_LaunchStep(launch, layout) for launch in launches]
-                           + [_LaunchStep(step, layout) if type(step) is gemm.Launch else _MatmulStep(step, layout)
-                              for step in gemm_steps])
-        self.scratch_bytes = scratch.nbytes
+        gemm_steps = kernel.steps(call, y, gemm_scratch)
+        layout = _Layout(x, y, quant_scratch, gemm_scratch)
+        self.quant_steps = tuple(_LaunchStep(launch, layout) for launch in launches)
+        self.gemm_steps = tuple(_LaunchStep(step, layout) if type(step) is gemm.Launch else _MatmulStep(step, layout)
+                                for step in gemm_steps)
+        self.quant_bytes = quant_scratch.nbytes
+        self._gemm_offset = _aligned(quant_scratch.nbytes)
+        self.scratch_bytes = self._gemm_offset + gemm_scratch.nbytes
         self.kernels = tuple(launch[0].pyfunc.__name__ for launch in launches) + (kernel.name,)
         self._lock = threading.Lock()  # the prepared parameters are rewritten per call
 
-    def enqueue(self, x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc=None):
-        bases = (x_ptr, y_ptr, scratch_ptr)
+    def enqueue(self, x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc=None, quant_ptr=None):
         with self._lock:
-            for step in self.steps:
+            if quant_ptr is None:
+                bases = (x_ptr, y_ptr, scratch_ptr, scratch_ptr + self._gemm_offset)
+                for step in self.quant_steps:
+                    step(bases, stream_ptr, alloc)
+            else:
+                bases = (x_ptr, y_ptr, quant_ptr, scratch_ptr + self._gemm_offset)
+            for step in self.gemm_steps:
                 step(bases, stream_ptr, alloc)
 
     def __call__(self, x, stream_ptr):
@@ -206,9 +226,9 @@ class BoundLinear:
         y = xp.empty(self.out_shape, dtype=self.out_dtype)
         scratch = xp.empty(max(self.scratch_bytes, 1), dtype=np.uint8)
         if SIMULATOR:
-            arrays = (np.ascontiguousarray(x), y, scratch)
+            arrays = (np.ascontiguousarray(x), y, scratch, scratch[self._gemm_offset:])
             with self._lock:
-                for step in self.steps:
+                for step in self.quant_steps + self.gemm_steps:
                     step.simulate(arrays)
         else:
             self.enqueue(x.data.ptr, y.data.ptr, scratch.data.ptr, stream_ptr)

@@ -261,12 +261,18 @@ class CublasLt(Kernel):
                                f"output, got {bias_dt} (it would be rounded)")
             if call.bias.data.ptr % 16:
                 return False, "cuBLASLt's bias must be 16-byte aligned"
-        mode_a = cublaslt.VECTOR if call.sa_step else cublaslt.SCALAR
-        mode_b = cublaslt.VECTOR if call.sb_step else cublaslt.SCALAR
+        mode_a = mode_b = cublaslt.SCALAR
         if call.sa_step or call.sb_step:
             reason = call.device.cublaslt().outer_vec_reason
             if reason:
                 return False, reason
+            # OUTER_VEC_32F scales both operands or neither: a scalar beside a vector found no plan on
+            # the H200 (every per-token call at M = 1 fell to the f32-staged path). A scalar is the
+            # vector of a one-row operand; a per-tensor weight scale beside per-row ones is not.
+            if (not call.sb_step and call.n > 1) or (not call.sa_step and call.m > 1):
+                return False, ("cuBLASLt's per-row x per-channel scales (OUTER_VEC_32F) need a vector on both "
+                               "sides: a per-tensor scale beside per-row ones takes the f32-staged path")
+            mode_a = mode_b = cublaslt.VECTOR
         return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b, _vector_pointers(call, call.bias))
 
     def steps(self, call, y, scratch):

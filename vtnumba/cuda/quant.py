@@ -279,6 +279,44 @@ def dynamic_kernel(kind, encoder):
                                              types.float32[::1], types.int64))
 
 
+# Small inputs take dynamic per-tensor quantization in ONE launch: a single block reduces the amax
+# of the whole input and quantizes it (the arithmetic of the two-kernel form, so the same bytes). At
+# decode the two launches of the general form are launch-bound (on the H200, 13 of a three-layer
+# MLP's 70 us at M <= 16); one block streams 64 Ki elements in about the time one launch costs.
+SMALL_DYNAMIC_MAX = 1 << 16  # elements
+SMALL_THREADS = 32 if SIMULATOR else 1024
+_small_block_max = block_max_for(SMALL_THREADS)
+
+
+@functools.lru_cache(maxsize=None)
+def dynamic_small_kernel(kind, encoder):
+    """One block: scale = max(finite amax / 448, floor) over all of x, codes = encode(x * (1 / scale));
+    the scale to ``scale_out[0]``."""
+    encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _times)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    def quantize_dynamic_small(x, out, scale_out, ngroups):
+        shared = cuda.shared.array(SMALL_THREADS, types.float32)
+        t = cuda.threadIdx.x
+        amax = F32_ZERO
+        for g in range(t, ngroups, SMALL_THREADS):
+            amax = max(amax, amax_group(x, g))
+        for j in range(ngroups * GROUP + t, x.size, SMALL_THREADS):
+            amax = max(amax, finite_abs(load(x, j)))
+        s = _dynamic_scale(_small_block_max(amax, shared))
+        inv = F32_ONE / s
+        if t == 0:
+            scale_out[0] = s
+        for g in range(t, ngroups, SMALL_THREADS):
+            encode_group(x, out, g, inv)
+        for j in range(ngroups * GROUP + t, x.size, SMALL_THREADS):
+            out[j] = encode(load(x, j) * inv)
+
+    return compile_kernel(quantize_dynamic_small, (_signature_input(kind), types.uint8[::1], types.float32[::1],
+                                                   types.int64))
+
+
 @functools.lru_cache(maxsize=None)
 def per_token_kernel(kind, encoder, device_ub):
     """One block per row: t = min(finite amax, scale_ub) (no bound when scale_ub <= 0),
@@ -470,4 +508,4 @@ def per_group_vector_kernel(kind, encoder, ue8m0, width):
 
 
 __all__ = ["GROUP", "THREADS", "GROUP_WARPS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel",
-           "dynamic_kernel", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "group_width"]
+           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "group_width"]
