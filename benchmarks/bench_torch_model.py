@@ -26,6 +26,7 @@ Parts (``--parts``, comma-separated; all by default):
 
 import argparse
 import copy
+import os
 import time
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
@@ -200,10 +201,16 @@ def part_mlp(torch, vtt, ms):
           "(M <= 16 replayed from a CUDA graph, larger M eager)",
           ["scheme", "M", "bf16 us", "vtnumba us", "vtnumba vs bf16", "torch fp8 us", "torch fp8 vs bf16",
            "vtnumba vs torch fp8"])
-    with torch.inference_mode():
+    with torch.no_grad():
         bf16_us = {m: device_us(torch, lambda x=torch.randn(m, h, device="cuda", dtype=torch.bfloat16): model(x),
                                 graph=m <= 16) for m in ms}
-        for scheme in SCHEMES:
+        for scheme in SCHEMES + ["per_token f32-staged"]:
+            # the last row: per-token with cuBLASLt's OUTER_VEC plans refused, so its GEMMs run
+            # cuBLASLt into float32 and the 8-wide Numba epilogue (what the kernel choice weighs)
+            staged = scheme.endswith("f32-staged")
+            if staged:
+                os.environ["VT_DISABLE_KERNELS"] = "cublaslt"
+            scheme = scheme.split()[0]
             ours = converted(torch, vtt, model, scheme, sample)
             peer = peer_mlp(torch, vtt, model, scheme, sample)
             for m in ms:
@@ -214,8 +221,9 @@ def part_mlp(torch, vtt, ms):
                 except Exception as exc:  # torch refuses some shapes (block scales at M = 1)
                     peer_us = None
                     print(f"  torch fp8 {scheme} M={m}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-                row(scheme, m, bf16_us[m], vt_us, ratio(bf16_us[m], vt_us), "n/a" if peer_us is None else peer_us,
-                    ratio(bf16_us[m], peer_us), ratio(peer_us, vt_us))
+                row(scheme + (" f32-staged" if staged else ""), m, bf16_us[m], vt_us, ratio(bf16_us[m], vt_us),
+                    "n/a" if peer_us is None else peer_us, ratio(bf16_us[m], peer_us), ratio(peer_us, vt_us))
+            os.environ.pop("VT_DISABLE_KERNELS", None)
             ours = peer = None
             torch.cuda.empty_cache()
     print("vs: time of the other side / time of this side (above 1: this side is faster)")
@@ -243,7 +251,7 @@ def part_profile(torch, vtt, ms):
     sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
     table("torch.profiler: where one MLP forward's GPU time goes (us; eager, after warm-up)",
           ["side", "scheme", "M", "quant", "GEMM", "epilogue", "other", "total", "kernels"])
-    with torch.inference_mode():
+    with torch.no_grad():
         for scheme in SCHEMES:
             sides = [("vtnumba", converted(torch, vtt, model, scheme, sample)),
                      ("torch fp8", peer_mlp(torch, vtt, model, scheme, sample))]
@@ -276,7 +284,7 @@ def part_host(torch, vtt):
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     table("host us per eager forward, 4096 x 4096, M = 1, bf16 x (loop behind a queued sleep)",
           ["layer", "host us", "vs nn.Linear (<= 1.3x)", "device us"])
-    with torch.inference_mode():
+    with torch.no_grad():
         base = host_us(torch, lambda: linear(x))
         row("nn.Linear bf16", base, "1.00x", device_us(torch, lambda: linear(x)))
         for scheme in SCHEMES:
@@ -315,7 +323,7 @@ def graph_decode_tokens_per_s(torch, model, cfg, prompt, tokens):
     next position on the GPU too): tokens per second over ``tokens`` steps."""
     length = prompt.shape[1] + tokens + 8
     cache = _static_cache(cfg, length, torch)
-    with torch.inference_mode():
+    with torch.no_grad():
         pos = torch.arange(prompt.shape[1], device="cuda")
         logits = model(input_ids=prompt, past_key_values=cache, cache_position=pos, use_cache=True).logits
         ids = logits[:, -1:].argmax(-1)
@@ -349,7 +357,7 @@ def graph_decode_tokens_per_s(torch, model, cfg, prompt, tokens):
 
 def eager_step_us(torch, model, prompt):
     """(host us, device us) of one eager decode step (a dynamic cache after the prompt)."""
-    with torch.inference_mode():
+    with torch.no_grad():
         out = model(input_ids=prompt, use_cache=True)
         cache, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
 
@@ -362,7 +370,7 @@ def eager_step_us(torch, model, prompt):
 
 
 def generate_tokens_per_s(torch, model, prompt, tokens):
-    with torch.inference_mode():
+    with torch.no_grad():
         kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
         model.generate(prompt, **kwargs)
         best = None

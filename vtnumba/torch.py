@@ -199,9 +199,20 @@ def _gpu_forward(state, x, out_dtype, quant_key=None):
 # input -- q, k and v; gate and up -- quantize it once: the next layer given the very same tensor,
 # unchanged (torch bumps ``_version`` on every in-place write), quantized the same way on the same
 # stream, takes these codes instead of making them again. The bytes are the same by construction.
-# Only eager forwards (a CUDA graph captured from them included) share: inside torch.compile each op
-# stays self-contained, since CUDA-graph trees reclaim memory an op leaves behind.
+# Only eager forwards share, and never while a CUDA graph is being captured: a graph must hold its
+# own quantization (its input is rewritten between replays, and nothing runs during a capture to
+# fill codes another call could read). Inside torch.compile each op stays self-contained. Tensors
+# made under ``torch.inference_mode()`` keep no version counter, so an in-place write to one could
+# not be seen: they never share (``torch.no_grad()``, as transformers' ``generate`` runs, does).
 _LAST_QUANT = {}
+
+
+def _stream_is_capturing(stream):
+    global _stream_is_capturing
+    import cupy
+
+    _stream_is_capturing = cupy.cuda.runtime.streamIsCapturing
+    return _stream_is_capturing(stream)
 
 
 def _run_bound(state, entry, x, out_dtype, quant_key=None):
@@ -210,7 +221,7 @@ def _run_bound(state, entry, x, out_dtype, quant_key=None):
     y = torch.empty(y_shape, dtype=out_dtype, device=state.device)
     scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=state.device)
     stream = _raw_stream(state.index)
-    if quant_key is None:
+    if quant_key is None or x.is_inference() or _stream_is_capturing(stream):
         bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), stream, state.alloc)
         return y
     quant_key = (quant_key, x.shape, x.dtype, stream)
@@ -452,6 +463,8 @@ class Fp8Linear(nn.Module):
         its group size."""
         scheme = self.activation_scheme
         if scheme == ActivationScheme.STATIC:
+            if self.input_scale.is_inference():  # no version counter: this buffer's own scale only
+                return scheme, self.input_scale.data_ptr()
             version = self.input_scale._version
             cached = self._scale_value
             if cached is None or cached[0] != version or cached[1] is not self.input_scale:
