@@ -21,7 +21,7 @@ Parts (``--parts``, comma-separated; all by default):
 - ``convert``: time and GPU memory to convert a model with Llama-3-8B linear shapes (32 layers x 7
   linears) that already sits on the GPU.
 
-    python3 benchmarks/bench_torch_model.py [--parts mlp,profile,host,decode,convert] [--ms 1,16,256,4096]
+    python3 benchmarks/bench_torch_model.py [--parts mlp,profile,host,convert,decode,graph] [--ms 1,16,256,4096]
 """
 
 import argparse
@@ -193,7 +193,7 @@ def peer_mlp(torch, vtt, model, scheme, sample):
 
 # -- the parts ---------------------------------------------------------------------------------------
 
-def part_mlp(torch, vtt, ms):
+def part_mlp(torch, vtt, ms, f32_staged_row=False):
     h, i = LLAMA_8B["hidden"], LLAMA_8B["intermediate"]
     model = mlp_module(torch, h, i, torch.bfloat16)
     sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
@@ -204,9 +204,9 @@ def part_mlp(torch, vtt, ms):
     with torch.no_grad():
         bf16_us = {m: device_us(torch, lambda x=torch.randn(m, h, device="cuda", dtype=torch.bfloat16): model(x),
                                 graph=m <= 16) for m in ms}
-        for scheme in SCHEMES + ["per_token f32-staged"]:
-            # the last row: per-token with cuBLASLt's OUTER_VEC plans refused, so its GEMMs run
-            # cuBLASLt into float32 and the 8-wide Numba epilogue (what the kernel choice weighs)
+        for scheme in SCHEMES + (["per_token f32-staged"] if f32_staged_row else []):
+            # the optional last row: per-token with cuBLASLt's OUTER_VEC plans refused at every M, so
+            # its GEMMs run cuBLASLt into float32 and the 8-wide Numba epilogue (gemm.OUTER_VEC_MIN_M)
             staged = scheme.endswith("f32-staged")
             if staged:
                 os.environ["VT_DISABLE_KERNELS"] = "cublaslt"
@@ -384,42 +384,49 @@ def generate_tokens_per_s(torch, model, prompt, tokens):
     return best
 
 
-def part_decode(torch, vtt, layers, tokens):
+def part_decode(torch, vtt, layers, tokens, graphs=True):
     model, cfg = llama(torch, layers)
     prompt = torch.randint(0, LLAMA_8B["vocab"], (1, 16), device="cuda")
     table(f"transformers LlamaForCausalLM, Llama-3-8B shapes, {layers} layers, random weights: greedy decode "
           f"of {tokens} tokens (lm_head bf16)",
-          ["model", "eager generate tok/s", "vs bf16", "graph step tok/s", "vs bf16 graph", "eager step host us",
-           "eager step device us"])
-    base_eager = base_graph = None
+          ["model", "eager generate tok/s", "vs bf16", "eager step host us", "eager step device us",
+           "device-bound tok/s (1e6 / step device us)", "vs bf16"])
     sample = torch.randint(0, LLAMA_8B["vocab"], (1, 32), device="cuda")
+    base = {}
+    converted_models = {}
     for scheme in ["bf16"] + SCHEMES:
         if scheme == "bf16":
             m = model
         else:
             m = copy.deepcopy(model)
-            scales = None
-            if scheme == "static":
-                scales = vtt.calibrate(m, lambda: m(sample))
+            scales = vtt.calibrate(m, lambda: m(sample)) if scheme == "static" else None
             vtt.convert(m, scheme, input_scales=scales, ignore=["lm_head"])
         eager = generate_tokens_per_s(torch, m, prompt, tokens)
-        try:
-            graph = graph_decode_tokens_per_s(torch, m, cfg, prompt, tokens)
-        except Exception as exc:
-            graph = None
-            print(f"  graph decode {scheme}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-        try:
-            host, dev = eager_step_us(torch, m, prompt)
-        except Exception as exc:
-            host = dev = None
-            print(f"  eager step {scheme}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        host, dev = eager_step_us(torch, m, prompt)
+        bound = 1e6 / dev
         if scheme == "bf16":
-            base_eager, base_graph = eager, graph
-        row(scheme, eager, ratio(eager, base_eager), "n/a" if graph is None else graph, ratio(graph, base_graph),
-            "n/a" if host is None else host, "n/a" if dev is None else dev)
-        if m is not model:
+            base = {"eager": eager, "bound": bound}
+        row(scheme, eager, ratio(eager, base["eager"]), host, dev, bound, ratio(bound, base["bound"]))
+        if scheme in ("bf16", "static"):
+            converted_models[scheme] = m
+        elif m is not model:
             del m
             torch.cuda.empty_cache()
+    if not graphs:
+        return
+    # each side's best path: one decode step with a static KV cache captured in a CUDA graph (last:
+    # a failure there, such as a device-side assert in transformers' cache, ends the process)
+    table("the same, one decode step with a static KV cache captured in a CUDA graph and replayed",
+          ["model", "graph step tok/s", "vs bf16"])
+    base_graph = None
+    for scheme, m in converted_models.items():
+        try:
+            rate = graph_decode_tokens_per_s(torch, m, cfg, prompt, tokens)
+        except Exception as exc:
+            print(f"  graph decode {scheme}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        base_graph = base_graph or rate
+        row(scheme, rate, ratio(rate, base_graph))
 
 
 def part_convert(torch, vtt, layers=32):
@@ -448,7 +455,8 @@ def part_convert(torch, vtt, layers=32):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="mlp,profile,host,decode,convert")
+    ap.add_argument("--parts", default="mlp,profile,host,convert,decode,graph",
+                    help="also 'staged': the MLP's per-token row with OUTER_VEC refused at every M")
     ap.add_argument("--ms", default="1,16,256,4096")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
@@ -461,15 +469,15 @@ def main():
     ms = [int(m) for m in args.ms.split(",")]
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     if "mlp" in parts:
-        part_mlp(torch, vtt, ms)
+        part_mlp(torch, vtt, ms, f32_staged_row="staged" in parts)
     if "profile" in parts:
         part_profile(torch, vtt, [16, 4096])
     if "host" in parts:
         part_host(torch, vtt)
-    if "decode" in parts:
-        part_decode(torch, vtt, args.layers, args.tokens)
     if "convert" in parts:
         part_convert(torch, vtt)
+    if "decode" in parts:
+        part_decode(torch, vtt, args.layers, args.tokens, graphs="graph" in parts)
 
 
 if __name__ == "__main__":

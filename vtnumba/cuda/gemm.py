@@ -10,14 +10,16 @@ every reason. ``VT_DISABLE_KERNELS=name1,name2`` (read at every call) takes kern
 The kernels, and where each applies:
 
 ``cublaslt``               cuBLASLt does everything: scales (per-tensor scalars, or per-row x
-                           per-channel vectors through OUTER_VEC_32F on sm_90 with cuBLASLt >= 12.9),
+                           per-channel vectors through OUTER_VEC_32F on sm_90 with cuBLASLt >= 12.9,
+                           from M = OUTER_VEC_MIN_M on),
                            the bias epilogue when the bias has cuBLASLt's type for the output
                            (bf16 -> bf16, f16 -> f16, f32 -> bf16), rounding to the output type.
                            Needs K % 16 == 0, N % 16 == 0, 16-byte aligned pointers and rows.
 ``cublaslt_f32_epilogue``  cuBLASLt accumulates into float32, then a Numba epilogue applies the
                            scales, adds the bias and rounds: every call cuBLASLt's own epilogue cannot
                            express exactly (a float32 bias with a bf16 output would otherwise have to
-                           be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable).
+                           be rounded to bf16 first; scale vectors where OUTER_VEC is unavailable or
+                           slower: M < OUTER_VEC_MIN_M).
 ``decode_gemv``            the Numba decode kernel for M <= 4 (gemv.py): streams the weight
                            with 128-bit loads, aiming at memory speed where cuBLASLt reads the
                            weight at 45-92% of the ceiling (ANCHORS.md); tried before cuBLASLt for
@@ -68,6 +70,14 @@ from .target import SIMULATOR
 DECODE_GEMV_PREFERRED_MAX_M = 0
 
 _F32 = np.dtype(np.float32)
+
+# From this M on, per-row x per-channel scales run in cuBLASLt's OUTER_VEC_32F plans; below it in the
+# f32-staged path (cuBLASLt into float32, then the 8-wide Numba epilogue). On the H200 (2026-12-01,
+# benchmarks/bench_torch_model.py, the Llama-3-8B MLP) cuBLASLt's heuristic gave OUTER_VEC one
+# 128 x 128 tile at every M ("..._ovscale_TNT"): 107 / 103 us at M = 1 / 16 against the f32-staged
+# path's 78 / 79 us; at M = 256 and 4096 OUTER_VEC won (125 against 142 us, 1288 against 1555 us).
+# The crossover lies between 16 and 256; 128 is between them, not measured there.
+OUTER_VEC_MIN_M = 128
 
 
 def _scale(scale, rows, dev):
@@ -272,6 +282,9 @@ class CublasLt(Kernel):
             if (not call.sb_step and call.n > 1) or (not call.sa_step and call.m > 1):
                 return False, ("cuBLASLt's per-row x per-channel scales (OUTER_VEC_32F) need a vector on both "
                                "sides: a per-tensor scale beside per-row ones takes the f32-staged path")
+            if call.m < OUTER_VEC_MIN_M:
+                return False, (f"cuBLASLt's OUTER_VEC_32F plans are slower than the f32-staged path below "
+                               f"M = {OUTER_VEC_MIN_M} (measured), got M = {call.m}")
             mode_a = mode_b = cublaslt.VECTOR
         return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b, _vector_pointers(call, call.bias))
 
