@@ -50,8 +50,9 @@ def ratio(a, b):
 
 # -- timing ----------------------------------------------------------------------------------------
 
-def device_us(torch, fn, calls=20, graph=False):
-    """GPU microseconds per call of fn(): eager calls behind a queued sleep, or (graph=True) the calls
+def device_us(torch, fn, calls=20, graph=False, sleep_cycles=int(2e7)):
+    """GPU microseconds per call of fn(): eager calls behind a queued sleep (long enough that the
+    host enqueues every call before the GPU starts: ``sleep_cycles``), or (graph=True) the calls
     captured once into a CUDA graph and replayed behind the sleep."""
     for _ in range(3):
         fn()
@@ -74,7 +75,7 @@ def device_us(torch, fn, calls=20, graph=False):
     for _ in range(3):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(2e7))
+        torch.cuda._sleep(sleep_cycles)
         start.record()
         for _ in range(reps):
             run()
@@ -356,17 +357,26 @@ def graph_decode_tokens_per_s(torch, model, cfg, prompt, tokens):
 
 
 def eager_step_us(torch, model, prompt):
-    """(host us, device us) of one eager decode step (a dynamic cache after the prompt)."""
+    """(wall us, device us) of one eager decode step (a dynamic cache after the prompt): the wall time
+    of a loop of steps synchronized once (a step is host-bound: its host cost), and the GPU time of
+    steps queued behind a sleep long enough (~0.1 s) for the host to enqueue them all."""
     with torch.no_grad():
         out = model(input_ids=prompt, use_cache=True)
         cache, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
 
-        def step():  # the cache grows by a token a call: a hundred calls stay a short context
+        def step():  # the cache grows by a token a call: forty calls stay a short context
             model(input_ids=ids, past_key_values=cache, use_cache=True)
 
-        host = host_us(torch, step, calls=3)  # ~150 launches a step: the queue holds three behind the sleep
-        device = device_us(torch, step, calls=5)
-    return host, device
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / 10 * 1e6
+        device = device_us(torch, step, calls=5, sleep_cycles=int(3e8))
+    return wall, device
 
 
 def generate_tokens_per_s(torch, model, prompt, tokens):
@@ -389,7 +399,7 @@ def part_decode(torch, vtt, layers, tokens, graphs=True):
     prompt = torch.randint(0, LLAMA_8B["vocab"], (1, 16), device="cuda")
     table(f"transformers LlamaForCausalLM, Llama-3-8B shapes, {layers} layers, random weights: greedy decode "
           f"of {tokens} tokens (lm_head bf16)",
-          ["model", "eager generate tok/s", "vs bf16", "eager step host us", "eager step device us",
+          ["model", "eager generate tok/s", "vs bf16", "eager step wall us", "eager step device us",
            "device-bound tok/s (1e6 / step device us)", "vs bf16"])
     sample = torch.randint(0, LLAMA_8B["vocab"], (1, 32), device="cuda")
     base = {}

@@ -559,17 +559,18 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     scheme, per_channel, rules = _plan(config, ignore)
-    targets = [(name, module) for name, module in model.named_modules()
+    targets = [name for name, module in model.named_modules()
                if isinstance(module, nn.Linear) and not rules.is_ignored(name)]
     block = dict(block_size=rules.weight_block_size, scale_ue8m0=getattr(rules, "activation_scale_ue8m0", False))
     if scheme == ActivationScheme.STATIC and checkpoint is None:
-        for name, _ in targets:
+        for name in targets:
             if input_scales is None or name not in input_scales:
                 raise ValueError(f"input_scales must give a scale for layer {name!r} (static activations), got "
                                  f"{'none' if input_scales is None else 'no entry for it'}; measure them with "
                                  f"vtnumba.torch.calibrate(model, run)")
     converted = None
-    for name, linear in targets:
+    for name in targets:  # names only: a float layer is released as soon as its replacement is in
+        linear = model.get_submodule(name)
         if checkpoint is not None:
             layer = Fp8Linear.from_checkpoint(checkpoint, name, activation_scheme=scheme, out_dtype=out_dtype,
                                               **block).to(linear.weight.device)
@@ -582,7 +583,7 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
             continue
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, layer)  # the float layer goes (if nobody holds it)
-    del targets
+        del linear, layer
     return converted if converted is not None else model
 
 
