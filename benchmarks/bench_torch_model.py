@@ -10,6 +10,8 @@ Parts (``--parts``, comma-separated; all by default):
   eager behind a queued sleep (pure GPU time).
 - ``profile``: torch.profiler's breakdown of one converted forward per scheme (quantization, GEMM,
   epilogue, other), and the torch peer's.
+- ``kernels``: the quantization kernels (per-group in its three forms, per-token, dynamic in one or
+  two launches) and the f32-staged epilogue on Llama shapes, in TB/s against torch's copy.
 - ``host``: host microseconds per eager forward of one 4096 x 4096 layer at M = 1: ``Fp8Linear``
   against ``nn.Linear`` in bf16 (a loop of calls behind a queued sleep, so the GPU never holds the
   host back).
@@ -294,6 +296,68 @@ def part_host(torch, vtt):
             row(f"Fp8Linear {scheme}", us, f"{us / base:.2f}x", device_us(torch, lambda: layer(x)))
 
 
+def part_kernels(torch):
+    """The kernels issue 21 names, on Llama shapes, against torch's copy of the same bytes."""
+    import cupy
+    import numpy as np
+
+    import vtnumba.cuda as backend
+    from vtnumba._interop import to_native
+    from vtnumba.cuda import epilogue, quant
+
+    backend._backend()
+    table("quantization kernels, bf16 x: device us and TB/s (bytes read + written); copy = torch clone of x",
+          ["kernel", "M x K", "us", "TB/s", "copy TB/s", "vs copy"])
+    for m, k in [(256, 4096), (256, 14336), (4096, 4096), (4096, 14336)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xc = to_native(x)
+        copy_rate = 2 * x.nbytes / device_us(torch, lambda: x.clone()) / 1e6
+        group_bytes = 2 * m * k + m * k + 4 * m * (k // 128)
+        xin, kind, shape, n, aligned, _ = backend._input(xc)
+        out, scales = cupy.empty(shape, np.uint8), backend._group_scales(m, k // 128, True)
+        encoder = backend.encoder_in_use()
+        forms = {"per-group 128, a chunk a lane": quant.per_group_lane_kernel(kind, encoder, False, 8),
+                 "per-group 128, 16-wide loop": quant.per_group_vector_kernel(kind, encoder, False, 8),
+                 "per-group 128, element per lane": quant.per_group_kernel(kind, encoder, False) + (quant.GROUP_WARPS,)}
+        for label, (kernel, threads, per_block) in forms.items():
+            blocks = max(1, min(-(-m * (k // 128) // per_block), quant.MAX_BLOCKS))
+            args = (xin, backend._flat(out), backend._flat(scales.T), m, k, 128, 1, m)
+            us = device_us(torch, lambda: kernel(blocks, threads, *args))
+            row(label, f"{m} x {k}", us, group_bytes / us / 1e6, copy_rate, f"{group_bytes / us / 1e6 / copy_rate:.2f}")
+        us = device_us(torch, lambda: backend.quantize_per_token(xc, None))
+        nbytes = 3 * m * k + 4 * m
+        row("per-token", f"{m} x {k}", us, nbytes / us / 1e6, copy_rate, f"{nbytes / us / 1e6 / copy_rate:.2f}")
+    table("dynamic per-tensor quantization, bf16 x: device us per call (eager, queued behind a sleep)",
+          ["M x K", "one launch (one block)", "two launches (amax partials, quantize)"])
+    for m, k in [(1, 4096), (1, 14336), (16, 4096), (4, 16384), (64, 16384)]:
+        xc = to_native(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+        saved = quant.SMALL_DYNAMIC_MAX
+        quant.SMALL_DYNAMIC_MAX = 1 << 30
+        one = device_us(torch, lambda: backend.quantize_dynamic(xc))
+        quant.SMALL_DYNAMIC_MAX = 0
+        two = device_us(torch, lambda: backend.quantize_dynamic(xc))
+        quant.SMALL_DYNAMIC_MAX = saved
+        row(f"{m} x {k}", one, two)
+    table("f32-staged epilogue, float32 accumulator -> bf16 y, per-row x per-channel scales: TB/s (read 4 + "
+          "write 2 bytes an element) against torch's copy of the accumulator",
+          ["M x N", "8-wide us", "8-wide TB/s", "element-per-thread us", "element TB/s", "copy TB/s",
+           "8-wide vs copy (>= 0.8)"])
+    for m, n in [(256, 14336), (4096, 4096), (4096, 14336)]:
+        acc = torch.randn(m, n, device="cuda")
+        copy_rate = 2 * acc.nbytes / device_us(torch, lambda: acc.clone()) / 1e6
+        accc, y = to_native(acc), cupy.empty((m, n), np.uint16)
+        sa, sb = cupy.random.uniform(0.01, 0.1, m).astype(np.float32), cupy.random.uniform(0.01, 0.1, n).astype(np.float32)
+        bias = cupy.zeros(1, np.uint16)
+        launch = epilogue.epilogue_launch(accc, y, sa, 1, sb, 1, bias, 0, epilogue.OutKind.BFLOAT16)
+        wide = device_us(torch, lambda: launch[0](launch[1], launch[2], *launch[3]))
+        one_kernel = epilogue.epilogue_kernel(False)
+        blocks = max(1, min((m * n + 255) // 256, 4096))
+        one = device_us(torch, lambda: one_kernel(blocks, 256, accc, y, sa, 1, sb, 1, bias, 0, 2))
+        nbytes = 6 * m * n
+        row(f"{m} x {n}", wide, nbytes / wide / 1e6, one, nbytes / one / 1e6, copy_rate,
+            f"{nbytes / wide / 1e6 / copy_rate:.2f}")
+
+
 def llama(torch, layers):
     import transformers
 
@@ -465,7 +529,7 @@ def part_convert(torch, vtt, layers=32):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="mlp,profile,host,convert,decode,graph",
+    ap.add_argument("--parts", default="mlp,profile,host,kernels,convert,decode,graph",
                     help="also 'staged': the MLP's per-token row with OUTER_VEC refused at every M")
     ap.add_argument("--ms", default="1,16,256,4096")
     ap.add_argument("--layers", type=int, default=8)
@@ -484,6 +548,8 @@ def main():
         part_profile(torch, vtt, [16, 4096])
     if "host" in parts:
         part_host(torch, vtt)
+    if "kernels" in parts:
+        part_kernels(torch)
     if "convert" in parts:
         part_convert(torch, vtt)
     if "decode" in parts:

@@ -16,9 +16,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
-# (64, 16) .. (512, 128): the 16-wide kernel (1, 2, 4 and 8 lanes a group, a short last group, a
-# group of three 16-element chunks); (70, 16), (40, 128): rows that are no multiple of 16, the
-# element-per-lane kernel
+# (64, 16), (96, 32), (512, 128): a chunk a lane (1, 2 and 8 lanes a group); (160, 64), (48, 48):
+# the 16-wide loop (a short last group, a group of three 16-element chunks); (70, 16), (40, 128):
+# rows that are no multiple of 16, the element-per-lane kernel
 @pytest.mark.parametrize("k,g", [(64, 16), (96, 32), (160, 64), (48, 48), (512, 128), (70, 16), (40, 128)])
 @pytest.mark.parametrize("ue8m0", [False, True])
 @pytest.mark.parametrize("column_major", [False, True])
@@ -74,11 +74,13 @@ def test_tiled_block_kernel_propagates_nan_codes():
     assert assert_block_g3(y, a, b, sa, sb, (8, 32)) > 0
 
 
-@pytest.mark.parametrize("k,g,width", [(64, 16, 1), (96, 32, 2), (160, 64, 4), (48, 48, 2), (512, 128, 8),
-                                       (70, 16, None), (40, 128, None)])
-def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width):
-    """Which kernel quantizes: the 16-wide one with ``width`` lanes a group wherever rows and
-    groups are multiples of 16 on an aligned input, the element-per-lane one elsewhere."""
+@pytest.mark.parametrize("k,g,width,form", [(64, 16, 1, "lane"), (96, 32, 2, "lane"), (512, 128, 8, "lane"),
+                                            (160, 64, 4, "16-wide"), (48, 48, 2, "16-wide"),
+                                            (70, 16, None, "element"), (40, 128, None, "element")])
+def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width, form):
+    """Which kernel quantizes: a chunk a lane, read once, where every group is ``width`` whole
+    chunks; the 16-wide loop with ``width`` lanes a group wherever rows and groups are multiples of
+    16 on an aligned input; the element-per-lane one elsewhere."""
     import vtnumba.cuda as gpu
     from vtnumba.cuda import quant
 
@@ -88,8 +90,9 @@ def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width):
     codes, scales = np.zeros((3, k), np.uint8), np.zeros((3, -(-k // g)), np.float32)
     ((kernel, _, threads, _),) = gpu._per_group_launches(xin, kind, shape, aligned, codes, scales, g, False, False,
                                                          "portable")
-    if width is None:
+    if form == "element":
         assert kernel is quant.per_group_kernel(kind, "portable", False)[0]
     else:
         assert quant.group_width(g) == width
-        assert kernel is quant.per_group_vector_kernel(kind, "portable", False, width)[0]
+        factory = quant.per_group_lane_kernel if form == "lane" else quant.per_group_vector_kernel
+        assert kernel is factory(kind, "portable", False, width)[0]

@@ -87,9 +87,11 @@ def _divided(v, s):
     return v / s
 
 
-def _group_ops(kind, encode_pair, scale_op):
-    """(encode_group(x, out, g, s), amax_group(x, g)) for input ``kind``: group ``g`` is elements
-    [16 g, 16 g + 16) of the flat input and codes [16 g, 16 g + 16) of the flat output."""
+def _chunk_ops(kind, encode_pair, scale_op):
+    """(load_chunk(x, g) -> words, amax_words(words), encode_words(words, out, g, s)) for input
+    ``kind``: chunk ``g`` is elements [16 g, 16 g + 16) of the flat input (8 uint32 words of 16-bit
+    values, or 16 of float32) and codes [16 g, 16 g + 16) of the flat output. A kernel that needs a
+    chunk twice (its amax, then its codes) keeps the words in registers."""
     if kind == "float32":
 
         @cuda.jit(**DEVICE_INLINE)
@@ -99,13 +101,17 @@ def _group_ops(kind, encode_pair, scale_op):
             return lo | (hi << _U32_16)
 
         @cuda.jit(**DEVICE_INLINE)
-        def encode_group(x, out, g, s):
+        def load_chunk(x, g):
             a0, a1, a2, a3 = load_u32x4(x, 4 * g)
             b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
             c0, c1, c2, c3 = load_u32x4(x, 4 * g + 2)
             d0, d1, d2, d3 = load_u32x4(x, 4 * g + 3)
-            store_u32x4(out, g, quad(a0, a1, a2, a3, s), quad(b0, b1, b2, b3, s),
-                        quad(c0, c1, c2, c3, s), quad(d0, d1, d2, d3, s))
+            return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
+
+        @cuda.jit(**DEVICE_INLINE)
+        def encode_words(w, out, g, s):
+            store_u32x4(out, g, quad(w[0], w[1], w[2], w[3], s), quad(w[4], w[5], w[6], w[7], s),
+                        quad(w[8], w[9], w[10], w[11], s), quad(w[12], w[13], w[14], w[15], s))
 
         @cuda.jit(**DEVICE_INLINE)
         def amax4(w0, w1, w2, w3):
@@ -113,15 +119,11 @@ def _group_ops(kind, encode_pair, scale_op):
                        max(finite_abs(bits_float32(w2)), finite_abs(bits_float32(w3))))
 
         @cuda.jit(**DEVICE_INLINE)
-        def amax_group(x, g):
-            a0, a1, a2, a3 = load_u32x4(x, 4 * g)
-            b0, b1, b2, b3 = load_u32x4(x, 4 * g + 1)
-            c0, c1, c2, c3 = load_u32x4(x, 4 * g + 2)
-            d0, d1, d2, d3 = load_u32x4(x, 4 * g + 3)
-            return max(max(amax4(a0, a1, a2, a3), amax4(b0, b1, b2, b3)),
-                       max(amax4(c0, c1, c2, c3), amax4(d0, d1, d2, d3)))
+        def amax_words(w):
+            return max(max(amax4(w[0], w[1], w[2], w[3]), amax4(w[4], w[5], w[6], w[7])),
+                       max(amax4(w[8], w[9], w[10], w[11]), amax4(w[12], w[13], w[14], w[15])))
 
-        return encode_group, amax_group
+        return load_chunk, amax_words, encode_words
 
     lo_of, hi_of = (bf16_low, bf16_high) if kind == "bfloat16" else (f16_low, f16_high)
 
@@ -132,21 +134,40 @@ def _group_ops(kind, encode_pair, scale_op):
         return first | (second << _U32_16)
 
     @cuda.jit(**DEVICE_INLINE)
-    def encode_group(x, out, g, s):
+    def load_chunk(x, g):
         a0, a1, a2, a3 = load_u32x4(x, 2 * g)
         b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
-        store_u32x4(out, g, pair_word(a0, a1, s), pair_word(a2, a3, s), pair_word(b0, b1, s), pair_word(b2, b3, s))
+        return a0, a1, a2, a3, b0, b1, b2, b3
+
+    @cuda.jit(**DEVICE_INLINE)
+    def encode_words(w, out, g, s):
+        store_u32x4(out, g, pair_word(w[0], w[1], s), pair_word(w[2], w[3], s), pair_word(w[4], w[5], s),
+                    pair_word(w[6], w[7], s))
 
     @cuda.jit(**DEVICE_INLINE)
     def amax2(w):
         return max(finite_abs(lo_of(w)), finite_abs(hi_of(w)))
 
     @cuda.jit(**DEVICE_INLINE)
+    def amax_words(w):
+        return max(max(max(amax2(w[0]), amax2(w[1])), max(amax2(w[2]), amax2(w[3]))),
+                   max(max(amax2(w[4]), amax2(w[5])), max(amax2(w[6]), amax2(w[7]))))
+
+    return load_chunk, amax_words, encode_words
+
+
+def _group_ops(kind, encode_pair, scale_op):
+    """(encode_group(x, out, g, s), amax_group(x, g)): a chunk's codes, and its finite amax, each
+    from one load of the chunk (``_chunk_ops``)."""
+    load_chunk, amax_words, encode_words = _chunk_ops(kind, encode_pair, scale_op)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def encode_group(x, out, g, s):
+        encode_words(load_chunk(x, g), out, g, s)
+
+    @cuda.jit(**DEVICE_INLINE)
     def amax_group(x, g):
-        a0, a1, a2, a3 = load_u32x4(x, 2 * g)
-        b0, b1, b2, b3 = load_u32x4(x, 2 * g + 1)
-        return max(max(max(amax2(a0), amax2(a1)), max(amax2(a2), amax2(a3))),
-                   max(max(amax2(b0), amax2(b1)), max(amax2(b2), amax2(b3))))
+        return amax_words(load_chunk(x, g))
 
     return encode_group, amax_group
 
@@ -507,5 +528,43 @@ def per_group_vector_kernel(kind, encoder, ue8m0, width):
     return compile_kernel(quantize_per_group16, signature), threads, per_block
 
 
+@functools.lru_cache(maxsize=None)
+def per_group_lane_kernel(kind, encoder, ue8m0, width):
+    """The 16-wide form where a group is exactly ``width`` chunks (g = 16, 32, 64, 128, 256, 512 with
+    full groups: K % g == 0): each lane loads its one chunk once, reduces the group's amax from
+    registers and encodes the same registers -- one global read of x instead of two."""
+    load_chunk, amax_words, encode_words = _chunk_ops(kind, codec.encode_pair(encoder), _divided)
+    group_scale = codec.compile_device(_format.per_group_scale)
+    threads = 32 * GROUP_WARPS
+    per_warp = 32 // width
+    per_block = GROUP_WARPS * per_warp
+
+    def quantize_per_group_lane(x, out, scales, rows, k, group_size, row_stride, group_stride):
+        scratch = cuda.shared.array(threads, types.float32)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        seg = lane // width
+        sub = lane - seg * width
+        groups = k // group_size
+        total = rows * groups
+        for base in range(cuda.blockIdx.x * per_block, total, cuda.gridDim.x * per_block):
+            gi = base + warp * per_warp + seg
+            valid = gi < total
+            r = gi // groups if valid else 0
+            col = gi - r * groups if valid else 0
+            chunk = (r * k + col * group_size) // CHUNK + sub
+            words = load_chunk(x, chunk if valid else 0)
+            amax = amax_words(words) if valid else F32_ZERO
+            s = group_scale(_segment_max(amax, scratch, lane, warp, width), ue8m0)
+            if valid:
+                if sub == 0:
+                    scales[r * row_stride + col * group_stride] = s
+                encode_words(words, out, chunk, s)
+
+    signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
+                 types.int64, types.int64, types.int64)
+    return compile_kernel(quantize_per_group_lane, signature), threads, per_block
+
+
 __all__ = ["GROUP", "THREADS", "GROUP_WARPS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel",
-           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "group_width"]
+           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "per_group_lane_kernel", "group_width"]
