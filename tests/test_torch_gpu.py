@@ -23,11 +23,11 @@ nn = torch.nn
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
 QUANT_KERNEL = {"static": ("quantize_static",), "dynamic": ("finite_amax_partials", "quantize_dynamic"),
-                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group16",)}
+                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group_lane",)}
 
 
 def _quant_kernels(scheme, m, k):
-    if scheme == "dynamic" and m * k <= 1 << 16:  # small inputs: one launch (vtnumba.cuda.quant)
+    if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.quant)
         return ("quantize_dynamic_small",)
     return QUANT_KERNEL[scheme]
 # Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``

@@ -302,9 +302,11 @@ def dynamic_kernel(kind, encoder):
 
 # Small inputs take dynamic per-tensor quantization in ONE launch: a single block reduces the amax
 # of the whole input and quantizes it (the arithmetic of the two-kernel form, so the same bytes). At
-# decode the two launches of the general form are launch-bound (on the H200, 13 of a three-layer
-# MLP's 70 us at M <= 16); one block streams 64 Ki elements in about the time one launch costs.
-SMALL_DYNAMIC_MAX = 1 << 16  # elements
+# decode the two launches of the general form are launch-bound. Measured on the H200 (2026-12-01,
+# bench_torch_model.py --parts kernels, bf16, device us one / two launches): 1 x 4096 3.7 / 6.3,
+# 1 x 14336 4.7 / 6.5, but 16 x 4096 8.9 / 6.5 and 64 x 16384 95 / 8.0 -- one block stops paying
+# between 14 Ki and 64 Ki elements, so the threshold covers a decode row of up to 16 Ki.
+SMALL_DYNAMIC_MAX = 1 << 14  # elements
 SMALL_THREADS = 32 if SIMULATOR else 1024
 _small_block_max = block_max_for(SMALL_THREADS)
 
@@ -449,8 +451,10 @@ def per_group_kernel(kind, encoder, ue8m0):
 # 16-byte aligned input: a segment of ``width`` lanes owns a group, each lane its 16-element
 # chunks (two or four 16-byte loads, one 16-byte store of codes), the segment's amax meets through
 # shuffles inside it. The element-per-lane form above reads 2-byte elements one lane at a time and
-# stores codes byte by byte: 0.48 TB/s on the H200 at 4096 x 4096 bf16 (107 us), where per-token
-# quantization of the same input, 16-wide, ran at 2.1-2.7 TB/s.
+# stores codes byte by byte. On the H200 (2026-12-01, bf16, g = 128, TB/s read + written at
+# 4096 x 4096 / 4096 x 14336): element per lane 0.47 / 0.49, this loop 1.60 / 1.77, a chunk a lane
+# (``per_group_lane_kernel``, one read of x) 1.75 / 1.95; per-token quantization 2.05 / 2.69; the copy
+# 3.5 / 4.0. What holds the group forms below per-token was not found in that run.
 CHUNK = GROUP  # elements per lane-step: 16
 
 
