@@ -47,6 +47,10 @@ except ImportError:
     raise ImportError("vtnumba.torch needs torch, which is not installed: pip install 'vtnumba[torch]'") from None
 from torch import nn
 
+if not hasattr(torch.library, "custom_op"):  # the layers are torch custom ops (torch.library, 2.4+)
+    raise ImportError(f"vtnumba.torch needs torch >= 2.4 (torch.library.custom_op), found torch {torch.__version__}: "
+                      f"pip install 'torch>=2.4'")
+
 from . import _arrays
 from ._config import kernel_settings
 from ._format import E4M3_MAX, F32_GROUP_EPS
