@@ -316,8 +316,8 @@ def part_kernels(torch):
         xin, kind, shape, n, aligned, _ = backend._input(xc)
         out, scales = cupy.empty(shape, np.uint8), backend._group_scales(m, k // 128, True)
         encoder = backend.encoder_in_use()
-        forms = {"per-group 128, a chunk a lane": quant.per_group_lane_kernel(kind, encoder, False, 8),
-                 "per-group 128, 16-wide loop": quant.per_group_vector_kernel(kind, encoder, False, 8),
+        forms = {"per-group 128, a chunk a lane": quant.per_group_vector_kernel(kind, encoder, False, 8, True),
+                 "per-group 128, 16-wide loop": quant.per_group_vector_kernel(kind, encoder, False, 8, False),
                  "per-group 128, element per lane": quant.per_group_kernel(kind, encoder, False) + (quant.GROUP_WARPS,)}
         for label, (kernel, threads, per_block) in forms.items():
             blocks = max(1, min(-(-m * (k // 128) // per_block), quant.MAX_BLOCKS))

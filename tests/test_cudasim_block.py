@@ -94,5 +94,4 @@ def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width, form):
         assert kernel is quant.per_group_kernel(kind, "portable", False)[0]
     else:
         assert quant.group_width(g) == width
-        factory = quant.per_group_lane_kernel if form == "lane" else quant.per_group_vector_kernel
-        assert kernel is factory(kind, "portable", False, width)[0]
+        assert kernel is quant.per_group_vector_kernel(kind, "portable", False, width, form == "lane")[0]

@@ -23,7 +23,7 @@ nn = torch.nn
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
 QUANT_KERNEL = {"static": ("quantize_static",), "dynamic": ("finite_amax_partials", "quantize_dynamic"),
-                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group_lane",)}
+                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group16",)}
 
 
 def _quant_kernels(scheme, m, k):

@@ -237,9 +237,9 @@ def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scal
     groups = -(-cols // group_size)
     width = quant.group_width(group_size)
     if aligned and cols % group_size == 0 and group_size == quant.GROUP * width:  # a chunk a lane, one read
-        kernel, threads, per_block = quant.per_group_lane_kernel(kind, encoder, bool(scale_ue8m0), width)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, True)
     elif aligned and cols % quant.GROUP == 0 and group_size % quant.GROUP == 0:  # the 16-wide form
-        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, False)
     else:
         kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0))
         per_block = quant.GROUP_WARPS

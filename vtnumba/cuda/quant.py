@@ -176,6 +176,35 @@ _LOADERS = {"float32": _load_f32, "bfloat16": _load_bf16, "float16": _load_f16}
 
 
 @functools.lru_cache(maxsize=None)
+def _share_ops(kind, encoder):
+    """(amax_share(x, first, step, ngroups), encode_share(x, out, inv, first, step, ngroups)) over
+    the flat input: a thread's share is the 16-element groups first, first + step, ... below
+    ``ngroups``, then the tail elements past them at the same stride (every per-tensor kernel walks
+    x this way: the grid-stride loops, and one block's)."""
+    encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _times)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    @cuda.jit(**DEVICE_INLINE)
+    def amax_share(x, first, step, ngroups):
+        amax = F32_ZERO
+        for g in range(first, ngroups, step):
+            amax = max(amax, amax_group(x, g))
+        for j in range(ngroups * GROUP + first, x.size, step):
+            amax = max(amax, finite_abs(load(x, j)))
+        return amax
+
+    @cuda.jit(**DEVICE_INLINE)
+    def encode_share(x, out, inv, first, step, ngroups):
+        for g in range(first, ngroups, step):
+            encode_group(x, out, g, inv)
+        for j in range(ngroups * GROUP + first, x.size, step):
+            out[j] = encode(load(x, j) * inv)
+
+    return amax_share, encode_share
+
+
+@functools.lru_cache(maxsize=None)
 def block_max_for(threads):
     """A device function: the max of ``v`` over a block of ``threads`` threads (a power of two),
     returned to every thread, through ``shared`` (``threads`` float32 slots). Every thread of the
@@ -230,20 +259,12 @@ def _scalar_reader(on_device):
 @functools.lru_cache(maxsize=None)
 def static_kernel(kind, encoder, device_scale):
     """codes = encode(x * (1 / scale)); ``scale`` a float32 argument or a device float32[1]."""
-    encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
-    encode = codec.encode_one(encoder)
-    load = _LOADERS[kind]
-
+    _, encode_share = _share_ops(kind, encoder)
     read_scale = _scalar_reader(device_scale)
 
     def quantize_static(x, out, scale, ngroups):
         inv = F32_ONE / read_scale(scale)  # float32, as the CPU's np.float32(1.0) / np.float32(scale)
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        for g in range(i, ngroups, stride):
-            encode_group(x, out, g, inv)
-        for j in range(ngroups * GROUP + i, x.size, stride):
-            out[j] = encode(load(x, j) * inv)
+        encode_share(x, out, inv, cuda.grid(1), cuda.gridsize(1), ngroups)
 
     scale_type = types.float32[::1] if device_scale else types.float32
     return compile_kernel(quantize_static, (_signature_input(kind), types.uint8[::1], scale_type, types.int64))
@@ -252,19 +273,11 @@ def static_kernel(kind, encoder, device_scale):
 @functools.lru_cache(maxsize=None)
 def amax_kernel(kind):
     """partials[block] = finite amax of the block's grid-stride share of x."""
-    _, amax_group = _group_ops(kind, codec.encode_pair("portable"), _times)  # the encoder is unused here
-    load = _LOADERS[kind]
+    amax_share, _ = _share_ops(kind, "portable")  # the encoder is unused here
 
     def finite_amax_partials(x, partials, ngroups):
         shared = cuda.shared.array(THREADS, types.float32)
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        amax = F32_ZERO
-        for g in range(i, ngroups, stride):
-            amax = max(amax, amax_group(x, g))
-        for j in range(ngroups * GROUP + i, x.size, stride):
-            amax = max(amax, finite_abs(load(x, j)))
-        amax = _block_max(amax, shared)
+        amax = _block_max(amax_share(x, cuda.grid(1), cuda.gridsize(1), ngroups), shared)
         if cuda.threadIdx.x == 0:
             partials[cuda.blockIdx.x] = amax
 
@@ -275,9 +288,7 @@ def amax_kernel(kind):
 def dynamic_kernel(kind, encoder):
     """Each block reduces the amax partials, forms the dynamic scale, quantizes its share; block 0
     writes the scale."""
-    encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
-    encode = codec.encode_one(encoder)
-    load = _LOADERS[kind]
+    _, encode_share = _share_ops(kind, encoder)
 
     def quantize_dynamic(x, out, partials, scale_out, ngroups):
         shared = cuda.shared.array(THREADS, types.float32)
@@ -286,15 +297,10 @@ def dynamic_kernel(kind, encoder):
         for p in range(t, partials.size, THREADS):
             amax = max(amax, partials[p])
         s = _dynamic_scale(_block_max(amax, shared))
-        inv = F32_ONE / s
         i = cuda.grid(1)
-        stride = cuda.gridsize(1)
         if i == 0:
             scale_out[0] = s
-        for g in range(i, ngroups, stride):
-            encode_group(x, out, g, inv)
-        for j in range(ngroups * GROUP + i, x.size, stride):
-            out[j] = encode(load(x, j) * inv)
+        encode_share(x, out, F32_ONE / s, i, cuda.gridsize(1), ngroups)
 
     return compile_kernel(quantize_dynamic, (_signature_input(kind), types.uint8[::1], types.float32[::1],
                                              types.float32[::1], types.int64))
@@ -315,26 +321,15 @@ _small_block_max = block_max_for(SMALL_THREADS)
 def dynamic_small_kernel(kind, encoder):
     """One block: scale = max(finite amax / 448, floor) over all of x, codes = encode(x * (1 / scale));
     the scale to ``scale_out[0]``."""
-    encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _times)
-    encode = codec.encode_one(encoder)
-    load = _LOADERS[kind]
+    amax_share, encode_share = _share_ops(kind, encoder)
 
     def quantize_dynamic_small(x, out, scale_out, ngroups):
         shared = cuda.shared.array(SMALL_THREADS, types.float32)
         t = cuda.threadIdx.x
-        amax = F32_ZERO
-        for g in range(t, ngroups, SMALL_THREADS):
-            amax = max(amax, amax_group(x, g))
-        for j in range(ngroups * GROUP + t, x.size, SMALL_THREADS):
-            amax = max(amax, finite_abs(load(x, j)))
-        s = _dynamic_scale(_small_block_max(amax, shared))
-        inv = F32_ONE / s
+        s = _dynamic_scale(_small_block_max(amax_share(x, t, SMALL_THREADS, ngroups), shared))
         if t == 0:
             scale_out[0] = s
-        for g in range(t, ngroups, SMALL_THREADS):
-            encode_group(x, out, g, inv)
-        for j in range(ngroups * GROUP + t, x.size, SMALL_THREADS):
-            out[j] = encode(load(x, j) * inv)
+        encode_share(x, out, F32_ONE / s, t, SMALL_THREADS, ngroups)
 
     return compile_kernel(quantize_dynamic_small, (_signature_input(kind), types.uint8[::1], types.float32[::1],
                                                    types.int64))
@@ -453,7 +448,7 @@ def per_group_kernel(kind, encoder, ue8m0):
 # shuffles inside it. The element-per-lane form above reads 2-byte elements one lane at a time and
 # stores codes byte by byte. On the H200 (2026-12-01, bf16, g = 128, TB/s read + written at
 # 4096 x 4096 / 4096 x 14336): element per lane 0.47 / 0.49, this loop 1.60 / 1.77, a chunk a lane
-# (``per_group_lane_kernel``, one read of x) 1.75 / 1.95; per-token quantization 2.05 / 2.69; the copy
+# (``one_read``) 1.75 / 1.95; per-token quantization 2.05 / 2.69; the copy
 # 3.5 / 4.0. What holds the group forms below per-token was not found in that run.
 CHUNK = GROUP  # elements per lane-step: 16
 
@@ -492,9 +487,13 @@ _segment_max = cuda.jit(**DEVICE_INLINE)(_simulated_segment_max if SIMULATOR els
 
 
 @functools.lru_cache(maxsize=None)
-def per_group_vector_kernel(kind, encoder, ue8m0, width):
+def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read):
     """``per_group_kernel``'s arithmetic, 16 elements per lane-step (see above): groups of a
-    multiple of 16 elements, K % 16 == 0, a 16-byte aligned input; ``width`` lanes per group."""
+    multiple of 16 elements, K % 16 == 0, a 16-byte aligned input; ``width`` lanes per group.
+    ``one_read``: each group is exactly ``width`` chunks (g = 16 .. 512 and K % g == 0), so a lane
+    loads its one chunk once, reduces the group's amax from registers and encodes the same
+    registers -- one read of x instead of two."""
+    load_chunk, amax_words, encode_words = _chunk_ops(kind, codec.encode_pair(encoder), _divided)
     encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _divided)
     group_scale = codec.compile_device(_format.per_group_scale)
     threads = 32 * GROUP_WARPS
@@ -518,57 +517,27 @@ def per_group_vector_kernel(kind, encoder, ue8m0, width):
             chunks = (min(k, lo + group_size) - lo) // CHUNK if valid else 0
             first = (r * k + lo) // CHUNK
             amax = F32_ZERO
-            for c in range(sub, chunks, width):
-                amax = max(amax, amax_group(x, first + c))
+            if one_read:
+                words = load_chunk(x, first + sub)  # (an invalid lane reads chunk 0: its group's first)
+                if valid:
+                    amax = amax_words(words)
+            else:
+                for c in range(sub, chunks, width):
+                    amax = max(amax, amax_group(x, first + c))
             s = group_scale(_segment_max(amax, scratch, lane, warp, width), ue8m0)
             if valid:
                 if sub == 0:
                     scales[r * row_stride + (gi - r * groups) * group_stride] = s
-                for c in range(sub, chunks, width):
-                    encode_group(x, out, first + c, s)
+                if one_read:
+                    encode_words(words, out, first + sub, s)
+                else:
+                    for c in range(sub, chunks, width):
+                        encode_group(x, out, first + c, s)
 
     signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
                  types.int64, types.int64, types.int64)
     return compile_kernel(quantize_per_group16, signature), threads, per_block
 
 
-@functools.lru_cache(maxsize=None)
-def per_group_lane_kernel(kind, encoder, ue8m0, width):
-    """The 16-wide form where a group is exactly ``width`` chunks (g = 16, 32, 64, 128, 256, 512 with
-    full groups: K % g == 0): each lane loads its one chunk once, reduces the group's amax from
-    registers and encodes the same registers -- one global read of x instead of two."""
-    load_chunk, amax_words, encode_words = _chunk_ops(kind, codec.encode_pair(encoder), _divided)
-    group_scale = codec.compile_device(_format.per_group_scale)
-    threads = 32 * GROUP_WARPS
-    per_warp = 32 // width
-    per_block = GROUP_WARPS * per_warp
-
-    def quantize_per_group_lane(x, out, scales, rows, k, group_size, row_stride, group_stride):
-        scratch = cuda.shared.array(threads, types.float32)
-        lane = cuda.threadIdx.x % 32
-        warp = cuda.threadIdx.x // 32
-        seg = lane // width
-        sub = lane - seg * width
-        groups = k // group_size
-        total = rows * groups
-        for base in range(cuda.blockIdx.x * per_block, total, cuda.gridDim.x * per_block):
-            gi = base + warp * per_warp + seg
-            valid = gi < total
-            r = gi // groups if valid else 0
-            col = gi - r * groups if valid else 0
-            chunk = (r * k + col * group_size) // CHUNK + sub
-            words = load_chunk(x, chunk if valid else 0)
-            amax = amax_words(words) if valid else F32_ZERO
-            s = group_scale(_segment_max(amax, scratch, lane, warp, width), ue8m0)
-            if valid:
-                if sub == 0:
-                    scales[r * row_stride + col * group_stride] = s
-                encode_words(words, out, chunk, s)
-
-    signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
-                 types.int64, types.int64, types.int64)
-    return compile_kernel(quantize_per_group_lane, signature), threads, per_block
-
-
 __all__ = ["GROUP", "THREADS", "GROUP_WARPS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel",
-           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "per_group_lane_kernel", "group_width"]
+           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "group_width"]
