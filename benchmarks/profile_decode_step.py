@@ -1,8 +1,8 @@
-"""Where one eager decode step of a converted Llama spends its GPU time: torch.profiler's kernels,
-grouped by name, for bf16 and a converted model (transformers' LlamaForCausalLM with Llama-3-8B
-shapes, random weights).
+"""Where one eager decode step of a converted Llama spends its GPU time -- torch.profiler's kernels,
+grouped by name -- and, with ``--host``, its host time (cProfile of ten steps, by own time), for
+bf16 and a converted model (transformers' LlamaForCausalLM with Llama-3-8B shapes, random weights).
 
-    python3 benchmarks/profile_decode_step.py [--layers 8] [--scheme static] [--top 14]
+    python3 benchmarks/profile_decode_step.py [--layers 8] [--scheme static] [--top 14] [--host]
 """
 
 import argparse
@@ -17,6 +17,7 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--scheme", default="static")
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--host", action="store_true", help="also cProfile ten eager steps of each model")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -48,6 +49,19 @@ def main():
         print("| kernel | calls | us |\n|---|---|---|")
         for name, us in spent.most_common(args.top):
             print(f"| {name} | {count[name]} | {us:.1f} |")
+        if args.host:
+            import cProfile
+            import pstats
+
+            with torch.no_grad():
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(10):
+                    m(input_ids=ids, past_key_values=cache, use_cache=True)
+                profiler.disable()
+                torch.cuda.synchronize()
+            print(f"\n{label}: host time of ten eager steps, by own time")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":
