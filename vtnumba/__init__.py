@@ -1,7 +1,8 @@
 """vtnumba: the FP8 (e4m3fn) W8A8 linear path as a Numba kernel library.
 
 numpy arrays run on the CPU (``@njit`` kernels); cupy arrays run on the GPU (``@cuda.jit`` kernels
-and cuBLASLt). See DESIGN.md for the exact semantics every function follows.
+and cuBLASLt). docs/DESIGN.md states the exact semantics every function follows; docs/DEVICE.md
+says what runs where on a GPU and how to time it.
 """
 
 import importlib.machinery as _machinery
@@ -40,7 +41,7 @@ from .ops import (  # noqa: E402
     scaled_mm,
 )
 
-__version__ = "0.1.0"
+__version__: str = "0.1.0"
 
 __all__ = [
     # format

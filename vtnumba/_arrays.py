@@ -7,9 +7,21 @@ types users hold; kernels see them as uint16 / uint8 bits.
 
 import re
 import sys
+from typing import Any, TypeAlias
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
+
+# -- names for type hints ---------------------------------------------------------------------
+# An array vtnumba takes: a numpy array (CPU), a cupy array (GPU), a torch tensor, or any object
+# with ``__dlpack__`` / ``__cuda_array_interface__`` (vtnumba._interop). No static type covers them
+# all without importing cupy and torch, so the hint names the role and stays ``Any``.
+Array: TypeAlias = Any
+# A scale given by value or as an array: a Python or numpy float, or a size-1 / per-row array.
+Scale: TypeAlias = float | Any
+# An output dtype: np.float32, np.float16, ml_dtypes.bfloat16, their names ('bf16'...) or torch's.
+DType: TypeAlias = npt.DTypeLike
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)

@@ -7,7 +7,7 @@ CPU spells it ``np.float32(x).view(np.uint32)`` and the GPU spells it ``libdevic
 
 Why a bit-level encoder and not frexp/round: it is branch-free (selects only), so LLVM vectorizes
 it on the CPU, and it was proven against torch's clamp+cast for all 2^32 float32 inputs on an H200
-(../shared ANCHORS.md, "bit trick").
+(docs/ANCHORS.md, "The encoder, exhaustively").
 
 Constants are float32/uint32 scalars on purpose: Numba types a bare Python float literal as
 float64, and ``y + 2**23`` in float64 would not round to an integer the way float32 does.

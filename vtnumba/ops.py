@@ -5,7 +5,8 @@ The boundary validates and normalizes; the device's backend module (``vtnumba.cp
 protocol below; both backends satisfy it (tests/test_backends.py checks names and signatures).
 
 Errors are shaped "<name> must be <expected>, got <actual>". Nothing is written to a caller's
-buffer on error: every check runs before any kernel.
+buffer on error: every check runs before any kernel. docs/DESIGN.md states the arithmetic each op
+follows.
 """
 
 import enum
@@ -17,12 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from . import _arrays
+from ._arrays import Array, DType, Scale
 from ._interop import interop
 from ._format import E4M3_MAX
 
 
 class ActivationScheme(enum.StrEnum):
-    """How an activation's scale is obtained (DESIGN.md): a static per-tensor scale given by the
+    """How an activation's scale is obtained (docs/DESIGN.md): a static per-tensor scale given by the
     caller, a dynamic per-tensor scale from the tensor's amax, one dynamic scale per row, or one
     dynamic scale per group of g elements along each row."""
 
@@ -79,7 +81,7 @@ _BACKEND_MODULES = {"cpu": "vtnumba.cpu", "cuda": "vtnumba.cuda"}
 _LOADED = {}
 
 
-def backend(device):
+def backend(device: str) -> Backend:
     """The module implementing the ops on ``device`` ('cpu' or 'cuda:N'); imported on first use so
     that ``import vtnumba`` pulls in nothing CUDA."""
     module = _LOADED.get(device)
@@ -102,14 +104,15 @@ class QuantizedActivation:
     group_size: int | None = None
 
     @property
-    def per_token(self):
+    def per_token(self) -> bool:
         return self.scheme == ActivationScheme.PER_TOKEN
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
-    def dequantize(self, dtype=np.float32):
+    def dequantize(self, dtype: DType = np.float32) -> Array:
+        """``decode(data) * scale`` (each group's scale over its elements), rounded to ``dtype``."""
         scale = self.scale
         if self.scheme == ActivationScheme.PER_GROUP:  # each group's scale over its elements
             k = self.data.shape[-1]
@@ -150,8 +153,9 @@ def _group_size(value, name="group_size"):
 
 
 @interop
-def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None, group_size=None, scale_ue8m0=False,
-                 column_major_scales=False):
+def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = False, scale_ub: Scale | None = None,
+                 group_size: int | None = None, scale_ue8m0: bool = False,
+                 column_major_scales: bool = False) -> QuantizedActivation:
     """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
 
     - ``scale`` given: static per-tensor, ``encode(float32(x) * (float32(1) / float32(scale)))``.
@@ -200,7 +204,7 @@ def quantize_fp8(x, scale=None, *, per_token=False, scale_ub=None, group_size=No
 
 
 @interop
-def encode_e4m3(x):
+def encode_e4m3(x: Array) -> Array:
     """float32 / float16 / bfloat16 -> e4m3fn uint8 codes, no scaling (RNE, saturating, NaN -> 0x7F)."""
     device = _arrays.device_of(x, "x")
     _arrays.float_dtype(x, "x")
@@ -208,14 +212,14 @@ def encode_e4m3(x):
 
 
 @interop
-def decode_e4m3(codes):
+def decode_e4m3(codes: Array) -> Array:
     """e4m3fn codes (uint8 or float8_e4m3fn) -> float32, exact; 0x7F / 0xFF -> NaN."""
     device = _arrays.device_of(codes, "codes")
     return backend(device).decode(_arrays.codes_uint8(codes, "codes"))
 
 
 @interop
-def dequantize_fp8(codes, scale, dtype=np.float32):
+def dequantize_fp8(codes: Array, scale: Scale, dtype: DType = np.float32) -> Array:
     """``decode(codes) * scale`` in float32, rounded (RNE) to ``dtype``. ``scale`` is a scalar or
     an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...)."""
     device = _arrays.same_device([("codes", codes), ("scale", scale)])
@@ -286,12 +290,20 @@ def _block_scale(scale, name, shape):
 
 
 @interop
-def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel=None, block_size=None):
+def scaled_mm(a: Array | QuantizedActivation, b: Array, scale_a: Scale | None = None, scale_b: Scale | None = None, *,
+              out_dtype: DType = np.float32, bias: Array | None = None, kernel: str | None = None,
+              block_size: tuple[int, int] | None = None) -> Array:
     """``y[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * scale_a * scale_b + bias[n]``.
 
     a: [M, K] e4m3 codes, b: [N, K] codes (nn.Linear's weight layout), float32 accumulation, then
     rounded (RNE) to ``out_dtype``. scale_a: scalar or per-row [M, 1]; scale_b: scalar or
     per-channel [N] / [N, 1]; any finite values.
+
+    ``a`` may be the ``QuantizedActivation`` itself (``vt.scaled_mm(q, w, scale_b=sw)``): its codes
+    and its scale are used (``scale_a`` stays None), and what it knows is checked: a per-group
+    activation needs ``block_size`` with bk equal to its ``group_size``. Raw codes and a raw
+    ``scale_a`` carry no group size, so with them only the scales' shapes are checked: per-group
+    scales of another group size whose shape happens to match give a wrong result without an error.
 
     ``block_size=(bn, bk)``: block-scaled FP8 (DeepSeek-V3/R1, Qwen3-FP8): scale_a is the
     activation's per-group scales [M, ceil(K / bk)] and scale_b the weight's block scales
@@ -305,6 +317,14 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     G3); block-scaled: "cublaslt_block", "tensorcore_block_gemv", "tensorcore_block", "tiled_block",
     "wgmma_block".
     """
+    if isinstance(a, QuantizedActivation):
+        a, scale_a = _activation_parts(a, scale_a, block_size)
+    elif scale_a is None:
+        raise ValueError("scale_a must be given with raw codes a (the activation's dequantization scale), got "
+                         "None; or pass the vt.QuantizedActivation from vt.quantize_fp8 as a")
+    if scale_b is None:
+        raise ValueError("scale_b must be given (the weight's dequantization scale: a scalar, per-channel [N] or, "
+                         "with block_size, per-block), got None")
     device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
     a = _arrays.codes_uint8(a, "a")
     b = _arrays.codes_uint8(b, "b")
@@ -329,9 +349,30 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype=np.float32, bias=None, kernel
     return backend(device).scaled_mm(a, b, sa, sb, out_dt, bias, kernel)
 
 
+def _activation_parts(q, scale_a, block_size):
+    """(codes, scale) of QuantizedActivation ``q`` passed as scaled_mm's ``a``, after the checks its
+    scheme and group size allow (raw arrays cannot be checked so)."""
+    if scale_a is not None:
+        raise ValueError("scale_a must be None when a is a vt.QuantizedActivation (its scale, a.scale, is used), "
+                         f"got {type(scale_a).__name__}")
+    if block_size is not None:
+        bk = block_size_of(block_size)[1]
+        if q.scheme != ActivationScheme.PER_GROUP:
+            raise ValueError(f"a must be quantized per group of bk = {bk} for block_size {tuple(block_size)}, got a "
+                             f"{str(q.scheme)!r} activation; quantize with vt.quantize_fp8(x, group_size={bk})")
+        if q.group_size != bk:
+            raise ValueError(f"a.group_size must be block_size's bk = {bk} (each K-block of {bk} is scaled by one "
+                             f"activation scale), got {q.group_size}; quantize with vt.quantize_fp8(x, group_size={bk}) "
+                             f"or pass the block_size the weight was quantized with")
+    elif q.scheme == ActivationScheme.PER_GROUP:
+        raise ValueError(f"block_size must be given for a per-group activation (a.group_size = {q.group_size}), got "
+                         f"None; pass block_size=(bn, {q.group_size}) with the weight's block scales")
+    return q.data, q.scale
+
+
 @interop
-def fp8_linear(x, b, scale_b, input_scale=None, *, per_token=False, scale_ub=None, out_dtype=np.float32,
-               bias=None):
+def fp8_linear(x: Array, b: Array, scale_b: Scale, input_scale: Scale | None = None, *, per_token: bool = False,
+               scale_ub: Scale | None = None, out_dtype: DType = np.float32, bias: Array | None = None) -> Array:
     """One FP8 W8A8 linear layer: quantize the float activation x [M, K] as ``quantize_fp8`` does
     (``input_scale`` given: static; None: dynamic per-tensor; ``per_token=True``: one scale per row,
     ``scale_ub`` capping amax), then ``scaled_mm`` with the e4m3 weight b [N, K], its dequantization

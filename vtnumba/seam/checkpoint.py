@@ -19,12 +19,19 @@ file, a directory holding ``model.safetensors`` or a sharded ``model.safetensors
 (``weight_map``), or the index file itself. Tensors are read with the ``safetensors`` package
 (numpy); F8_E4M3, which its numpy loader cannot return (numpy has no float8 type), is read from the
 file's documented layout (8-byte little-endian header length, JSON header, raw bytes).
+
+A file is checked against its header before its first tensor is read: a truncated file (an
+interrupted download or copy) is named with the layer being read and the fix, where safetensors
+itself would say only "incomplete metadata, file not fully covered". Every error names the tensor
+(so the layer) and, where a file is at fault, the file.
 """
 
 import json
 import math
 import os
 import struct
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import ml_dtypes
 import numpy as np
@@ -42,7 +49,7 @@ class Checkpoint:
     """The tensors of a safetensors checkpoint (one file, a directory, or a sharded index): names,
     dtypes, shapes from the headers; arrays read on request."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         path = os.fspath(path)
         self.path = path
         if os.path.isdir(path):
@@ -64,11 +71,16 @@ class Checkpoint:
         else:
             raise ValueError(f"path must be a .safetensors file, an index .json or a model directory, got {path!r} (not found)")
         self._where = {}  # tensor name -> (file, header entry, data start)
+        self._data_end = {}  # file -> the byte where its last tensor ends, by its header
+        self._checked = set()  # files whose size was found to match their header
         for file in files:
             header, data_start = _read_header(file)
+            end = data_start
             for name, entry in header.items():
                 if name != "__metadata__":
                     self._where[name] = (file, entry, data_start)
+                    end = max(end, _tensor_end(entry, data_start))
+            self._data_end[file] = end
 
     @staticmethod
     def _from_index(index):
@@ -84,39 +96,83 @@ class Checkpoint:
                 raise ValueError(f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing")
         return files
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._where
 
-    def names(self, prefix=""):
+    def names(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self._where if n.startswith(prefix))
 
-    def dtype(self, name):
+    def dtype(self, name: str) -> str:
+        """The tensor's safetensors dtype name: 'F8_E4M3', 'F32', 'BF16', 'U8' ..."""
         return self._where[name][1]["dtype"]
 
-    def shape(self, name):
+    def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._where[name][1]["shape"])
 
-    def file(self, name):
+    def file(self, name: str) -> str:
         return self._where[name][0]
 
-    def read(self, name):
+    def read(self, name: str) -> np.ndarray:
         """The tensor as a numpy array: float dtypes as numpy / ml_dtypes.bfloat16, F8_E4M3 as uint8 codes."""
         file, entry, data_start = self._where[name]
+        self._check_size(file, name)
         dtype, shape = entry["dtype"], tuple(entry["shape"])
         if dtype != "F8_E4M3":
-            from safetensors import safe_open
+            from safetensors import SafetensorError, safe_open
 
-            with safe_open(file, framework="np") as f:
-                return f.get_tensor(name)
+            try:
+                with safe_open(file, framework="np") as f:
+                    return f.get_tensor(name)
+            except SafetensorError as exc:  # safetensors' own message names neither the file nor the tensor
+                raise ValueError(f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must be readable by "
+                                 f"safetensors, got {exc}; the file is damaged: download or copy it "
+                                 f"again") from None
         start, end = entry["data_offsets"]
         count = math.prod(shape)
         if end - start != count:
-            raise ValueError(f"tensor {name!r} in {os.path.basename(file)} must span {count} bytes for shape "
-                             f"{list(shape)} (F8_E4M3), got data_offsets {entry['data_offsets']}")
+            raise ValueError(f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must span {count} bytes for "
+                             f"shape {list(shape)} (F8_E4M3), got data_offsets {entry['data_offsets']}; the "
+                             f"file's header is wrong: write the checkpoint again")
         codes = np.fromfile(file, dtype=np.uint8, count=count, offset=data_start + start)
-        if codes.size != count:
-            raise ValueError(f"tensor {name!r} in {os.path.basename(file)} must have {count} bytes, got a truncated file")
         return codes.reshape(shape)
+
+    def _check_size(self, file, name):
+        """The file holds exactly the bytes its header describes (once per file, before its first
+        read): a short file is the common case, a download or copy cut off."""
+        if file in self._checked:
+            return
+        want, size = self._data_end[file], os.path.getsize(file)
+        if size < want:
+            cut = sorted(n for n, (f, e, d) in self._where.items() if f == file and _tensor_end(e, d) > size)
+            raise ValueError(
+                f"layer {_layer(name)!r}: file {file!r} must hold the {want} bytes its header describes, got "
+                f"{size}: the file is truncated (an interrupted download or copy), cutting off {len(cut)} "
+                f"tensor(s) ({', '.join(cut[:3])}{', ...' if len(cut) > 3 else ''}); download or copy it again")
+        if size > want:
+            raise ValueError(
+                f"layer {_layer(name)!r}: file {file!r} must end where its last tensor ends (byte {want}), got "
+                f"{size - want} bytes more: the file is damaged or not one safetensors file; download or "
+                f"copy it again")
+        self._checked.add(file)
+
+
+# A checkpoint given as a path (a .safetensors file, an index .json or a model directory) or opened.
+CheckpointLike: TypeAlias = str | os.PathLike | Checkpoint
+
+
+def _tensor_end(entry, data_start):
+    """The byte where a header entry's tensor ends in its file (data_start for a malformed entry:
+    safetensors names those when the tensor is read)."""
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if isinstance(offsets, list) and len(offsets) == 2 and isinstance(offsets[1], int):
+        return data_start + offsets[1]
+    return data_start
+
+
+def _layer(tensor):
+    """The layer a tensor belongs to: its name without the last part ('...down_proj.weight' ->
+    '...down_proj')."""
+    return tensor.rsplit(".", 1)[0]
 
 
 def _read_header(file):
@@ -124,19 +180,34 @@ def _read_header(file):
     with open(file, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
-            raise ValueError(f"{file!r} must be a safetensors file, got {len(raw)} bytes")
+            raise ValueError(f"{file!r} must be a safetensors file, got {len(raw)} bytes: the file is empty or "
+                             f"truncated; download or copy it again")
         (length,) = struct.unpack("<Q", raw)
         if length > 100 * 2**20:  # the format caps headers at 100 MB
             raise ValueError(f"{file!r} must be a safetensors file, got a header length of {length}")
+        text = f.read(length)
+        if len(text) < length:
+            raise ValueError(f"{file!r} must hold its {length}-byte header, got {len(text)} bytes of it: the file "
+                             f"is truncated (an interrupted download or copy); download or copy it again")
         try:
-            header = json.loads(f.read(length))
+            header = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{file!r} must be a safetensors file, got an unreadable header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file!r} must be a safetensors file (a JSON object header), got {type(header).__name__}")
     return header, 8 + length
 
 
-def _checkpoint(path_or_checkpoint):
-    return path_or_checkpoint if isinstance(path_or_checkpoint, Checkpoint) else Checkpoint(path_or_checkpoint)
+def _checkpoint(path_or_checkpoint, prefix=None):
+    """The ``Checkpoint`` at a path (or the one given); errors name the layer being read."""
+    if isinstance(path_or_checkpoint, Checkpoint):
+        return path_or_checkpoint
+    try:
+        return Checkpoint(path_or_checkpoint)
+    except ValueError as exc:
+        if prefix is None:
+            raise
+        raise ValueError(f"layer {prefix!r}: {exc}") from None
 
 
 def _read_float(ckpt, name):
@@ -157,7 +228,8 @@ def _scalar(ckpt, name):
     return value
 
 
-def load_fp8_linear(path, prefix, *, activation_scheme=None, block_size=None, scale_ue8m0=False):
+def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str | None = None,
+                    block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> Fp8Weight:
     """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
     checkpoint (file, directory or sharded index; or a ``Checkpoint``).
 
@@ -171,7 +243,7 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None, block_size=None, sc
     default: 'static' when the checkpoint has an input scale, else 'dynamic'. ``weight.source``
     records the files, the tensors and the scale convention read.
     """
-    ckpt = _checkpoint(path)
+    ckpt = _checkpoint(path, prefix)
     wname = f"{prefix}.weight"
     if wname not in ckpt:
         near = ckpt.names(prefix + ".")
@@ -179,8 +251,8 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None, block_size=None, sc
                          + (f" (tensors under {prefix!r}: {near})" if near else f" (no tensor starts with {prefix!r})"))
     dtype, shape = ckpt.dtype(wname), ckpt.shape(wname)
     if dtype != "F8_E4M3":
-        raise ValueError(f"tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
-                         + (": the layer is not FP8-quantized (read it with load_float_linear)" if dtype in _FLOAT_DTYPES else ""))
+        raise ValueError(f"layer {prefix!r}: tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
+                         + _not_fp8_hint(ckpt, wname, dtype))
     if len(shape) != 2:
         raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(shape)}")
     n, k = shape
@@ -250,6 +322,19 @@ def load_fp8_linear(path, prefix, *, activation_scheme=None, block_size=None, sc
                      activation_scheme=activation_scheme, source=source)
 
 
+def _not_fp8_hint(ckpt, wname, dtype):
+    """What to do about a weight tensor that is not F8_E4M3."""
+    if dtype in _FLOAT_DTYPES:
+        return ": the layer is not FP8-quantized (read it with load_float_linear)"
+    if dtype == "U8":
+        # some exporters write e4m3 codes as plain bytes: the bits are right, the dtype tag is not
+        return (f" in {ckpt.file(wname)!r}: uint8 bytes, which may be e4m3fn codes stored without their dtype. "
+                f"If they are, view them as float8_e4m3fn and save again (numpy: codes.view(ml_dtypes.float8_e4m3fn); "
+                f"torch: t.view(torch.float8_e4m3fn); safetensors then writes F8_E4M3), or build the weight from "
+                f"them: seam.Fp8Weight(seam.Checkpoint(path).read({wname!r}), weight_scale)")
+    return f" in {ckpt.file(wname)!r}: vtnumba reads e4m3fn (F8_E4M3) FP8 weights only"
+
+
 def _finite_codes(ckpt, wname):
     codes = ckpt.read(wname)
     nan = (codes & 0x7F) == 0x7F
@@ -289,18 +374,19 @@ def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, 
                      activation_scheme="per_group", source=source)
 
 
-def load_fp8_fused_linear(path, prefixes, *, activation_scheme=None, block_size=None, scale_ue8m0=False):
+def load_fp8_fused_linear(path: CheckpointLike, prefixes: Sequence[str], *, activation_scheme: str | None = None,
+                          block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> Fp8Weight:
     """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the
     order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales; block
     scales concatenated)."""
-    ckpt = _checkpoint(path)
+    ckpt = _checkpoint(path, prefixes[0] if len(prefixes) else None)
     return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme, block_size=block_size,
                                             scale_ue8m0=scale_ue8m0) for p in prefixes])
 
 
-def load_float_linear(path, prefix):
+def load_float_linear(path: CheckpointLike, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
     """``(weight, bias or None)`` of an unquantized layer (F32 / F16 / BF16 tensors)."""
-    ckpt = _checkpoint(path)
+    ckpt = _checkpoint(path, prefix)
     wname, bname = f"{prefix}.weight", f"{prefix}.bias"
     if wname not in ckpt:
         raise ValueError(f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none")

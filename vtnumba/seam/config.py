@@ -32,10 +32,12 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .linear import UnquantizedLinearMethod, make_linear_method
+from .._arrays import Array
+from .linear import LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["Fp8Config"]
@@ -60,21 +62,21 @@ def _read_json(path, name):
         raise ValueError(f"{name} must be valid JSON, got {path!r} ({exc})") from None
 
 
-def _quantization_section(config):
+def _quantization_section(config, where=""):
     """The quantization dict of a config.json / hf_quant_config.json dict, or of a path to one (or to
-    a model directory)."""
+    a model directory). ``where`` names the file read, for error messages."""
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if os.path.isdir(path):
             for fname in ("config.json", "hf_quant_config.json"):
                 candidate = os.path.join(path, fname)
                 if os.path.isfile(candidate):
-                    section = _quantization_section(_read_json(candidate, "config"))
+                    section = _quantization_section(_read_json(candidate, "config"), f" in {candidate!r}")
                     if section is not None:
                         return section
             raise ValueError(f"config must be a model directory with a quantization_config in config.json "
                              f"or an hf_quant_config.json, got {path!r} without either")
-        config = _read_json(path, "config")
+        config, where = _read_json(path, "config"), f" in {path!r}"
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
     if "quantization_config" in config:  # a full config.json
@@ -82,6 +84,14 @@ def _quantization_section(config):
     if "quantization" in config and isinstance(config.get("producer"), dict):
         # ModelOpt's hf_quant_config.json: {"producer": {"name": "modelopt"}, "quantization": {...}}
         return {"quant_method": "modelopt", **config["quantization"]}
+    if isinstance(config.get("quantization"), dict) and "quant_algo" in config["quantization"]:
+        # ModelOpt's section without the producer that says who wrote it: say what is missing, not
+        # that the checkpoint is unquantized
+        raise ValueError(
+            f"config's 'producer' must be a dict naming who wrote the ModelOpt 'quantization' section "
+            f"(hf_quant_config.json: {{\"producer\": {{\"name\": \"modelopt\", ...}}, \"quantization\": {{...}}}}), "
+            f"got {repr(config['producer']) if 'producer' in config else 'none'}{where}; add it to the file, or pass the section itself: "
+            f"Fp8Config.from_hf({{\"quant_method\": \"modelopt\", **config[\"quantization\"]}})")
     if "quant_method" in config:  # the quantization_config itself
         return config
     return None
@@ -111,12 +121,12 @@ class Fp8Config:
     quant_method: str
     weight_strategy: str | None = None
     activation_scheme: str = "dynamic"
-    ignore: tuple = ()
-    weight_block_size: tuple | None = None
+    ignore: tuple[str, ...] = ()
+    weight_block_size: tuple[int, int] | None = None
     activation_group_size: int | None = None
     activation_scale_ue8m0: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.quant_method not in _METHODS:
             raise ValueError(f"quant_method must be one of {', '.join(_METHODS)}, got {self.quant_method!r}")
         if self.weight_strategy is None:
@@ -172,7 +182,7 @@ class Fp8Config:
 
     # -- reading -----------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, config):
+    def from_hf(cls, config: dict[str, Any] | str | os.PathLike) -> "Fp8Config":
         """Read the quantization config of a checkpoint: a config.json dict (its
         ``quantization_config``), the ``quantization_config`` dict itself, ModelOpt's
         hf_quant_config.json dict, or a path to either file or to the model directory."""
@@ -303,7 +313,7 @@ class Fp8Config:
                    activation_scale_ue8m0=scale_fmt == "ue8m0")
 
     # -- per layer ---------------------------------------------------------------------------
-    def ignored_by(self, prefix):
+    def ignored_by(self, prefix: str) -> str | None:
         """The ignore entry that leaves layer ``prefix`` unquantized, or None."""
         for pattern in self.ignore:
             if pattern.startswith("re:"):
@@ -313,10 +323,11 @@ class Fp8Config:
                 return pattern
         return None
 
-    def is_ignored(self, prefix):
+    def is_ignored(self, prefix: str) -> bool:
         return self.ignored_by(prefix) is not None
 
-    def linear_method(self, prefix, weight, bias=None):
+    def linear_method(self, prefix: str, weight: Fp8Weight | ResidentFp8 | Array,
+                      bias: Array | None = None) -> LinearMethod:
         """The linear method for layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj').
 
         Ignored layers get ``UnquantizedLinearMethod`` and need a float weight; quantized layers need an
@@ -343,7 +354,7 @@ class Fp8Config:
                              f"config's weight_block_size, got {w.block_size}")
         return make_linear_method(weight, bias)
 
-    def load_linear(self, path, prefix):
+    def load_linear(self, path: str | os.PathLike, prefix: str) -> LinearMethod:
         """Read layer ``prefix`` from a safetensors checkpoint and return its linear method: the float
         weight (and bias) for ignored layers, the ``Fp8Weight`` with the config's activation scheme
         otherwise."""

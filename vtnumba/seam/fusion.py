@@ -1,16 +1,20 @@
 """Fusing q/k/v or gate/up shards into one FP8 weight, as upstream vLLM's fused linear layers load
 them (``requantize_with_max_scale``, ``convert_to_channelwise``)."""
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .. import _arrays
+from .._arrays import Array
 from ..ops import ActivationScheme, dequantize_fp8, quantize_fp8
 from .weights import Fp8Weight
 
 __all__ = ["requantize_with_max_scale", "fuse_fp8_shards"]
 
 
-def requantize_with_max_scale(codes, weight_scales, logical_widths):
+def requantize_with_max_scale(codes: Array, weight_scales: Array | Sequence[float],
+                              logical_widths: Sequence[int]) -> tuple[np.float32, np.ndarray]:
     """Requantize stacked shards [sum(widths), K] that each have their own per-tensor scale to the
     largest of those scales; returns ``(max_scale float32, new codes)``.
 
@@ -46,7 +50,7 @@ def requantize_with_max_scale(codes, weight_scales, logical_widths):
     return max_scale, out
 
 
-def fuse_fp8_shards(shards):
+def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
     """One ``Fp8Weight`` from shards stacked along N (q, k, v or gate, up), as upstream's fused
     QKV / gate-up layers load them.
 

@@ -8,11 +8,12 @@ weight types with ``@make_linear_method.register``.
 """
 
 import functools
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .. import _arrays
+from .._arrays import Array, DType
 from ..ops import QuantizedActivation, dequantize_fp8
 from .matmul import matmul_fp8, matmul_fp8_prequant
 from .weights import Fp8Weight, ResidentFp8
@@ -26,9 +27,9 @@ class LinearMethod(Protocol):
 
     name: str
 
-    def apply(self, x, out_dtype=None): ...
+    def apply(self, x: Array, out_dtype: DType | None = None) -> Array: ...
 
-    def apply_prequant(self, q, out_dtype=None): ...
+    def apply_prequant(self, q: QuantizedActivation, out_dtype: DType | None = None) -> Array: ...
 
 
 class Fp8W8A8LinearMethod:
@@ -38,15 +39,15 @@ class Fp8W8A8LinearMethod:
     name = "fp8_w8a8"
     __slots__ = ("weight",)
 
-    def __init__(self, weight):
+    def __init__(self, weight: Fp8Weight | ResidentFp8) -> None:
         if not isinstance(weight, (Fp8Weight, ResidentFp8)):
             raise TypeError(f"weight must be an Fp8Weight or a ResidentFp8, got {type(weight).__name__}")
         self.weight = weight
 
-    def apply(self, x, out_dtype=None):
+    def apply(self, x: Array, out_dtype: DType | None = None) -> Array:
         return matmul_fp8(x, self.weight, out_dtype)
 
-    def apply_prequant(self, q, out_dtype=None):
+    def apply_prequant(self, q: QuantizedActivation, out_dtype: DType | None = None) -> Array:
         return matmul_fp8_prequant(q, self.weight, out_dtype)
 
     def __repr__(self):
@@ -62,7 +63,7 @@ class UnquantizedLinearMethod:
     name = "unquantized"
     __slots__ = ("weight", "bias", "device", "_w32_t", "_bias32")
 
-    def __init__(self, weight, bias=None):
+    def __init__(self, weight: Array, bias: Array | None = None) -> None:
         self.device = _arrays.device_of(weight, "weight")
         _arrays.float_dtype(weight, "weight")
         if len(weight.shape) != 2:
@@ -77,10 +78,10 @@ class UnquantizedLinearMethod:
         self._bias32 = None if bias is None else bias.reshape(n).astype(np.float32)
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, int]:
         return tuple(self.weight.shape)
 
-    def apply(self, x, out_dtype=None):
+    def apply(self, x: Array, out_dtype: DType | None = None) -> Array:
         if _arrays.device_of(x, "x") != self.device:
             raise ValueError(f"x must be on the weight's device {self.device}, got {_arrays.device_of(x, 'x')}")
         dt = _arrays.float_dtype(x, "x") if out_dtype is None else _arrays.out_dtype_of(out_dtype)
@@ -93,7 +94,7 @@ class UnquantizedLinearMethod:
             y += self._bias32
         return y.astype(dt)
 
-    def apply_prequant(self, q, out_dtype=None):
+    def apply_prequant(self, q: QuantizedActivation, out_dtype: DType | None = None) -> Array:
         """An FP8 activation fed to an unquantized layer (a model that quantizes once for several
         layers): dequantized exactly to float32, then ``apply``. out_dtype defaults to float32."""
         if not isinstance(q, QuantizedActivation):
@@ -107,7 +108,7 @@ class UnquantizedLinearMethod:
 
 
 @functools.singledispatch
-def make_linear_method(weight, bias=None):
+def make_linear_method(weight: Any, bias: Array | None = None) -> LinearMethod:
     """The linear method for ``weight``, chosen by its type:
 
     - ``Fp8Weight`` / ``ResidentFp8`` -> ``Fp8W8A8LinearMethod`` (bias travels inside the weight);

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _arrays
 from .. import _format
+from .._arrays import Array, DType, Scale
 from .._interop import interop
 from ..ops import ActivationScheme, block_size_of, dequantize_fp8, encode_e4m3, quant_scale, quantize_fp8
 
@@ -67,16 +68,16 @@ class Fp8Weight:
     bias: Any = None
     activation_scheme: str | None = None
     source: Any = field(default=None, repr=False)
-    block_size: tuple | None = None
+    block_size: tuple[int, int] | None = None
     scale_ue8m0: bool = False
     device: str = field(init=False, repr=False)
-    shape: tuple = field(init=False, repr=False)
+    shape: tuple[int, int] = field(init=False, repr=False)
     per_channel: bool = field(init=False, repr=False)
     released_to: str | None = field(init=False, default=None, repr=False)
     # the GPU calls bound for this weight (vtnumba.cuda.bound), by input signature; see seam.matmul
-    bound_calls: dict = field(init=False, default=None, repr=False)
+    bound_calls: dict | None = field(init=False, default=None, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         set_ = object.__setattr__
         data = self.data
         device = _arrays.device_of(data, "data")
@@ -136,8 +137,9 @@ class Fp8Weight:
     # -- constructors ------------------------------------------------------------------------
     @classmethod
     @interop
-    def from_float(cls, w, input_scale=None, per_channel=False, *, activation_scheme=None, bias=None,
-                   block_size=None, scale_ue8m0=False):
+    def from_float(cls, w: Array, input_scale: Scale | None = None, per_channel: bool = False, *,
+                   activation_scheme: str | None = None, bias: Array | None = None,
+                   block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> "Fp8Weight":
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
         that are not FP8-serialized).
 
@@ -196,20 +198,20 @@ class Fp8Weight:
 
     # -- views -------------------------------------------------------------------------------
     @property
-    def out_features(self):
+    def out_features(self) -> int:
         return self.shape[0]
 
     @property
-    def in_features(self):
+    def in_features(self) -> int:
         return self.shape[1]
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of the arrays a resident copy holds: codes, weight scale, bias (as float32)."""
         n = self.shape[0]
         return n * self.shape[1] + 4 * int(self.weight_scale.size) + (0 if self.bias is None else 4 * n)
 
-    def host_data(self, name="weight"):
+    def host_data(self, name: str = "weight") -> Array:
         """The codes, or a clear error if they were released after an upload."""
         if self.data is None:
             raise ValueError(f"{name}.data must be present, got None: the host codes were released after "
@@ -217,7 +219,7 @@ class Fp8Weight:
                              f"use that ResidentFp8 instead")
         return self.data
 
-    def dequantize(self, dtype=np.float32):
+    def dequantize(self, dtype: DType = np.float32) -> Array:
         """decode(codes) * weight_scale per row (per block), in float32, rounded to ``dtype`` (no bias)."""
         if self.block_size is not None:
             bn, bk = self.block_size
@@ -342,13 +344,13 @@ def _record(device, **add):
                                         ("uploads", "upload_bytes", "released_host", "released_host_bytes")})
 
 
-def load_stats():
+def load_stats() -> dict[str, DeviceLoadStats]:
     """{device: DeviceLoadStats} for every device something was uploaded to ('cpu', 'cuda:0', ...)."""
     with _LOCK:
         return dict(_STATS)
 
 
-def reset_load_stats():
+def reset_load_stats() -> None:
     """Zero the counters (tests and benchmarks); resident weights stay cached."""
     with _LOCK:
         _STATS.clear()
@@ -370,7 +372,12 @@ class ResidentFp8:
 
     __slots__ = ("weight", "device", "nbytes")
 
-    def __new__(cls, weight, device="cpu", *, release_host=False):
+    weight: Fp8Weight
+    device: str
+    nbytes: int
+
+    def __new__(cls, weight: "Fp8Weight | ResidentFp8", device: str = "cpu", *,
+                release_host: bool = False) -> "ResidentFp8":
         if isinstance(weight, ResidentFp8):
             if weight.device != _arrays.parse_device(device):
                 raise ValueError(f"device must be {weight.device} for a ResidentFp8 already there, got {device!r}; "
@@ -400,11 +407,11 @@ class ResidentFp8:
         return self
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, int]:
         return self.weight.shape
 
     @property
-    def activation_scheme(self):
+    def activation_scheme(self) -> str:
         return self.weight.activation_scheme
 
     def __repr__(self):
