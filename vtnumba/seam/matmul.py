@@ -12,6 +12,7 @@ layer's path, and its budget is 2 us of host time per call over the ops it wraps
 import numpy as np
 
 from .. import _arrays
+from .._arrays import Array, DType
 from .._config import dense_cublaslt_fp8_enabled, kernel_settings
 from .._interop import interop
 from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
@@ -59,7 +60,7 @@ def _weight_for(weight, x, name):
 
 
 @interop
-def quantize_activation(x, weight):
+def quantize_activation(x: Array, weight: Fp8Weight | ResidentFp8) -> QuantizedActivation:
     """``x`` [M, K] quantized as ``weight`` (an ``Fp8Weight`` / ``ResidentFp8``) expects its
     activations: by its ``activation_scheme``, with its ``input_scale`` when static. The result
     feeds ``matmul_fp8_prequant(q, weight)``."""
@@ -75,7 +76,6 @@ def quantize_activation(x, weight):
 # lever, VT_DISABLE_KERNELS). Anything else falls back to the full path. A binding writes nothing
 # that outlives a call (its temporaries are allocated per call), so it serves every stream.
 _MAX_BOUND_PER_WEIGHT = 16
-_UNSEEN = object()  # a signature not met yet (None: met, and the call has no binding)
 _gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
 
 
@@ -118,7 +118,7 @@ def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
 
 
 @interop
-def matmul_fp8(x, weight, out_dtype=None):
+def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | None = None) -> Array:
     """``y = dequant(quant(x)) @ dequant(weight).T + bias`` as FP8 W8A8: ``x`` [..., K] (float32,
     float16 or bfloat16; numpy or cupy) is quantized by the weight's ``activation_scheme`` ('static':
     ``weight.input_scale``; 'dynamic': per-tensor; 'per_token': one scale per row of the flattened
@@ -137,9 +137,9 @@ def matmul_fp8(x, weight, out_dtype=None):
         w = _host_weight(weight)
         calls = getattr(w, "bound_calls", None)
         if calls:
-            bound = calls.get(_bound_key(x, w, out_dtype), _UNSEEN)
-            if bound is not _UNSEEN:
-                return bound(x, gpu[1]().ptr) if bound is not None else _matmul_fp8(x, weight, out_dtype)[0]
+            bound = calls.get(_bound_key(x, w, out_dtype))
+            if bound is not None:
+                return bound(x, gpu[1]().ptr)
         y, w_device = _matmul_fp8(x, weight, out_dtype)
         if type(w) is Fp8Weight:
             _bind_after_full_call(x, weight, out_dtype, w_device, gpu)
@@ -175,7 +175,8 @@ def _unflatten(y, shape, w):
 
 
 @interop
-def matmul_fp8_prequant(q, weight, out_dtype=None):
+def matmul_fp8_prequant(q: QuantizedActivation, weight: Fp8Weight | ResidentFp8,
+                        out_dtype: DType | None = None) -> Array:
     """The GEMM of ``matmul_fp8`` on an activation already quantized (``vt.QuantizedActivation``,
     codes [..., K]), for a caller that quantizes once and feeds several layers. ``q.scheme`` must
     be the weight's ``activation_scheme``; the GEMM uses ``q.scale`` as it is. ``out_dtype``
