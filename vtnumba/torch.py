@@ -209,6 +209,9 @@ def _gpu_forward(state, x, out_dtype, quant_key=None):
 # made under ``torch.inference_mode()`` keep no version counter, so an in-place write to one could
 # not be seen: they never share (``torch.no_grad()``, as transformers' ``generate`` runs, does).
 _LAST_QUANT = {}
+# Signatures bound per layer and GPU, as the seam keeps them (prompts of many lengths would otherwise
+# grow the table without end; a decode step's signature is bound again at once after a reset)
+_MAX_BOUND_PER_LAYER = 16
 
 
 def _stream_is_capturing(stream):
@@ -256,6 +259,8 @@ def _gpu_full(state, x, out_dtype):
             # from torch's or a graph's
             with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc), on_torch_stream(index):
                 bound = cuda_bound.bind_linear(x2d, state.weight, _NUMPY_OUT[out_dtype])
+            if len(state.bound) >= _MAX_BOUND_PER_LAYER:  # a caller sweeping over shapes: start over
+                state.bound.clear()
             entry = state.bound[(x.shape, x.dtype, out_dtype, kernel_settings())] = (
                 bound, (*x.shape[:-1], state.weight.shape[0]))
             return _run_bound(state, entry, x, out_dtype)
