@@ -5,6 +5,7 @@ fresh process with a warm cache loads machine code instead of compiling it.
 """
 
 import os
+import types
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
 _CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
@@ -46,3 +47,95 @@ def dense_cublaslt_fp8_enabled():
     call so a test or a notebook can flip it live. On by default; any value whose first character is
     '0' turns cuBLASLt off and routes GPU GEMMs to the Numba kernels."""
     return not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")
+
+
+# -- threads ---------------------------------------------------------------------------------------
+
+# Work below which a CPU kernel runs on the calling thread alone (multiply-adds for a GEMM, elements
+# for an element-wise kernel). Waking a passive worker (below) costs 10-150 us on the 2-core VM this
+# was measured on (benchmarks/bench_cpu_threads.py, serial vs parallel twin, medians, a machine shared
+# with other jobs): the parallel twin ran at 0.45-0.55x the serial time whenever the second core was
+# free, and up to 150 us slower when its worker woke late. The thresholds put that worst case under
+# about half the serial time: 4 Mi multiply-adds (~250 us serial at M = 1) and 2 Mi elements (~180
+# us serial). VT_CPU_PARALLEL_MIN_WORK overrides both (0: always parallel; a huge value: one thread);
+# NUMBA_NUM_THREADS or numba.set_num_threads() caps the thread count.
+CPU_PARALLEL_MIN_MACS = 1 << 22
+CPU_PARALLEL_MIN_ELEMENTS = 1 << 21
+
+# Numba's OpenMP workers spin after each parallel region unless told to wait passively (libgomp's
+# OMP_WAIT_POLICY, read once when libgomp loads, which is when Numba starts its thread pool). Beside
+# numpy's OpenBLAS workers or another busy process, two cores then held three or four spinning
+# threads: the parallel twin of the M = 1 kernel took a median of 6.7 ms where the serial one took
+# 1.3 ms (N = K = 4096, two cores), and the 16x32x64 layer of issue 22 took 12-16 ms instead of
+# 56 us. With PASSIVE the parallel twins never fell behind the serial ones by more than the ~10 us
+# start-up. So vtnumba starts Numba's pool with PASSIVE unless the user set OMP_WAIT_POLICY, and
+# restores the environment after (other OpenMP runtimes loaded later do not inherit the choice).
+_threads_started = False
+
+
+def start_threads():
+    """Start Numba's thread pool (once), with passive OpenMP workers unless OMP_WAIT_POLICY is set."""
+    global _threads_started
+    if _threads_started:
+        return
+    import numba
+    from numba.np.ufunc import parallel
+
+    set_here = "OMP_WAIT_POLICY" not in os.environ and not parallel._is_initialized
+    if set_here:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        numba.get_num_threads()  # launches the pool: libgomp reads its environment now
+    finally:
+        if set_here:
+            del os.environ["OMP_WAIT_POLICY"]
+    _threads_started = True
+
+
+def parallel_min_work(default):
+    """The work threshold in force: VT_CPU_PARALLEL_MIN_WORK when set, else ``default``."""
+    value = os.environ.get("VT_CPU_PARALLEL_MIN_WORK")
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"VT_CPU_PARALLEL_MIN_WORK must be an integer, got {value!r}") from None
+
+
+class ThreadedKernel:
+    """One CPU kernel compiled twice from the same source: ``parallel`` (its prange loops spread over
+    Numba's threads) and ``serial`` (prange runs as range: no parallel region at all). A call picks
+    one by its work (``work(*args)``): the serial twin below the threshold, or when Numba has one
+    thread. Both are lazy and cached; the serial twin has a qualified name of its own, since Numba's
+    disk cache keys a function by name and bytecode, not by its compile flags."""
+
+    def __init__(self, fn, flags, min_work, work):
+        from numba import njit
+
+        self.py_func, self.min_work, self.work = fn, min_work, work
+        self.parallel = njit(**dict(CPU_KERNEL, **flags))(fn)
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
+                                  fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "_serial"
+        twin.__module__ = fn.__module__
+        self.serial = njit(**dict(CPU_SERIAL_KERNEL, **flags))(twin)
+        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+
+    def runs_parallel(self, *args):
+        """Whether a call with these arguments takes the parallel twin."""
+        if self.work(*args) < parallel_min_work(self.min_work):
+            return False
+        import numba
+
+        start_threads()  # only when a parallel twin may run: a serial-only process never starts the pool
+        return numba.get_num_threads() > 1
+
+    def __call__(self, *args):
+        return (self.parallel if self.runs_parallel(*args) else self.serial)(*args)
+
+
+def threaded_kernel(min_work, work, **flags):
+    """Decorator: a ThreadedKernel with its work threshold, its work function of the call's arguments,
+    and extra Numba ``flags`` (fastmath, ...)."""
+    return lambda fn: ThreadedKernel(fn, flags, min_work, work)

@@ -32,12 +32,13 @@ scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION
+from .._config import (CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS,
+                       CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION, threaded_kernel)
 from . import _kernel_input
 from .codec import decode_e4m3, per_group_scale
 from .gemm import (_K_CHUNK, _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector,
-                   blas_tiles, decode_rows, to_out_dtype)
-from .quant import _encode_divided, _finite_amax
+                   blas_tiles, decode_rows, gemm_macs, to_out_dtype)
+from .quant import _elements, _encode_divided, _finite_amax
 
 __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 
@@ -45,7 +46,7 @@ __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 # -- group quantization ----------------------------------------------------------------------------
 
 
-@njit(**CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_stride, scale_group_stride):
     """out = encode(x / s) per group of ``group_size`` along each row of x [rows, K]; the group's scale
     goes to ``scales[row * scale_row_stride + group * scale_group_stride]`` (flat), which serves the
@@ -165,7 +166,7 @@ def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
         out[0, n0 + j] = add_bias(t[j], bias, n0 + j)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     """M = 1: four rows of b per step share each load of x (as ``gemm.gemv_kernel``), the decode
     fused into the dot products. Every block's four sums are kept, then one call applies the block
@@ -207,7 +208,7 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     """Small M > 1, from x = dec(a) and codes b: ``gemm.small_m_kernel``'s 4 x 4 register blocks over
     a buffer of four decoded weight rows, walked K-block by K-block (a block in passes of at most

@@ -32,7 +32,7 @@ N = K = 4096, two cores). ``OPENBLAS_THREAD_TIMEOUT=4`` in the environment remov
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, threaded_kernel
 from .codec import decode_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
@@ -106,7 +106,12 @@ def reference_kernel(a, b, scale_a, scale_b, bias, out):
 # -- kernel 2: small M ---------------------------------------------------------------------------
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def gemm_macs(x, b, *_):
+    """The work of a GEMM kernel: its multiply-adds, M * N * K."""
+    return x.shape[0] * b.shape[0] * b.shape[1]
+
+
+@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, scale_a, scale_b, bias, out):
     """M = 1: out[0, n] = dot(x[0], dec(b[n])), the decode fused into the dot product.
 
@@ -138,7 +143,7 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
                 out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     """Small M > 1: out from x = dec(a) and codes b.
 

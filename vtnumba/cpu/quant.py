@@ -10,12 +10,18 @@ with index arithmetic inside the prange body).
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL
+from .._config import CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, threaded_kernel
 from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ZERO
 from .codec import bits_float32, encode_e4m3, float32_bits, load_float32
 
 _U32_ABS_MASK = np.uint32(0x7FFFFFFF)
 _U32_INF_BITS = np.uint32(0x7F800000)
+
+
+
+def _elements(x, *_):
+    """The work of an element-wise kernel: the elements of its input."""
+    return x.size
 
 
 @njit(**CPU_INLINE)
@@ -51,7 +57,7 @@ def _finite_amax(x):
     return bits_float32(amax_bits)
 
 
-@njit(**CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_static(x, inv_scale, out):
     """out = encode(float32(x) * inv_scale); inv_scale = float32(1) / float32(scale), formed once."""
     n = x.size
@@ -61,7 +67,7 @@ def quantize_static(x, inv_scale, out):
         _encode_times(x[lo:hi], inv_scale, out[lo:hi])
 
 
-@njit(**CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def finite_amax(x):
     n = x.size
     nchunks = (n + CPU_CHUNK - 1) // CPU_CHUNK
@@ -85,7 +91,7 @@ def _token_scale(amax, scale_ub):
     return max(t / F32_E4M3_MAX, F32_MIN_SCALE)
 
 
-@njit(**CPU_KERNEL)
+@threaded_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_per_token(x, scale_ub, out, scales):
     """Row-wise dynamic scales, then out = encode(x / s_row) -- a divide, as upstream's per-token
     kernel and its reference do (not the static path's reciprocal multiply). Each row is read twice,
