@@ -5,7 +5,6 @@ fresh process with a warm cache loads machine code instead of compiling it.
 """
 
 import os
-import types
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
 _CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
@@ -101,41 +100,3 @@ def parallel_min_work(default):
         return int(value)
     except ValueError:
         raise ValueError(f"VT_CPU_PARALLEL_MIN_WORK must be an integer, got {value!r}") from None
-
-
-class ThreadedKernel:
-    """One CPU kernel compiled twice from the same source: ``parallel`` (its prange loops spread over
-    Numba's threads) and ``serial`` (prange runs as range: no parallel region at all). A call picks
-    one by its work (``work(*args)``): the serial twin below the threshold, or when Numba has one
-    thread. Both are lazy and cached; the serial twin has a qualified name of its own, since Numba's
-    disk cache keys a function by name and bytecode, not by its compile flags."""
-
-    def __init__(self, fn, flags, min_work, work):
-        from numba import njit
-
-        self.py_func, self.min_work, self.work = fn, min_work, work
-        self.parallel = njit(**dict(CPU_KERNEL, **flags))(fn)
-        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
-                                  fn.__closure__)
-        twin.__qualname__ = fn.__qualname__ + "_serial"
-        twin.__module__ = fn.__module__
-        self.serial = njit(**dict(CPU_SERIAL_KERNEL, **flags))(twin)
-        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-
-    def runs_parallel(self, *args):
-        """Whether a call with these arguments takes the parallel twin."""
-        if self.work(*args) < parallel_min_work(self.min_work):
-            return False
-        import numba
-
-        start_threads()  # only when a parallel twin may run: a serial-only process never starts the pool
-        return numba.get_num_threads() > 1
-
-    def __call__(self, *args):
-        return (self.parallel if self.runs_parallel(*args) else self.serial)(*args)
-
-
-def threaded_kernel(min_work, work, **flags):
-    """Decorator: a ThreadedKernel with its work threshold, its work function of the call's arguments,
-    and extra Numba ``flags`` (fastmath, ...)."""
-    return lambda fn: ThreadedKernel(fn, flags, min_work, work)

@@ -32,7 +32,8 @@ N = K = 4096, two cores). ``OPENBLAS_THREAD_TIMEOUT=4`` in the environment remov
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, threaded_kernel
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
+from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
@@ -111,7 +112,7 @@ def gemm_macs(x, b, *_):
     return x.shape[0] * b.shape[0] * b.shape[1]
 
 
-@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, scale_a, scale_b, bias, out):
     """M = 1: out[0, n] = dot(x[0], dec(b[n])), the decode fused into the dot product.
 
@@ -120,6 +121,7 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
     n_rows, k_len = b.shape
     xr = x[0]
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         if n0 + _SMALL_M_ROWS <= n_rows:
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
@@ -143,7 +145,7 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
                 out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
 
 
-@threaded_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     """Small M > 1: out from x = dec(a) and codes b.
 
@@ -156,6 +158,7 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     n_rows = b.shape[0]
     chunk = min(k_len, _K_CHUNK)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         rows = np.zeros((_SMALL_M_ROWS, chunk), dtype=np.float32)
