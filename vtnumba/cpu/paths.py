@@ -184,3 +184,58 @@ def cpu_kernel(min_work, work, **flags):
     """Decorator: a CpuKernel with its work threshold, its work as a function of the call's arguments,
     and extra Numba ``flags`` (fastmath, ...)."""
     return lambda fn: CpuKernel(fn, flags, min_work, work)
+
+
+def _cpu_model():
+    """The CPU's marketing name (Linux /proc/cpuinfo), else the platform's word for it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model name", "cpu model", "Hardware"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def vector_isa(features=None):
+    """The widest vector instruction set LLVM can use here, in words."""
+    features = host_features() if features is None else features
+    for feature, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve2", "SVE2"), ("sve", "SVE"),
+                          ("neon", "NEON"), ("sse4.2", "SSE4.2")):
+        if feature in features:
+            return name
+    import platform
+
+    return "NEON" if platform.machine() in ("aarch64", "arm64") else "baseline"
+
+
+def describe():
+    """What the CPU kernels run on here, for the main command's header and reports: the CPU, the
+    path chosen and the others this CPU can run, the threads and the one-thread thresholds."""
+    import platform
+
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    from .. import _config
+
+    features = host_features()
+    return dict(model=_cpu_model(), machine=platform.machine(), llvm_cpu=config.CPU_NAME or ll.get_host_cpu_name(),
+                cores=os.cpu_count(), vector_isa=vector_isa(features), path=_active.name,
+                path_summary=_active.summary, runnable_paths=[p.name for p in runnable(features)],
+                numba_threads=int(config.NUMBA_NUM_THREADS),
+                serial_below_macs=parallel_min_work(_config.CPU_PARALLEL_MIN_MACS),
+                serial_below_elements=parallel_min_work(_config.CPU_PARALLEL_MIN_ELEMENTS))
+
+
+def header_line(info=None):
+    """The main command's CPU header, one line."""
+    d = describe() if info is None else info
+    return (f"CPU: {d['model']} ({d['llvm_cpu']}, {d['cores']} cores, {d['vector_isa']}); kernels: path "
+            f"{d['path']} ({d['path_summary']}; runnable here: {', '.join(d['runnable_paths'])}); Numba threads "
+            f"{d['numba_threads']}, one thread below {d['serial_below_macs']:,} multiply-adds / "
+            f"{d['serial_below_elements']:,} elements")
