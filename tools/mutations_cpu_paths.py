@@ -1,0 +1,31 @@
+"""CPU path and thread mutations (issue 22): each must be killed by tests/test_cpu_paths.py."""
+
+from tools.mutate import Mutation
+
+PATHS = "vtnumba/cpu/paths.py"
+TESTS = "tests/test_cpu_paths.py"
+SMOKE = (
+    "import numpy as np, vtnumba as vt\n"
+    "a, b = np.ones((1, 64), np.uint8), np.ones((8, 64), np.uint8)\n"
+    "vt.scaled_mm(a, b, 1.0, 1.0); vt.scaled_mm(np.ones((5, 64), np.uint8), b, 1.0, 1.0)\n"
+    "vt.quantize_fp8(np.ones((4, 64), np.float32))\n"
+)
+
+MUTATIONS = [
+    Mutation(
+        name="avx512 path without its 512-bit hint",
+        path=PATHS, old='{"vector_width_hint": _width_hint(512)}', new='{"vector_width_hint": _width_hint(None)}',
+        tests=(f"{TESTS}::test_avx512_path_gets_512_bit_vectors_under_intel_tuning",), smoke=SMOKE),
+    Mutation(
+        name="small problems go parallel (no work threshold)",
+        path=PATHS, old="if self.work(*args) < parallel_min_work(self.min_work):", new="if False:",
+        tests=(f"{TESTS}::test_small_work_runs_on_one_thread",), smoke=SMOKE),
+    Mutation(
+        name="parallel and serial twins share one cache name",
+        path=PATHS, old="twin.__qualname__ = fn.__qualname__ + suffix", new="twin.__qualname__ = fn.__qualname__",
+        tests=(f"{TESTS}::test_variants_have_their_own_cache_names",), smoke=SMOKE),
+    Mutation(
+        name="Numba's OpenMP workers left spinning",
+        path="vtnumba/_config.py", old='os.environ["OMP_WAIT_POLICY"] = "PASSIVE"', new="pass",
+        tests=(f"{TESTS}::test_thread_pool_starts_with_passive_workers_unless_the_user_chose",), smoke=SMOKE),
+]
