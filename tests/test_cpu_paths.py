@@ -30,7 +30,8 @@ ALWAYS_PARALLEL, ALWAYS_SERIAL = "0", str(1 << 62)
 # -- which path a CPU gets -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("features, expected", [
-    (AVX512 | {"avx2", "fma"}, "avx512"),                # Intel Xeon (Skylake-X on), AMD Zen 4/5
+    (AVX512 | {"avx512vbmi", "avx2"}, "avx512_vbmi"),    # Intel Ice Lake and later, AMD Zen 4/5
+    (AVX512 | {"avx2", "fma"}, "avx512"),                # Intel Skylake-X / Cascade Lake (no VBMI)
     ({"avx2", "fma", "f16c"}, "portable"),              # AVX2-only x86-64
     (AVX512 - {"avx512bw"}, "portable"),                # Knights Landing: AVX-512 F without BW
     ({"neon", "fp-armv8"}, "portable"),                 # aarch64
@@ -49,7 +50,7 @@ def test_host_gets_its_first_runnable_path():
 
 
 def test_forced_path_is_checked():
-    with pytest.raises(ValueError, match=r"VT_CPU_PATH must be one of avx512, portable, got 'sse9'"):
+    with pytest.raises(ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, portable, got 'sse9'"):
         paths.choose(forced="sse9")
     with pytest.raises(ValueError, match=r"this CPU lacks avx512f, avx512bw, avx512dq, avx512vl\); unset it"):
         paths.choose({"avx2"}, forced="avx512")
@@ -92,7 +93,7 @@ def test_g3_gemm(variant):
     path, parallel = variant
     rng = np.random.default_rng(22)
     compared = 0
-    for m, n, k in ((1, 70, 300), (1, 4, 64), (5, 33, 96), (16, 64, 1100), (7, 3, 40)):
+    for m, n, k in ((1, 70, 300), (1, 4, 64), (1, 9, 1100), (1, 6, 40), (5, 33, 96), (16, 64, 1100), (7, 3, 40)):
         a, b = _codes(rng, (m, k)), _codes(rng, (n, k))
         sa = (rng.uniform(0.01, 1, size=(m, 1))).astype(F32)
         sb = (rng.uniform(0.001, 0.1, size=n) * rng.choice([-1, 1], size=n)).astype(F32)
@@ -100,7 +101,8 @@ def test_g3_gemm(variant):
         y = vt.scaled_mm(a, b, sa, sb, bias=bias, kernel="small_m")
         compared += assert_g3(y, a, b, sa, sb, bias)
     assert compared > 0
-    assert _ran(gemm.gemv_kernel, path, parallel) and _ran(gemm.small_m_kernel, path, parallel)
+    m1 = gemm.gemv_vbmi_kernel if paths.active().byte_lookup_decode else gemm.gemv_kernel
+    assert _ran(m1, path, parallel) and _ran(gemm.small_m_kernel, path, parallel)
 
 
 def test_g3_gemm_nan_codes_spread(variant):
@@ -148,6 +150,31 @@ def test_g1_quantization(variant):
     for kernel in (quant.quantize_static, quant.finite_amax, quant.quantize_per_token,
                    block.quantize_per_group_kernel):
         assert _ran(kernel, path, parallel), kernel.__name__
+
+
+@pytest.mark.skipif("avx512_vbmi" not in RUNNABLE, reason="this CPU has no AVX-512 VBMI")
+@pytest.mark.parametrize("threads", ["serial", "parallel"])
+def test_byte_lookup_decode_is_exhaustively_exact(threads, monkeypatch):
+    """The vpermi2b decode of the avx512_vbmi path: every one of the 256 codes at every one of the 64
+    lane positions of a step (x = the unit vector at that position) gives the decoder's float32,
+    NaN for 0x7F and 0xFF; the K % 64 tail (K = 64 + 5) goes through the bit-arithmetic decode."""
+    from vtnumba.cpu import codec  # noqa: F401  (the decoder the tables come from)
+
+    monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", ALWAYS_PARALLEL if threads == "parallel" else ALWAYS_SERIAL)
+    k = 64 + 5
+    b = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], k, axis=1))
+    want = vt.decode_e4m3(np.arange(256, dtype=np.uint8))
+    one, bias = np.ones(1, F32), np.zeros(0, F32)
+    checked = 0
+    with paths.use("avx512_vbmi"):
+        for position in range(k):
+            x = np.zeros((1, k), F32)
+            x[0, position] = 1.0
+            out = np.empty((1, 256), F32)
+            gemm.gemv_vbmi_kernel(x, b, one, one, bias, out)
+            np.testing.assert_array_equal(out[0], want, err_msg=f"lane position {position}")
+            checked += int(np.count_nonzero(want[~np.isnan(want)]))
+    assert checked == 252 * k and _ran(gemm.gemv_vbmi_kernel, "avx512_vbmi", threads == "parallel")
 
 
 # -- the one-thread threshold ----------------------------------------------------------------------

@@ -29,3 +29,17 @@ MUTATIONS = [
         path="vtnumba/_config.py", old='os.environ["OMP_WAIT_POLICY"] = "PASSIVE"', new="pass",
         tests=(f"{TESTS}::test_thread_pool_starts_with_passive_workers_unless_the_user_chose",), smoke=SMOKE),
 ]
+
+VBMI_TESTS = (f"{TESTS}::test_byte_lookup_decode_is_exhaustively_exact", f"{TESTS}::test_g3_gemm")
+MUTATIONS += [
+    Mutation(
+        name="byte-lookup decode drops the sign",
+        path="vtnumba/cpu/vbmi.py",
+        old="hi = builder.or_(builder.call(perm, [hi_low, codes, hi_high]), builder.and_(codes, sign))",
+        new="hi = builder.call(perm, [hi_low, codes, hi_high])",
+        tests=VBMI_TESTS, smoke=SMOKE),
+    Mutation(
+        name="byte-lookup M = 1 kernel skips the K % 64 tail",
+        path="vtnumba/cpu/gemm.py", old="            for k in range(k_tail, k_len):\n", new="            for k in range(k_len, k_len):\n",
+        tests=VBMI_TESTS, smoke=SMOKE),
+]

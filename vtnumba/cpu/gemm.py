@@ -33,8 +33,10 @@ import numpy as np
 from numba import njit, prange
 
 from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
+from . import paths
 from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3
+from .vbmi import dot4_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
 
@@ -127,6 +129,40 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for k in range(k_len):
+                u = xr[k]
+                a0 += u * decode_e4m3(w0[k])
+                a1 += u * decode_e4m3(w1[k])
+                a2 += u * decode_e4m3(w2[k])
+                a3 += u * decode_e4m3(w3[k])
+            acc = (a0, a1, a2, a3)
+            for j in range(_SMALL_M_ROWS):
+                n = n0 + j
+                out[0, n] = _epilogue_value(acc[j], scale_a[0], _scale_at(scale_b, n), bias, n)
+        else:
+            for n in range(n0, n_rows):
+                w = b[n]
+                acc1 = np.float32(0.0)
+                for k in range(k_len):
+                    acc1 += xr[k] * decode_e4m3(w[k])
+                out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
+def gemv_vbmi_kernel(x, b, scale_a, scale_b, bias, out):
+    """M = 1 on the avx512_vbmi path: gemv_kernel's blocking (four rows of b share each load of x),
+    with the 64-code steps decoded by byte lookups (``vbmi.dot4_e4m3``, see there) and the K % 64
+    tail by the bit-arithmetic decode. Compiled only where that path runs (it uses vpermi2b)."""
+    n_rows, k_len = b.shape
+    xr = x[0]
+    steps = k_len // 64
+    k_tail = steps * 64
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
+        n0 = block * _SMALL_M_ROWS
+        if n0 + _SMALL_M_ROWS <= n_rows:
+            w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
+            a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps)
+            for k in range(k_tail, k_len):
                 u = xr[k]
                 a0 += u * decode_e4m3(w0[k])
                 a1 += u * decode_e4m3(w1[k])
@@ -315,7 +351,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
+            m1_kernel = gemv_vbmi_kernel if paths.active().byte_lookup_decode else gemv_kernel
+            (m1_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
 
 
