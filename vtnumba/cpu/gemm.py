@@ -22,11 +22,13 @@ per output and serves per-row x per-channel scales in the same expression.
 Kernels never validate (``vtnumba.ops`` does); they take uint8 codes, scale vectors of length 1
 (per-tensor) or M / N, and a float32 bias of length N or 0 (none).
 
-Threads: ``small_m`` runs on Numba's threads, ``blas`` on BLAS's (its decode and epilogue are
-serial, see ``decode_rows``). OpenBLAS's workers busy-wait ~80 ms after each call (its
-THREAD_TIMEOUT): on a machine with few cores, a small-M call made right after a numpy matmul or
-a ``blas``-path call shares its cores with them and ran 3-4x slower (2.1 -> 8.0 ms at M = 16,
-N = K = 4096, two cores). ``OPENBLAS_THREAD_TIMEOUT=4`` in the environment removes that.
+Threads: ``small_m`` runs on Numba's threads above a work threshold and on the calling thread below
+it (``vtnumba.cpu.paths.CpuKernel``; 4 Mi multiply-adds, measured in benchmarks/bench_cpu_threads.py),
+``blas`` on BLAS's (its decode and epilogue are serial, see ``decode_rows``). Numba's OpenMP workers
+wait passively (``vtnumba._config.start_threads``): spinning ones, beside OpenBLAS's workers (which
+busy-wait after each call) or another busy process, stalled a small layer for 12-16 ms on two cores.
+Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on ``avx512_vbmi`` the
+M = 1 kernel decodes by byte lookups (``vtnumba.cpu.vbmi``).
 """
 
 import numpy as np
