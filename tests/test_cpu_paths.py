@@ -29,17 +29,19 @@ ALWAYS_PARALLEL, ALWAYS_SERIAL = "0", str(1 << 62)
 
 # -- which path a CPU gets -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("features, expected", [
-    (AVX512 | {"avx512vbmi", "avx2"}, "avx512_vbmi"),    # Intel Ice Lake and later, AMD Zen 4/5
-    (AVX512 | {"avx2", "fma"}, "avx512"),                # Intel Skylake-X / Cascade Lake (no VBMI)
-    ({"avx2", "fma", "f16c"}, "portable"),              # AVX2-only x86-64
-    (AVX512 - {"avx512bw"}, "portable"),                # Knights Landing: AVX-512 F without BW
-    ({"neon", "fp-armv8"}, "portable"),                 # aarch64
-    (set(), "portable"),
+@pytest.mark.parametrize("features, machine, expected", [
+    (AVX512 | {"avx512vbmi", "avx2"}, "x86_64", "avx512_vbmi"),  # Intel Ice Lake and later, AMD Zen 4/5
+    (AVX512 | {"avx2", "fma"}, "x86_64", "avx512"),              # Intel Skylake-X / Cascade Lake (no VBMI)
+    ({"avx2", "fma", "f16c"}, "x86_64", "portable"),            # AVX2-only x86-64
+    (AVX512 - {"avx512bw"}, "x86_64", "portable"),              # Knights Landing: AVX-512 F without BW
+    ({"neon", "fp-armv8"}, "aarch64", "neon_tbl"),              # any ARMv8-A core
+    (set(), "aarch64", "neon_tbl"),                             # qemu: LLVM sees no features, NEON is still there
+    ({"neon"}, "x86_64", "portable"),
+    (set(), "riscv64", "portable"),
 ])
-def test_path_per_cpu(features, expected):
-    assert paths.choose(features).name == expected
-    assert paths.runnable(features)[-1].name == "portable"  # the portable path runs everywhere
+def test_path_per_cpu(features, machine, expected):
+    assert paths.choose(features, machine=machine).name == expected
+    assert paths.runnable(features, machine)[-1].name == "portable"  # the portable path runs everywhere
 
 
 def test_host_gets_its_first_runnable_path():
@@ -50,10 +52,12 @@ def test_host_gets_its_first_runnable_path():
 
 
 def test_forced_path_is_checked():
-    with pytest.raises(ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, portable, got 'sse9'"):
+    with pytest.raises(ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, neon_tbl, portable, got 'sse9'"):
         paths.choose(forced="sse9")
     with pytest.raises(ValueError, match=r"this CPU lacks avx512f, avx512bw, avx512dq, avx512vl\); unset it"):
-        paths.choose({"avx2"}, forced="avx512")
+        paths.choose({"avx2"}, forced="avx512", machine="x86_64")
+    with pytest.raises(ValueError, match=r"lacks an aarch64/arm64 CPU \(this is x86_64\)"):
+        paths.choose(set(), forced="neon_tbl", machine="x86_64")
     assert paths.choose({"avx2"}, forced="portable").name == "portable"
 
 
@@ -101,7 +105,7 @@ def test_g3_gemm(variant):
         y = vt.scaled_mm(a, b, sa, sb, bias=bias, kernel="small_m")
         compared += assert_g3(y, a, b, sa, sb, bias)
     assert compared > 0
-    m1 = gemm.gemv_vbmi_kernel if paths.active().byte_lookup_decode else gemm.gemv_kernel
+    m1 = gemm.gemv_lookup_kernel if paths.active().byte_lookup_decode else gemm.gemv_kernel
     assert _ran(m1, path, parallel) and _ran(gemm.small_m_kernel, path, parallel)
 
 
@@ -152,29 +156,32 @@ def test_g1_quantization(variant):
         assert _ran(kernel, path, parallel), kernel.__name__
 
 
-@pytest.mark.skipif("avx512_vbmi" not in RUNNABLE, reason="this CPU has no AVX-512 VBMI")
-@pytest.mark.parametrize("threads", ["serial", "parallel"])
-def test_byte_lookup_decode_is_exhaustively_exact(threads, monkeypatch):
-    """The vpermi2b decode of the avx512_vbmi path: every one of the 256 codes at every one of the 64
-    lane positions of a step (x = the unit vector at that position) gives the decoder's float32,
-    NaN for 0x7F and 0xFF; the K % 64 tail (K = 64 + 5) goes through the bit-arithmetic decode."""
-    from vtnumba.cpu import codec  # noqa: F401  (the decoder the tables come from)
+LOOKUP_PATHS = [p.name for p in paths.runnable() if p.byte_lookup_decode]
 
+
+@pytest.mark.skipif(not LOOKUP_PATHS, reason="no byte-lookup path runs on this CPU")
+@pytest.mark.parametrize("path", LOOKUP_PATHS)
+@pytest.mark.parametrize("threads", ["serial", "parallel"])
+def test_byte_lookup_decode_is_exhaustively_exact(path, threads, monkeypatch):
+    """The table decode of a byte-lookup path (vpermi2b on avx512_vbmi, tbl/tbx on neon_tbl): every one
+    of the 256 codes at every lane position of a 64-code step (x = the unit vector at that position)
+    gives the decoder's float32, NaN for 0x7F and 0xFF; the K % 64 tail (K = 64 + 5) goes through the
+    bit-arithmetic decode."""
     monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", ALWAYS_PARALLEL if threads == "parallel" else ALWAYS_SERIAL)
     k = 64 + 5
     b = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], k, axis=1))
     want = vt.decode_e4m3(np.arange(256, dtype=np.uint8))
     one, bias = np.ones(1, F32), np.zeros(0, F32)
     checked = 0
-    with paths.use("avx512_vbmi"):
+    with paths.use(path):
         for position in range(k):
             x = np.zeros((1, k), F32)
             x[0, position] = 1.0
             out = np.empty((1, 256), F32)
-            gemm.gemv_vbmi_kernel(x, b, one, one, bias, out)
+            gemm.gemv_lookup_kernel(x, b, one, one, bias, out)
             np.testing.assert_array_equal(out[0], want, err_msg=f"lane position {position}")
             checked += int(np.count_nonzero(want[~np.isnan(want)]))
-    assert checked == 252 * k and _ran(gemm.gemv_vbmi_kernel, "avx512_vbmi", threads == "parallel")
+    assert checked == 252 * k and _ran(gemm.gemv_lookup_kernel, path, threads == "parallel")
 
 
 # -- the one-thread threshold ----------------------------------------------------------------------

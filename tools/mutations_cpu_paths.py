@@ -14,7 +14,7 @@ SMOKE = (
 MUTATIONS = [
     Mutation(
         name="avx512 path without its 512-bit hint",
-        path=PATHS, old='{"vector_width_hint": _width_hint(512)}', new='{"vector_width_hint": _width_hint(None)}',
+        path=PATHS, old="            if bits is not None:\n", new="            if False:\n",
         tests=(f"{TESTS}::test_avx512_path_gets_512_bit_vectors_under_intel_tuning",), smoke=SMOKE),
     Mutation(
         name="small problems go parallel (no work threshold)",

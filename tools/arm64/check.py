@@ -100,6 +100,32 @@ def g3(report):
     os.environ.pop("VT_CPU_PARALLEL_MIN_WORK", None)
 
 
+def lookup_decode(report):
+    """The byte-lookup decode of each runnable path that has one, exhaustively: every code at every
+    lane position of a 64-code step (and a 5-code tail), as tests/test_cpu_paths.py does."""
+    import vtnumba as vt
+    from vtnumba.cpu import gemm, paths
+
+    k = 64 + 5
+    b = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], k, axis=1))
+    want = vt.decode_e4m3(np.arange(256, dtype=np.uint8))
+    one, bias = np.ones(1, np.float32), np.zeros(0, np.float32)
+    for path in [p for p in paths.runnable() if p.byte_lookup_decode]:
+        for threads in ("0", str(1 << 62)):
+            os.environ["VT_CPU_PARALLEL_MIN_WORK"] = threads
+            wrong = 0
+            with paths.use(path.name):
+                for position in range(k):
+                    x = np.zeros((1, k), np.float32)
+                    x[0, position] = 1.0
+                    out = np.empty((1, 256), np.float32)
+                    gemm.gemv_lookup_kernel(x, b, one, one, bias, out)
+                    wrong += int(np.count_nonzero(~((out[0] == want) | (np.isnan(out[0]) & np.isnan(want)))))
+            report(f"byte-lookup decode {path.name}, {'parallel' if threads == '0' else 'serial'}: 256 codes x "
+                   f"{k} positions", wrong == 0, f"{wrong} wrong")
+    os.environ.pop("VT_CPU_PARALLEL_MIN_WORK", None)
+
+
 def inner_loop(asm):
     """The GEMM's hot loop: the basic block (label to backward branch) with the most FMAs."""
     blocks, current = [], []
@@ -141,7 +167,7 @@ def assembly(report):
     b = (np.arange(64 * 256) % 0x7E).astype(np.uint8).reshape(64, 256)
     one, out, bias = np.ones(1, np.float32), np.empty((1, 64), np.float32), np.zeros(0, np.float32)
     for path in paths.runnable():
-        k = gemm.gemv_kernel.variant(path.name, False)
+        k = (gemm.gemv_lookup_kernel if path.byte_lookup_decode else gemm.gemv_kernel).variant(path.name, False)
         k(x, b, one, one, bias, out)
         asm = k.inspect_asm(k.signatures[0])
         loop = inner_loop(asm)
@@ -153,7 +179,7 @@ def assembly(report):
             name = os.environ.get("NUMBA_CPU_NAME") or "host"
             with open(os.path.join(os.environ["VT_ARM64_ASM_DIR"], f"gemv-{name}-{path.name}.s"), "w") as f:
                 f.write(asm)
-        report(f"assembly of the M = 1 kernel read ({path.name})", any(op in ops for op in ("fmla", "vfmadd231ps")),
+        report(f"assembly of the M = 1 kernel read ({path.name})", any(op == "fmla" or op.startswith("vfmadd") for op in ops),
                "an FMA loop found" if loop else "no loop found (cached code cannot be inspected: VT_NUMBA_CACHE=0)")
 
 
@@ -190,6 +216,7 @@ def main():
     if args.target is None:
         values = g1(report)
         print(f"  G1 compared {values:,} values", flush=True)
+    lookup_decode(report)
     g3(report)
     assembly(report)
     print(f"  {'all checks passed' if not failures else 'FAILED: ' + '; '.join(failures)}", flush=True)

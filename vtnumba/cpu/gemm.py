@@ -27,8 +27,8 @@ it (``vtnumba.cpu.paths.CpuKernel``; 4 Mi multiply-adds, measured in benchmarks/
 ``blas`` on BLAS's (its decode and epilogue are serial, see ``decode_rows``). Numba's OpenMP workers
 wait passively (``vtnumba._config.start_threads``): spinning ones, beside OpenBLAS's workers (which
 busy-wait after each call) or another busy process, stalled a small layer for 12-16 ms on two cores.
-Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on ``avx512_vbmi`` the
-M = 1 kernel decodes by byte lookups (``vtnumba.cpu.vbmi``).
+Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on ``avx512_vbmi`` and
+``neon_tbl`` the M = 1 kernel decodes by byte lookups (``vtnumba.cpu.vbmi``, ``vtnumba.cpu.neon``).
 """
 
 import numpy as np
@@ -150,10 +150,11 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
 
 
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
-def gemv_vbmi_kernel(x, b, scale_a, scale_b, bias, out):
-    """M = 1 on the avx512_vbmi path: gemv_kernel's blocking (four rows of b share each load of x),
-    with the 64-code steps decoded by byte lookups (``vbmi.dot4_e4m3``, see there) and the K % 64
-    tail by the bit-arithmetic decode. Compiled only where that path runs (it uses vpermi2b)."""
+def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
+    """M = 1 on a byte-lookup path (avx512_vbmi, neon_tbl): gemv_kernel's blocking (four rows of b
+    share each load of x), the 64-code steps decoded by table lookups (the path's ``dot4_e4m3``:
+    ``vbmi.py``'s vpermi2b or ``neon.py``'s tbl/tbx) and the K % 64 tail by the bit-arithmetic
+    decode. Compiled only for a path that runs here (the lookups are ISA instructions)."""
     n_rows, k_len = b.shape
     xr = x[0]
     steps = k_len // 64
@@ -353,7 +354,7 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            m1_kernel = gemv_vbmi_kernel if paths.active().byte_lookup_decode else gemv_kernel
+            m1_kernel = gemv_lookup_kernel if paths.active().byte_lookup_decode else gemv_kernel
             (m1_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
 

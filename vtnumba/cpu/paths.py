@@ -22,16 +22,20 @@ The paths:
   path, and at M = 1 (decode, where the decode is the bottleneck) the weight codes are decoded by
   byte-table lookups written as LLVM vector IR (``vbmi.py``): 12 instructions per 64 weights instead
   of ~48, 2.2-2.4x the weights per second on one Zen 5 core.
+- ``neon_tbl`` (aarch64; NEON is part of every ARMv8-A core): LLVM's own choices (NEON, or SVE where
+  the core has it), and at M = 1 the same byte-lookup decode through ``tbl``/``tbx`` (``neon.py``).
 - ``portable``: LLVM's own choices for the host CPU (AVX2 on older x86-64, NEON or SVE on aarch64).
   Runs everywhere.
 
-Each path's kernels see the names in its ``kernel_globals`` in place of the source's: today only
+Each path's kernels see the names in its ``kernel_globals`` in place of the source's:
 ``vector_width_hint``, an intrinsic the kernels call inside their parallel loop bodies (the function
-Numba outlines for the threads is where the vectorizer runs).
+Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3``, the byte-lookup
+inner loop of a path that has one.
 """
 
 import contextlib
 import os
+import platform
 import types
 from dataclasses import dataclass, field
 
@@ -40,6 +44,7 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, parallel_min_work, start_threads
+from . import neon, vbmi
 
 
 def _width_hint(bits):
@@ -69,19 +74,28 @@ class CpuPath:
     summary: str
     requires: tuple = ()
     kernel_globals: dict = field(default_factory=dict, hash=False, compare=False)
-    byte_lookup_decode: bool = False  # the M = 1 GEMM decodes by vpermi2b table lookups (vbmi.py)
+    byte_lookup_decode: bool = False  # the M = 1 GEMM decodes by table lookups (vbmi.py, neon.py)
+    machines: tuple = ()  # platform.machine() values it is for (empty: any)
 
-    def missing(self, features):
-        """The required features this CPU lacks (``features``: the set LLVM reports)."""
+    def missing(self, features, machine=None):
+        """What this CPU lacks for the path: required features (``features``: the set LLVM reports),
+        or the architecture (``machine``: platform.machine(), this host's by default)."""
+        machine = platform.machine() if machine is None else machine
+        if self.machines and machine not in self.machines:
+            return [f"an {'/'.join(self.machines)} CPU (this is {machine})"]
         return [f for f in self.requires if f not in features]
 
 
 _AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 PATHS = (
     CpuPath("avx512_vbmi", "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
-            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512)}, byte_lookup_decode=True),
+            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3},
+            byte_lookup_decode=True),
     CpuPath("avx512", "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
             _AVX512, {"vector_width_hint": _width_hint(512)}),
+    CpuPath("neon_tbl", "LLVM's own vector choices, and at M = 1 a byte-lookup decode (NEON tbl/tbx) into fmla",
+            (), {"vector_width_hint": _width_hint(None), "dot4_e4m3": neon.dot4_e4m3}, byte_lookup_decode=True,
+            machines=("aarch64", "arm64")),
     CpuPath("portable", "LLVM's own vector choices for this CPU; bit-arithmetic decode", (),
             {"vector_width_hint": _width_hint(None)}),
 )
@@ -103,24 +117,24 @@ def host_features():
     return {name for name, on in ll.get_host_cpu_features().items() if on}
 
 
-def runnable(features=None):
+def runnable(features=None, machine=None):
     """The paths this CPU can run, in preference order."""
     features = host_features() if features is None else features
-    return [p for p in PATHS if not p.missing(features)]
+    return [p for p in PATHS if not p.missing(features, machine)]
 
 
-def choose(features=None, forced=None):
+def choose(features=None, forced=None, machine=None):
     """The path for this CPU: ``forced`` (VT_CPU_PATH) when given, else the first runnable one."""
     if forced:
         if forced not in _BY_NAME:
             raise ValueError(f"VT_CPU_PATH must be one of {', '.join(_BY_NAME)}, got {forced!r}")
         path = _BY_NAME[forced]
-        missing = path.missing(host_features() if features is None else features)
+        missing = path.missing(host_features() if features is None else features, machine)
         if missing:
             raise ValueError(f"VT_CPU_PATH must name a path this CPU can run, got {forced!r} "
                              f"(this CPU lacks {', '.join(missing)}); unset it to let vtnumba choose")
         return path
-    return runnable(features)[0]
+    return runnable(features, machine)[0]
 
 
 _active = choose(forced=os.environ.get("VT_CPU_PATH") or None)
