@@ -4,6 +4,7 @@ work, quiet and with one CPU-bound process beside them, and the layer of issue 2
 
     python3 benchmarks/bench_cpu_threads.py            # the crossover tables and the busy layer
     python3 benchmarks/bench_cpu_threads.py --layer    # only the busy layer
+    python3 benchmarks/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
 
 Times are medians of interleaved calls (serial, parallel, serial, ...) with p90 beside them: the
 machine this ran on first was shared, and the median is the figure a user sees. The thresholds in
@@ -109,10 +110,42 @@ def busy_layer(rng):
               f"(target: median <= 200 us)", flush=True)
 
 
+def main_command_under_load(argv=("--skip-selfcheck",)):
+    """Issue 22's target: the main command's per-layer figures (device us, the median per call) beside
+    one CPU-bound process within 2x of an idle run. Each run is a fresh process (python -m vtnumba
+    --json); the idle run goes first and last, and each layer's busy figure is compared with the
+    better of the two idle ones."""
+    import json
+
+    def run():
+        out = subprocess.run([sys.executable, "-m", "vtnumba", "--json", "--no-progress", *argv],
+                             capture_output=True, text=True, check=True).stdout
+        return {(r["layer"], r["m"]): r for r in json.loads(out)["layers"]}
+
+    idle = run()
+    with busy_process():
+        busy = run()
+    idle_again = run()
+    print(f"main command (python -m vtnumba {' '.join(argv)}), device us per layer: idle (best of two runs) vs "
+          f"one busy process beside")
+    print(f"{'layer':>10s} {'M':>4s} {'idle us':>10s} {'busy us':>10s} {'busy/idle':>10s} {'p90/med busy':>13s}")
+    worst = 0.0
+    for key, row in busy.items():
+        base = min(idle[key]["device_us"], idle_again[key]["device_us"])
+        ratio = row["device_us"] / base
+        worst = max(worst, ratio)
+        print(f"{key[0]:>10s} {key[1]:4d} {base:10.1f} {row['device_us']:10.1f} {ratio:10.2f} {row['spread']:13.1f}")
+    print(f"worst busy / idle: {worst:.2f} (target <= 2)", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", action="store_true", help="only the busy 16x32x64 layer")
+    parser.add_argument("--main", action="store_true", help="only the main command, idle and beside a busy process")
     args = parser.parse_args()
+    if args.main:
+        main_command_under_load()
+        return
     import numba
 
     from vtnumba._config import start_threads
