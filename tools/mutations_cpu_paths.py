@@ -40,6 +40,6 @@ MUTATIONS += [
         tests=VBMI_TESTS, smoke=SMOKE),
     Mutation(
         name="byte-lookup M = 1 kernel skips the K % 64 tail",
-        path="vtnumba/cpu/gemm.py", old="            for k in range(k_tail, k_len):\n", new="            for k in range(k_len, k_len):\n",
+        path="vtnumba/cpu/gemm.py", old="for k in range(k_tail, k_len):", new="for k in range(k_len, k_len):",
         tests=VBMI_TESTS, smoke=SMOKE),
 ]
