@@ -30,7 +30,7 @@ def test_aarch64_by_emulation(tmp_path):
     assert proc.returncode == 0, log[-6000:]
     # what ran: G1 and G3 on the emulated CPU, the Arm targets' G3 and assembly, the main job's pass line
     assert "ok   G1 portable, parallel" in log and "ok   G1 portable, serial" in log, log[-3000:]
-    assert log.count("ok   G3 portable") >= 2 * 4, log[-3000:]  # the emulated CPU and three Arm targets
+    assert log.count("ok   G3 portable") >= 2 * 3, log[-3000:]  # the emulated CPU and two Arm targets
     assert "ok   byte-lookup decode neon_tbl, parallel" in log and "ok   byte-lookup decode neon_tbl, serial" in log
     assert "-- target cortex-x925" in log and "all checks passed" in log
     assert sorted(p.name for p in tmp_path.glob("gemv-*.s")), "no assembly was written"

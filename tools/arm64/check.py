@@ -4,6 +4,7 @@ and what the GEMM's inner loop compiles to for a few Arm targets.
 
     python tools/arm64/check.py                  # the host target: G1, G3, the assembly summary
     python tools/arm64/check.py --target NAME    # one LLVM CPU (e.g. cortex-x925): G3 + assembly
+    python tools/arm64/check.py --targets A,B    # each in a child process (run.sh: neoverse-n1,cortex-x925)
 
 Each --target runs in a child process (Numba reads NUMBA_CPU_NAME once, at start). Under qemu the
 host target is what LLVM makes of the emulated CPU; the named ones are real Arm cores whose code qemu
@@ -24,9 +25,6 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-# The Arm cores the GEMM's assembly is read for: the GB10's big core, NVIDIA Grace's, and a NEON-only
-# server core (run.sh passes them; each is one child process).
-ARM_TARGETS = ("generic", "neoverse-n1", "neoverse-v2", "cortex-x925")
 
 
 def g1(report):
