@@ -20,8 +20,8 @@ The paths:
   twice the work per instruction.
 - ``avx512_vbmi`` (AVX-512 with VBMI: Intel Ice Lake and later, AMD Zen 4 and later): the avx512
   path, and at M = 1 (decode, where the decode is the bottleneck) the weight codes are decoded by
-  byte-table lookups written as LLVM vector IR (``vbmi.py``): 12 instructions per 64 weights instead
-  of ~48, 2.2-2.4x the weights per second on one Zen 5 core.
+  byte-table lookups written as LLVM vector IR (``vbmi.py``): ~22 instructions per 64 weights in
+  the compiled loop instead of ~56, 2.2-2.4x the weights per second on one Zen 5 core.
 - ``neon_tbl`` (aarch64; NEON is part of every ARMv8-A core): LLVM's own choices (NEON, or SVE where
   the core has it), and at M = 1 the same byte-lookup decode through ``tbl``/``tbx`` (``neon.py``).
 - ``portable``: LLVM's own choices for the host CPU (AVX2 on older x86-64, NEON or SVE on aarch64).
