@@ -131,6 +131,31 @@ def crossover_table(rng):
                   f"{'small_m' if times[1] < times[2] else 'blas':>7s}  {gemm.choose_kernel(m, n, k)}", flush=True)
 
 
+def m1_paths_table(rng):
+    """M = 1 on every kernel path this CPU runs (vtnumba.cpu.paths), interleaved with the sgemv peer."""
+    from vtnumba.cpu import paths
+
+    sa, sb = np.float32(0.02), np.float32(0.003)
+    names = [p.name for p in paths.runnable()]
+    print(f"M = 1, ms (best over rounds); ratio = peer / path, median over rounds; paths: {', '.join(names)}")
+    for n, k in SHAPES:
+        b = random_codes(rng, (n, k))
+        w = vt.decode_e4m3(b) * sb
+        a = random_codes(rng, (1, k))
+        x = vt.decode_e4m3(a) * sa
+
+        def on(name):
+            def call():
+                with paths.use(name):
+                    vt.scaled_mm(a, b, sa, sb)
+            return call
+
+        times = round_times([lambda: x @ w.T] + [on(name) for name in names], 6)
+        cells = [f"{name} {times[:, i + 1].min() * 1e3:.3f} ms ({np.median(times[:, 0] / times[:, i + 1]):.2f}x)"
+                 for i, name in enumerate(names)]
+        print(f"  N={n} K={k}: sgemv {times[:, 0].min() * 1e3:.3f} ms; " + "; ".join(cells), flush=True)
+
+
 def _status_bytes(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -183,6 +208,7 @@ def blas_name():
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--crossover", action="store_true", help="only the small_m / blas crossover table")
+    parser.add_argument("--m1-paths", action="store_true", help="only M = 1 on every kernel path this CPU runs")
     parser.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child is not None:
@@ -198,6 +224,9 @@ def main():
     rng = np.random.default_rng(0)
     if args.crossover:
         crossover_table(rng)
+        return
+    if args.m1_paths:
+        m1_paths_table(rng)
         return
     issue_table(rng)
     memory_table()
