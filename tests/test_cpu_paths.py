@@ -188,6 +188,7 @@ def test_byte_lookup_decode_is_exhaustively_exact(path, threads, monkeypatch):
 
 def test_small_work_runs_on_one_thread(monkeypatch):
     monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+    monkeypatch.setattr(paths, "free_cpus", lambda: 64)  # an idle machine (the load rule is tested below)
     macs = _config.CPU_PARALLEL_MIN_MACS
     x, b = np.zeros((1, 64), F32), np.zeros((macs // 64 - 1, 64), np.uint8)
     assert not gemm.gemv_kernel.runs_parallel(x, b)  # one multiply-add short
@@ -199,6 +200,41 @@ def test_small_work_runs_on_one_thread(monkeypatch):
     # the issue's 16x32x64 layer stays on one thread: its GEMM and its quantization
     assert not gemm.small_m_kernel.runs_parallel(np.zeros((16, 64), F32), np.zeros((32, 64), np.uint8))
     assert not quant.finite_amax.runs_parallel(np.zeros(16 * 64, F32))
+
+
+def test_a_loaded_machine_runs_serial(monkeypatch):
+    """Above the threshold a call takes the CPUs free at that moment: none free (one busy process
+    beside it on two cores) means the serial twin; the knob's 0 means every thread regardless."""
+    monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+    x, b = np.zeros((1, 64), F32), np.zeros((_config.CPU_PARALLEL_MIN_MACS // 64, 64), np.uint8)
+    threads = numba.get_num_threads()
+    for free, expected in ((0, 1), (1, 1), (64, threads), (None, threads)):
+        monkeypatch.setattr(paths, "free_cpus", lambda free=free: free)
+        assert gemm.gemv_kernel.threads_for(x, b) == expected, free
+    monkeypatch.setattr(paths, "free_cpus", lambda: 1)
+    y = np.empty((1, b.shape[0]), F32)
+    gemm.gemv_kernel(x, b, np.ones(1, F32), np.ones(1, F32), np.zeros(0, F32), y)  # the serial twin, loaded
+    assert _ran(gemm.gemv_kernel, paths.active().name, False)
+    monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", "0")
+    assert gemm.gemv_kernel.threads_for(x, b) == threads
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 3, reason="needs 3 Numba threads to cap at 2")
+def test_capped_threads_are_restored(monkeypatch):
+    monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+    monkeypatch.setattr(paths, "free_cpus", lambda: 2)
+    rng = np.random.default_rng(3)
+    a, b = _codes(rng, (1, 4096)), _codes(rng, (1024, 4096))
+    before = numba.get_num_threads()
+    assert gemm.gemv_kernel.threads_for(np.zeros((1, 4096), F32), b) == 2
+    assert assert_g3(vt.scaled_mm(a, b, F32(1), F32(1)), a, b, F32(1), F32(1)) > 0
+    assert numba.get_num_threads() == before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="free CPUs are read from Linux's /proc/loadavg")
+def test_free_cpus_reads_the_running_count():
+    free = _config.free_cpus()
+    assert isinstance(free, int) and free <= os.cpu_count()  # this thread runs: at most the CPU count
 
 
 def test_threshold_knob(monkeypatch):

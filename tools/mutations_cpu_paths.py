@@ -18,8 +18,12 @@ MUTATIONS = [
         tests=(f"{TESTS}::test_avx512_path_gets_512_bit_vectors_under_intel_tuning",), smoke=SMOKE),
     Mutation(
         name="small problems go parallel (no work threshold)",
-        path=PATHS, old="if self.work(*args) < parallel_min_work(self.min_work):", new="if False:",
+        path=PATHS, old="if self.work(*args) < min_work:", new="if False:",
         tests=(f"{TESTS}::test_small_work_runs_on_one_thread",), smoke=SMOKE),
+    Mutation(
+        name="parallel regions on a loaded machine (free CPUs ignored)",
+        path=PATHS, old="free = None if min_work == 0 else free_cpus()", new="free = None",
+        tests=(f"{TESTS}::test_a_loaded_machine_runs_serial",), smoke=SMOKE),
     Mutation(
         name="parallel and serial twins share one cache name",
         path=PATHS, old="twin.__qualname__ = fn.__qualname__ + suffix", new="twin.__qualname__ = fn.__qualname__",

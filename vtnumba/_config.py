@@ -56,8 +56,10 @@ def dense_cublaslt_fp8_enabled():
 # with other jobs): the parallel twin ran at 0.45-0.55x the serial time whenever the second core was
 # free, and up to 150 us slower when its worker woke late. The thresholds put that worst case under
 # about half the serial time: 4 Mi multiply-adds (~250 us serial at M = 1) and 2 Mi elements (~180
-# us serial). VT_CPU_PARALLEL_MIN_WORK overrides both (0: always parallel; a huge value: one thread);
-# NUMBA_NUM_THREADS or numba.set_num_threads() caps the thread count.
+# us serial). Above them a call takes as many threads as CPUs are free at that moment (free_cpus), one
+# when none is. VT_CPU_PARALLEL_MIN_WORK overrides both (0: always parallel, on all of Numba's
+# threads, loaded or not; a huge value: one thread); NUMBA_NUM_THREADS or numba.set_num_threads()
+# caps the thread count.
 CPU_PARALLEL_MIN_MACS = 1 << 22
 CPU_PARALLEL_MIN_ELEMENTS = 1 << 21
 
@@ -89,6 +91,21 @@ def start_threads():
         if set_here:
             del os.environ["OMP_WAIT_POLICY"]
     _threads_started = True
+
+
+def free_cpus():
+    """CPUs free for more threads now: the CPU count less the tasks running or waiting to run, this
+    one excepted (Linux's /proc/loadavg, whose fourth field counts them at the moment it is read);
+    None where that cannot be read. A parallel region beside a busy process waits for a CPU that
+    process holds: on two cores, the main command's layers took 3-19x their idle time with one busy
+    process beside them when every parallel-sized call went parallel (benchmarks/bench_cpu_threads.py
+    --main), where the serial twin keeps them near its own time."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (os.cpu_count() or 1) - (running - 1)
 
 
 def parallel_min_work(default):

@@ -6,8 +6,8 @@ Every parallel CPU kernel (``@cpu_kernel``) is one Python source compiled per (p
   per CPU at import (the first in ``PATHS`` this CPU can run; ``VT_CPU_PATH`` forces another), the
   main command's header names it, and the tests run every path this CPU can run.
 - **threads**: a parallel twin (its prange loops spread over Numba's threads) and a serial twin
-  (prange runs as range, no parallel region), picked per call by the call's work (see
-  ``vtnumba._config.CPU_PARALLEL_MIN_MACS``).
+  (prange runs as range, no parallel region), picked per call by the call's work and the CPUs free
+  at that moment (see ``vtnumba._config.CPU_PARALLEL_MIN_MACS`` and ``free_cpus``).
 
 The paths:
 
@@ -43,7 +43,7 @@ from numba import njit
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
-from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, parallel_min_work, start_threads
+from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, free_cpus, parallel_min_work, start_threads
 from . import neon, vbmi
 
 
@@ -189,17 +189,38 @@ class CpuKernel:
     def serial(self):
         return self.variant(_active.name, False)
 
-    def runs_parallel(self, *args):
-        """Whether a call with these arguments takes the parallel twin."""
-        if self.work(*args) < parallel_min_work(self.min_work):
-            return False
+    def threads_for(self, *args):
+        """Numba threads a call with these arguments gets: 1 (the serial twin) below the work threshold,
+        with one Numba thread, or when no other CPU is free now (``_config.free_cpus``); else Numba's
+        thread count, capped by the CPUs free now. VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
+        min_work = parallel_min_work(self.min_work)
+        if self.work(*args) < min_work:
+            return 1
         import numba
 
         start_threads()  # only when a parallel twin may run: a serial-only process never starts the pool
-        return numba.get_num_threads() > 1
+        threads = numba.get_num_threads()
+        free = None if min_work == 0 else free_cpus()
+        return threads if free is None else max(1, min(threads, free))
+
+    def runs_parallel(self, *args):
+        """Whether a call with these arguments takes the parallel twin."""
+        return self.threads_for(*args) > 1
 
     def __call__(self, *args):
-        return self.variant(_active.name, self.runs_parallel(*args))(*args)
+        threads = self.threads_for(*args)
+        if threads < 2:
+            return self.variant(_active.name, False)(*args)
+        import numba
+
+        before = numba.get_num_threads()
+        if threads >= before:
+            return self.variant(_active.name, True)(*args)
+        numba.set_num_threads(threads)  # this thread's count for its parallel regions (thread-local)
+        try:
+            return self.variant(_active.name, True)(*args)
+        finally:
+            numba.set_num_threads(before)
 
 
 def cpu_kernel(min_work, work, **flags):
