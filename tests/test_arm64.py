@@ -3,8 +3,9 @@ userland under qemu-user-static (once; later runs reuse it), then runs G1, G3 on
 for every path and thread twin, the inner loop's assembly for real Arm cores, and the main job.
 
 Skipped only where the userland cannot be set up here (not root, no apt, no binfmt_misc: the script
-exits 3 and says why). A first run takes about 10 minutes on two cores (debootstrap and wheels about
-4, the checks and the main job under emulation the rest); timings inside are qemu's and mean nothing.
+exits 3 and says why). Measured on two cores: the setup 4 minutes (apt, debootstrap, wheels; reused
+afterwards), the checks and the main job under emulation 15-24 minutes (tools/arm64/last_run.log);
+timings inside are qemu's and mean nothing.
 """
 
 import os
