@@ -114,7 +114,10 @@ def host_features():
         return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
     import llvmlite.binding as ll
 
-    return {name for name, on in ll.get_host_cpu_features().items() if on}
+    try:
+        return {name for name, on in ll.get_host_cpu_features().items() if on}
+    except RuntimeError:  # LLVM cannot tell on this host (numba then compiles with no extra features)
+        return set()
 
 
 def runnable(features=None, machine=None):
