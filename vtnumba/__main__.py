@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
+from vtnumba.timing import NOISY_SPREAD
 
 # One decoder block of Llama-3-8B (config.json: hidden_size 4096, intermediate_size 14336,
 # num_key_value_heads 8 x head_dim 128 = 1024). (name, N out_features, K in_features).
@@ -63,6 +64,11 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def plain_text(rest):
+    """reStructuredText as a terminal shows it: ``literal`` -> literal (the docstrings feed --help)."""
+    return rest.replace("``", "")
+
+
 def _positive_int(text):
     try:
         value = int(text)
@@ -74,7 +80,7 @@ def _positive_int(text):
 
 
 def _parser():
-    p = _Parser(prog="python -m vtnumba", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m vtnumba", description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--reduce", type=_positive_int, default=None,
                    help="divide Llama-3-8B's N and K by this (default: 4 on the CPU, 1 on the GPU)")
@@ -88,9 +94,12 @@ def _parser():
                               "the default), per_token (with per-channel weight scales), block (128-wide "
                               "activation groups, 128x128 weight blocks; where this vtnumba offers it)")
     schemes.add_argument("--all-schemes", action="store_true", help="run every scheme this vtnumba offers")
-    p.add_argument("--plot", metavar="PNG", default=None, help="write a roofline plot (needs vtnumba[plot])")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a roofline plot to PATH (.png, .pdf, .svg, ...: what matplotlib writes; "
+                        "needs vtnumba[plot]); checked before the run starts")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, one line per step otherwise)")
     p.add_argument("--skip-selfcheck", action="store_true", help="skip the quantization self-check")
     return p
 
@@ -128,6 +137,7 @@ CPU_NOT_APPLICABLE = {
     "graph_us": ("cpu", "CUDA graphs replay GPU work; the CPU has none to replay"),
     "baseline_host_us": ("cpu", "on the CPU the host runs each call itself: its cost per call is the device column"),
 }
+GPU_SPREAD_REASON = "CUDA events time all repeats as one interval: there is no per-call p90"
 
 
 class _Device:
@@ -233,30 +243,34 @@ def g3_reference(scheme, codes, scale, weight):
 # --------------------------------------------------------------------------------------- progress
 
 class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal (a log file gets
-    no carriage returns)."""
+    """Progress on stderr: a one-line bar redrawn in place on a terminal; one line per step anywhere
+    else (a log file or a pipe gets no carriage returns, and sees each step as it starts)."""
 
     def __init__(self, total, enabled=True, stream=None, width=24):
         self.stream = stream or sys.stderr
         self.total, self.done, self.width = total, 0, width
-        self.enabled = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = enabled
+        self.terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
 
     def begin(self, label):
         """Show ``label`` as running now, with the steps finished so far."""
         if not self.enabled:
             return
-        filled = self.width * self.done // max(self.total, 1)
-        bar = "#" * filled + "-" * (self.width - filled)
         elapsed = time.perf_counter() - self.t0
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {elapsed:5.1f}s {label:<28.28s}")
+        if self.terminal:
+            filled = self.width * self.done // max(self.total, 1)
+            bar = "#" * filled + "-" * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {self.done}/{self.total} {elapsed:5.1f}s {label:<28.28s}")
+        else:
+            self.stream.write(f"vtnumba: [{self.done + 1}/{self.total}] {elapsed:6.1f}s {label}\n")
         self.stream.flush()
 
     def end(self):
         self.done += 1
 
     def close(self):
-        if self.enabled:
+        if self.enabled and self.terminal:
             self.stream.write("\r" + " " * (self.width + 50) + "\r")
             self.stream.flush()
 
@@ -370,13 +384,21 @@ def run_layer(dev, scheme, name, x, w, repeats):
     unavailable = {}
     if dev.name == "cpu":
         unavailable.update({key: dict(label=label, reason=why) for key, (label, why) in CPU_NOT_APPLICABLE.items()})
-    elif graph_why is not None:
-        unavailable["graph_us"] = dict(label=graph_why[0], reason=graph_why[1])
+    else:
+        unavailable["spread"] = dict(label="one interval", reason=GPU_SPREAD_REASON)
+        if graph_why is not None:
+            unavailable["graph_us"] = dict(label=graph_why[0], reason=graph_why[1])
+    # The quantization is part of the layer, so its share comes from the least-disturbed call of each
+    # (the minimums): two medians taken apart, on a loaded machine, gave shares above 100%.
+    share = min(quant.min_s, fp8.min_s) / fp8.min_s
     row = dict(layer=name, scheme=scheme, m=m, n=n, k=k, kernel=_kernel_label(dev, scheme, qd, wd),
                device_us=fp8.time_s * 1e6,
                host_us=None if fp8.host_s is None else fp8.host_s * 1e6,
                graph_us=graph_us,
-               quant_us=quant.time_s * 1e6, quant_share=quant.time_s / fp8.time_s,
+               quant_us=quant.time_s * 1e6, quant_share=share,
+               device_min_us=fp8.min_s * 1e6, quant_min_us=quant.min_s * 1e6,
+               spread=fp8.spread, baseline_spread=base.spread,
+               noisy=bool(fp8.noisy or base.noisy or quant.noisy),
                gflops=fp8.gflops, gbytes_per_s=fp8.gbytes_per_s,
                baseline_us=base.time_s * 1e6,
                baseline_host_us=None if base.host_s is None else base.host_s * 1e6,
@@ -402,11 +424,12 @@ def _columns(report):
         ("device_us", "device us", lambda r: _us(r["device_us"])),
         ("host_us", "host us", lambda r: _us(r["host_us"])),
         ("graph_us", "graph us", lambda r: _us(r["graph_us"])),
+        ("spread", "p90/median", lambda r: f"{r['spread']:.1f}x" + ("!" if r["spread"] > NOISY_SPREAD else "")),
         ("quant_us", "quant us (share)", lambda r: f"{r['quant_us']:.1f} ({r['quant_share']:.0%})"),
         ("gflops", "GFLOP/s", lambda r: f"{r['gflops']:.1f}"),
         ("gbytes_per_s", "GB/s", lambda r: f"{r['gbytes_per_s']:.1f}"),
         ("baseline_us", f"{base} us", lambda r: _us(r["baseline_us"])),
-        ("speedup", "speedup", lambda r: f"{r['speedup']:.2f}x"),
+        ("speedup", "speedup", lambda r: f"{r['speedup']:.2f}x" + ("!" if r.get("noisy") else "")),
         ("g3_ratio", "G3", lambda r: f"{r['g3_ratio']:.1e}"),
         ("fp8_rel_error", "fp8 err", lambda r: f"{r['fp8_rel_error']:.4f}"),
     ]
@@ -442,6 +465,11 @@ def _print_tables(report, out, capabilities=None):
     if capabilities is not None:
         p("GPU: " + str(capabilities))
         p()
+    if report.get("cpu"):
+        from vtnumba.cpu import paths
+
+        p(paths.header_line(report["cpu"]))
+        p()
     c = report["ceilings"]
     p(f"FP8 W8A8 linear path on {report['device']}: Llama-3-8B decoder layers, {report['reduction']}; "
       f"{report['activation_dtype']} activations and outputs")
@@ -462,8 +490,13 @@ def _print_tables(report, out, capabilities=None):
         p(line(row))
     p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run, median of "
       f"{report['repeats']} calls")
-    p("device us: the FP8 layer per call (activation quantization + FP8 GEMM); quant: the quantization "
-      "alone, and its share of the layer")
+    p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; p90/median: its "
+      "spread; quant: the quantization alone, median, and its share of the layer from the fastest call of each")
+    noisy = [f"{r['layer']} M={r['m']}" for r in report["layers"] if r.get("noisy")]
+    if noisy:
+        p(f"WARNING: noisy figures (p90 > {NOISY_SPREAD:.0f}x the median for the layer, its quantization or its "
+          f"baseline; marked !): {', '.join(noisy)}. Another process was using the CPU: rerun on a quiet "
+          f"machine before quoting them.")
     if report["device"] == "cuda":
         p("host us: the host's cost to enqueue one call; graph us: device time per call replayed from a "
           "CUDA graph")
@@ -482,8 +515,35 @@ def _print_tables(report, out, capabilities=None):
     p("all checks passed" if report["ok"] else "CHECK FAILED: see mismatches / G3 above")
 
 
+def check_plot_path(path):
+    """--plot's file, checked before any work (a bad path found after minutes of measuring loses
+    them): matplotlib is installed, the extension is a format it writes, the directory exists and
+    is writable. Raises UsageError or MissingDependencyError (exit 2) with the fix."""
+    from vtnumba import profile
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--plot must name a file in an existing directory, got {path!r}: "
+                         f"create {parent} first or pick another directory")
+    if os.path.isdir(path):
+        raise UsageError(f"--plot must name a file, got the directory {path!r}: add a file name, e.g. "
+                         f"{os.path.join(path, 'roofline.png')}")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--plot must name a file in a directory you can write, got {path!r} "
+                         f"({parent} is not writable): pick another directory")
+    profile.require("matplotlib", "plot", "--plot")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if os.path.splitext(path)[1].lower().lstrip(".") not in formats:
+        raise UsageError(f"--plot must end in a file type matplotlib writes ({', '.join('.' + f for f in formats)}), "
+                         f"got {path!r}: name it e.g. roofline.png")
+
+
 def run(args, out=None):
     out = out or sys.stdout  # looked up per call: pytest and notebooks swap sys.stdout
+    if args.plot is not None:
+        check_plot_path(args.plot)  # first: before the GPU check, the compiles and the measurements
     device = args.device
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be 'cpu' or 'cuda', got {device!r}")
@@ -492,12 +552,6 @@ def run(args, out=None):
         if reason is not None:
             raise UsageError(f"--device cuda: {reason}")
     from vtnumba import profile
-
-    if args.plot is not None:
-        profile.require("matplotlib", "plot", "--plot")  # fail before the run, not after it
-        parent = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(parent):
-            raise UsageError(f"--plot must name a file in an existing directory, got {args.plot!r}")
     reduce = args.reduce or (4 if device == "cpu" else 1)
     tokens = args.tokens or [16, 256]
     repeats = args.repeats or (5 if device == "cpu" else 50)
@@ -542,6 +596,10 @@ def run(args, out=None):
                   ok=ok, plot=None)
     if capabilities is not None:
         report["gpu_capabilities"] = capabilities.as_dict()
+    if device == "cpu":
+        from vtnumba.cpu import paths
+
+        report["cpu"] = paths.describe()
     if args.plot is not None:
         try:
             profile.roofline_plot(records, ceilings, path=args.plot,

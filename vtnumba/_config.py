@@ -46,3 +46,74 @@ def dense_cublaslt_fp8_enabled():
     call so a test or a notebook can flip it live. On by default; any value whose first character is
     '0' turns cuBLASLt off and routes GPU GEMMs to the Numba kernels."""
     return not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")
+
+
+# -- threads ---------------------------------------------------------------------------------------
+
+# Work below which a CPU kernel runs on the calling thread alone (multiply-adds for a GEMM, elements
+# for an element-wise kernel). Waking a passive worker (below) costs 10-150 us on the 2-core VM this
+# was measured on (benchmarks/bench_cpu_threads.py, serial vs parallel twin, medians, a machine shared
+# with other jobs): the parallel twin ran at 0.45-0.55x the serial time whenever the second core was
+# free, and up to 150 us slower when its worker woke late. The thresholds put that worst case under
+# about half the serial time: 4 Mi multiply-adds (~250 us serial at M = 1) and 2 Mi elements (~180
+# us serial). Above them a call takes as many threads as CPUs are free at that moment (free_cpus), one
+# when none is. VT_CPU_PARALLEL_MIN_WORK overrides both (0: always parallel, on all of Numba's
+# threads, loaded or not; a huge value: one thread); NUMBA_NUM_THREADS or numba.set_num_threads()
+# caps the thread count.
+CPU_PARALLEL_MIN_MACS = 1 << 22
+CPU_PARALLEL_MIN_ELEMENTS = 1 << 21
+
+# Numba's OpenMP workers spin after each parallel region unless told to wait passively (libgomp's
+# OMP_WAIT_POLICY, read once when libgomp loads, which is when Numba starts its thread pool). Beside
+# numpy's OpenBLAS workers or another busy process, two cores then held three or four spinning
+# threads: the parallel twin of the M = 1 kernel took a median of 6.7 ms where the serial one took
+# 1.3 ms (N = K = 4096, two cores), and the 16x32x64 layer of issue 22 took 12-16 ms instead of
+# 56 us. With PASSIVE the parallel twins never fell behind the serial ones by more than the ~10 us
+# start-up. So vtnumba starts Numba's pool with PASSIVE unless the user set OMP_WAIT_POLICY, and
+# restores the environment after (other OpenMP runtimes loaded later do not inherit the choice).
+_threads_started = False
+
+
+def start_threads():
+    """Start Numba's thread pool (once), with passive OpenMP workers unless OMP_WAIT_POLICY is set."""
+    global _threads_started
+    if _threads_started:
+        return
+    import numba
+    from numba.np.ufunc import parallel
+
+    set_here = "OMP_WAIT_POLICY" not in os.environ and not parallel._is_initialized
+    if set_here:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        numba.get_num_threads()  # launches the pool: libgomp reads its environment now
+    finally:
+        if set_here:
+            del os.environ["OMP_WAIT_POLICY"]
+    _threads_started = True
+
+
+def free_cpus():
+    """CPUs free for more threads now: the CPU count less the tasks running or waiting to run, this
+    one excepted (Linux's /proc/loadavg, whose fourth field counts them at the moment it is read);
+    None where that cannot be read. A parallel region beside a busy process waits for a CPU that
+    process holds: on two cores, the main command's layers took 3-19x their idle time with one busy
+    process beside them when every parallel-sized call went parallel (benchmarks/bench_cpu_threads.py
+    --main), where the serial twin keeps them near its own time."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (os.cpu_count() or 1) - (running - 1)
+
+
+def parallel_min_work(default):
+    """The work threshold in force: VT_CPU_PARALLEL_MIN_WORK when set, else ``default``."""
+    value = os.environ.get("VT_CPU_PARALLEL_MIN_WORK")
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"VT_CPU_PARALLEL_MIN_WORK must be an integer, got {value!r}") from None

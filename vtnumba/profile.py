@@ -9,7 +9,8 @@ How each device is timed, and why:
 
 - CPU: ``warmup`` calls first (the first call of a Numba kernel compiles it; the next ones warm the
   caches), then ``repeats`` calls each timed with ``time.perf_counter``; the record keeps the median
-  (robust to a neighbour process stealing a core) and the minimum.
+  (robust to a neighbour process stealing a core), the minimum and the 90th percentile, and calls
+  itself ``noisy`` (its note says so) when the p90 is more than 3x the median.
 - GPU (cupy arrays): two numbers, measured separately, because for an FP8 linear layer at decode the
   host's launch cost is larger than the GPU work (DEVICE.md):
   * device time, method "queued": a spin kernel is queued first, so the host has enqueued all
@@ -33,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .cuda import gpu_unavailable_reason
-from .timing import _device_of, _time_gpu, best_device_us, cpu_time, device_us, host_us
+from .timing import (NOISY_SPREAD, _device_of, _time_gpu, best_device_us, cpu_samples, cpu_time, device_us,
+                     host_us, p90)
 
 __all__ = [
     "MissingDependencyError",
@@ -86,6 +88,18 @@ class ProfileRecord:
     bytes: float | None = None
     shape: str = ""
     note: str = ""
+    p90_s: float | None = None  # the CPU's 90th percentile per call (None on the GPU: one timed interval)
+
+    @property
+    def spread(self):
+        """p90 / median of the timed calls (None where the calls were timed as one interval)."""
+        return None if self.p90_s is None else self.p90_s / self.time_s
+
+    @property
+    def noisy(self):
+        """Whether the calls' p90 was more than NOISY_SPREAD times their median (another process on
+        the cores, most likely): the median is then a figure to rerun, not to quote."""
+        return self.spread is not None and self.spread > NOISY_SPREAD
 
     @property
     def gflops(self):
@@ -104,7 +118,8 @@ class ProfileRecord:
 
     def as_dict(self):
         d = asdict(self)
-        d.update(gflops=self.gflops, gbytes_per_s=self.gbytes_per_s, intensity=self.intensity)
+        d.update(gflops=self.gflops, gbytes_per_s=self.gbytes_per_s, intensity=self.intensity,
+                 spread=self.spread, noisy=self.noisy)
         return d
 
     def _repr_html_(self):
@@ -121,6 +136,7 @@ _COLUMNS = [  # (header, how to read it from a record, format)
     ("method", lambda r: r.method, "{}"),
     ("time (us)", lambda r: r.time_s * 1e6, "{:.1f}"),
     ("min (us)", lambda r: r.min_s * 1e6, "{:.1f}"),
+    ("p90 (us)", lambda r: None if r.p90_s is None else r.p90_s * 1e6, "{:.1f}"),
     ("host (us)", lambda r: None if r.host_s is None else r.host_s * 1e6, "{:.1f}"),
     ("GFLOP/s", lambda r: r.gflops, "{:.1f}"),
     ("GB/s", lambda r: r.gbytes_per_s, "{:.1f}"),
@@ -191,9 +207,12 @@ def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=No
 
     name = name or getattr(fn, "__name__", repr(fn))
     if device == "cpu":
-        median, best = cpu_time(call, repeats, warmup)
-        return ProfileRecord(name, "cpu", "median of repeats", median, best, repeats,
-                             flops=flops, bytes=bytes, shape=shape)
+        times = cpu_samples(call, repeats, warmup)
+        median = float(np.median(times))
+        spread = p90(times) / median
+        note = f"noisy: p90 {spread:.1f}x the median" if spread > NOISY_SPREAD else ""
+        return ProfileRecord(name, "cpu", "median of repeats", median, min(times), repeats,
+                             flops=flops, bytes=bytes, shape=shape, note=note, p90_s=p90(times))
     median, best, host, note = _time_gpu(call, repeats, warmup, method)
     return ProfileRecord(name, "cuda", method, median, best, repeats, host_s=host, flops=flops,
                          bytes=bytes, shape=shape, note=note)

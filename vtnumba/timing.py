@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _arrays
 
-__all__ = ["cpu_time", "device_us", "best_device_us", "host_us", "paired_host_time"]
+__all__ = ["cpu_time", "cpu_samples", "NOISY_SPREAD", "device_us", "best_device_us", "host_us", "paired_host_time"]
 
 
 def _device_of(args):
@@ -33,9 +33,15 @@ def _device_of(args):
 _BLAS_SPIN_PAUSE_S = 0.15
 
 
-def cpu_time(call, repeats=9, warmup=1):
-    """(median, minimum) seconds per call of ``call()`` on the CPU: a quiet pause (see above),
-    ``warmup`` untimed calls, then ``repeats`` timed ones."""
+# A figure whose 90th percentile is this many times its median is called noisy (the main command and
+# ProfileRecord.noisy): on a quiet machine the CPU kernels' p90 / median stays under 1.5; another
+# process on the same cores gave 5-400x (a worker waiting a scheduler time slice).
+NOISY_SPREAD = 3.0
+
+
+def cpu_samples(call, repeats=9, warmup=1):
+    """Seconds of each of ``repeats`` timed calls of ``call()`` on the CPU, after a quiet pause (see
+    above) and ``warmup`` untimed calls."""
     time.sleep(_BLAS_SPIN_PAUSE_S)
     for _ in range(warmup):
         call()
@@ -44,6 +50,18 @@ def cpu_time(call, repeats=9, warmup=1):
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def p90(times):
+    """The 90th percentile of a list of times (linear interpolation, numpy's default)."""
+    return float(np.percentile(times, 90))
+
+
+def cpu_time(call, repeats=9, warmup=1):
+    """(median, minimum) seconds per call of ``call()`` on the CPU: a quiet pause (see above),
+    ``warmup`` untimed calls, then ``repeats`` timed ones."""
+    times = cpu_samples(call, repeats, warmup)
     return statistics.median(times), min(times)
 
 

@@ -32,12 +32,14 @@ scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION
+from .._config import (CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS,
+                       CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION)
 from . import _kernel_input
+from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3, per_group_scale
 from .gemm import (_K_CHUNK, _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector,
-                   blas_tiles, decode_rows, to_out_dtype)
-from .quant import _encode_divided, _finite_amax
+                   blas_tiles, decode_rows, gemm_macs, to_out_dtype)
+from .quant import _elements, _encode_divided, _finite_amax
 
 __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 
@@ -45,7 +47,7 @@ __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 # -- group quantization ----------------------------------------------------------------------------
 
 
-@njit(**CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_stride, scale_group_stride):
     """out = encode(x / s) per group of ``group_size`` along each row of x [rows, K]; the group's scale
     goes to ``scales[row * scale_row_stride + group * scale_group_stride]`` (flat), which serves the
@@ -59,6 +61,7 @@ def quantize_per_group_kernel(x, group_size, ue8m0, out, scales, scale_row_strid
     total = rows * groups
     per_item = max(1, CPU_CHUNK // group_size)
     for item in prange((total + per_item - 1) // per_item):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         first = item * per_item
         r = first // groups
         j = first - r * groups
@@ -165,7 +168,7 @@ def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
         out[0, n0 + j] = add_bias(t[j], bias, n0 + j)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     """M = 1: four rows of b per step share each load of x (as ``gemm.gemv_kernel``), the decode
     fused into the dot products. Every block's four sums are kept, then one call applies the block
@@ -176,6 +179,7 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     nkb = sat.shape[0]
     xr = x[0]
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
@@ -207,7 +211,7 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     """Small M > 1, from x = dec(a) and codes b: ``gemm.small_m_kernel``'s 4 x 4 register blocks over
     a buffer of four decoded weight rows, walked K-block by K-block (a block in passes of at most
@@ -225,6 +229,7 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     chunk = min(bk, _K_CHUNK, k_len)
     m_full = m_rows - m_rows % _SMALL_M_ROWS
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)

@@ -22,18 +22,23 @@ per output and serves per-row x per-channel scales in the same expression.
 Kernels never validate (``vtnumba.ops`` does); they take uint8 codes, scale vectors of length 1
 (per-tensor) or M / N, and a float32 bias of length N or 0 (none).
 
-Threads: ``small_m`` runs on Numba's threads, ``blas`` on BLAS's (its decode and epilogue are
-serial, see ``decode_rows``). OpenBLAS's workers busy-wait ~80 ms after each call (its
-THREAD_TIMEOUT): on a machine with few cores, a small-M call made right after a numpy matmul or
-a ``blas``-path call shares its cores with them and ran 3-4x slower (2.1 -> 8.0 ms at M = 16,
-N = K = 4096, two cores). ``OPENBLAS_THREAD_TIMEOUT=4`` in the environment removes that.
+Threads: ``small_m`` runs on Numba's threads above a work threshold and on the calling thread below
+it (``vtnumba.cpu.paths.CpuKernel``; 4 Mi multiply-adds, measured in benchmarks/bench_cpu_threads.py),
+``blas`` on BLAS's (its decode and epilogue are serial, see ``decode_rows``). Numba's OpenMP workers
+wait passively (``vtnumba._config.start_threads``): spinning ones, beside OpenBLAS's workers (which
+busy-wait after each call) or another busy process, stalled a small layer for 12-16 ms on two cores.
+Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on ``avx512_vbmi`` and
+``neon_tbl`` the M = 1 kernel decodes by byte lookups (``vtnumba.cpu.vbmi``, ``vtnumba.cpu.neon``).
 """
 
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_INLINE, CPU_KERNEL, CPU_SERIAL_KERNEL
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
+from . import paths
+from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3
+from .vbmi import dot4_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
 
@@ -106,7 +111,12 @@ def reference_kernel(a, b, scale_a, scale_b, bias, out):
 # -- kernel 2: small M ---------------------------------------------------------------------------
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+def gemm_macs(x, b, *_):
+    """The work of a GEMM kernel: its multiply-adds, M * N * K."""
+    return x.shape[0] * b.shape[0] * b.shape[1]
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, scale_a, scale_b, bias, out):
     """M = 1: out[0, n] = dot(x[0], dec(b[n])), the decode fused into the dot product.
 
@@ -115,6 +125,7 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
     n_rows, k_len = b.shape
     xr = x[0]
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         if n0 + _SMALL_M_ROWS <= n_rows:
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
@@ -138,7 +149,42 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
                 out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
 
 
-@njit(fastmath=_REASSOC, **CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
+def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
+    """M = 1 on a byte-lookup path (avx512_vbmi, neon_tbl): gemv_kernel's blocking (four rows of b
+    share each load of x), the 64-code steps decoded by table lookups (the path's ``dot4_e4m3``:
+    ``vbmi.py``'s vpermi2b or ``neon.py``'s tbl/tbx) and the K % 64 tail by the bit-arithmetic
+    decode. Compiled only for a path that runs here (the lookups are ISA instructions)."""
+    n_rows, k_len = b.shape
+    xr = x[0]
+    steps = k_len // 64
+    k_tail = steps * 64
+    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
+        n0 = block * _SMALL_M_ROWS
+        if n0 + _SMALL_M_ROWS <= n_rows:
+            w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
+            a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps)
+            for k in range(k_tail, k_len):  # the K % 64 tail (written apart from gemv_kernel's loop:
+                t = xr[k]                     # tools/mutations_cpu_gemm.py edits that one by its text)
+                a0 += t * decode_e4m3(w0[k])
+                a1 += t * decode_e4m3(w1[k])
+                a2 += t * decode_e4m3(w2[k])
+                a3 += t * decode_e4m3(w3[k])
+            acc = (a0, a1, a2, a3)
+            for j in range(_SMALL_M_ROWS):
+                n = n0 + j
+                out[0, n] = _epilogue_value(acc[j], scale_a[0], _scale_at(scale_b, n), bias, n)
+        else:
+            for n in range(n0, n_rows):
+                w = b[n]
+                acc1 = np.float32(0.0)
+                for k in range(k_len):
+                    acc1 += xr[k] * decode_e4m3(w[k])
+                out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     """Small M > 1: out from x = dec(a) and codes b.
 
@@ -151,6 +197,7 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     n_rows = b.shape[0]
     chunk = min(k_len, _K_CHUNK)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         rows = np.zeros((_SMALL_M_ROWS, chunk), dtype=np.float32)
@@ -307,7 +354,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
+            m1_kernel = gemv_lookup_kernel if paths.active().byte_lookup_decode else gemv_kernel
+            (m1_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
 
 

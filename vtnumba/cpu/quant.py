@@ -10,12 +10,19 @@ with index arithmetic inside the prange body).
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_CHUNK, CPU_INLINE, CPU_KERNEL
+from .._config import CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS
 from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ZERO
+from .paths import cpu_kernel, vector_width_hint
 from .codec import bits_float32, encode_e4m3, float32_bits, load_float32
 
 _U32_ABS_MASK = np.uint32(0x7FFFFFFF)
 _U32_INF_BITS = np.uint32(0x7F800000)
+
+
+
+def _elements(x, *_):
+    """The work of an element-wise kernel: the elements of its input."""
+    return x.size
 
 
 @njit(**CPU_INLINE)
@@ -51,22 +58,24 @@ def _finite_amax(x):
     return bits_float32(amax_bits)
 
 
-@njit(**CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_static(x, inv_scale, out):
     """out = encode(float32(x) * inv_scale); inv_scale = float32(1) / float32(scale), formed once."""
     n = x.size
     for chunk in prange((n + CPU_CHUNK - 1) // CPU_CHUNK):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         lo = chunk * CPU_CHUNK
         hi = min(n, lo + CPU_CHUNK)
         _encode_times(x[lo:hi], inv_scale, out[lo:hi])
 
 
-@njit(**CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def finite_amax(x):
     n = x.size
     nchunks = (n + CPU_CHUNK - 1) // CPU_CHUNK
     partial = np.zeros(nchunks, dtype=np.float32)
     for chunk in prange(nchunks):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         lo = chunk * CPU_CHUNK
         hi = min(n, lo + CPU_CHUNK)
         partial[chunk] = _finite_amax(x[lo:hi])
@@ -85,7 +94,7 @@ def _token_scale(amax, scale_ub):
     return max(t / F32_E4M3_MAX, F32_MIN_SCALE)
 
 
-@njit(**CPU_KERNEL)
+@cpu_kernel(CPU_PARALLEL_MIN_ELEMENTS, _elements)
 def quantize_per_token(x, scale_ub, out, scales):
     """Row-wise dynamic scales, then out = encode(x / s_row) -- a divide, as upstream's per-token
     kernel and its reference do (not the static path's reciprocal multiply). Each row is read twice,
@@ -93,6 +102,7 @@ def quantize_per_token(x, scale_ub, out, scales):
     loop measured slower once the encoder ran in 32-bit lanes: 2.4 vs 2.1 ms for f32, 2.7 vs 1.7 ms
     for bf16 on 4096 x 4096.)"""
     for r in prange(x.shape[0]):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         s = _token_scale(_finite_amax(x[r]), scale_ub)
         scales[r, 0] = s
         _encode_divided(x[r], s, out[r])

@@ -1,0 +1,287 @@
+"""The CPU kernels' instruction-set paths, and how a kernel is compiled for one.
+
+Every parallel CPU kernel (``@cpu_kernel``) is one Python source compiled per (path, threads):
+
+- a **path** is what the kernels are compiled for beyond LLVM's defaults on this CPU. One is chosen
+  per CPU at import (the first in ``PATHS`` this CPU can run; ``VT_CPU_PATH`` forces another), the
+  main command's header names it, and the tests run every path this CPU can run.
+- **threads**: a parallel twin (its prange loops spread over Numba's threads) and a serial twin
+  (prange runs as range, no parallel region), picked per call by the call's work and the CPUs free
+  at that moment (see ``vtnumba._config.CPU_PARALLEL_MIN_MACS`` and ``free_cpus``).
+
+The paths:
+
+- ``avx512`` (x86-64 with AVX-512 F/BW/DQ/VL): the kernels ask LLVM for 512-bit vectors. LLVM's
+  tuning for Intel server cores (Skylake-X to Sapphire Rapids and later, its "prefer-256-bit") makes
+  the loop vectorizer stop at 256 bits even where AVX-512 is there: read from the generated assembly,
+  the M = 1 kernel compiled for ``sapphirerapids`` or ``icelake-server`` used no zmm register at all
+  (168 ymm), and for ``znver4``/``znver5`` (AMD's tuning has no such preference) 140 zmm. The decode
+  is the same branch-free bit arithmetic; only the vector width differs, so the Intel core does
+  twice the work per instruction.
+- ``avx512_vbmi`` (AVX-512 with VBMI: Intel Ice Lake and later, AMD Zen 4 and later): the avx512
+  path, and at M = 1 (decode, where the decode is the bottleneck) the weight codes are decoded by
+  byte-table lookups written as LLVM vector IR (``vbmi.py``): ~22 instructions per 64 weights in
+  the compiled loop instead of ~56, 2.2-2.4x the weights per second on one Zen 5 core.
+- ``neon_tbl`` (aarch64; NEON is part of every ARMv8-A core): LLVM's own choices (NEON, or SVE where
+  the core has it), and at M = 1 the same byte-lookup decode through ``tbl``/``tbx`` (``neon.py``).
+- ``portable``: LLVM's own choices for the host CPU (AVX2 on older x86-64, NEON or SVE on aarch64).
+  Runs everywhere.
+
+Each path's kernels see the names in its ``kernel_globals`` in place of the source's:
+``vector_width_hint``, an intrinsic the kernels call inside their parallel loop bodies (the function
+Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3``, the byte-lookup
+inner loop of a path that has one.
+"""
+
+import contextlib
+import os
+import platform
+import types
+from dataclasses import dataclass, field
+
+from numba import njit
+from numba.core import types as nbtypes
+from numba.extending import intrinsic
+
+from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, free_cpus, parallel_min_work, start_threads
+from . import neon, vbmi
+
+
+def _width_hint(bits):
+    """An intrinsic that sets LLVM's "prefer-vector-width" on the function it is called in (the loop
+    vectorizer's width for that function), or does nothing when ``bits`` is None."""
+
+    @intrinsic
+    def hint(typingctx):
+        def codegen(context, builder, signature, args):
+            if bits is not None:
+                # llvmlite's attribute set checks names against its list of keyword attributes;
+                # a string attribute ("key"="value") is written into the IR as it is given
+                set.add(builder.function.attributes, f'"prefer-vector-width"="{bits}"')
+            return context.get_dummy_value()
+
+        return nbtypes.none(), codegen
+
+    return hint
+
+
+@dataclass(frozen=True)
+class CpuPath:
+    """One way to compile the CPU kernels: its name, what it does, the LLVM CPU features it needs,
+    and the globals its kernels see in place of the source's."""
+
+    name: str
+    summary: str
+    requires: tuple = ()
+    kernel_globals: dict = field(default_factory=dict, hash=False, compare=False)
+    byte_lookup_decode: bool = False  # the M = 1 GEMM decodes by table lookups (vbmi.py, neon.py)
+    machines: tuple = ()  # platform.machine() values it is for (empty: any)
+
+    def missing(self, features, machine=None):
+        """What this CPU lacks for the path: required features (``features``: the set LLVM reports),
+        or the architecture (``machine``: platform.machine(), this host's by default)."""
+        machine = platform.machine() if machine is None else machine
+        if self.machines and machine not in self.machines:
+            return [f"an {'/'.join(self.machines)} CPU (this is {machine})"]
+        return [f for f in self.requires if f not in features]
+
+
+_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+PATHS = (
+    CpuPath("avx512_vbmi", "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
+            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3},
+            byte_lookup_decode=True),
+    CpuPath("avx512", "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
+            _AVX512, {"vector_width_hint": _width_hint(512)}),
+    CpuPath("neon_tbl", "LLVM's own vector choices, and at M = 1 a byte-lookup decode (NEON tbl/tbx) into fmla",
+            (), {"vector_width_hint": _width_hint(None), "dot4_e4m3": neon.dot4_e4m3}, byte_lookup_decode=True,
+            machines=("aarch64", "arm64")),
+    CpuPath("portable", "LLVM's own vector choices for this CPU; bit-arithmetic decode", (),
+            {"vector_width_hint": _width_hint(None)}),
+)
+_BY_NAME = {p.name: p for p in PATHS}
+# What the kernels' source calls; a path's kernel_globals replace it (the plain name keeps the source
+# valid Python and valid Numba code on its own: the portable behaviour).
+vector_width_hint = _width_hint(None)
+
+
+def host_features():
+    """The CPU features LLVM sees on this host (Numba's NUMBA_CPU_FEATURES, when set, wins, as it does
+    for the code Numba generates)."""
+    from numba.core import config
+
+    if config.CPU_FEATURES:
+        return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
+    import llvmlite.binding as ll
+
+    try:
+        return {name for name, on in ll.get_host_cpu_features().items() if on}
+    except RuntimeError:  # LLVM cannot tell on this host (numba then compiles with no extra features)
+        return set()
+
+
+def runnable(features=None, machine=None):
+    """The paths this CPU can run, in preference order."""
+    features = host_features() if features is None else features
+    return [p for p in PATHS if not p.missing(features, machine)]
+
+
+def choose(features=None, forced=None, machine=None):
+    """The path for this CPU: ``forced`` (VT_CPU_PATH) when given, else the first runnable one."""
+    if forced:
+        if forced not in _BY_NAME:
+            raise ValueError(f"VT_CPU_PATH must be one of {', '.join(_BY_NAME)}, got {forced!r}")
+        path = _BY_NAME[forced]
+        missing = path.missing(host_features() if features is None else features, machine)
+        if missing:
+            raise ValueError(f"VT_CPU_PATH must name a path this CPU can run, got {forced!r} "
+                             f"(this CPU lacks {', '.join(missing)}); unset it to let vtnumba choose")
+        return path
+    return runnable(features, machine)[0]
+
+
+_active = choose(forced=os.environ.get("VT_CPU_PATH") or None)
+
+
+def active():
+    """The path the CPU kernels run now."""
+    return _active
+
+
+@contextlib.contextmanager
+def use(name):
+    """Run the CPU kernels on path ``name`` inside the block (the tests run every runnable path)."""
+    global _active
+    previous, _active = _active, choose(forced=name)
+    try:
+        yield _active
+    finally:
+        _active = previous
+
+
+class CpuKernel:
+    """One CPU kernel source, compiled lazily per (path, parallel or serial). A call picks the active
+    path, and the serial twin when the call's work (``work(*args)``) is below the threshold or Numba
+    has one thread. Each variant has a qualified name of its own, since Numba's disk cache keys a
+    function by module, name and bytecode, not by its compile flags or globals."""
+
+    def __init__(self, fn, flags, min_work, work):
+        self.py_func, self.flags, self.min_work, self.work = fn, flags, min_work, work
+        self._variants = {}
+        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+
+    def variant(self, path_name, parallel):
+        """The Numba dispatcher of this kernel for a path, parallel or serial."""
+        key = (path_name, parallel)
+        if key not in self._variants:
+            fn, path = self.py_func, _BY_NAME[path_name]
+            namespace = dict(fn.__globals__)
+            namespace.update(path.kernel_globals)
+            suffix = f"_{path_name}_{'parallel' if parallel else 'serial'}"
+            twin = types.FunctionType(fn.__code__, namespace, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+            twin.__qualname__ = fn.__qualname__ + suffix
+            twin.__module__ = fn.__module__
+            self._variants[key] = njit(**dict(CPU_KERNEL if parallel else CPU_SERIAL_KERNEL, **self.flags))(twin)
+        return self._variants[key]
+
+    @property
+    def parallel(self):
+        return self.variant(_active.name, True)
+
+    @property
+    def serial(self):
+        return self.variant(_active.name, False)
+
+    def threads_for(self, *args):
+        """Numba threads a call with these arguments gets: 1 (the serial twin) below the work threshold,
+        with one Numba thread, or when no other CPU is free now (``_config.free_cpus``); else Numba's
+        thread count, capped by the CPUs free now. VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
+        min_work = parallel_min_work(self.min_work)
+        if self.work(*args) < min_work:
+            return 1
+        import numba
+
+        start_threads()  # only when a parallel twin may run: a serial-only process never starts the pool
+        threads = numba.get_num_threads()
+        free = None if min_work == 0 else free_cpus()
+        return threads if free is None else max(1, min(threads, free))
+
+    def runs_parallel(self, *args):
+        """Whether a call with these arguments takes the parallel twin."""
+        return self.threads_for(*args) > 1
+
+    def __call__(self, *args):
+        threads = self.threads_for(*args)
+        if threads < 2:
+            return self.variant(_active.name, False)(*args)
+        import numba
+
+        before = numba.get_num_threads()
+        if threads >= before:
+            return self.variant(_active.name, True)(*args)
+        numba.set_num_threads(threads)  # this thread's count for its parallel regions (thread-local)
+        try:
+            return self.variant(_active.name, True)(*args)
+        finally:
+            numba.set_num_threads(before)
+
+
+def cpu_kernel(min_work, work, **flags):
+    """Decorator: a CpuKernel with its work threshold, its work as a function of the call's arguments,
+    and extra Numba ``flags`` (fastmath, ...)."""
+    return lambda fn: CpuKernel(fn, flags, min_work, work)
+
+
+def _cpu_model():
+    """The CPU's marketing name (Linux /proc/cpuinfo), else the platform's word for it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model name", "cpu model", "Hardware"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def vector_isa(features=None):
+    """The widest vector instruction set LLVM can use here, in words."""
+    features = host_features() if features is None else features
+    for feature, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve2", "SVE2"), ("sve", "SVE"),
+                          ("neon", "NEON"), ("sse4.2", "SSE4.2")):
+        if feature in features:
+            return name
+    import platform
+
+    return "NEON" if platform.machine() in ("aarch64", "arm64") else "baseline"
+
+
+def describe():
+    """What the CPU kernels run on here, for the main command's header and reports: the CPU, the
+    path chosen and the others this CPU can run, the threads and the one-thread thresholds."""
+    import platform
+
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    from .. import _config
+
+    features = host_features()
+    return dict(model=_cpu_model(), machine=platform.machine(), llvm_cpu=config.CPU_NAME or ll.get_host_cpu_name(),
+                cores=os.cpu_count(), vector_isa=vector_isa(features), path=_active.name,
+                path_summary=_active.summary, runnable_paths=[p.name for p in runnable(features)],
+                numba_threads=int(config.NUMBA_NUM_THREADS),
+                serial_below_macs=parallel_min_work(_config.CPU_PARALLEL_MIN_MACS),
+                serial_below_elements=parallel_min_work(_config.CPU_PARALLEL_MIN_ELEMENTS))
+
+
+def header_line(info=None):
+    """The main command's CPU header, one line."""
+    d = describe() if info is None else info
+    return (f"CPU: {d['model']} ({d['llvm_cpu']}, {d['cores']} cores, {d['vector_isa']}); kernels: path "
+            f"{d['path']} ({d['path_summary']}; runnable here: {', '.join(d['runnable_paths'])}); Numba threads "
+            f"{d['numba_threads']}, one thread below {d['serial_below_macs']:,} multiply-adds / "
+            f"{d['serial_below_elements']:,} elements")
