@@ -41,7 +41,7 @@ else:
         return os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS")
 
 
-def dense_cublaslt_fp8_enabled():
+def dense_cublaslt_fp8_enabled() -> bool:
     """The lever (the C++ seam's DenseCublasLtFp8Enabled): env VT_DENSE_CUBLASLT_FP8, read at every
     call so a test or a notebook can flip it live. On by default; any value whose first character is
     '0' turns cuBLASLt off and routes GPU GEMMs to the Numba kernels."""
