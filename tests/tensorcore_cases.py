@@ -18,6 +18,22 @@ EPILOGUE_CASES = [
 ]
 
 
+def kernels_here(name):
+    """The kernel module ``vtnumba.cuda.kernels.<name>`` where its kernels run on this GPU, else the
+    test skips with the module's own reason (``unavailable_reason``)."""
+    import importlib
+
+    import pytest
+
+    from vtnumba.cuda.runtime import device
+
+    module = importlib.import_module(f"vtnumba.cuda.kernels.{name}")
+    reason = module.unavailable_reason(device.current())
+    if reason:
+        pytest.skip(reason)
+    return module
+
+
 def scales_and_bias(rng, m, n, vector_scales, bias_dtype):
     """(scale_a, scale_b, bias) of an epilogue case: signed per-row and positive per-channel float32
     vectors (or two scalars, one negative), and a standard-normal bias of ``bias_dtype`` (or None)."""
@@ -171,8 +187,8 @@ _pack16_dev = None
 
 def _bind():
     global cuda, types, mma, _pack_dev, _pack16_dev
-    from vtnumba.cuda import mma as mma_module
-    from vtnumba.cuda.target import cuda as cuda_module, types as types_module
+    from vtnumba.cuda.ptx import mma as mma_module
+    from vtnumba.cuda.ptx.target import cuda as cuda_module, types as types_module
 
     cuda, types, mma = cuda_module, types_module, mma_module
     _pack_dev = cuda.jit(device=True)(_pack)
@@ -186,7 +202,7 @@ def _launch(kernel, grid, block, host_args, to_device, to_host, out_index):
 
 
 def mma_f16_layout_check(rng, to_device=None, to_host=None):
-    """mma_layout_check for the f16 m16n8k16 mma (vtnumba/cuda/mma.py's f16 fragments): A [16, 16]
+    """mma_layout_check for the f16 m16n8k16 mma (vtnumba/cuda/ptx/mma.py's f16 fragments): A [16, 16]
     and B [8, 16] hold decoded e4m3 codes as f16 (every product exact). Returns (D, A B^T + C, G3
     bound)."""
     _bind()
@@ -218,7 +234,7 @@ def assert_same_f16(got, want):
 
 
 def mma_layout_check(rng, to_device=None, to_host=None):
-    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/mma.py
+    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/ptx/mma.py
     documents (lane 4 g + t: A rows g, g + 8 at k 4t.. and 4t + 16..; B column g), runs the mma with
     a non-zero C and writes D by the C layout. Returns (D, ref = A B^T + C, G3 bound)."""
     _bind()

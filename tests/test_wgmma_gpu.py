@@ -1,4 +1,4 @@
-"""The wgmma GEMM (vtnumba/cuda/wg_gemm.py) on a real Hopper GPU (marker ``gpu``; the H200 run proves
+"""The wgmma GEMM (vtnumba/cuda/kernels/sm90_wgmma_gemm.py) on a real Hopper GPU (marker ``gpu``; the H200 run proves
 it, CI skips it; there is no simulator emulation of wgmma).
 
 It holds the tensor-core bound (``reference.tensor_core_bound``, the bound cuBLASLt is held to), not
@@ -11,26 +11,17 @@ and that promotion per 128 of K is never less accurate than cuBLASLt on uniforml
 import numpy as np
 import pytest
 
-from tensorcore_cases import BF16, EPILOGUE_CASES, F32, scales_and_bias, to_device, uniform_codes
+from tensorcore_cases import BF16, EPILOGUE_CASES, F32, kernels_here, scales_and_bias, to_device, uniform_codes
 from vtnumba.testing import gates, reference
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def gemm(cp):
-    from vtnumba.cuda import device, gemm, wg_gemm
+    kernels_here("sm90_wgmma_gemm")
+    from vtnumba.cuda import gemm
 
-    reason = wg_gemm.unavailable_reason(device.current())
-    if reason:
-        pytest.skip(reason)
     return gemm
 
 
@@ -140,7 +131,7 @@ def test_per_128_is_never_less_accurate_than_cublaslt(gemm, cp, k):
 def test_both_kernel_forms_give_the_same_bits(gemm, cp, promotion, block_scaled):
     """The warp-specialized form (a producer warpgroup, mbarriers) and the default one issue the same
     wgmmas and promote in the same order: bit for bit the same y, partial tiles and NaN rows included."""
-    from vtnumba.cuda import wg_gemm
+    from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg_gemm
 
     rng = np.random.default_rng(17)
     m, n, k = 300, 264, 1168  # partial tiles; ten K blocks, the last 16 wide

@@ -33,8 +33,8 @@ callers check on the host; the simulator's forms index element by element.
 
 import numpy as np
 
-from .. import _format
-from .._format import F32_E4M3_MAX, F32_ZERO
+from ... import _format
+from ..._format import F32_E4M3_MAX, F32_ZERO
 from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, libdevice, types
 
 ENCODERS = ("hardware", "portable")

@@ -70,12 +70,13 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import wgmma
-from .codec import float32_to_bfloat16_bits, float32_to_half_bits
-from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, SIMULATOR, cuda, types
-from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, bias_bits, gemm_signature, rows_reason, scale_readers
+from ..ptx import sm90_wgmma as wgmma
+from ..ptx.codec import float32_to_bfloat16_bits, float32_to_half_bits
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..runtime.launch import compile_kernel
+from . import tc_gemm
+from .epilogue import OutKind, load_bias, scaled_value, store_out
+from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, gemm_signature, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
 PROMOTIONS = (PER_128, PER_WGMMA)
@@ -169,7 +170,7 @@ def kernel_parts(cfg, block_scaled, copy_threads):
     a_copies = bm // rows_per_pass
     b_copies = bn // rows_per_pass
     hold, stash = wgmma.hold(regs), wgmma.stash(regs)
-    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+    from ..ptx import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
     cp16, global_address = mma_sync.cp_async_16, mma_sync.global_address
     row_scale, kblock_scale = scale_readers(block_scaled)
@@ -297,7 +298,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
     nthreads = threads(cfg)
     copy_plan, issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, nthreads)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
-    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+    from ..ptx import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
     commit_copies = mma_sync.cp_async_commit
     # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
@@ -444,7 +445,7 @@ def specialized_kernel(cfg, promotion, block_scaled):
     wait_all = wgmma.wait(0, regs)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
     bar_init, bar_arrive, bar_try_wait = wgmma.mbarrier_init, wgmma.mbarrier_arrive, wgmma.mbarrier_try_wait
-    from . import mma as mma_sync
+    from ..ptx import mma as mma_sync
 
     commit_copies = mma_sync.cp_async_commit
     wait_lag = mma_sync.cp_async_wait_group(lag)
@@ -551,21 +552,16 @@ def unavailable_reason(dev):
 
 
 def shape_reason(call):
-    if call.k % 16:
-        return f"the wgmma GEMM needs K to be a multiple of 16, got K = {call.k}"
-    return rows_reason(call.a, "a") or rows_reason(call.b, "b")
+    return tc_gemm.shape_reason(call, "the wgmma GEMM")
 
 
 def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     """(kernel, grid, block, args) of the wgmma GEMM for a ``gemm.GemmCall`` (or a
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
-    bias, bias_kind = bias_bits(call.bias, call.device)
     cfg = config or DEFAULTS[promotion]
-    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
             (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))), threads(cfg),
-            (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
-             OUT_KIND[call.out_dtype]))
+            tc_gemm.gemm_args(call, y_bits, block_scaled))
 
 
 __all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "block_rows", "threads", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",

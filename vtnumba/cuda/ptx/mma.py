@@ -51,7 +51,7 @@ MIN_CC = (8, 9)  # mma with e4m3 operands: sm_89 (Ada) and newer
 SCRATCH_WORDS_PER_WARP = 6 * 32  # the emulation's exchange area: six operand words per lane
 
 if SIMULATOR:
-    from .. import _format
+    from ... import _format
 
     _DECODE = np.array([_format.decode_e4m3_scalar(np.uint32(c)) for c in range(256)], dtype=np.float32)
     _lane = np.arange(32)
@@ -68,25 +68,35 @@ if SIMULATOR:
     def _codes(words, lanes, regs):
         return ((words[lanes, regs] >> _SHIFT[None, :]) & np.uint32(0xFF)).astype(np.uint8)
 
-    def mma_e4m3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)."""
-        base = warp * SCRATCH_WORDS_PER_WARP
-        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
-            scratch[base + 6 * lane + i] = np.uint32(w)
-        cuda.syncthreads()
-        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
-        g, t = lane // 4, lane % 4
-        a_rows = _DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])]  # [2, 32]
-        b_cols = _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])]  # [2, 32]
-        cuda.syncthreads()
-        out = []
-        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
-            s = np.float32(0.0)
-            with np.errstate(invalid="ignore", over="ignore"):
-                for k in range(32):
-                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
-                out.append(np.float32(np.float32(cin) + s))
-        return out[0], out[1], out[2], out[3]
+    def _emulated_mma(operands):
+        """The emulated mma of one fragment layout: ``operands(words, g, t)`` -> (A rows g, g + 8;
+        B columns 2 t, 2 t + 1) as float32 [2, K] from the warp's [32, 6] operand words."""
+
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+            base = warp * SCRATCH_WORDS_PER_WARP
+            for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
+                scratch[base + 6 * lane + i] = np.uint32(w)
+            cuda.syncthreads()
+            words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
+            a_rows, b_cols = operands(words, lane // 4, lane % 4)
+            cuda.syncthreads()
+            out = []
+            for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
+                s = np.float32(0.0)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    for k in range(a_rows.shape[1]):
+                        s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
+                    out.append(np.float32(np.float32(cin) + s))
+            return out[0], out[1], out[2], out[3]
+
+        return mma
+
+    def _e4m3_operands(words, g, t):
+        return (_DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])],
+                _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])])
+
+    # Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)
+    mma_e4m3 = _emulated_mma(_e4m3_operands)
 
     # the f16 m16n8k16 fragments: A[r, k] in lane 4 (r % 8) + (k % 8) // 2, register (r >= 8) +
     # 2 (k >= 8), half k % 2; B[k, n] (per column n) in lane 4 n + (k % 8) // 2, register k >= 8
@@ -101,25 +111,12 @@ if SIMULATOR:
         bits = ((words[lanes, regs] >> _HSHIFT[None, :]) & np.uint32(0xFFFF)).astype(np.uint16)
         return bits.view(np.float16).astype(np.float32)
 
-    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)."""
-        base = warp * SCRATCH_WORDS_PER_WARP
-        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
-            scratch[base + 6 * lane + i] = np.uint32(w)
-        cuda.syncthreads()
-        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
-        g, t = lane // 4, lane % 4
-        a_rows = _halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]])  # [2, 16]
-        b_cols = _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2])  # [2, 16]
-        cuda.syncthreads()
-        out = []
-        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
-            s = np.float32(0.0)
-            with np.errstate(invalid="ignore", over="ignore"):
-                for k in range(16):
-                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
-                out.append(np.float32(np.float32(cin) + s))
-        return out[0], out[1], out[2], out[3]
+    def _f16_operands(words, g, t):
+        return (_halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]]),
+                _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2]))
+
+    # Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)
+    mma_f16 = _emulated_mma(_f16_operands)
 
     _F16_BITS = _DECODE.astype(np.float16).view(np.uint16).astype(np.uint32)  # exact: e4m3 is in f16
 

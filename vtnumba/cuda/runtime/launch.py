@@ -51,7 +51,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .target import SIMULATOR, cuda, require_gpu, types
+from ..ptx.target import SIMULATOR, cuda, require_gpu, types
 
 # Scalar types a kernel may take: their struct code in an 8-byte parameter slot, and their width.
 # (explicit codes: numpy's int64 char 'l' is 4 bytes in struct's standard sizes)
