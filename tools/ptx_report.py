@@ -9,6 +9,7 @@ a module that only moved gives the same hash.
 
     python tools/ptx_report.py snapshot OUT.json [--only SUBSTRING] [--ptx-dir DIR]
     python tools/ptx_report.py compare BEFORE.json AFTER.json     # a markdown table per family
+    python tools/ptx_report.py rehash OUT.json PTX_DIR             # hashes again from the saved PTX
 
 Run it from the root of the tree to measure (it imports ``vtnumba`` from the current directory).
 The variants are those the dispatch can build on sm_89+ and sm_90 (``chain``: only where
@@ -31,7 +32,9 @@ import tempfile
 import time
 
 CC = (9, 0)
-_MANGLED = re.compile(r"_ZN[\w$]+")
+# Numba's mangled names (module path, compile-order counter) and its shared arrays' symbols
+# (numbered in compile order): renamed in order of appearance before hashing
+_MANGLED = re.compile(r"_ZN[\w$]+|_cudapy_smem_\d+")
 _REGISTERS = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
@@ -207,11 +210,26 @@ def snapshot(path, only="", ptx_dir=None):
         record["instructions"] = sum(record["opcodes"].values())
         records[label] = record
         if ptx_dir:
-            out = pathlib.Path(ptx_dir) / (re.sub(r"[^\w.=-]+", "_", label) + ".ptx.gz")
+            out = _ptx_file(ptx_dir, label)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(gzip.compress(norm.encode()))
         print(f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label}: {record['registers']} registers, "
               f"{record['spill_stores']} B spilled, {record['instructions']} instructions", flush=True)
+    pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
+
+
+def _ptx_file(ptx_dir, label):
+    return pathlib.Path(ptx_dir) / (re.sub(r"[^\w.=-]+", "_", label) + ".ptx.gz")
+
+
+def rehash(path, ptx_dir):
+    """Recompute every variant's hash from the PTX saved with --ptx-dir (after a change to
+    ``normalize``: normalizing normalized PTX again is harmless)."""
+    records = json.loads(pathlib.Path(path).read_text())
+    for label, record in records.items():
+        if "sha" in record:
+            norm = normalize(gzip.decompress(_ptx_file(ptx_dir, label).read_bytes()).decode())
+            record["sha"] = hashlib.sha256(norm.encode()).hexdigest()[:16]
     pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
 
 
@@ -261,9 +279,14 @@ def main(argv=None):
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before")
     cmp_.add_argument("after")
+    again = sub.add_parser("rehash")
+    again.add_argument("out")
+    again.add_argument("ptx_dir")
     args = parser.parse_args(argv)
     if args.command == "snapshot":
         snapshot(args.out, args.only, args.ptx_dir)
+    elif args.command == "rehash":
+        rehash(args.out, args.ptx_dir)
     else:
         compare(args.before, args.after)
 

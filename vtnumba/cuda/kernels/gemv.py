@@ -38,7 +38,8 @@ import numpy as np
 
 from ... import _format
 from ..ptx import codec
-from ..ptx.codec import bf16_high, bf16_low, bits_float32, e4m3x4_scaled, finite_abs, hardware_available, nan_code_bits
+from ..ptx.codec import (bf16_high, bf16_low, bits_float32, e4m3x4_scaled, fill, finite_abs, hardware_available,
+                         nan_code_bits)
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
 from ..runtime.launch import compile_kernel
@@ -65,6 +66,7 @@ X_KIND = OUT_KIND
 _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
 _F32_NAN = np.float32(np.nan)
+_U32_ZERO = np.uint32(0)
 _F32_2P60 = np.float32(2.0 ** 60)
 _F32_2P120 = np.float32(2.0 ** 120)
 
@@ -323,12 +325,9 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
         words = cuda.local.array(n_words, types.uint32)
         w_nan = cuda.local.array(rows, types.uint32)
         x_nan = cuda.local.array(m_tile, types.uint32)
-        for i in range(n_acc):
-            acc[i] = _F32_ZERO
-        for r in range(rows):
-            w_nan[r] = np.uint32(0)
-        for m in range(m_tile):
-            x_nan[m] = np.uint32(0)
+        fill(acc, _F32_ZERO)
+        fill(w_nan, _U32_ZERO)
+        fill(x_nan, _U32_ZERO)
 
         # The first step's weight loads go out before anything waits: a scale read, a barrier or
         # an amax pass ahead of them would add a whole memory latency to every block.

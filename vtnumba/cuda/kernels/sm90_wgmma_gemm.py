@@ -71,7 +71,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..ptx import sm90_wgmma as wgmma
-from ..ptx.codec import float32_to_bfloat16_bits, float32_to_half_bits
+from ..ptx.codec import fill, float32_to_bfloat16_bits, float32_to_half_bits
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from . import tc_gemm
@@ -172,7 +172,9 @@ def kernel_parts(cfg, block_scaled, copy_threads):
     hold, stash = wgmma.hold(regs), wgmma.stash(regs)
     from ..ptx import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
-    cp16, global_address = mma_sync.cp_async_16, mma_sync.global_address
+    global_address = mma_sync.global_address
+    copy_a = mma_sync.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
+    copy_b = mma_sync.cp_async_rows(b_copies, rows_per_pass * ROW_WORDS)
     row_scale, kblock_scale = scale_readers(block_scaled)
     load_bias_value, finish, store, store_pair = load_bias, scaled_value, store_out, wgmma.store_global_pair
 
@@ -202,14 +204,8 @@ def kernel_parts(cfg, block_scaled, copy_threads):
         from the thread's first (valid) address."""
         col = kt * BK
         k_ok = col + chunk_code < k_total
-        for i in range(a_copies):
-            ok = k_ok and i < a_rows
-            cp16(smem, slot_word + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_addr,
-                 16 if ok else 0)
-        for i in range(b_copies):
-            ok = k_ok and i < b_rows
-            cp16(smem, slot_word + (a_bytes // 4) + i * rows_per_pass * ROW_WORDS, b,
-                 (b_addr + i * b_step + col) if ok else b_addr, 16 if ok else 0)
+        copy_a(smem, slot_word, a, a_addr, a_step, col, a_rows, k_ok, a_addr)
+        copy_b(smem, slot_word + (a_bytes // 4), b, b_addr, b_step, col, b_rows, k_ok, b_addr)
 
     @cuda.jit(**DEVICE_INLINE)
     def block_scales(scale_a, scale_b, kb, row_a, m_total, block_n):
@@ -355,10 +351,9 @@ def gemm_kernel(cfg, promotion, block_scaled):
         acc = cuda.local.array(regs, types.float32)
         part0 = cuda.local.array(regs, types.float32)
         part1 = cuda.local.array(regs, types.float32)
-        for i in range(regs):
-            acc[i] = _F32_ZERO
-            part0[i] = _F32_ZERO
-            part1[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part0, _F32_ZERO)
+        fill(part1, _F32_ZERO)
         tid = cuda.threadIdx.x
         wg = tid // 128
         warp = (tid % 128) // 32
@@ -467,9 +462,8 @@ def specialized_kernel(cfg, promotion, block_scaled):
         pad = ring + (wgmma.SWIZZLE_ATOM_BYTES - ring % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES - base
         acc = cuda.local.array(regs, types.float32)  # the consumers' (the producer's stay zero, unused)
         part = cuda.local.array(regs, types.float32)
-        for i in range(regs):
-            acc[i] = _F32_ZERO
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
         ctid = tid - WG_THREADS
         row_a = m0 + (wg - 1) * 64 + ((ctid % 128) // 32) * 16 + (ctid % 32) // 4  # rows row_a, row_a + 8
         if tid == 0:

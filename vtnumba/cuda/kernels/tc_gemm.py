@@ -65,6 +65,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..ptx import mma
+from ..ptx.codec import fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from .epilogue import OUT_KIND, bias_bits, load_bias, scaled_value, store_out
@@ -270,7 +271,9 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
     own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
     lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
-    cp16, commit = mma.cp_async_16, mma.cp_async_commit
+    commit = mma.cp_async_commit
+    copy_a = mma.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
+    copy_b = mma.cp_async_rows(b_copies, rows_per_pass * ROW_WORDS)
     # the groups still pending when a tile is needed: e4m3, tile kt at iteration kt (stages - 1
     # issued ahead); f16, tile kt + 1 at iteration kt (early refill: stages issued ahead of it)
     wait_tile = mma.cp_async_wait_group(stages - 1 if early_refill else stages - 2)
@@ -286,14 +289,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         col = kt * BK
         k_ok = col + chunk_code < k_total  # chunk_code: the K offset of this thread's chunk
         base = stage * stage_words + copy_word
-        for i in range(a_copies):
-            ok = k_ok and i < a_rows
-            cp16(smem, base + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_zero,
-                 16 if ok else 0)
-        for i in range(b_copies):
-            ok = k_ok and i < b_rows
-            cp16(smem, base + a_words + i * rows_per_pass * ROW_WORDS, b,
-                 (b_addr + i * b_step + col) if ok else b_zero, 16 if ok else 0)
+        copy_a(smem, base, a, a_addr, a_step, col, a_rows, k_ok, a_zero)
+        copy_b(smem, base + a_words, b, b_addr, b_step, col, b_rows, k_ok, b_zero)
 
     @cuda.jit(**_DEVICE)
     def convert_rows(smem, src, dst, r0, chunk, copies):
@@ -583,10 +580,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         af = cuda.local.array(n_af, types.uint32)
         bf = cuda.local.array(n_bf, types.uint32)
         raw = cuda.local.array(n_raw, types.uint32)
-        for i in range(n_acc):
-            acc[i] = _F32_ZERO
-        for i in range(n_part):
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32

@@ -27,6 +27,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..ptx import codec, mma
+from ..ptx.codec import fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
 from ..runtime.launch import compile_kernel
@@ -444,9 +445,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         local = cuda.local.array(x_rows, types.float32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_acc, types.float32)
-        for i in range(n_acc):
-            acc[i] = _F32_ZERO
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
 
         # load: the first ring of weight loads goes out before anything waits
         for d in range(depth):
