@@ -209,6 +209,9 @@ def _gpu_forward(state, x, out_dtype, quant_key=None):
 # made under ``torch.inference_mode()`` keep no version counter, so an in-place write to one could
 # not be seen: they never share (``torch.no_grad()``, as transformers' ``generate`` runs, does).
 _LAST_QUANT = {}
+# Signatures bound per layer and GPU, as the seam keeps them (prompts of many lengths would otherwise
+# grow the table without end; a decode step's signature is bound again at once after a reset)
+_MAX_BOUND_PER_LAYER = 16
 
 
 def _stream_is_capturing(stream):
@@ -256,6 +259,8 @@ def _gpu_full(state, x, out_dtype):
             # from torch's or a graph's
             with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc), on_torch_stream(index):
                 bound = cuda_bound.bind_linear(x2d, state.weight, _NUMPY_OUT[out_dtype])
+            if len(state.bound) >= _MAX_BOUND_PER_LAYER:  # a caller sweeping over shapes: start over
+                state.bound.clear()
             entry = state.bound[(x.shape, x.dtype, out_dtype, kernel_settings())] = (
                 bound, (*x.shape[:-1], state.weight.shape[0]))
             return _run_bound(state, entry, x, out_dtype)
@@ -331,6 +336,10 @@ class Fp8Linear(nn.Module):
         self._states = {}  # device index -> _GpuState (dropped when the buffers move)
         self._resident = {}  # device index -> ResidentFp8 of the host weight (CPU buffers, GPU input)
         self._scale_value = None  # (version, buffer, value) of the static scale (``_quant_key``)
+        scheme = self.activation_scheme
+        self._fixed_quant_key = (None if scheme == ActivationScheme.STATIC else
+                                 (scheme, self.block_size[1], self.scale_ue8m0) if scheme == ActivationScheme.PER_GROUP
+                                 else (scheme,))
 
     # -- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -462,21 +471,20 @@ class Fp8Linear(nn.Module):
         return _cpu_forward(self._parts(), x, self.out_dtype)
 
     def _quant_key(self):
-        """What decides this layer's activation codes beside x itself: its scheme, and its static
-        scale's value (read once per change of the buffer: ``_version`` counts in-place writes) or
-        its group size."""
-        scheme = self.activation_scheme
-        if scheme == ActivationScheme.STATIC:
-            if self.input_scale.is_inference():  # no version counter: this buffer's own scale only
-                return scheme, self.input_scale.data_ptr()
-            version = self.input_scale._version
-            cached = self._scale_value
-            if cached is None or cached[0] != version or cached[1] is not self.input_scale:
-                cached = self._scale_value = (version, self.input_scale, float(self.input_scale.item()))
-            return scheme, cached[2]
-        if scheme == ActivationScheme.PER_GROUP:
-            return scheme, self.block_size[1], self.scale_ue8m0
-        return scheme
+        """What decides this layer's activation codes beside x itself: its scheme and group size, or
+        its static scale's value (read once per change of the buffer: ``_version`` counts in-place
+        writes). On every eager forward, so the buffer is taken from ``_buffers`` (not through
+        nn.Module's attribute lookup, a microsecond each)."""
+        key = self._fixed_quant_key
+        if key is not None:
+            return key
+        scale = self._buffers["input_scale"]
+        if scale.is_inference():  # no version counter: this buffer's own scale only
+            return ActivationScheme.STATIC, scale.data_ptr()
+        cached = self._scale_value
+        if cached is None or cached[0] != scale._version or cached[1] is not scale:
+            cached = self._scale_value = (scale._version, scale, float(scale.item()))
+        return ActivationScheme.STATIC, cached[2]
 
     def kernels(self, x):
         """The kernels a GPU forward on inputs like ``x`` runs, in order: the activation
