@@ -12,9 +12,10 @@ a module that only moved gives the same hash.
     python tools/ptx_report.py rehash OUT.json PTX_DIR             # hashes again from the saved PTX
 
 Run it from the root of the tree to measure (it imports ``vtnumba`` from the current directory).
-The variants are those the dispatch can build on sm_89+ and sm_90 (``chain``: only where
-``chains_in_float32`` makes it; ``hardware``: the inline-PTX loads and encoder, or the portable
-ones of GPUs before sm_89), every tile configuration except the simulator's, both output kinds.
+The variants are those the dispatch can build on a GPU (``chain``: only where
+``chains_in_float32`` makes it, sm_90; ``hardware``: the inline-PTX loads and encoder, or the
+portable ones of GPUs before sm_89 for the kernels that run there), every tile configuration except
+the simulator's, both output kinds. ``compare`` takes the variants both snapshots hold.
 """
 
 import argparse
@@ -123,8 +124,9 @@ def variants():
             continue
         for m in (1, 16):
             for mode, block_scaled in modes:
-                # (hardware, chain) as _device_flags gives them: sm_90, sm_89 / sm_12x, portable
-                for hardware, chain in ((True, True), (True, False), (False, False)):
+                # (hardware, chain) as _device_flags gives them on a GPU: sm_90, sm_89 / sm_12x (the
+                # portable loads, (False, False), are the simulator's: no GPU without them runs mma)
+                for hardware, chain in ((True, True), (True, False)):
                     for f32 in (False, True):
                         out.append(("tc_gemv", f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
                                     f"hardware={hardware} chain={chain} f32={f32}",
@@ -237,7 +239,8 @@ def compare(before_path, after_path):
     before = json.loads(pathlib.Path(before_path).read_text())
     after = json.loads(pathlib.Path(after_path).read_text())
     families = collections.OrderedDict()
-    for label in sorted(set(before) | set(after), key=lambda l: (before.get(l, after.get(l))["family"], l)):
+    only = sorted(set(before) ^ set(after))
+    for label in sorted(set(before) & set(after), key=lambda l: (before[l]["family"], l)):
         b, a = before.get(label), after.get(label)
         families.setdefault((b or a)["family"], []).append((label, b, a))
     print("| family | variants | PTX identical (names aside) | same opcode counts | registers before -> after "
@@ -267,6 +270,8 @@ def compare(before_path, after_path):
             print(f"- {label}: {b['registers']} -> {a['registers']} registers, "
                   f"{b['spill_stores'] + b['spill_loads']} -> {a['spill_stores'] + a['spill_loads']} B, "
                   f"{b['instructions']} -> {a['instructions']} instructions; {moved}")
+    if only:
+        print(f"\n{len(only)} variants in one snapshot only (left out above), e.g. {only[0]}")
 
 
 def main(argv=None):

@@ -119,25 +119,27 @@ _warp_sum = cuda.jit(**DEVICE_INLINE)(_simulated_warp_sum if SIMULATOR else _shf
 
 @functools.lru_cache(maxsize=None)
 def x_loader(hardware):
-    """``load_x16(x, x_kind, row, k, vals)``: vals[0 .. 16) = x[row, k .. k + 16) as float32, x the
-    uint16 view of float32, float16 or bfloat16 rows (``XKind``), read 16 bytes at a time by inline
-    PTX with two cvt.f32.f16 per word (``hardware``) or by the portable loads. Both GEMVs (this
-    module's and tc_gemv.py's) read their float activation with it."""
+    """``load_x16(x, x_kind, row, c, vals)``: vals[0 .. 16) = x[row, 16 c .. 16 c + 16) as float32,
+    x the uint16 view of float32, float16 or bfloat16 rows (``XKind``), read 16 bytes at a time by
+    inline PTX with two cvt.f32.f16 per word (``hardware``) or by the portable loads. Both GEMVs
+    (this module's and tc_gemv.py's) read their float activation with it. (The 16-value step ``c``,
+    not its element offset: with the offset, LLVM kept the portable loads' negative-index checks,
+    +62 instructions and up to 41 registers in this module's fused kernels, ptxas -v.)"""
     load16 = codec.load_row_words if hardware else codec.load_row_words_u16
     half2 = codec.half2_to_float32 if hardware else codec.half2_to_float32_portable
 
     @cuda.jit(**DEVICE_INLINE)
-    def load_x16(x, x_kind, row, k, vals):
+    def load_x16(x, x_kind, row, c, vals):
         if x_kind == XKind.FLOAT32:
             for i in range(4):
-                w0, w1, w2, w3 = load16(x, row, 2 * k + 8 * i)
+                w0, w1, w2, w3 = load16(x, row, 32 * c + 8 * i)
                 vals[4 * i] = bits_float32(w0)
                 vals[4 * i + 1] = bits_float32(w1)
                 vals[4 * i + 2] = bits_float32(w2)
                 vals[4 * i + 3] = bits_float32(w3)
         else:
             for i in range(2):
-                w0, w1, w2, w3 = load16(x, row, k + 8 * i)
+                w0, w1, w2, w3 = load16(x, row, 16 * c + 8 * i)
                 j = 8 * i
                 if x_kind == XKind.FLOAT16:
                     vals[j], vals[j + 1] = half2(w0)
@@ -221,7 +223,7 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
             local = _F32_ZERO
             if m < m_total:
                 for cc in range(tid, k16, threads):
-                    load_x16(x, x_kind, m, 16 * cc, vals)
+                    load_x16(x, x_kind, m, cc, vals)
                     for j in range(16):
                         local = max(local, finite_abs(vals[j]))
             amax = block_max(local, red)
@@ -249,7 +251,7 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
                 if mode == GemvStage.CODES:
                     qw[0], qw[1], qw[2], qw[3] = load_words(a, m, 16 * c)
                 else:
-                    load_x16(x, x_kind, m, 16 * c, vals)
+                    load_x16(x, x_kind, m, c, vals)
                     mult = static_mult if mode == GemvStage.STATIC else row_mult[m]
                     for i in range(4):
                         qw[i] = encode4(vals, i, mult, divide)

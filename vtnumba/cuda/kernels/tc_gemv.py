@@ -227,7 +227,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
     # -- fused quantization: the activation's scales, then its codes in shared memory ------------
 
     @cuda.jit(**_DEVICE)
-    def activation_scales(x, x_kind, qscale, m_total, k_total, vals, local, amax_rows, row_mult, row_deq, tid):
+    def activation_scales(x, x_kind, qscale, m_total, k16, vals, local, amax_rows, row_mult, row_deq, tid):
         """The activation's per-tensor / per-token quantization multiplier (or divisor) and
         dequantization scale, into row_mult / row_deq (a pass over x for its amax where dynamic).
         Every thread must call (it synchronizes the block for the amax)."""
@@ -237,11 +237,10 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
             for r in range(x_rows):
                 local[r] = _F32_ZERO
-            k16 = k_total // 16
             for r in range(x_rows):
                 if r < m_total:
                     for cc in range(tid, k16, threads):
-                        load_x16(x, x_kind, r, 16 * cc, vals)
+                        load_x16(x, x_kind, r, cc, vals)
                         for j in range(16):
                             local[r] = max(local[r], finite_abs(vals[j]))
             block_max_rows(local, amax_rows)
@@ -276,7 +275,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
             m = item // segs if valid else 0
             sg = item - m * segs if valid else 0
             if valid and 16 * sg < k_total:
-                load_x16(x, x_kind, m, 16 * sg, vals)
+                load_x16(x, x_kind, m, sg, vals)
             else:
                 for j in range(16):
                     vals[j] = _F32_ZERO
@@ -455,7 +454,9 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         row_words = (nchunks * CHUNK + 16) // 4
         gbase = m_total * row_words
         if fused:
-            activation_scales(x, x_kind, qscale, m_total, k_total, vals, local, amax_rows, row_mult, row_deq, tid)
+            # (k // 16 here, not in the device function: there LLVM lost that K >= 0, +3 instructions)
+            activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq,
+                              tid)
             cuda.syncthreads()
             quantize_rows(x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch,
                           warp, lane, tid)
