@@ -34,8 +34,9 @@ import time
 
 CC = (9, 0)
 # Numba's mangled names (module path, compile-order counter) and its shared arrays' symbols
-# (numbered in compile order): renamed in order of appearance before hashing
-_MANGLED = re.compile(r"_ZN[\w$]+|_cudapy_smem_\d+")
+# (numbered in compile order): renamed F0, F1, ... in order of appearance before hashing; an F name
+# is renamed again, so PTX saved by an earlier version of this normalization hashes the same
+_MANGLED = re.compile(r"_ZN[\w$]+|_cudapy_smem_\d+|\bF\d+\b")
 _REGISTERS = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")

@@ -1,7 +1,7 @@
 """The GPU backend of vtnumba's ops (``vtnumba.ops.Backend``): cupy in, cupy out, numba-cuda kernels
 launched through cupy on cupy's current stream, and cuBLASLt.
 
-This module is the top of four layers; each imports only the layers below it
+This module is the top of five layers; each imports only its own layer and those below it
 (``tests/test_cuda_layers.py``; ARCHITECTURE.md draws them):
 
     vtnumba.cuda (this file)  the backend: the functions ``vtnumba.ops`` calls, nothing else

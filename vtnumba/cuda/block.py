@@ -147,7 +147,7 @@ class TensorCoreBlock(Kernel):
 
 
 class WgmmaBlock(Kernel):
-    """The block-scaled GEMM on wgmma (wg_gemm.py), per-128 promotion: by name only
+    """The block-scaled GEMM on wgmma (kernels/sm90_wgmma_gemm.py), per-128 promotion: by name only
     (``kernel="wgmma_block"``), as gemm.WgmmaGemm."""
 
     name = "wgmma_block"

@@ -26,7 +26,7 @@ The kernels, and where each applies:
                            M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
-``wgmma``, ``wgmma_k32``   (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py,
+``wgmma``, ``wgmma_k32``   (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (kernels/sm90_wgmma_gemm.py,
                            sm_90): 0.5x cuBLASLt at 4096^3 with promotion per 128 of K (``wgmma_k32``:
                            per k32, 0.35x), within the tensor-core bound cuBLASLt is held to rather
                            than strict G3.
@@ -339,7 +339,7 @@ class TensorCoreGemm(_NumbaKernel):
 
 
 class WgmmaGemm(_NumbaKernel):
-    """The GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py), by name only: ``kernel="wgmma"``
+    """The GEMM on Hopper's native FP8 warpgroup MMA (kernels/sm90_wgmma_gemm.py), by name only: ``kernel="wgmma"``
     promotes into float32 every 128 of K (DeepSeek-V3's interval, cuBLASLt's accuracy at half its
     speed), ``kernel="wgmma_k32"`` after every wgmma (2.6x more accurate at K = 256, 0.7x the speed).
     Both hold the tensor-core bound, not strict G3, so the automatic order behind the lever keeps the

@@ -1,4 +1,4 @@
-"""The FP8 GEMM on Hopper's native FP8 tensor-core instruction (``wgmma``, wgmma.py), from Numba.
+"""The FP8 GEMM on Hopper's native FP8 tensor-core instruction (``wgmma``, ptx/sm90_wgmma.py), from Numba.
 
 It computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` (or the
 block-scaled form) with the epilogue of epilogue.py, like tc_gemm.py, at tensor-core speed: tc_gemm's
@@ -9,7 +9,7 @@ Design
 A block computes a 128 x BN tile of y with two warpgroups: warpgroup w owns rows 64 w .. 64 w + 63,
 all BN columns (one m64n{BN}k32 wgmma per 32 of K). K advances 128 codes a stage: 16-byte ``cp.async``
 copies of the stage's A rows [128, 128] and B rows [BN, 128] fill a STAGES-deep ring of
-128-byte-swizzled tiles (wgmma.py's layout) in dynamic shared memory. Rows past M / N and chunks past
+128-byte-swizzled tiles (sm90_wgmma.py's layout) in dynamic shared memory. Rows past M / N and chunks past
 K are zero-filled (zero codes are exact zeros). Two forms (``WgConfig.producer``):
 
 - every thread copies and computes (``gemm_kernel``, the default): per stage, wait for this thread's
