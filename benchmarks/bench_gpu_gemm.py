@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import vtnumba as vt  # noqa: E402
 from vtnumba.cuda import gemm  # noqa: E402
+from vtnumba.cuda.kernels import gemv  # noqa: E402
 from vtnumba.profile import best_device_us as best_of  # noqa: E402
 from vtnumba.profile import host_us  # noqa: E402
 
@@ -85,7 +86,7 @@ def main():
             t_torch = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16))
             t_lt = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "cublaslt"))
             t_gemv = float("nan")
-            if gemm.gemv_reason(m, k, b) is None:
+            if gemv.gemv_reason(m, k, b) is None:
                 t_gemv = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "decode_gemv"))
             picks = gemm.select(gemm.GemmCall(a, b, sa, sb, BF16, None)).name
             best = np.nanmin([t_gemv, t_lt])

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import vtnumba as vt  # noqa: E402
 import vtnumba.cuda as backend  # noqa: E402
-from vtnumba.cuda import quant  # noqa: E402
+from vtnumba.cuda.kernels import quant  # noqa: E402
 
 from vtnumba import profile  # noqa: E402
 
@@ -125,7 +125,7 @@ def main():
     cs = as_cupy(small)
     kernel = quant.static_kernel("bfloat16", backend.encoder_in_use(), False)
     out = cp.empty(small.numel(), dtype=cp.uint8)
-    from vtnumba.cuda.launch import Buffer
+    from vtnumba.cuda.runtime.launch import Buffer
 
     xin, o = Buffer(cs.data.ptr, (cs.size,), (2,)), Buffer(out.data.ptr, (out.size,), (1,))
     row()

@@ -23,16 +23,15 @@ round, outside the timed region. Before timing, both sides' results are compared
     flock /tmp/vt-bench.lock python3 benchmarks/bench_interop.py --device cuda   # on the H200
 """
 
-import argparse
-
 import numpy as np
 import torch
 
 import vtnumba as vt
 import vtnumba.torch as vtt
+from bench_seam_overhead import parse_arguments, time_pair  # the paired method, shared
 from vtnumba import seam
-from vtnumba.timing import paired_host_time
 from vtnumba.testing import devices
+from vtnumba.timing import paired_host_time
 
 
 def _host_bytes(a):
@@ -46,13 +45,8 @@ def _host_bytes(a):
 
 
 def _row(name, base_fn, test_fn, args, sync, target, ratio_target=None):
-    if _host_bytes(base_fn()) != _host_bytes(test_fn()):
-        raise SystemExit(f"{name}: the two sides disagree; refusing to time different work")
-    for _ in range(50):  # warm-up: compile and fill caches outside the timed region
-        base_fn(), test_fn()
-    sync()
-    t_base, t_test, paired = paired_host_time(base_fn, test_fn, args.calls, args.rounds, sync)
-    added_min, added_paired = (t_test - t_base) * 1e6, paired * 1e6
+    t_base, t_test, added_min, added_paired = time_pair(name, base_fn, test_fn, args, sync,
+                                                        lambda a, b: _host_bytes(a) == _host_bytes(b))
     added = max(added_min, added_paired)
     ratio = t_test / t_base
     ok = ratio <= ratio_target if ratio_target is not None else added <= target
@@ -68,19 +62,9 @@ def _header(title, base, test, target):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--m", type=int, default=4)
-    ap.add_argument("--n", type=int, default=64)
-    ap.add_argument("--k", type=int, default=64)
-    ap.add_argument("--linear", type=int, nargs=2, default=None, metavar=("N", "K"),
-                    help="Fp8Linear's shape (default 4096 4096 on the GPU, 256 256 on the CPU)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="Numba CPU threads (default 1: the interop cost is pure Python, and a parallel "
-                         "region's wake-up jitter on a shared machine would drown it)")
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=101)
-    args = ap.parse_args()
+    args = parse_arguments(__doc__, (("--linear",), dict(
+        type=int, nargs=2, default=None, metavar=("N", "K"),
+        help="Fp8Linear's shape (default 4096 4096 on the GPU, 256 256 on the CPU)")))
 
     gpu = args.device == "cuda"
     rng = np.random.default_rng(0)

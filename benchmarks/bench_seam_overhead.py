@@ -32,18 +32,45 @@ def _ops_call(x, w):
     return vt.scaled_mm(q.data, w.data, q.scale, w.weight_scale, out_dtype=x.dtype, bias=w.bias)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def same_bytes(a, b):
+    """Whether two results (numpy or cupy) hold the same bytes."""
+    return (a.get() if hasattr(a, "get") else a).tobytes() == (b.get() if hasattr(b, "get") else b).tobytes()
+
+
+def time_pair(name, base_fn, test_fn, args, sync, same=same_bytes):
+    """(best base round, best test round, added us by the best rounds, added us paired) of two
+    functions timed as the module docstring says, after checking that they give the same result
+    (the comparison is only fair if both sides do the same work) and warming both up
+    (bench_interop.py times its pairs this way too)."""
+    if not same(base_fn(), test_fn()):
+        raise SystemExit(f"{name}: the two sides disagree; refusing to time different work")
+    for _ in range(50):  # warm-up: compile and fill caches outside the timed region
+        base_fn(), test_fn()
+    sync()
+    t_base, t_test, paired = paired_host_time(base_fn, test_fn, args.calls, args.rounds, sync)
+    return t_base, t_test, (t_test - t_base) * 1e6, paired * 1e6
+
+
+def parse_arguments(doc, *extra):
+    """The options of the paired host-time benchmarks (this one and bench_interop.py); ``extra``:
+    (args, kwargs) of more options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--m", type=int, default=4)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--k", type=int, default=64)
+    for names, options in extra:
+        ap.add_argument(*names, **options)
     ap.add_argument("--threads", type=int, default=1,
-                    help="Numba CPU threads for the ops (default 1: the seam's cost is pure Python, and a "
-                         "parallel region's wake-up jitter on a shared machine would drown it)")
+                    help="Numba CPU threads (default 1: the measured cost is pure Python, and a parallel "
+                         "region's wake-up jitter on a shared machine would drown it)")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=101)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_arguments(__doc__)
 
     rng = np.random.default_rng(0)
     w_float = (rng.standard_normal((args.n, args.k)) * 0.05).astype(np.float32)
@@ -79,16 +106,7 @@ def main():
              lambda: seam.matmul_fp8(x3, w)),
         ]
         for name, ops_fn, seam_fn in cases:
-            # same result first: the comparison is only fair if both sides do the same work
-            a, b = ops_fn(), seam_fn()
-            same = (a.get() if hasattr(a, "get") else a).tobytes() == (b.get() if hasattr(b, "get") else b).tobytes()
-            if not same:
-                raise SystemExit(f"{name}: the seam and the ops disagree; refusing to time different work")
-            for _ in range(50):  # warm-up: compile and fill caches outside the timed region
-                ops_fn(), seam_fn()
-            sync()
-            t_ops, t_seam, paired = paired_host_time(ops_fn, seam_fn, args.calls, args.rounds, sync)
-            added_min, added_paired = (t_seam - t_ops) * 1e6, paired * 1e6
+            t_ops, t_seam, added_min, added_paired = time_pair(name, ops_fn, seam_fn, args, sync)
             added = max(added_min, added_paired)
             worst = max(worst, added)
             print(f"{name:<28}{t_ops * 1e6:>10.2f}{t_seam * 1e6:>10.2f}{added_min:>12.2f}{added_paired:>15.2f}"

@@ -1,4 +1,4 @@
-"""vtnumba's tensor-core kernels (vtnumba/cuda/tc_gemm.py, tc_gemv.py) on the H200 against cuBLASLt and
+"""vtnumba's tensor-core kernels (vtnumba/cuda/kernels/tc_gemm.py, tc_gemv.py) on the H200 against cuBLASLt and
 torch measured in the same run. Device time behind a queued sleep (gpu_timing.py, DEVICE.md).
 
 Tables (targets from issue 14):
@@ -28,10 +28,11 @@ import numpy as np
 import cupy as cp
 import torch
 import vtnumba as vt
-from vtnumba.cuda import device, gemm
-from vtnumba.cuda import tc_gemm as tc
-from vtnumba.cuda import tc_gemv
-from vtnumba.cuda.codec import hardware_available
+from vtnumba.cuda import gemm
+from vtnumba.cuda.runtime import device
+from vtnumba.cuda.kernels import tc_gemm as tc
+from vtnumba.cuda.kernels import tc_gemv
+from vtnumba.cuda.ptx.codec import hardware_available
 from vtnumba.profile import best_device_us
 from vtnumba.testing import reference
 

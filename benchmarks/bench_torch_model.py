@@ -301,9 +301,9 @@ def part_kernels(torch):
     import cupy
     import numpy as np
 
-    import vtnumba.cuda as backend
+    from vtnumba.cuda import quantize as backend
     from vtnumba._interop import to_native
-    from vtnumba.cuda import epilogue, quant
+    from vtnumba.cuda.kernels import epilogue, quant
 
     backend._backend()
     table("quantization kernels, bf16 x: device us and TB/s (bytes read + written); copy = torch clone of x",

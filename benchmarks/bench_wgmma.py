@@ -1,4 +1,4 @@
-"""The wgmma GEMM (vtnumba/cuda/wg_gemm.py) on the H200 against cuBLASLt, torch and tc_gemm's mma.sync
+"""The wgmma GEMM (vtnumba/cuda/kernels/sm90_wgmma_gemm.py) on the H200 against cuBLASLt, torch and tc_gemm's mma.sync
 kernel, measured in the same run. Device time behind a queued sleep (vtnumba.timing, DEVICE.md).
 
 Tables (targets from issue 14):
@@ -24,9 +24,10 @@ import numpy as np
 
 import cupy as cp
 import torch
-from vtnumba.cuda import device, gemm
-from vtnumba.cuda import tc_gemm as tc
-from vtnumba.cuda import wg_gemm as wg
+from vtnumba.cuda import gemm
+from vtnumba.cuda.runtime import device
+from vtnumba.cuda.kernels import tc_gemm as tc
+from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg
 from vtnumba.profile import Ceilings, ProfileRecord, best_device_us, roofline_plot
 from vtnumba.testing import reference
 

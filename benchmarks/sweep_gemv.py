@@ -1,6 +1,6 @@
 """The decode GEMV's block shape, swept on the device: rows per block, threads per block and
 launch bounds, device time at M = 1 and 4 beside cuBLASLt (vtnumba's own path, = torch._scaled_mm)
-in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/gemv.py.
+in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/kernels/gemv.py.
 
 Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
 """
@@ -10,8 +10,10 @@ import numpy as np
 
 import cupy as cp
 
-from vtnumba.cuda import device, gemm, gemv
-from vtnumba.cuda.codec import hardware_available
+from vtnumba.cuda import gemm
+from vtnumba.cuda.kernels import gemv
+from vtnumba.cuda.runtime import device
+from vtnumba.cuda.ptx.codec import hardware_available
 from vtnumba.profile import best_device_us as best_of
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -32,3 +32,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="only cudasim tests run under the CUDA simulator"))
         elif "gpu" in item.keywords and gpu_unavailable_reason():
             item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {gpu_unavailable_reason()}"))
+
+
+@pytest.fixture(scope="session")
+def cp():
+    """cupy, for the tests marked ``gpu`` (they run only where a GPU is usable)."""
+    return pytest.importorskip("cupy")

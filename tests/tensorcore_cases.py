@@ -18,6 +18,22 @@ EPILOGUE_CASES = [
 ]
 
 
+def kernels_here(name):
+    """The kernel module ``vtnumba.cuda.kernels.<name>`` where its kernels run on this GPU, else the
+    test skips with the module's own reason (``unavailable_reason``)."""
+    import importlib
+
+    import pytest
+
+    from vtnumba.cuda.runtime import device
+
+    module = importlib.import_module(f"vtnumba.cuda.kernels.{name}")
+    reason = module.unavailable_reason(device.current())
+    if reason:
+        pytest.skip(reason)
+    return module
+
+
 def scales_and_bias(rng, m, n, vector_scales, bias_dtype):
     """(scale_a, scale_b, bias) of an epilogue case: signed per-row and positive per-channel float32
     vectors (or two scalars, one negative), and a standard-normal bias of ``bias_dtype`` (or None)."""
@@ -54,6 +70,18 @@ def uniform_codes(rng, shape, nan_codes=False):
         codes.flat[0] = 0x7F
         codes.flat[-1] = 0xFF
     return codes
+
+
+def block_case(rng, m):
+    """A block-scaled GEMM case with M rows: N = 300 (three weight row blocks, the last partial),
+    K = 1088 (nine K blocks, the last 64 wide), uniformly drawn codes with NaNs in a, per-group
+    activation scales [M, 9], signed block scales [3, 9], a bfloat16 bias: (a, b, sa, sb, bias)."""
+    n, k = 300, 1088
+    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
+    sa = rng.uniform(0.001, 0.02, (m, 9)).astype(np.float32)
+    sb = rng.uniform(-0.05, 0.05, (3, 9)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(BF16)
+    return a, b, sa, sb, bias
 
 
 def block_reference(a, b, scale_a, scale_b, bias=None):
@@ -121,41 +149,32 @@ def _pack(codes, row, k0):
             | (np.uint32(codes[row, k0 + 2]) << np.uint32(16)) | (np.uint32(codes[row, k0 + 3]) << np.uint32(24)))
 
 
-def _layout_kernel(a, b, c, d):
-    scratch = cuda.shared.array(192, types.uint32)  # mma.SCRATCH_WORDS_PER_WARP
-    lane = cuda.threadIdx.x
-    g = lane // 4
-    t = lane % 4
-    d0, d1, d2, d3 = mma.mma_e4m3(
-        _pack_dev(a, g, 4 * t), _pack_dev(a, g + 8, 4 * t), _pack_dev(a, g, 4 * t + 16), _pack_dev(a, g + 8, 4 * t + 16),
-        _pack_dev(b, g, 4 * t), _pack_dev(b, g, 4 * t + 16),
-        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1], scratch, 0, lane)
-    d[g, 2 * t] = d0
-    d[g, 2 * t + 1] = d1
-    d[g + 8, 2 * t] = d2
-    d[g + 8, 2 * t + 1] = d3
-
-
-_pack_dev = None
-
-
 def _pack16(bits, row, k0):
     return np.uint32(bits[row, k0]) | (np.uint32(bits[row, k0 + 1]) << np.uint32(16))
 
 
-def _f16_layout_kernel(a, b, c, d):
-    scratch = cuda.shared.array(192, types.uint32)  # mma.SCRATCH_WORDS_PER_WARP
-    lane = cuda.threadIdx.x
-    g = lane // 4
-    t = lane % 4
-    d0, d1, d2, d3 = mma.mma_f16(
-        _pack16_dev(a, g, 2 * t), _pack16_dev(a, g + 8, 2 * t), _pack16_dev(a, g, 2 * t + 8),
-        _pack16_dev(a, g + 8, 2 * t + 8), _pack16_dev(b, g, 2 * t), _pack16_dev(b, g, 2 * t + 8),
-        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1], scratch, 0, lane)
-    d[g, 2 * t] = d0
-    d[g, 2 * t + 1] = d1
-    d[g + 8, 2 * t] = d2
-    d[g + 8, 2 * t + 1] = d3
+def _layout_kernel(mma_fn, pack, per_register):
+    """One warp, lane 4 g + t: A rows g, g + 8 and B column g packed from ``a`` / ``b`` at k =
+    per_register t and per_register (t + 4) (``per_register`` codes or halves a register), the mma
+    ``mma_fn`` run with C from ``c``, D written to ``d`` by the C layout."""
+    half = 4 * per_register
+
+    def kernel(a, b, c, d):
+        scratch = cuda.shared.array(192, types.uint32)  # mma.SCRATCH_WORDS_PER_WARP
+        lane = cuda.threadIdx.x
+        g = lane // 4
+        k = per_register * (lane % 4)
+        t2 = 2 * (lane % 4)
+        d0, d1, d2, d3 = mma_fn(
+            pack(a, g, k), pack(a, g + 8, k), pack(a, g, k + half), pack(a, g + 8, k + half),
+            pack(b, g, k), pack(b, g, k + half),
+            c[g, t2], c[g, t2 + 1], c[g + 8, t2], c[g + 8, t2 + 1], scratch, 0, lane)
+        d[g, t2] = d0
+        d[g, t2 + 1] = d1
+        d[g + 8, t2] = d2
+        d[g + 8, t2 + 1] = d3
+
+    return kernel
 
 
 def _cvt_kernel(words, out):
@@ -166,17 +185,12 @@ def _cvt_kernel(words, out):
         out[2 * i + 1] = hi
 
 
-_pack16_dev = None
-
-
 def _bind():
-    global cuda, types, mma, _pack_dev, _pack16_dev
-    from vtnumba.cuda import mma as mma_module
-    from vtnumba.cuda.target import cuda as cuda_module, types as types_module
+    global cuda, types, mma
+    from vtnumba.cuda.ptx import mma as mma_module
+    from vtnumba.cuda.ptx.target import cuda as cuda_module, types as types_module
 
     cuda, types, mma = cuda_module, types_module, mma_module
-    _pack_dev = cuda.jit(device=True)(_pack)
-    _pack16_dev = cuda.jit(device=True)(_pack16)
 
 
 def _launch(kernel, grid, block, host_args, to_device, to_host, out_index):
@@ -186,15 +200,15 @@ def _launch(kernel, grid, block, host_args, to_device, to_host, out_index):
 
 
 def mma_f16_layout_check(rng, to_device=None, to_host=None):
-    """mma_layout_check for the f16 m16n8k16 mma (vtnumba/cuda/mma.py's f16 fragments): A [16, 16]
+    """mma_layout_check for the f16 m16n8k16 mma (vtnumba/cuda/ptx/mma.py's f16 fragments): A [16, 16]
     and B [8, 16] hold decoded e4m3 codes as f16 (every product exact). Returns (D, A B^T + C, G3
     bound)."""
     _bind()
     a, b = uniform_codes(rng, (16, 16)), uniform_codes(rng, (8, 16))
     a16, b16 = (reference.decode(v).astype(np.float16).view(np.uint16) for v in (a, b))
     c = rng.standard_normal((16, 8)).astype(np.float32)
-    d = _launch(_f16_layout_kernel, 1, 32, [a16, b16, c, np.full((16, 8), np.nan, dtype=np.float32)], to_device,
-                to_host, 3)
+    kernel = _layout_kernel(mma.mma_f16, cuda.jit(device=True)(_pack16), 2)
+    d = _launch(kernel, 1, 32, [a16, b16, c, np.full((16, 8), np.nan, dtype=np.float32)], to_device, to_host, 3)
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
     return d, ref + c, bound
 
@@ -218,16 +232,13 @@ def assert_same_f16(got, want):
 
 
 def mma_layout_check(rng, to_device=None, to_host=None):
-    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/mma.py
+    """One warp loads A [16, 32] and B [8, 32] into fragments exactly as vtnumba/cuda/ptx/mma.py
     documents (lane 4 g + t: A rows g, g + 8 at k 4t.. and 4t + 16..; B column g), runs the mma with
     a non-zero C and writes D by the C layout. Returns (D, ref = A B^T + C, G3 bound)."""
     _bind()
     a, b = uniform_codes(rng, (16, 32)), uniform_codes(rng, (8, 32))
     c = rng.standard_normal((16, 8)).astype(np.float32)
-    d = np.full((16, 8), np.nan, dtype=np.float32)
-    args = [a, b, c, d] if to_device is None else [to_device(v) for v in (a, b, c, d)]
-    cuda.jit(_layout_kernel)[1, 32](*args)
-    if to_host is not None:
-        d = to_host(args[3])
+    kernel = _layout_kernel(mma.mma_e4m3, cuda.jit(device=True)(_pack), 4)
+    d = _launch(kernel, 1, 32, [a, b, c, np.full((16, 8), np.nan, dtype=np.float32)], to_device, to_host, 3)
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
     return d, ref + c, bound

@@ -41,7 +41,7 @@ def test_every_backend_call_the_boundary_makes_is_in_the_protocol():
 
 @pytest.mark.parametrize("package", ["cpu", "cuda"])
 def test_no_backend_imports_the_op_boundary(package):
-    files = sorted((ROOT / package).glob("*.py"))
+    files = sorted((ROOT / package).rglob("*.py"))
     assert files
     imports_ops = re.compile(r"^\s*(from \.\.(ops)? import .*\bops\b|from \.\.ops\b|import vtnumba\.ops\b|"
                              r"from vtnumba(\.ops)? import .*\bops\b|from vtnumba\.ops\b|.*import_module\(.*ops)", re.M)

@@ -18,11 +18,6 @@ pytestmark = pytest.mark.gpu
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.fixture
-def cp():
-    return pytest.importorskip("cupy")
-
-
 def _layer_codes(rng, shape):
     x = rng.standard_normal(shape).astype(np.float32)
     return (x * np.float32(448.0) / np.abs(x).max()).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)

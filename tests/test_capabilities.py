@@ -6,7 +6,7 @@ import json
 import pytest
 
 import vtnumba.cuda
-from vtnumba.cuda import cublaslt
+from vtnumba.cuda.runtime import cublaslt
 from vtnumba.cuda.capabilities import PATHS, Capabilities, capabilities, path_rules, version_text
 
 KEYS = [key for key, _ in PATHS]
@@ -70,8 +70,8 @@ def test_simulator_runs_no_hardware_path():
 @pytest.mark.parametrize("cc", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (12, 1)])
 def test_rules_agree_with_the_paths_that_use_them(cc):
     """The report's rules are the ones the GEMM and the encoder apply, not a copy of them."""
-    from vtnumba.cuda.codec import hardware_available
-    from vtnumba.cuda.wgmma import available as wgmma_available
+    from vtnumba.cuda.ptx.codec import hardware_available
+    from vtnumba.cuda.ptx.sm90_wgmma import available as wgmma_available
 
     for version in (CUBLASLT_12_8, CUBLASLT_12_9):
         rules = path_rules(cc, version)
@@ -122,7 +122,7 @@ def test_without_a_gpu_it_says_why():
 def test_on_the_gpu():
     import cupy
 
-    from vtnumba.cuda import device
+    from vtnumba.cuda.runtime import device
 
     caps = capabilities()
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
@@ -136,7 +136,7 @@ def test_on_the_gpu():
 
 @pytest.mark.gpu
 def test_the_lever_turns_the_cublaslt_paths_off(monkeypatch):
-    from vtnumba.cuda import device
+    from vtnumba.cuda.runtime import device
 
     monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
     caps = capabilities()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import vtnumba as vt
+from tensorcore_cases import uniform_codes as random_codes
 from vtnumba.testing import reference
 from vtnumba.testing.devices import to_host
 from vtnumba.testing.gates import assert_g3
@@ -24,28 +25,10 @@ OUT_DTYPES = [F32, F16, BF16]
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def gemm(cp):
     from vtnumba.cuda import gemm
 
     return gemm
-
-
-def random_codes(rng, shape, nan_codes=False):
-    """Codes drawn uniformly over the e4m3 code space: magnitudes from 2^-9 to 448 equally likely,
-    the adversarial case for accumulation (a few huge products beside many tiny ones)."""
-    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0x3C
-    if nan_codes:
-        codes.flat[0] = 0x7F
-        codes.flat[-1] = 0xFF
-    return codes
 
 
 def layer_codes(rng, shape, nan_codes=False):

@@ -26,13 +26,6 @@ gpu_only = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def backend():
     import vtnumba.cuda as backend
 
@@ -315,7 +308,7 @@ class _FakeGpuArray:
 
 
 def test_gpu_call_without_a_usable_gpu_says_why():
-    from vtnumba.cuda import target
+    from vtnumba.cuda.ptx import target
 
     if target.gpu_unavailable_reason() is None:
         pytest.skip("a GPU is usable here; the next test pins the messages")
@@ -324,7 +317,7 @@ def test_gpu_call_without_a_usable_gpu_says_why():
 
 
 def test_unusable_gpu_messages_name_the_cause(monkeypatch):
-    from vtnumba.cuda import target
+    from vtnumba.cuda.ptx import target
 
     reason = target.gpu_unavailable_reason.__wrapped__
     monkeypatch.setattr(target, "IMPORT_ERROR", AttributeError("module 'numpy' has no attribute 'row_stack'"))
@@ -350,7 +343,7 @@ PTX_ENTRY = """
 
 
 def test_entry_params_reads_the_ptx_parameter_list():
-    from vtnumba.cuda.launch import entry_params
+    from vtnumba.cuda.runtime.launch import entry_params
 
     assert entry_params(PTX_ENTRY) == ("_ZN8__main__1kE", [8, 8, 4, 1])
     with pytest.raises(RuntimeError, match="exactly one .entry"):
@@ -360,8 +353,8 @@ def test_entry_params_reads_the_ptx_parameter_list():
 def test_launcher_packs_numba_array_abi():
     import struct
 
-    from vtnumba.cuda.launch import Buffer, Kernel, compile_kernel
-    from vtnumba.cuda.target import types
+    from vtnumba.cuda.runtime.launch import Buffer, Kernel, compile_kernel
+    from vtnumba.cuda.ptx.target import types
 
     def kernel(x, out, alpha, n, big, flag):
         pass

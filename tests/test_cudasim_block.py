@@ -81,8 +81,8 @@ def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width, form):
     """Which kernel quantizes: a chunk a lane, read once, where every group is ``width`` whole
     chunks; the 16-wide loop with ``width`` lanes a group wherever rows and groups are multiples of
     16 on an aligned input; the element-per-lane one elsewhere."""
-    import vtnumba.cuda as gpu
-    from vtnumba.cuda import quant
+    from vtnumba.cuda import quantize as gpu
+    from vtnumba.cuda.kernels import quant
 
     gpu._backend()
     x = np.zeros((3, k), np.float32)

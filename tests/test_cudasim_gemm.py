@@ -44,7 +44,7 @@ def random_codes(rng, shape, nan_codes=False):
 
 
 def test_half_and_bfloat16_helpers_match_numpy(gemm):
-    from vtnumba.cuda import codec
+    from vtnumba.cuda.ptx import codec
 
     halves = np.arange(0, 1 << 16, 97, dtype=np.uint32).astype(np.uint16)
     want = halves.view(np.float16).astype(np.float32)
@@ -117,7 +117,7 @@ def test_decode_gemv_long_k_and_nan_activation_codes(gemm):
 
 
 def test_bit_placed_weight_decode_is_exact_for_every_code(gemm):
-    from vtnumba.cuda import codec
+    from vtnumba.cuda.ptx import codec
 
     codes = np.arange(256, dtype=np.uint32)
     words = codes | (np.roll(codes, 1) << 8) | (np.roll(codes, 2) << 16) | (np.roll(codes, 3) << 24)
@@ -168,7 +168,7 @@ def test_fused_quant_bfloat16_input(gemm):
 
 
 def test_f32_epilogue_kernel(gemm):
-    from vtnumba.cuda import epilogue
+    from vtnumba.cuda.kernels import epilogue
 
     rng = np.random.default_rng(40)
     m, n, k = 3, 20, 16
@@ -188,7 +188,7 @@ def test_f32_epilogue_eight_wide_equals_element_wise(gemm, out_dtype, bias_dtype
     """The 8-wide epilogue (N % 8 == 0) writes every element with the element-per-thread kernel's
     bits, per-row and per-channel scales, every bias kind; rows of several groups and a grid that
     strides."""
-    from vtnumba.cuda import epilogue
+    from vtnumba.cuda.kernels import epilogue
 
     rng = np.random.default_rng(41)
     m, n = 5, 24

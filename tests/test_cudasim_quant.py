@@ -85,16 +85,18 @@ def test_static_matches_cpu(gpu, dtype, shape):
 def test_dynamic_matches_cpu(gpu, dtype, shape, one_launch, monkeypatch):
     """Both forms of dynamic quantization give the CPU's bytes: one block for small inputs, the amax
     partials and the quantize kernel beyond (forced here by lowering the threshold)."""
-    from vtnumba.cuda import quant
+    from vtnumba.cuda.kernels import quant
 
     if not one_launch:
         monkeypatch.setattr(quant, "SMALL_DYNAMIC_MAX", 0)
-    gpu._backend()
-    xin, kind, _, n, aligned, _ = gpu._input(np.zeros(shape, dtype))
+    from vtnumba.cuda import quantize
+
+    quantize._backend()
+    xin, kind, _, n, aligned, _ = quantize._input(np.zeros(shape, dtype))
     scale_buf = np.zeros(1, np.float32)
-    kernels = [launch[0] for launch in gpu._dynamic_launches(xin, kind, n, aligned, np.zeros(shape, np.uint8),
+    kernels = [launch[0] for launch in quantize._dynamic_launches(xin, kind, n, aligned, np.zeros(shape, np.uint8),
                                                               scale_buf, scale_buf, 1, "portable",
-                                                              gpu._device.current())]
+                                                              quantize._device.current())]
     assert kernels == ([quant.dynamic_small_kernel(kind, "portable")] if one_launch else
                        [quant.amax_kernel(kind), quant.dynamic_kernel(kind, "portable")])
     x = _matrix(dtype, 0.13, *shape, seed=7, huge=False)
@@ -107,7 +109,7 @@ def test_dynamic_matches_cpu(gpu, dtype, shape, one_launch, monkeypatch):
 
 def test_grid_stride_loops_cover_more_groups_than_threads(gpu):
     """Inputs with more 16-element groups than the (capped) grid has threads: every thread loops."""
-    from vtnumba.cuda import quant
+    from vtnumba.cuda.kernels import quant
 
     n = 16 * quant.THREADS * quant.DYNAMIC_BLOCKS_PER_SM * 2 + 5  # two loop trips, plus a tail
     x = _matrix(ml_dtypes.bfloat16, 0.13, 1, n, seed=13, huge=False).reshape(-1)

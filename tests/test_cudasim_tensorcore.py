@@ -1,6 +1,6 @@
 """The tensor-core kernels' tile logic under the CUDA simulator (CI): indexing, cp.async staging,
 promotion, block scales, the fused quantization and the epilogue, through the portable emulation
-of mma.sync / ldmatrix / cp.async (vtnumba/cuda/mma.py). Tiny shapes, G3 against the independent
+of mma.sync / ldmatrix / cp.async (vtnumba/cuda/ptx/mma.py). Tiny shapes, G3 against the independent
 float64 reference. The hardware path is proven by tests/test_tensorcore_gpu.py.
 
 Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py starts it).
@@ -19,14 +19,14 @@ pytestmark = pytest.mark.cudasim
 
 @pytest.fixture(scope="module")
 def tc():
-    from vtnumba.cuda import tc_gemm
+    from vtnumba.cuda.kernels import tc_gemm
 
     return tc_gemm
 
 
 @pytest.fixture(scope="module")
 def tcv():
-    from vtnumba.cuda import tc_gemv
+    from vtnumba.cuda.kernels import tc_gemv
 
     return tc_gemv
 
@@ -45,13 +45,13 @@ def blockwise(a, b, sa, sb, out_dtype, bias, promotion="per_mma"):
 
 def fused(x, b, sb, out_dtype, input_scale=None, per_token=False, scale_ub=None, block_scales=None):
     """The fused tensor-core layer (vt.fp8_linear's GPU half at decode) through its emulation."""
-    import vtnumba.cuda as backend
-    from vtnumba.cuda import tc_gemv
+    from vtnumba.cuda import quantize
+    from vtnumba.cuda.kernels import tc_gemv
 
     ub = None if scale_ub is None else np.float32(scale_ub)
     sb = np.float32(sb) if np.isscalar(sb) else sb
     return tc_gemv.fused_linear(x, b, sb, input_scale, per_token, ub, np.dtype(out_dtype), None,
-                                lambda x_: backend._quantize(x_, input_scale, per_token, ub), block_scales)
+                                lambda x_: quantize.quantize_activation(x_, input_scale, per_token, ub), block_scales)
 
 
 @pytest.fixture(scope="module")

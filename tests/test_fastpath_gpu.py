@@ -18,11 +18,6 @@ RNG = np.random.default_rng(71)
 SCHEMES = ["static", "dynamic", "per_token"]
 
 
-@pytest.fixture
-def cp():
-    return pytest.importorskip("cupy")
-
-
 def _weight(n, k, scheme, bias=True, per_channel=False):
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     return seam.Fp8Weight.from_float(w, input_scale=np.float32(4.0 / 448) if scheme == "static" else None,

@@ -10,6 +10,39 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def test_a_toml_table_gives_the_mutations_it_lists():
+    """Mutation tables as data (tools/mutate.py's docstring): defaults, then rows that override them."""
+    sys.path.insert(0, str(ROOT))
+    from tools.mutate import Mutation, mutations_from_toml
+
+    rows = mutations_from_toml('''
+[defaults]
+path = "vtnumba/cpu/gemm.py"
+tests = ["tests/test_cpu_gemm.py"]
+smoke = "import vtnumba"
+
+[[mutation]]
+name = "GEMM ignores alpha"
+old = "y = acc * (sa * sb)"
+new = "y = acc"
+
+[[mutation]]
+name = "bias dropped"
+path = "vtnumba/cpu/block.py"
+old = "y += bias[n]"
+new = "y += 0"
+extra_edits = [["vtnumba/_format.py", "a", "b"]]
+''')
+    assert rows == [
+        Mutation("GEMM ignores alpha", "vtnumba/cpu/gemm.py", "y = acc * (sa * sb)", "y = acc",
+                 ("tests/test_cpu_gemm.py",), "import vtnumba"),
+        Mutation("bias dropped", "vtnumba/cpu/block.py", "y += bias[n]", "y += 0", ("tests/test_cpu_gemm.py",),
+                 "import vtnumba", (("vtnumba/_format.py", "a", "b"),)),
+    ]
+    with pytest.raises(ValueError, match="may set path, tests and smoke"):
+        mutations_from_toml('[defaults]\nname = "x"\n')
+
+
 @pytest.mark.slow
 def test_every_design_mutation_is_killed():
     if not (ROOT / ".git").exists():

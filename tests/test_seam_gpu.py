@@ -4,8 +4,6 @@ matmul_fp8 == matmul_fp8_prequant bitwise on cupy arrays; the CPU within G3 and 
 the Numba kernels (lever off) or the tensor-core bound on cuBLASLt (lever on); a two-layer MLP;
 device mismatches refused."""
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -15,11 +13,6 @@ from vtnumba.testing import reference
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(63)
-
-
-@pytest.fixture
-def cp():
-    return pytest.importorskip("cupy")
 
 
 def _gpu(cp, x):
@@ -95,26 +88,6 @@ def test_a_host_weight_used_with_a_gpu_input_is_uploaded_once(cp):
     y2 = seam.matmul_fp8(x, w)
     assert _stats(dev).uploads - before.uploads == 1
     cp.testing.assert_array_equal(y1, y2)
-
-
-def test_resident_cache_is_thread_safe_on_the_gpu(cp):
-    w = _host_weight()
-    dev = _current(cp)
-    before = _stats(dev)
-    barrier = threading.Barrier(8)
-    got = []
-
-    def worker():
-        barrier.wait()
-        got.append(seam.ResidentFp8(w, dev))
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(got) == 8 and all(r is got[0] for r in got)
-    assert _stats(dev).uploads - before.uploads == 1
 
 
 def test_second_gpu_has_its_own_copy_and_accounting(cp):

@@ -138,15 +138,21 @@ def test_resident_is_a_read_only_snapshot():
     assert r.weight.shape == w.shape and r.weight.activation_scheme == w.activation_scheme
 
 
-def test_resident_cache_is_thread_safe():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_resident_cache_is_thread_safe(device):
+    """Eight threads asking at once for one weight's resident copy get one object, uploaded once."""
+    if device == "cuda":
+        import cupy
+
+        device = f"cuda:{cupy.cuda.runtime.getDevice()}"
     w = _weight()
-    before = _stats()
+    before = _stats(device)
     barrier = threading.Barrier(8)
     got = []
 
     def worker():
         barrier.wait()
-        got.append(seam.ResidentFp8(w, "cpu"))
+        got.append(seam.ResidentFp8(w, device))
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
@@ -154,7 +160,7 @@ def test_resident_cache_is_thread_safe():
     for t in threads:
         t.join()
     assert len(got) == 8 and all(r is got[0] for r in got)
-    assert _stats().uploads - before.uploads == 1
+    assert _stats(device).uploads - before.uploads == 1
 
 
 def test_release_host_drops_the_codes_records_it_and_the_resident_still_computes():

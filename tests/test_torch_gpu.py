@@ -27,7 +27,7 @@ QUANT_KERNEL = {"static": ("quantize_static",), "dynamic": ("finite_amax_partial
 
 
 def _quant_kernels(scheme, m, k):
-    if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.quant)
+    if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.kernels.quant)
         return ("quantize_dynamic_small",)
     return QUANT_KERNEL[scheme]
 # Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``

@@ -1,4 +1,4 @@
-"""The wgmma GEMM (vtnumba/cuda/wg_gemm.py) on a real Hopper GPU (marker ``gpu``; the H200 run proves
+"""The wgmma GEMM (vtnumba/cuda/kernels/sm90_wgmma_gemm.py) on a real Hopper GPU (marker ``gpu``; the H200 run proves
 it, CI skips it; there is no simulator emulation of wgmma).
 
 It holds the tensor-core bound (``reference.tensor_core_bound``, the bound cuBLASLt is held to), not
@@ -11,26 +11,18 @@ and that promotion per 128 of K is never less accurate than cuBLASLt on uniforml
 import numpy as np
 import pytest
 
-from tensorcore_cases import BF16, EPILOGUE_CASES, F32, scales_and_bias, to_device, uniform_codes
+from tensorcore_cases import (BF16, EPILOGUE_CASES, F32, block_case, kernels_here, scales_and_bias, to_device,
+                              uniform_codes)
 from vtnumba.testing import gates, reference
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def gemm(cp):
-    from vtnumba.cuda import device, gemm, wg_gemm
+    kernels_here("sm90_wgmma_gemm")
+    from vtnumba.cuda import gemm
 
-    reason = wg_gemm.unavailable_reason(device.current())
-    if reason:
-        pytest.skip(reason)
     return gemm
 
 
@@ -98,11 +90,7 @@ def test_block_scaled(gemm, cp, m):
     from vtnumba.cuda import block
 
     rng = np.random.default_rng(15)
-    n, k = 300, 1088  # three weight row blocks (the last partial); nine K blocks, the last 64 wide
-    a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
-    sa = rng.uniform(0.001, 0.02, (m, 9)).astype(np.float32)
-    sb = rng.uniform(-0.05, 0.05, (3, 9)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(BF16)
+    a, b, sa, sb, bias = block_case(rng, m)
     call = block.BlockCall(cp.asarray(a), cp.asarray(b), cp.asfortranarray(cp.asarray(sa)), cp.asarray(sb),
                            (128, 128), BF16, cp.asarray(bias))
     kernel = block.KERNELS_BY_NAME["wgmma_block"]
@@ -110,7 +98,7 @@ def test_block_scaled(gemm, cp, m):
     assert "wgmma_block" not in [k.name for k in block.KERNELS]  # by name only
     y = kernel.run(call)
     compared = gates.assert_block_g3(y, a, b, sa, sb, (128, 128), bias, BF16, tensor_core=True)
-    assert compared > (m - 2) * n // 2
+    assert compared > (m - 2) * b.shape[0] // 2
     yh = gates.to_host(y)
     assert np.isnan(yh[[0, -1]]).all() and not np.isnan(yh[1:-1]).any()
 
@@ -140,7 +128,7 @@ def test_per_128_is_never_less_accurate_than_cublaslt(gemm, cp, k):
 def test_both_kernel_forms_give_the_same_bits(gemm, cp, promotion, block_scaled):
     """The warp-specialized form (a producer warpgroup, mbarriers) and the default one issue the same
     wgmmas and promote in the same order: bit for bit the same y, partial tiles and NaN rows included."""
-    from vtnumba.cuda import wg_gemm
+    from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg_gemm
 
     rng = np.random.default_rng(17)
     m, n, k = 300, 264, 1168  # partial tiles; ten K blocks, the last 16 wide

@@ -1,10 +1,23 @@
 """Mutation testing: apply each known-bad change to a scratch copy of the repo, run the gates that
 should catch it, and print mutation | compiles | tests failed | killed.
 
-Mutations are declared in ``tools/mutations_*.py`` as ``MUTATIONS = [Mutation(...), ...]``. A
-mutation replaces ``old`` (which must occur exactly once in ``path``) by ``new``. ``smoke`` is a
-Python snippet run first in the mutated copy: it must exercise the mutated kernel, so a mutation
-that fails to compile shows as "compiles: no" and does not count as a kill.
+Mutations are declared as data in ``tools/mutations_*.toml`` (the form new tables take: a table,
+not code, which ``duplicates`` rightly does not count as repeated code), or in ``tools/mutations_*.py``
+as ``MUTATIONS = [Mutation(...), ...]``. A mutation replaces ``old`` (which must occur exactly once
+in ``path``) by ``new``. ``smoke`` is a Python snippet run first in the mutated copy: it must
+exercise the mutated kernel, so a mutation that fails to compile shows as "compiles: no" and does
+not count as a kill. A TOML table::
+
+    [defaults]                      # optional: every mutation below takes these unless it says otherwise
+    path = "vtnumba/cpu/gemm.py"
+    tests = ["tests/test_cpu_gemm.py"]
+    smoke = "import vtnumba"         # TOML multi-line strings suit longer snippets
+
+    [[mutation]]
+    name = "GEMM ignores alpha"
+    old = "y = acc * (sa * sb)"
+    new = "y = acc"
+    # optional: path, tests, smoke; extra_edits = [["path", "old", "new"], ...]
 
     python3 tools/mutate.py [--only NAME_SUBSTRING] [--markdown FILE]
 """
@@ -19,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `tools.mutations_*` import when this runs as a script
@@ -38,11 +52,29 @@ class Mutation:
         return ((self.path, self.old, self.new),) + tuple(self.extra_edits)
 
 
+def mutations_from_toml(text):
+    """The ``Mutation`` rows of a TOML table (the module docstring shows the form)."""
+    table = tomllib.loads(text)
+    defaults = table.get("defaults", {})
+    unknown = set(defaults) - {"path", "tests", "smoke"}
+    if unknown:
+        raise ValueError(f"[defaults] may set path, tests and smoke, got {sorted(unknown)}")
+    rows = []
+    for row in table.get("mutation", []):
+        fields = {**defaults, **row}
+        fields["tests"] = tuple(fields["tests"])
+        fields["extra_edits"] = tuple(tuple(edit) for edit in fields.get("extra_edits", ()))
+        rows.append(Mutation(**fields))
+    return rows
+
+
 def all_mutations():
     found = []
     for file in sorted((ROOT / "tools").glob("mutations_*.py")):
         module = importlib.import_module(f"tools.{file.stem}")
         found.extend(module.MUTATIONS)
+    for file in sorted((ROOT / "tools").glob("mutations_*.toml")):
+        found.extend(mutations_from_toml(file.read_text()))
     return found
 
 

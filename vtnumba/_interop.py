@@ -291,7 +291,7 @@ def _cupy_module(name):
         try:
             import cupy
         except ImportError:
-            from .cuda.target import require_gpu
+            from .cuda.ptx.target import require_gpu
 
             require_gpu()  # the library's one message for why the GPU path cannot run (here: no cupy)
             raise

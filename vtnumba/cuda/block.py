@@ -26,11 +26,13 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device, tc_gemm, tc_gemv, wg_gemm
-from .epilogue import BIAS_KIND, OUT_KIND, BiasKind
-from .gemm import Kernel, Launch, Matmul, execute, out_bits
-from .target import SIMULATOR
-from .tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
+from .gemm import Kernel, Launch, Matmul, choose, execute
+from .kernels import tc_gemm, tc_gemv
+from .kernels import sm90_wgmma_gemm as wg_gemm
+from .kernels.epilogue import OUT_KIND, bias_bits, out_bits
+from .kernels.tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
+from .ptx.target import SIMULATOR
+from .runtime import cublaslt, device
 
 _F32 = np.dtype(np.float32)
 
@@ -145,7 +147,7 @@ class TensorCoreBlock(Kernel):
 
 
 class WgmmaBlock(Kernel):
-    """The block-scaled GEMM on wgmma (wg_gemm.py), per-128 promotion: by name only
+    """The block-scaled GEMM on wgmma (kernels/sm90_wgmma_gemm.py), per-128 promotion: by name only
     (``kernel="wgmma_block"``), as gemm.WgmmaGemm."""
 
     name = "wgmma_block"
@@ -167,11 +169,7 @@ class TiledBlock(Kernel):
         return True, ""  # any block size, shape, strides and GPU
 
     def steps(self, call, y, scratch):
-        if call.bias is None:
-            bias, bias_kind = call.device.placeholder("u16"), BiasKind.NONE
-        else:
-            bias = call.bias if call.bias.flags.c_contiguous else device.xp.ascontiguousarray(call.bias)
-            bias, bias_kind = bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
+        bias, bias_kind = bias_bits(call.bias, call.device)
         grid = ((call.n + TILE_N - 1) // TILE_N, (call.m + TILE_M - 1) // TILE_M)
         return [Launch(tiled_block_kernel(call.out_dtype == np.float32), grid, TILED_THREADS,
                        (call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k, bias, bias_kind,
@@ -185,8 +183,6 @@ KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaBlock(),)}  # wgmma: by na
 def select(call, kernel=None):
     """The kernel that runs ``call`` (``kernel`` by name if given); ValueError listing every reason
     when none can (``gemm.choose``)."""
-    from .gemm import choose
-
     return choose(call, kernel, KERNELS, KERNELS_BY_NAME, "block-scaled GEMM")
 
 

@@ -30,9 +30,11 @@ import threading
 import numpy as np
 
 from .. import _arrays
-from . import block, device, gemm
-from .launch import Buffer
-from .target import SIMULATOR
+from . import block, gemm
+from .ptx.target import SIMULATOR
+from .quantize import quantize_launches
+from .runtime import device
+from .runtime.launch import Buffer
 
 # Parts of the scratch block start on 256-byte boundaries, as allocations do (cuBLASLt's operands
 # and the kernels' 16-byte accesses keep their alignment).
@@ -181,8 +183,6 @@ class BoundLinear:
                  "_gemm_offset", "_lock")
 
     def __init__(self, x, weight, out_dtype):
-        from . import quantize_launches
-
         self.out_dtype = np.dtype(out_dtype)
         m, n = x.shape[0], weight.shape[0]
         self.out_shape = (m, n)

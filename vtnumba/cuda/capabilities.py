@@ -26,8 +26,8 @@ import html
 from dataclasses import dataclass, field
 
 from .. import _config
-from . import cublaslt
-from .target import SIMULATOR, gpu_unavailable_reason
+from .ptx.target import SIMULATOR, gpu_unavailable_reason
+from .runtime import cublaslt
 
 # (key, what it is), in the order every report lists them.
 PATHS = (
@@ -69,8 +69,8 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
     tuple) with this cuBLASLt (``cublaslt_version`` as cublasLtGetVersion gives it, or None when
     cuBLASLt cannot be loaded, ``cublaslt_reason`` saying why), else one sentence saying why not.
     ``simulator``: running under the CUDA simulator, which has neither cuBLASLt nor inline PTX."""
-    from .codec import HARDWARE_MIN_CC  # here, not at import: codec needs numba-cuda
-    from .wgmma import MIN_CC as WGMMA_CC  # sm_90a, arch-specific: exactly Hopper
+    from .ptx.codec import HARDWARE_MIN_CC  # here, not at import: codec needs numba-cuda
+    from .ptx.sm90_wgmma import MIN_CC as WGMMA_CC  # sm_90a, arch-specific: exactly Hopper
 
     if simulator:
         no_lt = "the CUDA simulator has no cuBLASLt (the Numba GEMM kernels run)"
@@ -174,7 +174,7 @@ def capabilities():
     if reason is not None:
         why = "no usable GPU here (see reason)"
         return Capabilities(None, None, None, None, None, None, {key: why for key, _ in PATHS}, reason)
-    from . import device
+    from .runtime import device
 
     dev = device.current()
     if SIMULATOR:

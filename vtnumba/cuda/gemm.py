@@ -26,7 +26,7 @@ The kernels, and where each applies:
                            M <= DECODE_GEMV_PREFERRED_MAX_M (see its comment for the measurement).
 ``tiled``                  the Numba tiled GEMM: any shape, any strides; the path for shapes
                            cuBLASLt refuses and for the lever (VT_DENSE_CUBLASLT_FP8=0) turned off.
-``wgmma``, ``wgmma_k32``   (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py,
+``wgmma``, ``wgmma_k32``   (by name only) the GEMM on Hopper's native FP8 warpgroup MMA (kernels/sm90_wgmma_gemm.py,
                            sm_90): 0.5x cuBLASLt at 4096^3 with promotion per 128 of K (``wgmma_k32``:
                            per k32, 0.35x), within the tensor-core bound cuBLASLt is held to rather
                            than strict G3.
@@ -52,11 +52,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _config
-from . import cublaslt, device, gemv, tc_gemm, tc_gemv, tiled, wg_gemm
-from .codec import hardware_available
-from .epilogue import BIAS_KIND, OUT_KIND, BiasKind, epilogue_launch
-from .gemv import GemvStage
-from .target import SIMULATOR
+from . import quantize
+from .kernels import gemv, tc_gemm, tc_gemv, tiled
+from .kernels import sm90_wgmma_gemm as wg_gemm
+from .kernels.epilogue import OUT_KIND, bias_bits, epilogue_launch, out_bits, scale_vector
+from .ptx.target import SIMULATOR
+from .runtime import cublaslt, device
 
 # Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
 # (benchmarks/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
@@ -80,35 +81,6 @@ _F32 = np.dtype(np.float32)
 OUTER_VEC_MIN_M = 128
 
 
-def _scale(scale, rows, dev):
-    """(float32 device vector, step) for a scale given as a host float32 or a device array (1,) /
-    (rows,): step 0 reads the one value for every row."""
-    if isinstance(scale, (np.floating, float, int)):
-        return dev.scalar(scale), 0
-    vec = scale if len(scale.shape) == 1 else scale.reshape(-1)
-    if vec.dtype != _F32:
-        vec = vec.astype(_F32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
-    size = vec.shape[0]
-    if size > 1 and vec.strides[0] != 4:
-        vec = device.xp.ascontiguousarray(vec)
-    return vec, (0 if size == 1 else 1)
-
-
-def _bias_bits(bias, dev):
-    """(uint16 view, BiasKind) of a bias vector (a placeholder and NONE without one)."""
-    if bias is None:
-        return dev.placeholder("u16"), BiasKind.NONE
-    if not bias.flags.c_contiguous:
-        bias = device.xp.ascontiguousarray(bias)
-    return bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
-
-
-def _empty_out(m, n, out_dtype):
-    """The output [M, N] and the view the Numba kernels write (float32, or uint16 bits)."""
-    y = device.xp.empty((m, n), dtype=out_dtype)
-    return y, (y if out_dtype == np.float32 else y.view(np.uint16))
-
-
 class GemmCall:
     """One scaled_mm call, normalized once and shared by every kernel's can_implement / run."""
 
@@ -120,8 +92,8 @@ class GemmCall:
         self.a, self.b = a, b
         self.m, self.k = a.shape
         self.n = b.shape[0]
-        self.scale_a, self.sa_step = _scale(scale_a, self.m, dev)
-        self.scale_b, self.sb_step = _scale(scale_b, self.n, dev)
+        self.scale_a, self.sa_step = scale_vector(scale_a, self.m, dev)
+        self.scale_b, self.sb_step = scale_vector(scale_b, self.n, dev)
         self.out_dtype = np.dtype(out_dtype)
         self.bias = bias
         self.plan = self.state = None
@@ -215,11 +187,6 @@ def run_steps(steps):
             cublaslt.matmul(*step)
 
 
-def out_bits(y):
-    """The output as the Numba kernels write it: float32, or the uint16 bits of float16 / bfloat16."""
-    return y if y.dtype == _F32 else y.view(np.uint16)
-
-
 def execute(kernel, call):
     """Run ``call`` on ``kernel`` (one that said it can): y [M, N] of the call's output dtype."""
     y = device.xp.empty((call.m, call.n), dtype=call.out_dtype)
@@ -255,13 +222,19 @@ def _vector_pointers(call, bias):
     return call.scale_a.data.ptr, call.scale_b.data.ptr, 0 if bias is None else bias.data.ptr
 
 
-class CublasLt(Kernel):
-    name = "cublaslt"
+class _OnCublasLt(Kernel):
+    """A kernel whose GEMM is cuBLASLt's: it takes a call only where cuBLASLt takes the operands
+    (``_cublaslt_reason``) and has a plan for the call's settings (``take_plan``)."""
 
     def can_implement(self, call):
         reason = _cublaslt_reason(call)
-        if reason:
-            return False, reason
+        return (False, reason) if reason else self.take_plan(call)
+
+
+class CublasLt(_OnCublasLt):
+    name = "cublaslt"
+
+    def take_plan(self, call):
         bias_dt = None
         if call.bias is not None:
             bias_dt = np.dtype(call.bias.dtype)
@@ -292,13 +265,10 @@ class CublasLt(Kernel):
         return [Matmul(call.plan, call.state, call.a, call.b, call.scale_a, call.scale_b, _bias_for_cublaslt(call), y)]
 
 
-class CublasLtF32Epilogue(Kernel):
+class CublasLtF32Epilogue(_OnCublasLt):
     name = "cublaslt_f32_epilogue"
 
-    def can_implement(self, call):
-        reason = _cublaslt_reason(call)
-        if reason:
-            return False, reason
+    def take_plan(self, call):
         return _take_plan(call, np.dtype(np.float32), None, cublaslt.SCALAR, cublaslt.SCALAR)
 
     def steps(self, call, y, scratch):
@@ -306,45 +276,18 @@ class CublasLtF32Epilogue(Kernel):
         one = call.device.scalar(1.0)
         return [Matmul(call.plan, call.state, call.a, call.b, one, one, None, acc),  # f32(sum_k ...)
                 Launch(*epilogue_launch(acc, out_bits(y), call.scale_a, call.sa_step, call.scale_b, call.sb_step,
-                                        *_bias_bits(call.bias, call.device), OUT_KIND[call.out_dtype]))]
+                                        *bias_bits(call.bias, call.device), OUT_KIND[call.out_dtype]))]
 
 
 class DecodeGemv(_NumbaKernel):
     name = "decode_gemv"
 
     def can_implement(self, call):
-        reason = gemv_reason(call.m, call.k, call.b, a=call.a)
+        reason = gemv.gemv_reason(call.m, call.k, call.b, a=call.a)
         return (False, reason) if reason else (True, "")
 
     def launch(self, call, y_bits):
-        dev = call.device
-        bias, bias_kind = _bias_bits(call.bias, dev)
-        launcher = gemv.gemv_launcher(call.m, hardware_available(dev.cc), call.out_dtype == np.float32,
-                                      GemvStage.CODES)
-        return (launcher, -(-call.n // gemv.gemv_rows(call.m)), gemv.GEMV_THREADS,
-                (call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b,
-                 call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-                 OUT_KIND[call.out_dtype]))
-
-
-def _rows_aligned(arr):
-    """Whether every row of a 2-D device array starts on 16 bytes with its elements contiguous."""
-    return arr.strides[1] == arr.itemsize and arr.strides[0] % 16 == 0 and arr.data.ptr % 16 == 0
-
-
-def gemv_reason(m, k, b, a=None):
-    """Why the decode GEMV cannot run M activation rows (codes ``a`` if given) against the weight
-    b [N, K] (None if it can)."""
-    if m > gemv.GEMV_MAX_M:
-        return f"the decode GEMV takes M <= {gemv.GEMV_MAX_M}, got M = {m}"
-    if k % 16:
-        return f"the decode GEMV reads the weight 16 bytes at a time: K must be a multiple of 16, got {k}"
-    if not SIMULATOR:
-        if not _rows_aligned(b):
-            return "the decode GEMV needs 16-byte aligned weight rows (contiguous K, row stride % 16 == 0)"
-        if a is not None and not _rows_aligned(a):
-            return "the decode GEMV needs 16-byte aligned activation rows (contiguous K, row stride % 16 == 0)"
-    return None
+        return gemv.gemv_codes_launch(call, y_bits)
 
 
 class Tiled(_NumbaKernel):
@@ -354,7 +297,7 @@ class Tiled(_NumbaKernel):
         return True, ""  # any shape, any strides: the path of last resort
 
     def launch(self, call, y_bits):
-        bias, bias_kind = _bias_bits(call.bias, call.device)
+        bias, bias_kind = bias_bits(call.bias, call.device)
         grid = ((call.n + tiled.TILE_N - 1) // tiled.TILE_N, (call.m + tiled.TILE_M - 1) // tiled.TILE_M)
         return (tiled.tiled_kernel(call.out_dtype == np.float32), grid, tiled.TILED_THREADS,
                 (call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
@@ -396,7 +339,7 @@ class TensorCoreGemm(_NumbaKernel):
 
 
 class WgmmaGemm(_NumbaKernel):
-    """The GEMM on Hopper's native FP8 warpgroup MMA (wg_gemm.py), by name only: ``kernel="wgmma"``
+    """The GEMM on Hopper's native FP8 warpgroup MMA (kernels/sm90_wgmma_gemm.py), by name only: ``kernel="wgmma"``
     promotes into float32 every 128 of K (DeepSeek-V3's interval, cuBLASLt's accuracy at half its
     speed), ``kernel="wgmma_k32"`` after every wgmma (2.6x more accurate at K = 256, 0.7x the speed).
     Both hold the tensor-core bound, not strict G3, so the automatic order behind the lever keeps the
@@ -487,43 +430,33 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=No
 
 
 # ------------------------------------------------------------------------------------------------
-# the fused FP8 linear layer for decode: the backend half of ``vtnumba.ops.fp8_linear``
+# the FP8 linear layer: the backend half of ``vtnumba.ops.fp8_linear``
 
 
 def fused_linear_reason(x, b):
-    """Why the quantize+GEMM of x [M, K] against b [N, K] cannot be one GEMV launch (None if it can)."""
+    """Why the quantize+GEMM of x [M, K] against b [N, K] cannot be one CUDA-core GEMV launch (None
+    if it can)."""
     if "decode_gemv" in disabled_kernels():
         return "the decode GEMV is disabled by VT_DISABLE_KERNELS"
-    return gemv_reason(x.shape[0], x.shape[1], b)
+    return gemv.gemv_reason(x.shape[0], x.shape[1], b)
 
 
-def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
-    """One FP8 W8A8 linear layer in ONE launch, arguments as ``vtnumba.ops.fp8_linear`` normalizes
-    them: the decode GEMV quantizes the activation x [M <= 4, K] as it reads it (callers check
-    ``fused_linear_reason`` first)."""
-    dev = device.current()
-    # the stage's scalar operand as a device (1,) array: the per-token cap (0: none), or the static scale
-    if per_token:
-        stage, qscale = GemvStage.PER_TOKEN, _scale(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
-    elif input_scale is None:
-        stage, qscale = GemvStage.DYNAMIC, dev.scalar(1.0)
-    else:
-        stage, qscale = GemvStage.STATIC, _scale(input_scale, 1, dev)[0]
-    xp = device.xp
-    x = xp.ascontiguousarray(x)
-    if not SIMULATOR and not _rows_aligned(x):  # e.g. a view starting mid-row: realign by copying
-        x = x.copy()
-    x_bits = x.view(np.uint16)  # float32 rows become 2K halves; the kernel reassembles them
-    m, n = x.shape[0], b.shape[0]
-    scale_b_vec, sb_step = _scale(scale_b, n, dev)
-    y, y_bits = _empty_out(m, n, out_dtype)
-    bias_bits, bias_kind = _bias_bits(bias, dev)
-    launcher = gemv.gemv_launcher(m, hardware_available(dev.cc), out_dtype == np.float32, stage)
-    launcher(-(-n // gemv.gemv_rows(m)), gemv.GEMV_THREADS,
-             dev.placeholder("u8_2d"), x_bits, gemv.X_KIND[np.dtype(x.dtype)], qscale, b, dev.placeholder("f32"), 0,
-             scale_b_vec, sb_step, bias_bits, bias_kind, y_bits, OUT_KIND[out_dtype])
-    return y
+def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
+    """One launch where a decode GEMV can take the call (it quantizes x as it reads it): the
+    tensor-core one (M <= 16), else the CUDA-core one (M <= 4); else the quantization kernel, then
+    ``scaled_mm``. Arguments as ``vtnumba.ops.fp8_linear`` normalizes them."""
+
+    def quantize_x(x_):
+        return quantize.quantize_activation(x_, input_scale, per_token, scale_ub)
+
+    if "tensorcore_gemv" not in disabled_kernels() and tc_gemv.fused_linear_reason(x, b) is None:
+        return tc_gemv.fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, quantize_x)
+    if fused_linear_reason(x, b) is None:
+        return gemv.fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias)
+    codes, scale_a = quantize_x(x)
+    return scaled_mm(codes, b, scale_a, scale_b, out_dtype, bias)
 
 
-__all__ = ["Kernel", "Launch", "Matmul", "run_steps", "execute", "fresh_scratch", "out_bits", "scaled_mm", "fused_linear", "fused_linear_reason", "select", "kernel_order", "disabled_kernels",
-           "GemmCall", "KERNELS", "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M"]
+__all__ = ["Kernel", "Launch", "Matmul", "run_steps", "execute", "fresh_scratch", "out_bits", "scaled_mm", "fp8_linear",
+           "fused_linear_reason", "select", "choose", "kernel_order", "disabled_kernels", "GemmCall", "KERNELS",
+           "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M", "OUTER_VEC_MIN_M"]

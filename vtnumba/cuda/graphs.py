@@ -26,7 +26,7 @@ What may not change between replays, because the graph holds pointers and launch
   keep. Python scalars and other non-array arguments are baked in at capture.
 """
 
-from . import device
+from .runtime import device
 
 __all__ = ["capture", "CapturedCall"]
 

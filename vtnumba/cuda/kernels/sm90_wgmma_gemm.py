@@ -1,4 +1,4 @@
-"""The FP8 GEMM on Hopper's native FP8 tensor-core instruction (``wgmma``, wgmma.py), from Numba.
+"""The FP8 GEMM on Hopper's native FP8 tensor-core instruction (``wgmma``, ptx/sm90_wgmma.py), from Numba.
 
 It computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` (or the
 block-scaled form) with the epilogue of epilogue.py, like tc_gemm.py, at tensor-core speed: tc_gemm's
@@ -9,7 +9,7 @@ Design
 A block computes a 128 x BN tile of y with two warpgroups: warpgroup w owns rows 64 w .. 64 w + 63,
 all BN columns (one m64n{BN}k32 wgmma per 32 of K). K advances 128 codes a stage: 16-byte ``cp.async``
 copies of the stage's A rows [128, 128] and B rows [BN, 128] fill a STAGES-deep ring of
-128-byte-swizzled tiles (wgmma.py's layout) in dynamic shared memory. Rows past M / N and chunks past
+128-byte-swizzled tiles (sm90_wgmma.py's layout) in dynamic shared memory. Rows past M / N and chunks past
 K are zero-filled (zero codes are exact zeros). Two forms (``WgConfig.producer``):
 
 - every thread copies and computes (``gemm_kernel``, the default): per stage, wait for this thread's
@@ -70,12 +70,13 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import wgmma
-from .codec import float32_to_bfloat16_bits, float32_to_half_bits
-from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, SIMULATOR, cuda, types
-from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, bias_bits, gemm_signature, rows_reason, scale_readers
+from ..ptx import sm90_wgmma as wgmma
+from ..ptx.codec import fill, float32_to_bfloat16_bits, float32_to_half_bits
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..runtime.launch import compile_kernel
+from . import tc_gemm
+from .epilogue import OutKind, load_bias, scaled_value, store_out
+from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, gemm_signature, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
 PROMOTIONS = (PER_128, PER_WGMMA)
@@ -169,9 +170,11 @@ def kernel_parts(cfg, block_scaled, copy_threads):
     a_copies = bm // rows_per_pass
     b_copies = bn // rows_per_pass
     hold, stash = wgmma.hold(regs), wgmma.stash(regs)
-    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+    from ..ptx import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
-    cp16, global_address = mma_sync.cp_async_16, mma_sync.global_address
+    global_address = mma_sync.global_address
+    copy_a = mma_sync.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
+    copy_b = mma_sync.cp_async_rows(b_copies, rows_per_pass * ROW_WORDS)
     row_scale, kblock_scale = scale_readers(block_scaled)
     load_bias_value, finish, store, store_pair = load_bias, scaled_value, store_out, wgmma.store_global_pair
 
@@ -201,14 +204,8 @@ def kernel_parts(cfg, block_scaled, copy_threads):
         from the thread's first (valid) address."""
         col = kt * BK
         k_ok = col + chunk_code < k_total
-        for i in range(a_copies):
-            ok = k_ok and i < a_rows
-            cp16(smem, slot_word + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_addr,
-                 16 if ok else 0)
-        for i in range(b_copies):
-            ok = k_ok and i < b_rows
-            cp16(smem, slot_word + (a_bytes // 4) + i * rows_per_pass * ROW_WORDS, b,
-                 (b_addr + i * b_step + col) if ok else b_addr, 16 if ok else 0)
+        copy_a(smem, slot_word, a, a_addr, a_step, col, a_rows, k_ok, a_addr)
+        copy_b(smem, slot_word + (a_bytes // 4), b, b_addr, b_step, col, b_rows, k_ok, b_addr)
 
     @cuda.jit(**DEVICE_INLINE)
     def block_scales(scale_a, scale_b, kb, row_a, m_total, block_n):
@@ -297,7 +294,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
     nthreads = threads(cfg)
     copy_plan, issue_stage, block_scales, promote, write_out = kernel_parts(cfg, block_scaled, nthreads)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
-    from . import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
+    from ..ptx import mma as mma_sync  # cp.async and the global address, shared with tc_gemm
 
     commit_copies = mma_sync.cp_async_commit
     # stage kt's copies are waited for at iteration kt, with stages - 3 later ones still in flight
@@ -354,10 +351,9 @@ def gemm_kernel(cfg, promotion, block_scaled):
         acc = cuda.local.array(regs, types.float32)
         part0 = cuda.local.array(regs, types.float32)
         part1 = cuda.local.array(regs, types.float32)
-        for i in range(regs):
-            acc[i] = _F32_ZERO
-            part0[i] = _F32_ZERO
-            part1[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part0, _F32_ZERO)
+        fill(part1, _F32_ZERO)
         tid = cuda.threadIdx.x
         wg = tid // 128
         warp = (tid % 128) // 32
@@ -444,7 +440,7 @@ def specialized_kernel(cfg, promotion, block_scaled):
     wait_all = wgmma.wait(0, regs)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
     bar_init, bar_arrive, bar_try_wait = wgmma.mbarrier_init, wgmma.mbarrier_arrive, wgmma.mbarrier_try_wait
-    from . import mma as mma_sync
+    from ..ptx import mma as mma_sync
 
     commit_copies = mma_sync.cp_async_commit
     wait_lag = mma_sync.cp_async_wait_group(lag)
@@ -466,9 +462,8 @@ def specialized_kernel(cfg, promotion, block_scaled):
         pad = ring + (wgmma.SWIZZLE_ATOM_BYTES - ring % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES - base
         acc = cuda.local.array(regs, types.float32)  # the consumers' (the producer's stay zero, unused)
         part = cuda.local.array(regs, types.float32)
-        for i in range(regs):
-            acc[i] = _F32_ZERO
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
         ctid = tid - WG_THREADS
         row_a = m0 + (wg - 1) * 64 + ((ctid % 128) // 32) * 16 + (ctid % 32) // 4  # rows row_a, row_a + 8
         if tid == 0:
@@ -551,21 +546,16 @@ def unavailable_reason(dev):
 
 
 def shape_reason(call):
-    if call.k % 16:
-        return f"the wgmma GEMM needs K to be a multiple of 16, got K = {call.k}"
-    return rows_reason(call.a, "a") or rows_reason(call.b, "b")
+    return tc_gemm.shape_reason(call, "the wgmma GEMM")
 
 
 def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     """(kernel, grid, block, args) of the wgmma GEMM for a ``gemm.GemmCall`` (or a
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
-    bias, bias_kind = bias_bits(call.bias, call.device)
     cfg = config or DEFAULTS[promotion]
-    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
             (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))), threads(cfg),
-            (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
-             OUT_KIND[call.out_dtype]))
+            tc_gemm.gemm_args(call, y_bits, block_scaled))
 
 
 __all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "block_rows", "threads", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",

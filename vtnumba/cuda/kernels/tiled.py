@@ -12,10 +12,10 @@ import functools
 
 import numpy as np
 
-from .codec import decode_e4m3
+from ..ptx.codec import decode_e4m3
+from ..ptx.target import DEVICE_INLINE, cuda, types
+from ..runtime.launch import compile_kernel
 from .epilogue import F32_1D, I32, I64, U8_2D, U16_1D, epilogue_value, out_type, store_out
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, cuda, types
 
 TILE_M = 64
 TILE_N = 64

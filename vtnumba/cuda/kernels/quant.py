@@ -27,10 +27,10 @@ import functools
 
 import numpy as np
 
-from .. import _format
-from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
-from . import codec
-from .codec import (
+from ... import _format
+from ..._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
+from ..ptx import codec
+from ..ptx.codec import (
     bf16_high,
     bf16_low,
     bfloat16_bits_to_float32,
@@ -42,8 +42,8 @@ from .codec import (
     load_u32x4,
     store_u32x4,
 )
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..runtime.launch import compile_kernel
 
 GROUP = 16  # elements per thread-step: 16 codes = one 16-byte store
 THREADS = 32 if SIMULATOR else 256  # the simulator runs each thread as a Python thread: keep it small

@@ -45,81 +45,77 @@ serves both. ``cp.async`` is a synchronous copy there, commit and wait do nothin
 
 import numpy as np
 
-from .target import SIMULATOR, cuda, intrinsic, types
+from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, types
 
 MIN_CC = (8, 9)  # mma with e4m3 operands: sm_89 (Ada) and newer
 SCRATCH_WORDS_PER_WARP = 6 * 32  # the emulation's exchange area: six operand words per lane
 
 if SIMULATOR:
-    from .. import _format
+    from ... import _format
 
     _DECODE = np.array([_format.decode_e4m3_scalar(np.uint32(c)) for c in range(256)], dtype=np.float32)
-    _lane = np.arange(32)
-    _g, _t = _lane // 4, _lane % 4
-    _k = np.arange(32)
-    # A[r, k] sits in lane 4 (r % 8) + (k % 16) // 4, register (r >= 8) + 2 (k >= 16), byte k % 4
-    _A_LANE = 4 * (np.arange(16)[:, None] % 8) + (_k[None, :] % 16) // 4
-    _A_REG = (np.arange(16)[:, None] // 8) + 2 * (_k[None, :] // 16)
-    # B[k, n] (stored per column n) sits in lane 4 n + (k % 16) // 4, register k >= 16, byte k % 4
-    _B_LANE = 4 * np.arange(8)[:, None] + (_k[None, :] % 16) // 4
-    _B_REG = np.broadcast_to(_k[None, :] // 16, (8, 32))
-    _SHIFT = (8 * (_k % 4)).astype(np.uint32)
+
+    def _fragment_tables(depth, per_register):
+        """Where the fragments of an m16n8k{depth} mma put each element, ``per_register`` elements a
+        32-bit register, the lowest k lowest (PTX ISA, "Matrix Fragments for mma.m16n8k32" and
+        "... m16n8k16"; half = depth / 2): A[r, k] in lane 4 (r % 8) + (k % half) / per_register,
+        register (r >= 8) + 2 (k >= half); B[k, n] (stored per column n) in lane 4 n + (k % half) /
+        per_register, register k >= half; (A lanes, A registers, B lanes, B registers, bit offsets)."""
+        k = np.arange(depth)
+        half = depth // 2
+        return (4 * (np.arange(16)[:, None] % 8) + (k[None, :] % half) // per_register,
+                (np.arange(16)[:, None] // 8) + 2 * (k[None, :] // half),
+                4 * np.arange(8)[:, None] + (k[None, :] % half) // per_register,
+                np.broadcast_to(k[None, :] // half, (8, depth)),
+                ((32 // per_register) * (k % per_register)).astype(np.uint32))
+
+    _A_LANE, _A_REG, _B_LANE, _B_REG, _SHIFT = _fragment_tables(32, 4)  # e4m3: four codes a register
 
     def _codes(words, lanes, regs):
         return ((words[lanes, regs] >> _SHIFT[None, :]) & np.uint32(0xFF)).astype(np.uint8)
 
-    def mma_e4m3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)."""
-        base = warp * SCRATCH_WORDS_PER_WARP
-        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
-            scratch[base + 6 * lane + i] = np.uint32(w)
-        cuda.syncthreads()
-        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
-        g, t = lane // 4, lane % 4
-        a_rows = _DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])]  # [2, 32]
-        b_cols = _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])]  # [2, 32]
-        cuda.syncthreads()
-        out = []
-        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
-            s = np.float32(0.0)
-            with np.errstate(invalid="ignore", over="ignore"):
-                for k in range(32):
-                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
-                out.append(np.float32(np.float32(cin) + s))
-        return out[0], out[1], out[2], out[3]
+    def _emulated_mma(operands):
+        """The emulated mma of one fragment layout: ``operands(words, g, t)`` -> (A rows g, g + 8;
+        B columns 2 t, 2 t + 1) as float32 [2, K] from the warp's [32, 6] operand words."""
 
-    # the f16 m16n8k16 fragments: A[r, k] in lane 4 (r % 8) + (k % 8) // 2, register (r >= 8) +
-    # 2 (k >= 8), half k % 2; B[k, n] (per column n) in lane 4 n + (k % 8) // 2, register k >= 8
-    _k16 = np.arange(16)
-    _HA_LANE = 4 * (np.arange(16)[:, None] % 8) + (_k16[None, :] % 8) // 2
-    _HA_REG = (np.arange(16)[:, None] // 8) + 2 * (_k16[None, :] // 8)
-    _HB_LANE = 4 * np.arange(8)[:, None] + (_k16[None, :] % 8) // 2
-    _HB_REG = np.broadcast_to(_k16[None, :] // 8, (8, 16))
-    _HSHIFT = (16 * (_k16 % 2)).astype(np.uint32)
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
+            base = warp * SCRATCH_WORDS_PER_WARP
+            for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
+                scratch[base + 6 * lane + i] = np.uint32(w)
+            cuda.syncthreads()
+            words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
+            a_rows, b_cols = operands(words, lane // 4, lane % 4)
+            cuda.syncthreads()
+            out = []
+            for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
+                s = np.float32(0.0)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    for k in range(a_rows.shape[1]):
+                        s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
+                    out.append(np.float32(np.float32(cin) + s))
+            return out[0], out[1], out[2], out[3]
+
+        return mma
+
+    def _e4m3_operands(words, g, t):
+        return (_DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])],
+                _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])])
+
+    # Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)
+    mma_e4m3 = _emulated_mma(_e4m3_operands)
+
+    _HA_LANE, _HA_REG, _HB_LANE, _HB_REG, _HSHIFT = _fragment_tables(16, 2)  # f16: two halves a register
 
     def _halves(words, lanes, regs):
         bits = ((words[lanes, regs] >> _HSHIFT[None, :]) & np.uint32(0xFFFF)).astype(np.uint16)
         return bits.view(np.float16).astype(np.float32)
 
-    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
-        """Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)."""
-        base = warp * SCRATCH_WORDS_PER_WARP
-        for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
-            scratch[base + 6 * lane + i] = np.uint32(w)
-        cuda.syncthreads()
-        words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
-        g, t = lane // 4, lane % 4
-        a_rows = _halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]])  # [2, 16]
-        b_cols = _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2])  # [2, 16]
-        cuda.syncthreads()
-        out = []
-        for r, c, cin in ((0, 0, c0), (0, 1, c1), (1, 0, c2), (1, 1, c3)):
-            s = np.float32(0.0)
-            with np.errstate(invalid="ignore", over="ignore"):
-                for k in range(16):
-                    s = np.float32(s + np.float32(a_rows[r, k] * b_cols[c, k]))
-                out.append(np.float32(np.float32(cin) + s))
-        return out[0], out[1], out[2], out[3]
+    def _f16_operands(words, g, t):
+        return (_halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]]),
+                _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2]))
+
+    # Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)
+    mma_f16 = _emulated_mma(_f16_operands)
 
     _F16_BITS = _DECODE.astype(np.float16).view(np.uint16).astype(np.uint32)  # exact: e4m3 is in f16
 
@@ -192,6 +188,8 @@ if SIMULATOR:
 else:
     from llvmlite import ir
 
+    from .codec import asm_tuple
+
     _i8, _i32, _i64, _f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 
     def _shared_address(context, builder, arrty, arr, index, indexty):
@@ -225,12 +223,9 @@ else:
                 tys = signature.args
                 ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
                 ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
-                fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4)
-                asm = ir.InlineAsm(fnty, instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
-                                                       "{$10, $11, $12, $13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-                res = builder.call(asm, ins)
-                return context.make_tuple(builder, signature.return_type,
-                                          [builder.extract_value(res, i) for i in range(4)])
+                return asm_tuple(context, builder, signature.return_type, _f32,
+                                 instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins)
 
             return sig, codegen
 
@@ -250,11 +245,8 @@ else:
 
         def codegen(context, builder, signature, args):
             w = context.cast(builder, args[0], signature.args[0], types.uint32)
-            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 2), [_i32])
-            asm = ir.InlineAsm(fnty, "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
-                                     "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }", "=r,=r,r")
-            res = builder.call(asm, [w])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+            return asm_tuple(context, builder, ret, _i32, "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
+                             "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }", "=r,=r,r", [w])
 
         return sig, codegen
 
@@ -284,11 +276,9 @@ else:
 
         def codegen(context, builder, signature, args):
             addr, _ = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 4), [_i32])
-            asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
-            res = builder.call(asm, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return asm_tuple(context, builder, ret, _i32,
+                             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                             "=r,=r,=r,=r,r,~{memory}", [addr], side_effect=True)
 
         return sig, codegen
 
@@ -384,6 +374,23 @@ else:
         return _WAITS[n]
 
 
+def cp_async_rows(copies, pass_words):
+    """``copy(smem, word, src, address, step, col, rows, k_ok, zero)``: this thread's ``copies``
+    16-byte ``cp_async_16`` copies of one operand's rows, copy i from ``address + i * step + col``
+    into smem words ``word + i * pass_words``; a copy past the operand's rows (i >= rows) or past
+    K (not ``k_ok``) is zero-filled, reading from the valid address ``zero``. The tile loads of the
+    cp.async GEMMs (tc_gemm.py, sm90_wgmma_gemm.py)."""
+    copy16 = cp_async_16
+
+    @cuda.jit(**DEVICE_INLINE)
+    def copy(smem, word, src, address, step, col, rows, k_ok, zero):
+        for i in range(copies):
+            ok = k_ok and i < rows
+            copy16(smem, word + i * pass_words, src, (address + i * step + col) if ok else zero, 16 if ok else 0)
+
+    return copy
+
+
 def available(cc):
     """Whether the tensor-core instructions exist on compute capability ``cc`` (a real GPU)."""
     return not SIMULATOR and tuple(cc) >= MIN_CC
@@ -391,4 +398,4 @@ def available(cc):
 
 __all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "mma_f16", "cvt_e4m3x4_f16", "sts_u32x4",
            "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
-           "cp_async_commit", "cp_async_wait_group"]
+           "cp_async_commit", "cp_async_wait_group", "cp_async_rows"]

@@ -37,7 +37,7 @@ batches are pending. The accumulator registers must not be touched between the w
 Also here: mbarriers (the warp-specialized kernel's hand-over of ring slots), ``hold`` and ``stash``
 (which keep a kernel's accumulators in registers, see their docstrings) and a paired global store.
 
-There is no simulator emulation: the kernels using these run on an sm_90 GPU only (wg_gemm.py).
+There is no simulator emulation: the kernels using these run on an sm_90 GPU only (kernels/sm90_wgmma_gemm.py).
 """
 
 from .target import SIMULATOR, intrinsic, types

@@ -64,10 +64,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import device, mma
-from .epilogue import BIAS_KIND, OUT_KIND, load_bias, scaled_value, store_out
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..ptx import mma
+from ..ptx.codec import fill
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..runtime.launch import compile_kernel
+from .epilogue import OUT_KIND, bias_bits, load_bias, scaled_value, store_out
 
 # Promotion: how often the tensor core's partial sum moves into float32 registers the kernel adds.
 PER_MMA, PER_128 = "per_mma", "per_128"
@@ -270,7 +271,9 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
     own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
     lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
-    cp16, commit = mma.cp_async_16, mma.cp_async_commit
+    commit = mma.cp_async_commit
+    copy_a = mma.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
+    copy_b = mma.cp_async_rows(b_copies, rows_per_pass * ROW_WORDS)
     # the groups still pending when a tile is needed: e4m3, tile kt at iteration kt (stages - 1
     # issued ahead); f16, tile kt + 1 at iteration kt (early refill: stages issued ahead of it)
     wait_tile = mma.cp_async_wait_group(stages - 1 if early_refill else stages - 2)
@@ -286,14 +289,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         col = kt * BK
         k_ok = col + chunk_code < k_total  # chunk_code: the K offset of this thread's chunk
         base = stage * stage_words + copy_word
-        for i in range(a_copies):
-            ok = k_ok and i < a_rows
-            cp16(smem, base + i * rows_per_pass * ROW_WORDS, a, (a_addr + i * a_step + col) if ok else a_zero,
-                 16 if ok else 0)
-        for i in range(b_copies):
-            ok = k_ok and i < b_rows
-            cp16(smem, base + a_words + i * rows_per_pass * ROW_WORDS, b,
-                 (b_addr + i * b_step + col) if ok else b_zero, 16 if ok else 0)
+        copy_a(smem, base, a, a_addr, a_step, col, a_rows, k_ok, a_zero)
+        copy_b(smem, base + a_words, b, b_addr, b_step, col, b_rows, k_ok, b_zero)
 
     @cuda.jit(**_DEVICE)
     def convert_rows(smem, src, dst, r0, chunk, copies):
@@ -339,6 +336,233 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
             acc[q + 2] += d2
             acc[q + 3] += d3
 
+    # -- the copy and fragment plans: which bytes this thread copies, which fragment rows it reads --
+
+    @cuda.jit(**_DEVICE)
+    def copy_plan(a, b, m0, n0, m_total, n_total, tid):
+        """This thread's copies: rows r0 + i * rows_per_pass, 16-byte chunk ``chunk``, stored in a
+        swizzled slot of every stage at ``copy_word``; the global addresses of its first A and B
+        chunks, the zero-fill source, the address step per copy and how many copies hold a row < M
+        (< N)."""
+        r0 = tid // 4
+        chunk = tid % 4
+        slot = chunk ^ ((r0 // 2) % 4)  # rows_per_pass is a multiple of 8: the same slot for every i
+        copy_word = r0 * ROW_WORDS + 4 * slot  # + stage base + i * rows_per_pass * ROW_WORDS
+        a_addr = mma.global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
+        b_addr = mma.global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
+        a_zero = mma.global_address(a, 0, 0)
+        b_zero = mma.global_address(b, 0, 0)
+        a_step = rows_per_pass * a.strides[0]
+        b_step = rows_per_pass * b.strides[0]
+        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
+        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
+        return r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows
+
+    @cuda.jit(**_DEVICE)
+    def fragment_plan(lane, wm, wn, g, t):
+        """Where this lane's fragment reads start: with ldmatrix, lane supplies row lane % 8 of matrix
+        lane // 8; an e4m3 row (ring) has its chunks swizzled by (row >> 1) & 3, an f16 row by
+        row & 7 (the warps' rows start at multiples of 8). (rr, sw, a_lane, b_lane, a_hi, b_hi)."""
+        rr = lane % 8
+        jj = lane // 8
+        sw = (rr // 2) % 4 if use_ldmatrix else (g // 2) % 4
+        if use_ldmatrix:
+            a_row = wm * mt * 16 + rr + 8 * (jj % 2)
+            b_row = wn * nt * 8 + 8 * (jj // 2) + rr
+            a_hi = jj // 2  # matrices 2, 3: the next chunk of k
+            b_hi = jj % 2
+            a_lane = a_row * (F16_ROW_WORDS if f16_a else ROW_WORDS)
+            b_lane = (f16_b_words + b_row * F16_ROW_WORDS) if f16_b else (a_words + b_row * ROW_WORDS)
+        else:
+            a_lane = (wm * mt * 16 + g) * ROW_WORDS + t
+            b_lane = a_words + (wn * nt * 8 + g) * ROW_WORDS + t
+            a_hi = 0
+            b_hi = 0
+        return rr, sw, a_lane, b_lane, a_hi, b_hi
+
+    # -- load fragments: one k32 step's A and B fragments from shared memory --------------------
+
+    @cuda.jit(**_DEVICE)
+    def load_b_e4m3(smem, bf, sbase, ks, b_lane, b_hi, sw, scratch, warp, lane):
+        """B fragments of k32 step ``ks`` (chunks 2 ks, 2 ks + 1 of every row) for the warp's NT n8
+        tiles, from the e4m3 ring slot at ``sbase``."""
+        if use_ldmatrix:
+            b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
+            for j in range(nt // 2):
+                bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
+                    smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
+        else:
+            lo = 4 * ((2 * ks) ^ sw)
+            hi = 4 * ((2 * ks + 1) ^ sw)
+            for j in range(nt):
+                base = sbase + b_lane + 8 * ROW_WORDS * j
+                bf[2 * j] = lds(smem, base + lo)
+                bf[2 * j + 1] = lds(smem, base + hi)
+
+    @cuda.jit(**_DEVICE)
+    def load_a_e4m3(smem, af, sbase, ks, i, a_lane, a_hi, sw, scratch, warp, lane):
+        """The A fragment of m16 tile ``i`` at k32 step ``ks``, from the e4m3 ring slot at ``sbase``."""
+        if use_ldmatrix:
+            a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw)
+            af[0], af[1], af[2], af[3] = ldsm(smem, a_off + 16 * ROW_WORDS * i, scratch, warp, lane)
+        else:
+            lo = 4 * ((2 * ks) ^ sw)
+            hi = 4 * ((2 * ks + 1) ^ sw)
+            base = sbase + a_lane + 16 * ROW_WORDS * i
+            af[0] = lds(smem, base + lo)
+            af[1] = lds(smem, base + 8 * ROW_WORDS + lo)
+            af[2] = lds(smem, base + hi)
+            af[3] = lds(smem, base + 8 * ROW_WORDS + hi)
+
+    @cuda.jit(**_DEVICE)
+    def load_b_f16(smem, bf, raw, fbase, sbase, ks, b_lane, b_hi, rr, sw, scratch, warp, lane):
+        """The two HMMAs' B fragments of k32 step ``ks`` (e4m3 chunks 2 ks, 2 ks + 1 = f16 chunks
+        4 ks .. 4 ks + 3): HMMA h takes the code pair h of every 4-code word, i.e. f16 chunks 4 ks + h
+        (k' 0-7) and 4 ks + 2 + h (k' 8-15); bf[0, 2 nt) feeds HMMA 0, [2 nt, 4 nt) HMMA 1. From the
+        f16 tile at ``fbase`` where B is staged, else converted from the e4m3 ring slot at ``sbase``."""
+        if f16_b:
+            for h in range(2):
+                b_off = fbase + b_lane + 4 * ((4 * ks + h + 2 * b_hi) ^ rr)
+                for j in range(nt // 2):
+                    q = 2 * nt * h + 4 * j
+                    bf[q], bf[q + 1], bf[q + 2], bf[q + 3] = ldsm(
+                        smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane)
+        else:
+            # the lower code pair of e4m3 b0, b1 -> the first HMMA's b0, b1; the upper -> the second's
+            b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
+            for j in range(nt // 2):
+                raw[0], raw[1], raw[2], raw[3] = ldsm(smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
+                for u in range(2):  # n8 tiles 2 j, 2 j + 1
+                    q = 2 * (2 * j + u)
+                    bf[q], bf[2 * nt + q] = cvt4(raw[2 * u])
+                    bf[q + 1], bf[2 * nt + q + 1] = cvt4(raw[2 * u + 1])
+
+    @cuda.jit(**_DEVICE)
+    def load_a_f16(smem, af, raw, fbase, sbase, ks, i, a_lane, a_hi, rr, sw, scratch, warp, lane):
+        """The two HMMAs' A fragments of m16 tile ``i`` at k32 step ``ks`` (af[0:4] HMMA 0, af[4:8]
+        HMMA 1), as ``load_b_f16`` reads B."""
+        if f16_a:
+            for h in range(2):
+                a_off = fbase + a_lane + 4 * ((4 * ks + h + 2 * a_hi) ^ rr) + 16 * F16_ROW_WORDS * i
+                af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3] = ldsm(smem, a_off, scratch, warp, lane)
+        else:
+            # the lower code pair of e4m3 a0..a3 -> the first HMMA's a0..a3; the upper -> the second's
+            a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw) + 16 * ROW_WORDS * i
+            raw[0], raw[1], raw[2], raw[3] = ldsm(smem, a_off, scratch, warp, lane)
+            af[0], af[4] = cvt4(raw[0])
+            af[1], af[5] = cvt4(raw[1])
+            af[2], af[6] = cvt4(raw[2])
+            af[3], af[7] = cvt4(raw[3])
+
+    # -- mma steps: one output tile times one k32 step, promoted as configured -------------------
+
+    @cuda.jit(**_DEVICE)
+    def mma_into(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
+        """c[q .. q + 4) += A B through the e4m3 mma's own C operand."""
+        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3],
+                                                    scratch, warp, lane)
+
+    @cuda.jit(**_DEVICE)
+    def mma_step(acc, part, af, bf, q, j, scratch, warp, lane):
+        """Output tile q (n8 tile j) times this k32 step on the e4m3 mma: chained through the K-block
+        partial (the tensor core accumulates the K block itself) or the accumulator (the mma adds C
+        in float32 itself, sm_90), or from C = 0 with the partial added in float32."""
+        if chained and split:
+            mma_into(part, q, af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1], scratch, warp, lane)
+        elif chained:
+            mma_into(acc, q, af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1], scratch, warp, lane)
+        else:
+            d0, d1, d2, d3 = mma_op(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+            add_partial(acc, part, q, d0, d1, d2, d3)
+
+    @cuda.jit(**_DEVICE)
+    def hmma_pair_into(c, q, af, bf, lo, hi, scratch, warp, lane):
+        """c[q .. q + 4) += A B through the two f16 HMMAs of a k32 step, C chained through both."""
+        for h in range(2):
+            b = lo if h == 0 else hi
+            c[q], c[q + 1], c[q + 2], c[q + 3] = mma16(
+                af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3], bf[b], bf[b + 1],
+                c[q], c[q + 1], c[q + 2], c[q + 3], scratch, warp, lane)
+
+    @cuda.jit(**_DEVICE)
+    def hmma_step(acc, part, af, bf, q, j, scratch, warp, lane):
+        """``mma_step`` on the f16-staged kernel: two k16 HMMAs per k32 step, chained through the
+        K-block partial or the accumulator, or from C = 0 (the second adding the first's result)
+        with the k32 partial added in float32 -- the arithmetic ptxas makes of the e4m3 mma on sm_90."""
+        lo = 2 * j
+        hi = 2 * nt + 2 * j
+        if chained and split:
+            hmma_pair_into(part, q, af, bf, lo, hi, scratch, warp, lane)
+        elif chained:
+            hmma_pair_into(acc, q, af, bf, lo, hi, scratch, warp, lane)
+        else:
+            d0, d1, d2, d3 = mma16(af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
+                                   _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+            d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1], d0, d1, d2, d3, scratch, warp,
+                                   lane)
+            add_partial(acc, part, q, d0, d1, d2, d3)
+
+    @cuda.jit(**_DEVICE)
+    def mma_tile(smem, acc, part, af, bf, raw, fbase, sbase, plan, scratch, warp, lane):
+        """The warp's MT x NT output tiles times one 64-wide K tile: two k32 steps, B fragments for
+        the warp's columns first, then A one m16 tile at a time (fewer registers live)."""
+        rr, sw, a_lane, b_lane, a_hi, b_hi = plan
+        for ks in range(2):
+            if f16:
+                load_b_f16(smem, bf, raw, fbase, sbase, ks, b_lane, b_hi, rr, sw, scratch, warp, lane)
+            else:
+                load_b_e4m3(smem, bf, sbase, ks, b_lane, b_hi, sw, scratch, warp, lane)
+            for i in range(mt):
+                if f16:
+                    load_a_f16(smem, af, raw, fbase, sbase, ks, i, a_lane, a_hi, rr, sw, scratch, warp, lane)
+                else:
+                    load_a_e4m3(smem, af, sbase, ks, i, a_lane, a_hi, sw, scratch, warp, lane)
+                for j in range(nt):
+                    if f16:
+                        hmma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
+                    else:
+                        mma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
+
+    # -- promote and write out -------------------------------------------------------------------
+
+    @cuda.jit(**_DEVICE)
+    def promote(acc, part, scale_a, scale_b, kb, block_n, m0, m_total, wm, g):
+        """The end of 128-wide K block ``kb``: the partial into acc, block-scaled as
+        ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order) or added as it is."""
+        sbv = kblock_scale(scale_b, block_n, kb)
+        for i in range(mt):
+            for h in range(2):
+                sav = kblock_scale(scale_a, min(m0 + wm * mt * 16 + 16 * i + 8 * h + g, m_total - 1), kb)
+                for j in range(nt):
+                    q = 4 * (i * nt + j) + 2 * h
+                    for e in range(2):
+                        if block_scaled:
+                            acc[q + e] += np.float32(part[q + e] * sav) * sbv
+                        else:
+                            acc[q + e] += part[q + e]
+                        part[q + e] = _F32_ZERO
+
+    @cuda.jit(**_DEVICE)
+    def write_out(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, m0, n0, m_total, n_total,
+                  wm, wn, g, t):
+        """The epilogue: y = round_out((acc * sa) * sb + bias) over the warp's tiles (block scales are
+        already in acc)."""
+        has_bias = bias_kind != 0
+        for j in range(nt):
+            for e in range(2):
+                n = n0 + wn * nt * 8 + 8 * j + 2 * t + e
+                if n < n_total:
+                    sbn = row_scale(scale_b, sb_step, n)
+                    bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                    for i in range(mt):
+                        for h in range(2):
+                            m = m0 + wm * mt * 16 + 16 * i + 8 * h + g
+                            if m < m_total:
+                                sam = row_scale(scale_a, sa_step, m)
+                                v = finish(acc[4 * (i * nt + j) + 2 * h + e], sam, sbn, has_bias, bv)
+                                store(y, m, n, v, out_kind)
+
     def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b
         float32 vectors read as scale[i * step]. Block-scaled: scale_a [M, ceil(K/128)] per
@@ -356,10 +580,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         af = cuda.local.array(n_af, types.uint32)
         bf = cuda.local.array(n_bf, types.uint32)
         raw = cuda.local.array(n_raw, types.uint32)
-        for i in range(n_acc):
-            acc[i] = _F32_ZERO
-        for i in range(n_part):
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32
@@ -369,37 +591,9 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         t = lane % 4
         m0 = cuda.blockIdx.y * bm
         n0 = cuda.blockIdx.x * bn
-        # the copies: thread -> (row r0 + i * rows_per_pass, chunk), stored in swizzled slot
-        r0 = tid // 4
-        chunk = tid % 4
-        slot = chunk ^ ((r0 // 2) % 4)  # rows_per_pass is a multiple of 8: the same slot for every i
-        copy_word = r0 * ROW_WORDS + 4 * slot  # + stage base + i * rows_per_pass * ROW_WORDS
-        a_addr = mma.global_address(a, min(m0 + r0, m_total - 1), 16 * chunk)
-        b_addr = mma.global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
-        a_zero = mma.global_address(a, 0, 0)
-        b_zero = mma.global_address(b, 0, 0)
-        a_step = rows_per_pass * a.strides[0]
-        b_step = rows_per_pass * b.strides[0]
-        a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass  # copies with a row < M
-        b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
-        # the fragment reads: with ldmatrix, lane supplies row lane % 8 of matrix lane // 8; an e4m3
-        # row (ring) has its chunks swizzled by (row >> 1) & 3, an f16 row by row & 7 (the warps'
-        # rows start at multiples of 8)
-        rr = lane % 8
-        jj = lane // 8
-        sw = (rr // 2) % 4 if use_ldmatrix else (g // 2) % 4
-        if use_ldmatrix:
-            a_row = wm * mt * 16 + rr + 8 * (jj % 2)
-            b_row = wn * nt * 8 + 8 * (jj // 2) + rr
-            a_hi = jj // 2  # matrices 2, 3: the next chunk of k
-            b_hi = jj % 2
-            a_lane = a_row * (F16_ROW_WORDS if f16_a else ROW_WORDS)
-            b_lane = (f16_b_words + b_row * F16_ROW_WORDS) if f16_b else (a_words + b_row * ROW_WORDS)
-        else:
-            a_lane = (wm * mt * 16 + g) * ROW_WORDS + t
-            b_lane = a_words + (wn * nt * 8 + g) * ROW_WORDS + t
-            a_hi = 0
-            b_hi = 0
+        r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows = copy_plan(
+            a, b, m0, n0, m_total, n_total, tid)
+        plan = fragment_plan(lane, wm, wn, g, t)
         kt_total = (k_total + BK - 1) // BK
         block_n = n0 // 128
 
@@ -421,6 +615,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         st_write = stages - 1  # the ring slot of tile kt - 1 (refilled at iteration kt)
         for kt in range(kt_total):
             st_next = 0 if st_read == stages - 1 else st_read + 1  # the ring slot of tile kt + 1
+            # load tiles: refill the ring slot nobody reads any more (f16: convert tile kt + 1)
             if f16:
                 # f16 tile kt % 2 is complete, nobody reads f16 tile (kt + 1) % 2 nor ring slot
                 # st_write any more
@@ -440,68 +635,6 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                                    a_rows, b_rows, a_zero, b_zero, 16 * chunk, copy_word)
                 if early_refill:
                     commit()
-                fbase = ring_words + (kt % 2) * f16_words
-                sbase = st_read * stage_words
-                for ks in range(2):
-                    # one k32 step (e4m3 chunks 2 ks, 2 ks + 1 = f16 chunks 4 ks .. 4 ks + 3), two HMMAs:
-                    # HMMA h takes the code pair h of every 4-code word, i.e. f16 chunks 4 ks + h (k' 0-7)
-                    # and 4 ks + 2 + h (k' 8-15). B fragments for the warp's columns first (bf[0, 2 nt):
-                    # HMMA 0, [2 nt, 4 nt): HMMA 1), then A one m16 tile at a time
-                    if f16_b:
-                        for h in range(2):
-                            b_off = fbase + b_lane + 4 * ((4 * ks + h + 2 * b_hi) ^ rr)
-                            for j in range(nt // 2):
-                                q = 2 * nt * h + 4 * j
-                                bf[q], bf[q + 1], bf[q + 2], bf[q + 3] = ldsm(
-                                    smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane)
-                    else:
-                        # the lower code pair of e4m3 b0, b1 -> the first HMMA's b0, b1; the upper -> the second's
-                        b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
-                        for j in range(nt // 2):
-                            raw[0], raw[1], raw[2], raw[3] = ldsm(smem, b_off + 16 * ROW_WORDS * j, scratch, warp,
-                                                                  lane)
-                            for u in range(2):  # n8 tiles 2 j, 2 j + 1
-                                q = 2 * (2 * j + u)
-                                bf[q], bf[2 * nt + q] = cvt4(raw[2 * u])
-                                bf[q + 1], bf[2 * nt + q + 1] = cvt4(raw[2 * u + 1])
-                    for i in range(mt):
-                        if f16_a:
-                            for h in range(2):
-                                a_off = fbase + a_lane + 4 * ((4 * ks + h + 2 * a_hi) ^ rr) + 16 * F16_ROW_WORDS * i
-                                af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3] = ldsm(
-                                    smem, a_off, scratch, warp, lane)
-                        else:
-                            # the lower code pair of e4m3 a0..a3 -> the first HMMA's a0..a3; the upper -> the second's
-                            a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw) + 16 * ROW_WORDS * i
-                            raw[0], raw[1], raw[2], raw[3] = ldsm(smem, a_off, scratch, warp, lane)
-                            af[0], af[4] = cvt4(raw[0])
-                            af[1], af[5] = cvt4(raw[1])
-                            af[2], af[6] = cvt4(raw[2])
-                            af[3], af[7] = cvt4(raw[3])
-                        for j in range(nt):
-                            q = 4 * (i * nt + j)
-                            lo = 2 * j
-                            hi = 2 * nt + 2 * j
-                            if chained and split:  # the tensor core accumulates the K block itself
-                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma16(
-                                    af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
-                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
-                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma16(
-                                    af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
-                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
-                            elif chained:  # ... or the whole accumulator
-                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma16(
-                                    af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
-                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
-                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma16(
-                                    af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
-                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
-                            else:  # promotion per mma: the k32 partial (two HMMAs from 0), added in float32
-                                d0, d1, d2, d3 = mma16(af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
-                                                       _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1],
-                                                       d0, d1, d2, d3, scratch, warp, lane)
-                                add_partial(acc, part, q, d0, d1, d2, d3)
             else:
                 wait_tile()
                 cuda.syncthreads()
@@ -510,80 +643,16 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                     issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
                                a_zero, b_zero, 16 * chunk, copy_word)
                 commit()
-                sbase = st_read * stage_words
-                for ks in range(2):
-                    # fragments of this 32-wide k step (chunks 2 ks, 2 ks + 1 of every row): B for the
-                    # warp's columns first, then A one m16 tile at a time (fewer registers live)
-                    if use_ldmatrix:
-                        b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
-                        for j in range(nt // 2):
-                            bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
-                                smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
-                        a_off = sbase + a_lane + 4 * ((2 * ks + a_hi) ^ sw)
-                    else:
-                        lo = 4 * ((2 * ks) ^ sw)
-                        hi = 4 * ((2 * ks + 1) ^ sw)
-                        for j in range(nt):
-                            base = sbase + b_lane + 8 * ROW_WORDS * j
-                            bf[2 * j] = lds(smem, base + lo)
-                            bf[2 * j + 1] = lds(smem, base + hi)
-                    for i in range(mt):
-                        if use_ldmatrix:
-                            af[0], af[1], af[2], af[3] = ldsm(smem, a_off + 16 * ROW_WORDS * i, scratch, warp, lane)
-                        else:
-                            base = sbase + a_lane + 16 * ROW_WORDS * i
-                            af[0] = lds(smem, base + lo)
-                            af[1] = lds(smem, base + 8 * ROW_WORDS + lo)
-                            af[2] = lds(smem, base + hi)
-                            af[3] = lds(smem, base + 8 * ROW_WORDS + hi)
-                        for j in range(nt):
-                            q = 4 * (i * nt + j)
-                            if chained and split:  # the tensor core accumulates the K block itself
-                                part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
-                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    part[q], part[q + 1], part[q + 2], part[q + 3], scratch, warp, lane)
-                            elif chained:  # the mma adds C (the accumulator) in float32 itself
-                                acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
-                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    acc[q], acc[q + 1], acc[q + 2], acc[q + 3], scratch, warp, lane)
-                            else:  # promotion per mma: C = 0, the partial added in float32
-                                d0, d1, d2, d3 = mma_op(
-                                    af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                add_partial(acc, part, q, d0, d1, d2, d3)
+            # mma steps over tile kt
+            mma_tile(smem, acc, part, af, bf, raw, ring_words + (kt % 2) * f16_words, st_read * stage_words, plan,
+                     scratch, warp, lane)
             st_read = st_next
             st_write = 0 if st_write == stages - 1 else st_write + 1
             if split and (kt % 2 == 1 or kt == kt_total - 1):
-                # the end of a 128-wide K block: promote (and scale) the partial into acc
-                kb = kt // 2
-                sbv = kblock_scale(scale_b, block_n, kb)
-                for i in range(mt):
-                    for h in range(2):
-                        sav = kblock_scale(scale_a, min(m0 + wm * mt * 16 + 16 * i + 8 * h + g, m_total - 1), kb)
-                        for j in range(nt):
-                            q = 4 * (i * nt + j) + 2 * h
-                            for e in range(2):
-                                if block_scaled:
-                                    acc[q + e] += np.float32(part[q + e] * sav) * sbv
-                                else:
-                                    acc[q + e] += part[q + e]
-                                part[q + e] = _F32_ZERO
+                promote(acc, part, scale_a, scale_b, kt // 2, block_n, m0, m_total, wm, g)
 
-        # epilogue: y = round_out((acc * sa) * sb + bias) (block scales are already in acc)
-        has_bias = bias_kind != 0
-        for j in range(nt):
-            for e in range(2):
-                n = n0 + wn * nt * 8 + 8 * j + 2 * t + e
-                if n < n_total:
-                    sbn = row_scale(scale_b, sb_step, n)
-                    bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
-                    for i in range(mt):
-                        for h in range(2):
-                            m = m0 + wm * mt * 16 + 16 * i + 8 * h + g
-                            if m < m_total:
-                                sam = row_scale(scale_a, sa_step, m)
-                                v = finish(acc[4 * (i * nt + j) + 2 * h + e], sam, sbn, has_bias, bv)
-                                store(y, m, n, v, out_kind)
+        write_out(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, m0, n0, m_total, n_total,
+                  wm, wn, g, t)
 
     return gemm
 
@@ -684,38 +753,35 @@ def rows_reason(arr, name):
     return None
 
 
-def shape_reason(call):
+def shape_reason(call, kernels="the tensor-core kernels"):
+    """Why the operands cannot be copied 16 bytes at a time (None when they can): the rule of every
+    cp.async GEMM (this module's, sm90_wgmma_gemm.py's)."""
     if call.k % 16:
-        return f"the tensor-core kernels need K to be a multiple of 16, got K = {call.k}"
+        return f"{kernels}: 16-byte copies need K to be a multiple of 16, got K = {call.k}"
     return rows_reason(call.a, "a") or rows_reason(call.b, "b")
 
 
-def bias_bits(bias, dev):
-    """(uint16 view, BiasKind) of a bias vector, as the kernels take it."""
-    if bias is None:
-        return dev.placeholder("u16"), 0
-    if not bias.flags.c_contiguous:
-        bias = device.xp.ascontiguousarray(bias)
-    return bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
+def gemm_args(call, y_bits, block_scaled):
+    """The arguments of a tiled GEMM kernel (``gemm_signature``) for a ``gemm.GemmCall`` or a
+    ``block.BlockCall`` (2-D scales, the steps unused)."""
+    bias, bias_kind = bias_bits(call.bias, call.device)
+    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    return (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
+            OUT_KIND[call.out_dtype])
 
 
 def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
     """(kernel, grid, block, args) of the tiled tensor-core GEMM for a ``gemm.GemmCall`` (or a
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
-    dev = call.device
-    bias, bias_kind = bias_bits(call.bias, dev)
-    cfg = config or default_config(dev.cc, _split_accumulators(promotion, block_scaled))
+    cfg = config or default_config(call.device.cc, _split_accumulators(promotion, block_scaled))
     # the f16-staged kernel promotes per k32 explicitly; its chain is the tensor core's accumulation
-    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(dev.cc)
+    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc)
     bm, bn = tile_shape(cfg)
-    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32),
-            (-(-call.n // bn), -(-call.m // bm)), 32 * cfg.wm * cfg.wn,
-            (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
-             OUT_KIND[call.out_dtype]))
+            (-(-call.n // bn), -(-call.m // bm)), 32 * cfg.wm * cfg.wn, gemm_args(call, y_bits, block_scaled))
 
 
 __all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
            "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
-           "gemm_signature", "gemm_launcher", "gemm_launch", "chains_in_float32", "unavailable_reason", "rows_reason", "shape_reason",
-           "bias_bits"]
+           "gemm_signature", "gemm_launcher", "gemm_launch", "gemm_args", "chains_in_float32", "unavailable_reason",
+           "rows_reason", "shape_reason"]

@@ -7,7 +7,8 @@
   bit placement, the GEMV's weight decode), and the two encoders behind ``encode_pair`` /
   ``encode_one``;
 - 16-byte memory access: ``load_u32x4`` / ``store_u32x4`` (the i-th 16-byte word of a flat buffer)
-  and ``load_row_words`` (the 16 bytes at ``&arr[row, col]`` of a 2-D array).
+  and ``load_row_words`` (the 16 bytes at ``&arr[row, col]`` of a 2-D array);
+- ``fill``: every element of a local array set to one value (an accumulator's start).
 
 The switch: on a real GPU the primitives that have a PTX instruction are inline PTX (llvmlite
 ``InlineAsm`` intrinsics) or libdevice calls; under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1),
@@ -33,8 +34,8 @@ callers check on the host; the simulator's forms index element by element.
 
 import numpy as np
 
-from .. import _format
-from .._format import F32_E4M3_MAX, F32_ZERO
+from ... import _format
+from ..._format import F32_E4M3_MAX, F32_ZERO
 from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, libdevice, types
 
 ENCODERS = ("hardware", "portable")
@@ -105,6 +106,14 @@ else:
     from numba.core import cgutils
 
     _i32, _f32 = ir.IntType(32), ir.FloatType()
+
+    def asm_tuple(context, builder, ret, element, text, constraints, operands, side_effect=False):
+        """The ``ret`` tuple (``ret.count`` registers of LLVM type ``element``) that one inline-PTX
+        statement writes from ``operands``: the codegen of every intrinsic returning several
+        registers (here, mma.py)."""
+        fnty = ir.FunctionType(ir.LiteralStructType([element] * ret.count), [op.type for op in operands])
+        res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=side_effect), operands)
+        return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(ret.count)])
 
     @cuda.jit(**DEVICE_INLINE)
     def float32_bits(x):
@@ -197,11 +206,8 @@ else:
                    _index_to_intp(context, builder, signature.args[2], args[2])]
             ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx)
             addr = builder.ptrtoint(ptr, ir.IntType(64))
-            fnty = ir.FunctionType(ir.LiteralStructType([_i32] * 4), [ir.IntType(64)])
-            asm = ir.InlineAsm(fnty, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
-                                     "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }", "=r,=r,=r,=r,l")
-            res = builder.call(asm, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return asm_tuple(context, builder, ret, _i32, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }", "=r,=r,=r,=r,l", [addr])
 
         return sig, codegen
 
@@ -212,11 +218,8 @@ else:
         sig = ret(types.uint32)
 
         def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.LiteralStructType([_f32] * 2), [_i32])
-            asm = ir.InlineAsm(fnty, "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; "
-                                     "cvt.f32.f16 $1, b; }", "=f,=f,r")
-            res = builder.call(asm, [args[0]])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+            return asm_tuple(context, builder, ret, _f32, "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; "
+                             "cvt.f32.f16 $1, b; }", "=f,=f,r", [args[0]])
 
         return sig, codegen
 
@@ -340,6 +343,14 @@ half2_to_float32_portable = compile_device(_half2_to_float32_portable, half_bits
 
 
 @cuda.jit(**DEVICE_INLINE)
+def fill(arr, value):
+    """arr[:] = value for a 1-D (local) array: its length is a constant, so the loop unrolls and the
+    elements stay in registers."""
+    for i in range(arr.shape[0]):
+        arr[i] = value
+
+
+@cuda.jit(**DEVICE_INLINE)
 def bf16_low(w):
     """The bfloat16 in the low half of a word, as float32 (exact)."""
     return bits_float32(w << _U32_16)
@@ -429,4 +440,5 @@ __all__ = ["ENCODERS", "HARDWARE_MIN_CC", "hardware_available", "compile_device"
            "half_bits_to_float32", "bfloat16_bits_to_float32", "half2_to_float32", "half2_to_float32_portable",
            "float32_to_half_bits", "float32_to_bfloat16_bits", "bf16_low", "bf16_high", "f16_low", "f16_high",
            "decode_e4m3", "e4m3x4_scaled", "nan_code_bits", "encode_e4m3", "encode_pair", "encode_one",
-           "finite_abs", "load_u32x4", "store_u32x4", "load_row_words", "load_row_words_u8", "load_row_words_u16"]
+           "finite_abs", "load_u32x4", "store_u32x4", "load_row_words", "load_row_words_u8", "load_row_words_u16",
+           "fill"]

@@ -26,13 +26,18 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import codec, device, mma
-from .epilogue import F32_1D, I32, I64, OUT_KIND, U8_2D, U16_1D, U16_2D, load_bias, out_type, scaled_value, store_out
-from .gemv import X_KIND, GemvStage, XKind
-from .launch import compile_kernel
-from .target import DEVICE_INLINE, SIMULATOR, cuda, types
-from .tc_gemm import _ALIGN_16, _F32_ONE, _F32_ZERO, _U32_ZERO, bias_bits, chains_in_float32, rows_reason, \
-    scale_readers, shape_reason, unavailable_reason
+from ..ptx import codec, mma
+from ..ptx.codec import fill
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..runtime import device
+from ..runtime.launch import compile_kernel
+from .epilogue import (
+    F32_1D, I32, I64, OUT_KIND, U8_2D, U16_1D, U16_2D, bias_bits, empty_out, load_bias, out_type, scale_vector,
+    scaled_value, store_out,
+)
+from .gemv import X_KIND, GemvStage, x_loader
+from .tc_gemm import _ALIGN_16, _F32_ONE, _F32_ZERO, _U32_ZERO, chains_in_float32, rows_reason, scale_readers, \
+    shape_reason, unavailable_reason
 
 _DEVICE = DEVICE_INLINE
 
@@ -85,12 +90,9 @@ FUSED_SHARED_LIMIT = 48 * 1024  # the fused modes stage x's codes in (dynamic) s
 # activation modes: the CUDA-core GEMV's four stages and the 1 x 128 group one
 MODE_CODES, MODE_STATIC, MODE_DYNAMIC, MODE_PER_TOKEN = (int(s) for s in GemvStage)
 MODE_PER_GROUP = 4
-X_FLOAT32, X_FLOAT16, X_BFLOAT16 = (int(k) for k in XKind)
 _F32_448 = np.float32(448.0)
 _F32_GROUP_EPS = np.float32(1e-10)  # upstream per_token_group_quant_fp8's eps
 _U32_16 = np.uint32(16)
-_U32_LOW16 = np.uint32(0xFFFF)
-_U32_HIGH16 = np.uint32(0xFFFF0000)
 _FULL_MASK = 0xFFFFFFFF
 
 
@@ -162,15 +164,11 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
     n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
     n_fscratch = warps * 32 if SIMULATOR else 1
     n_scratch = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
-    if hardware:  # inline PTX: one 128-bit load for any element type, two cvt.f32.f16 per word
-        load16 = load16_u16 = codec.load_row_words
-        half2 = codec.half2_to_float32
-    else:
-        load16, load16_u16 = codec.load_row_words_u8, codec.load_row_words_u16
-        half2 = codec.half2_to_float32_portable
+    # inline PTX (hardware): one 128-bit load for any element type
+    load16 = codec.load_row_words if hardware else codec.load_row_words_u8
+    load_x16 = x_loader(hardware)
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
-    from_bits = codec.bits_float32
     mma_op, lds4 = mma.mma_e4m3, mma.lds_u32x4
     octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
@@ -212,35 +210,6 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
                     ring[q + 3] = w3 if ok else _U32_ZERO
 
     @cuda.jit(**_DEVICE)
-    def load_x16(x, x_kind, row, k, vals):
-        """vals[0 .. 16) = x[row, k .. k + 16) as float32 (x: the uint16 view of the rows)."""
-        if x_kind == X_FLOAT32:
-            for i in range(4):
-                w0, w1, w2, w3 = load16_u16(x, row, 2 * k + 8 * i)
-                vals[4 * i] = from_bits(w0)
-                vals[4 * i + 1] = from_bits(w1)
-                vals[4 * i + 2] = from_bits(w2)
-                vals[4 * i + 3] = from_bits(w3)
-        else:
-            for i in range(2):
-                w0, w1, w2, w3 = load16_u16(x, row, k + 8 * i)
-                j = 8 * i
-                if x_kind == X_FLOAT16:
-                    vals[j], vals[j + 1] = half2(w0)
-                    vals[j + 2], vals[j + 3] = half2(w1)
-                    vals[j + 4], vals[j + 5] = half2(w2)
-                    vals[j + 6], vals[j + 7] = half2(w3)
-                else:  # bfloat16: the upper 16 bits of a float32
-                    vals[j] = from_bits(w0 << _U32_16)
-                    vals[j + 1] = from_bits(w0 & _U32_HIGH16)
-                    vals[j + 2] = from_bits(w1 << _U32_16)
-                    vals[j + 3] = from_bits(w1 & _U32_HIGH16)
-                    vals[j + 4] = from_bits(w2 << _U32_16)
-                    vals[j + 5] = from_bits(w2 & _U32_HIGH16)
-                    vals[j + 6] = from_bits(w3 << _U32_16)
-                    vals[j + 7] = from_bits(w3 & _U32_HIGH16)
-
-    @cuda.jit(**_DEVICE)
     def encode16(vals, mult, divide, xs, word):
         """xs[word .. word + 4) = codes of vals[0 .. 16) times (or divided by) mult."""
         for q in range(4):
@@ -254,6 +223,199 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
             xs[word + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
 
     row_scale, kblock_scale = scale_readers(block_scaled)
+
+    # -- fused quantization: the activation's scales, then its codes in shared memory ------------
+
+    @cuda.jit(**_DEVICE)
+    def activation_scales(x, x_kind, qscale, m_total, k16, vals, local, amax_rows, row_mult, row_deq, tid):
+        """The activation's per-tensor / per-token quantization multiplier (or divisor) and
+        dequantization scale, into row_mult / row_deq (a pass over x for its amax where dynamic).
+        Every thread must call (it synchronizes the block for the amax)."""
+        if mode == MODE_STATIC and tid == 0:
+            row_mult[0] = np.float32(_F32_ONE / qscale[0])
+            row_deq[0] = qscale[0]
+        if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
+            for r in range(x_rows):
+                local[r] = _F32_ZERO
+            for r in range(x_rows):
+                if r < m_total:
+                    for cc in range(tid, k16, threads):
+                        load_x16(x, x_kind, r, cc, vals)
+                        for j in range(16):
+                            local[r] = max(local[r], finite_abs(vals[j]))
+            block_max_rows(local, amax_rows)
+            if tid == 0:
+                if mode == MODE_DYNAMIC:
+                    total = _F32_ZERO
+                    for r in range(x_rows):
+                        total = max(total, amax_rows[r])
+                    s = max(total / _F32_448, min_scale)
+                    row_mult[0] = np.float32(_F32_ONE / s)
+                    row_deq[0] = s
+                else:
+                    ub = qscale[0]
+                    for r in range(x_rows):
+                        am = amax_rows[r]
+                        if ub > _F32_ZERO:
+                            am = min(am, ub)
+                        s = max(am / _F32_448, min_scale)
+                        row_mult[r] = s
+                        row_deq[r] = s
+
+    @cuda.jit(**_DEVICE)
+    def quantize_rows(x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch,
+                      warp, lane, tid):
+        """x's codes into shared memory (xs, row_words a row), 16 values an item, a group's 8 items
+        in 8 lanes; 1 x 128 groups also write their scales (gs). Every thread must call."""
+        segs = 8 * nchunks
+        items = m_total * segs
+        for item0 in range(0, items, threads):
+            item = item0 + tid
+            valid = item < items
+            m = item // segs if valid else 0
+            sg = item - m * segs if valid else 0
+            if valid and 16 * sg < k_total:
+                load_x16(x, x_kind, m, sg, vals)
+            else:
+                for j in range(16):
+                    vals[j] = _F32_ZERO
+            if mode == MODE_PER_GROUP:
+                # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
+                amax = _F32_ZERO
+                for j in range(16):
+                    amax = max(amax, finite_abs(vals[j]))
+                amax = octet_max(amax, fscratch, warp, lane)
+                mult = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
+                divide = True
+                if valid and sg % 8 == 0:
+                    gs[gbase + m * nchunks + sg // 8] = mult
+            elif mode == MODE_PER_TOKEN:
+                mult = row_mult[m]
+                divide = True
+            else:
+                mult = row_mult[0]
+                divide = False
+            if valid:
+                encode16(vals, mult, divide, xs, m * row_words + 4 * sg)
+
+    # -- per chunk: the activation words, the mmas, the block scales' promotion ------------------
+
+    @cuda.jit(**_DEVICE)
+    def activation_words(xw, ring, xs, base, c, nchunks, m_total, row_words, g, t):
+        """This chunk's activation words, xw[4 (2 i + s) + q] for n8 tile i, segment s: from the
+        ring slot at ``base`` (codes in), or from x's codes in shared memory (fused; zeros past M)."""
+        for i in range(nb):
+            if fused:
+                row = 8 * i + g
+                for s in range(2):
+                    if row < m_total and c < nchunks:
+                        xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], \
+                            xw[8 * i + 4 * s + 3] = lds4(xs, row * row_words + 32 * c + 16 * s + 4 * t)
+                    else:
+                        for q in range(4):
+                            xw[8 * i + 4 * s + q] = _U32_ZERO
+            else:
+                for q in range(8):
+                    xw[8 * i + q] = ring[base + n_wslot + 8 * i + q]
+
+    @cuda.jit(**_DEVICE)
+    def mma_into(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
+        """c[q .. q + 4) += A B through the mma's own C operand."""
+        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3],
+                                                    scratch, warp, lane)
+
+    @cuda.jit(**_DEVICE)
+    def mma_added(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
+        """c[q .. q + 4) += A B, the mma from C = 0 and its partial added in float32 (promotion per mma)."""
+        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp,
+                                lane)
+        c[q] += d0
+        c[q + 1] += d1
+        c[q + 2] += d2
+        c[q + 3] += d3
+
+    @cuda.jit(**_DEVICE)
+    def mma_chunk(acc, part, ring, xw, base, scratch, warp, lane):
+        """The chunk's mmas: weight tile r x activation tile i, two per segment, into the K block's
+        partial (block scales) or the accumulator, chained through C or promoted per mma."""
+        for r in range(rt):
+            for i in range(nb):
+                q = 4 * (r * nb + i)
+                for s in range(2):
+                    for hh in range(2):
+                        w = base + 4 * (4 * r + s)  # row g's words; row g + 8's are 8 further
+                        a0 = ring[w + 2 * hh]
+                        a1 = ring[w + 8 + 2 * hh]
+                        a2 = ring[w + 2 * hh + 1]
+                        a3 = ring[w + 8 + 2 * hh + 1]
+                        b0 = xw[8 * i + 4 * s + 2 * hh]
+                        b1 = xw[8 * i + 4 * s + 2 * hh + 1]
+                        if block_scaled and chain:
+                            mma_into(part, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane)
+                        elif block_scaled:
+                            mma_added(part, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane)
+                        elif chain:
+                            mma_into(acc, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane)
+                        else:
+                            mma_added(acc, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane)
+
+    @cuda.jit(**_DEVICE)
+    def promote(acc, part, scale_a, scale_b, gs, gbase, c, nchunks, m_total, n0, n_total, g, t):
+        """The chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb], then P = 0."""
+        kb = min(c, nchunks - 1)
+        for i in range(nb):
+            m0 = min(8 * i + 2 * t, m_total - 1)
+            m1 = min(8 * i + 2 * t + 1, m_total - 1)
+            if mode == MODE_PER_GROUP:
+                sa0 = gs[gbase + m0 * nchunks + kb]
+                sa1 = gs[gbase + m1 * nchunks + kb]
+            else:
+                sa0 = kblock_scale(scale_a, m0, kb)
+                sa1 = kblock_scale(scale_a, m1, kb)
+            for r in range(rt):
+                sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
+                q = 4 * (r * nb + i)
+                acc[q] += np.float32(part[q] * sa0) * sbv
+                acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
+                acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
+                acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
+                for e in range(4):
+                    part[q + e] = _F32_ZERO
+
+    # -- the epilogue ------------------------------------------------------------------------------
+
+    @cuda.jit(**_DEVICE)
+    def reduce_and_store(acc, red, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, row_deq, n0,
+                         n_total, m_total, warp, lane, tid):
+        """The warps' partial sums, added in warp order through shared memory; then y =
+        round_out((sum * sa) * sb + bias). Every thread must call."""
+        for i in range(n_acc):
+            red[(warp * n_acc + i) * 32 + lane] = acc[i]
+        cuda.syncthreads()
+        has_bias = bias_kind != 0
+        for idx in range(tid, n_acc * 32, threads):
+            i = idx // 32
+            ln = idx % 32
+            total = red[idx]
+            for w in range(1, warps):
+                total += red[(w * n_acc + i) * 32 + ln]
+            e = i % 4
+            ti = (i // 4) % nb
+            r = i // (4 * nb)
+            n = n0 + 16 * r + ln // 4 + 8 * (e // 2)
+            m = 8 * ti + 2 * (ln % 4) + e % 2
+            if n < n_total and m < m_total:
+                if mode == MODE_CODES:
+                    sam = row_scale(scale_a, sa_step, m)
+                elif mode == MODE_PER_TOKEN:
+                    sam = row_deq[m]
+                elif fused and not block_scaled:
+                    sam = row_deq[0]
+                else:
+                    sam = _F32_ONE
+                sbn = row_scale(scale_b, sb_step, n)
+                bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+                store(y, m, n, finish(total, sam, sbn, has_bias, bv), out_kind)
 
     def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y[:M] = round_out(scaled (a or quantize(x)) @ b^T + bias); the arguments of
@@ -282,81 +444,22 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
         local = cuda.local.array(x_rows, types.float32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_acc, types.float32)
-        for i in range(n_acc):
-            acc[i] = _F32_ZERO
-            part[i] = _F32_ZERO
+        fill(acc, _F32_ZERO)
+        fill(part, _F32_ZERO)
 
-        # the first ring of weight loads goes out before anything waits
+        # load: the first ring of weight loads goes out before anything waits
         for d in range(depth):
             load_slot(ring, d, a, b, n0, n_total, m_total, k_total, warp + d * warps, nchunks)
 
         row_words = (nchunks * CHUNK + 16) // 4
         gbase = m_total * row_words
         if fused:
-            # -- the activation's per-tensor / per-token scales (a pass over x for its amax) ------
-            if mode == MODE_STATIC and tid == 0:
-                row_mult[0] = np.float32(_F32_ONE / qscale[0])
-                row_deq[0] = qscale[0]
-            if mode == MODE_DYNAMIC or mode == MODE_PER_TOKEN:
-                for r in range(x_rows):
-                    local[r] = _F32_ZERO
-                k16 = k_total // 16
-                for r in range(x_rows):
-                    if r < m_total:
-                        for cc in range(tid, k16, threads):
-                            load_x16(x, x_kind, r, 16 * cc, vals)
-                            for j in range(16):
-                                local[r] = max(local[r], finite_abs(vals[j]))
-                block_max_rows(local, amax_rows)
-                if tid == 0:
-                    if mode == MODE_DYNAMIC:
-                        total = _F32_ZERO
-                        for r in range(x_rows):
-                            total = max(total, amax_rows[r])
-                        s = max(total / _F32_448, min_scale)
-                        row_mult[0] = np.float32(_F32_ONE / s)
-                        row_deq[0] = s
-                    else:
-                        ub = qscale[0]
-                        for r in range(x_rows):
-                            am = amax_rows[r]
-                            if ub > _F32_ZERO:
-                                am = min(am, ub)
-                            s = max(am / _F32_448, min_scale)
-                            row_mult[r] = s
-                            row_deq[r] = s
+            # (k // 16 here, not in the device function: there LLVM lost that K >= 0, +3 instructions)
+            activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq,
+                              tid)
             cuda.syncthreads()
-            # -- quantize x into shared memory: 16 values an item, a group's 8 items in 8 lanes ----
-            segs = 8 * nchunks
-            items = m_total * segs
-            for item0 in range(0, items, threads):
-                item = item0 + tid
-                valid = item < items
-                m = item // segs if valid else 0
-                sg = item - m * segs if valid else 0
-                if valid and 16 * sg < k_total:
-                    load_x16(x, x_kind, m, 16 * sg, vals)
-                else:
-                    for j in range(16):
-                        vals[j] = _F32_ZERO
-                if mode == MODE_PER_GROUP:
-                    # upstream per_token_group_quant_fp8: scale = max(amax, eps) / 448, x / scale
-                    amax = _F32_ZERO
-                    for j in range(16):
-                        amax = max(amax, finite_abs(vals[j]))
-                    amax = octet_max(amax, fscratch, warp, lane)
-                    mult = np.float32(max(amax, _F32_GROUP_EPS) / _F32_448)
-                    divide = True
-                    if valid and sg % 8 == 0:
-                        gs[gbase + m * nchunks + sg // 8] = mult
-                elif mode == MODE_PER_TOKEN:
-                    mult = row_mult[m]
-                    divide = True
-                else:
-                    mult = row_mult[0]
-                    divide = False
-                if valid:
-                    encode16(vals, mult, divide, xs, m * row_words + 4 * sg)
+            quantize_rows(x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch,
+                          warp, lane, tid)
             cuda.syncthreads()
 
         iters = (nchunks + warps - 1) // warps
@@ -366,108 +469,15 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
                 if it < iters:  # the same for every warp of the block
                     c = warp + it * warps
                     base = d * n_slot
-                    # -- this chunk's activation words: xw[4 (2 i + s) + q] for n8 tile i, segment s
-                    for i in range(nb):
-                        if fused:
-                            row = 8 * i + g
-                            for s in range(2):
-                                if row < m_total and c < nchunks:
-                                    xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], \
-                                        xw[8 * i + 4 * s + 3] = lds4(xs, row * row_words + 32 * c + 16 * s + 4 * t)
-                                else:
-                                    for q in range(4):
-                                        xw[8 * i + 4 * s + q] = _U32_ZERO
-                        else:
-                            for q in range(8):
-                                xw[8 * i + q] = ring[base + n_wslot + 8 * i + q]
-                    # -- the mmas: weight tile r x activation tile i, two per segment ----------------
-                    for r in range(rt):
-                        for i in range(nb):
-                            q = 4 * (r * nb + i)
-                            for s in range(2):
-                                for hh in range(2):
-                                    w = base + 4 * (4 * r + s)  # row g's words; row g + 8's are 8 further
-                                    a0 = ring[w + 2 * hh]
-                                    a1 = ring[w + 8 + 2 * hh]
-                                    a2 = ring[w + 2 * hh + 1]
-                                    a3 = ring[w + 8 + 2 * hh + 1]
-                                    b0 = xw[8 * i + 4 * s + 2 * hh]
-                                    b1 = xw[8 * i + 4 * s + 2 * hh + 1]
-                                    if block_scaled:
-                                        if chain:
-                                            part[q], part[q + 1], part[q + 2], part[q + 3] = mma_op(
-                                                a0, a1, a2, a3, b0, b1, part[q], part[q + 1], part[q + 2],
-                                                part[q + 3], scratch, warp, lane)
-                                        else:
-                                            d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
-                                                                    _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                            part[q] += d0
-                                            part[q + 1] += d1
-                                            part[q + 2] += d2
-                                            part[q + 3] += d3
-                                    elif chain:
-                                        acc[q], acc[q + 1], acc[q + 2], acc[q + 3] = mma_op(
-                                            a0, a1, a2, a3, b0, b1, acc[q], acc[q + 1], acc[q + 2], acc[q + 3],
-                                            scratch, warp, lane)
-                                    else:
-                                        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO,
-                                                                _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-                                        acc[q] += d0
-                                        acc[q + 1] += d1
-                                        acc[q + 2] += d2
-                                        acc[q + 3] += d3
+                    activation_words(xw, ring, xs, base, c, nchunks, m_total, row_words, g, t)
+                    mma_chunk(acc, part, ring, xw, base, scratch, warp, lane)
                     if block_scaled:
-                        # the chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb]
-                        kb = min(c, nchunks - 1)
-                        for i in range(nb):
-                            m0 = min(8 * i + 2 * t, m_total - 1)
-                            m1 = min(8 * i + 2 * t + 1, m_total - 1)
-                            if mode == MODE_PER_GROUP:
-                                sa0 = gs[gbase + m0 * nchunks + kb]
-                                sa1 = gs[gbase + m1 * nchunks + kb]
-                            else:
-                                sa0 = kblock_scale(scale_a, m0, kb)
-                                sa1 = kblock_scale(scale_a, m1, kb)
-                            for r in range(rt):
-                                sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
-                                q = 4 * (r * nb + i)
-                                acc[q] += np.float32(part[q] * sa0) * sbv
-                                acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
-                                acc[q + 2] += np.float32(part[q + 2] * sa0) * sbv
-                                acc[q + 3] += np.float32(part[q + 3] * sa1) * sbv
-                                for e in range(4):
-                                    part[q + e] = _F32_ZERO
-                    # refill this slot: the chunk depth steps ahead
+                        promote(acc, part, scale_a, scale_b, gs, gbase, c, nchunks, m_total, n0, n_total, g, t)
+                    # load: refill this slot with the chunk depth steps ahead
                     load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c + depth * warps, nchunks)
 
-        # -- the warps' partial sums, in warp order; then the epilogue ---------------------------
-        for i in range(n_acc):
-            red[(warp * n_acc + i) * 32 + lane] = acc[i]
-        cuda.syncthreads()
-        has_bias = bias_kind != 0
-        for idx in range(tid, n_acc * 32, threads):
-            i = idx // 32
-            ln = idx % 32
-            total = red[idx]
-            for w in range(1, warps):
-                total += red[(w * n_acc + i) * 32 + ln]
-            e = i % 4
-            ti = (i // 4) % nb
-            r = i // (4 * nb)
-            n = n0 + 16 * r + ln // 4 + 8 * (e // 2)
-            m = 8 * ti + 2 * (ln % 4) + e % 2
-            if n < n_total and m < m_total:
-                if mode == MODE_CODES:
-                    sam = row_scale(scale_a, sa_step, m)
-                elif mode == MODE_PER_TOKEN:
-                    sam = row_deq[m]
-                elif fused and not block_scaled:
-                    sam = row_deq[0]
-                else:
-                    sam = _F32_ONE
-                sbn = row_scale(scale_b, sb_step, n)
-                bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
-                store(y, m, n, finish(total, sam, sbn, has_bias, bv), out_kind)
+        reduce_and_store(acc, red, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, row_deq, n0,
+                         n_total, m_total, warp, lane, tid)
 
     return gemv
 
@@ -525,7 +535,7 @@ def _max_fused_k(config):
 def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode,
                      block_scaled, dev):
     """The fused GEMV over x's rows, ``rows`` at a time (rows are independent in these modes)."""
-    y, y_bits = _y_and_bits(m, b.shape[0], out_dtype)
+    y, y_bits = empty_out(m, b.shape[0], out_dtype)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         kernel, grid, block, args, shared = gemv_launch(
@@ -557,11 +567,6 @@ def gemv_launch(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, 
     return (kernel, -(-b.shape[0] // (16 * cfg.rt)), 32 * cfg.warps,
             (a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias_arg, bias_kind, y_bits,
              OUT_KIND[np.dtype(out_dtype)]), shared)
-
-
-def _y_and_bits(m, n, out_dtype):
-    y = device.xp.empty((m, n), dtype=out_dtype)
-    return y, (y if np.dtype(out_dtype) == np.float32 else y.view(np.uint16))
 
 
 def gemv_codes_launch(call, y_bits, block_scaled):
@@ -601,8 +606,6 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
     group activations and the block-scaled GEMM. Where x does not fit one launch's shared memory
     (or a dynamic amax would make every block read many rows), ``quantize(x)`` -> (codes, scale_a)
     runs first and the codes GEMV follows."""
-    from .gemm import _scale
-
     dev = device.current()
     m, k = x.shape
     n = b.shape[0]
@@ -615,24 +618,24 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
         rows = _fused_rows(k, MODE_PER_GROUP, None)
         return _fused_in_slices(m, rows, x_bits, x_kind, dev.placeholder("f32"), b, block_scales[:1, :1],
                                 block_scales, 0, out_dtype, bias, MODE_PER_GROUP, True, dev)
-    sb, sb_step = _scale(scale_b, n, dev)
+    sb, sb_step = scale_vector(scale_b, n, dev)
     dynamic = input_scale is None and not per_token
     rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
     if rows == 0 or ((per_token or dynamic) and m > FUSED_AMAX_MAX_M) or (dynamic and rows < m):
         codes, scale_a = quantize(x)
-        sa, sa_step = _scale(scale_a, m, dev)
-        y, y_bits = _y_and_bits(m, n, out_dtype)
+        sa, sa_step = scale_vector(scale_a, m, dev)
+        y, y_bits = empty_out(m, n, out_dtype)
         kernel, grid, block, args, _ = gemv_launch(m, codes, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"),
                                                    b, sa, sa_step, sb, sb_step, out_dtype, bias, MODE_CODES, False,
                                                    y_bits, dev)
         kernel(grid, block, *args)
         return y
     if per_token:
-        mode, qscale = MODE_PER_TOKEN, _scale(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
+        mode, qscale = MODE_PER_TOKEN, scale_vector(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
     elif dynamic:
         mode, qscale = MODE_DYNAMIC, dev.scalar(1.0)
     else:
-        mode, qscale = MODE_STATIC, _scale(input_scale, 1, dev)[0]
+        mode, qscale = MODE_STATIC, scale_vector(input_scale, 1, dev)[0]
     return _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype,
                             bias, mode, False, dev)
 

@@ -19,8 +19,8 @@ import functools
 
 import numpy as np
 
-from .. import _arrays
-from .codec import (
+from ... import _arrays
+from ..ptx.codec import (
     bfloat16_bits_to_float32,
     bits_float32,
     compile_device,
@@ -31,8 +31,9 @@ from .codec import (
     load_u32x4,
     store_u32x4,
 )
-from .launch import compile_kernel
-from .target import cuda, types
+from ..ptx.target import cuda, types
+from ..runtime import device
+from ..runtime.launch import compile_kernel
 
 
 class BiasKind(enum.IntEnum):
@@ -213,5 +214,51 @@ def epilogue_launch(acc, y_bits, scale_a, sa_step, scale_b, sb_step, bias, bias_
             (acc, y_bits, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, int(out_kind)))
 
 
+# ------------------------------------------------------------------------------------------------
+# host side: a call's operands as every GEMM kernel takes them (the conventions above)
+
+_F32 = np.dtype(np.float32)
+
+
+def scale_vector(scale, rows, dev):
+    """(float32 device vector, step) for a scale given as a host float32 or a device array (1,) /
+    (rows,): step 0 reads the one value for every row."""
+    if isinstance(scale, (np.floating, float, int)):
+        return dev.scalar(scale), 0
+    vec = scale if len(scale.shape) == 1 else scale.reshape(-1)
+    if vec.dtype != _F32:
+        vec = vec.astype(_F32)  # f16 / bf16 widen exactly; DESIGN.md's scales are float32
+    size = vec.shape[0]
+    if size > 1 and vec.strides[0] != 4:
+        vec = device.xp.ascontiguousarray(vec)
+    return vec, (0 if size == 1 else 1)
+
+
+def bias_bits(bias, dev):
+    """(uint16 view, BiasKind) of a bias vector (a placeholder and NONE without one)."""
+    if bias is None:
+        return dev.placeholder("u16"), BiasKind.NONE
+    if not bias.flags.c_contiguous:
+        bias = device.xp.ascontiguousarray(bias)
+    return bias.view(np.uint16), BIAS_KIND[np.dtype(bias.dtype)]
+
+
+def out_bits(y):
+    """The output as the Numba kernels write it: float32, or the uint16 bits of float16 / bfloat16."""
+    return y if y.dtype == _F32 else y.view(np.uint16)
+
+
+def empty_out(m, n, out_dtype):
+    """The output [M, N] and the view the Numba kernels write (float32, or uint16 bits)."""
+    y = device.xp.empty((m, n), dtype=out_dtype)
+    return y, out_bits(y)
+
+
+def rows_aligned(arr):
+    """Whether every row of a 2-D device array starts on 16 bytes with its elements contiguous."""
+    return arr.strides[1] == arr.itemsize and arr.strides[0] % 16 == 0 and arr.data.ptr % 16 == 0
+
+
 __all__ = ["BiasKind", "OutKind", "BIAS_KIND", "OUT_KIND", "load_bias", "scaled_value", "epilogue_value",
-           "store_out", "epilogue_kernel", "epilogue_vector_kernel", "epilogue_launch", "EPILOGUE_VECTOR", "out_type"]
+           "store_out", "epilogue_kernel", "epilogue_vector_kernel", "epilogue_launch", "EPILOGUE_VECTOR", "out_type",
+           "scale_vector", "bias_bits", "out_bits", "empty_out", "rows_aligned"]

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from .. import _arrays
+from ... import _arrays
 
 _lt = _cublas = _nvmath = None
 _IMPORT_ERROR = None

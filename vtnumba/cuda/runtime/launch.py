@@ -51,7 +51,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .target import SIMULATOR, cuda, require_gpu, types
+from ..ptx.target import SIMULATOR, cuda, require_gpu, types
 
 # Scalar types a kernel may take: their struct code in an 8-byte parameter slot, and their width.
 # (explicit codes: numpy's int64 char 'l' is 4 bytes in struct's standard sizes)
@@ -167,7 +167,7 @@ class Kernel:
         self._lineinfo = lineinfo
         # (max threads per block, min resident blocks per SM): ptxas then caps the registers
         self._launch_bounds = launch_bounds
-        # "a": the arch-specific target (sm_90a), for instructions only it has (wgmma.py); its PTX
+        # "a": the arch-specific target (sm_90a), for instructions only it has (ptx/sm90_wgmma.py); its PTX
         # loads on that exact compute capability only
         self._arch = arch
         self._functions = {}  # device id -> cupy Function (it keeps its module loaded)

@@ -12,9 +12,9 @@ import threading
 
 import numpy as np
 
-from .. import _format
-from .codec import hardware_available
-from .target import SIMULATOR, require_gpu
+from ... import _format
+from ..ptx.codec import hardware_available
+from ..ptx.target import SIMULATOR, require_gpu
 
 # The 256 e4m3 values, from the one scalar decoder; a device copy serves ``decode`` by a gather.
 DECODE_TABLE = np.array([_format.decode_e4m3_scalar(c) for c in range(256)], dtype=np.float32)

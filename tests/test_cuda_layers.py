@@ -1,0 +1,202 @@
+"""The GPU backend's layers (ARCHITECTURE.md): every import inside ``vtnumba/cuda`` runs downward, and
+no group of modules imports itself in a circle.
+
+    ptx/       0  numba-cuda's target, bit and PTX primitives
+    runtime/   1  the launcher, the per-device records, cuBLASLt's binding
+    kernels/   2  the @cuda.jit kernels and how each is launched
+    *.py       3  dispatch: which kernels run a call (gemm, block, quantize, bound, graphs, capabilities)
+    __init__   4  the backend ``vtnumba.ops`` calls
+
+A module may import its own layer and the layers below it; it may not import a layer above, nor
+take part in a circle of imports (lazy imports inside functions count: a circle that only closes at
+run time is still a circle a reader must untangle). Outside ``vtnumba.cuda`` it may import only
+vtnumba's private helpers (``_arrays``, ``_format``, ``_config``), never ``ops``, the seam or
+torch. The imports are read from the source with ``ast``, so nothing here needs a GPU or numba-cuda.
+"""
+
+import ast
+import re
+import importlib
+import pathlib
+
+import pytest
+
+import vtnumba
+
+CUDA = pathlib.Path(vtnumba.__file__).parent / "cuda"
+LAYERS = {"ptx": 0, "runtime": 1, "kernels": 2}
+DISPATCH, BACKEND = 3, 4
+SHARED_OUTSIDE = {"vtnumba._arrays", "vtnumba._format", "vtnumba._config"}
+# the modules issue 24 moved, by their old names: nothing in the repository may import those
+MOVED = {"target": "ptx.target", "codec": "ptx.codec", "mma": "ptx.mma", "wgmma": "ptx.sm90_wgmma",
+         "launch": "runtime.launch", "device": "runtime.device", "cublaslt": "runtime.cublaslt",
+         "quant": "kernels.quant", "epilogue": "kernels.epilogue", "tiled": "kernels.tiled", "gemv": "kernels.gemv",
+         "tc_gemm": "kernels.tc_gemm", "tc_gemv": "kernels.tc_gemv", "wg_gemm": "kernels.sm90_wgmma_gemm"}
+
+
+def _module_name(path):
+    parts = path.relative_to(CUDA.parent.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules():
+    return {_module_name(p): p for p in sorted(CUDA.rglob("*.py"))}
+
+
+def layer(name):
+    """The layer of a module of vtnumba.cuda (a sub-package's __init__ is in its package's layer)."""
+    if name == "vtnumba.cuda":
+        return BACKEND
+    sub = name.split(".")[2]
+    return LAYERS.get(sub, DISPATCH)
+
+
+def imports(name, path, modules):
+    """The absolute names of the vtnumba modules ``name`` imports (anywhere in the file). ``from P
+    import x`` counts as importing P.x when that is a module, else P."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("vtnumba"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("vtnumba"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules or (CUDA.parent / "/".join(sub.split(".")[1:])).with_suffix(".py").exists()
+                          else target)
+    return found
+
+
+def _graph():
+    modules = _modules()
+    return modules, {name: imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_the_layers_are_all_there():
+    modules, graph = _graph()
+    layers = {layer(name) for name in modules}
+    assert layers == {0, 1, 2, DISPATCH, BACKEND}, layers
+    edges = sum(len(targets) for targets in graph.values())
+    assert edges > 60, edges  # non-vacuous: the kernels alone import the primitives dozens of times
+    assert imports("vtnumba.cuda.gemm", modules["vtnumba.cuda.gemm"], modules) >= {
+        "vtnumba.cuda.kernels.tc_gemm", "vtnumba.cuda.runtime.cublaslt", "vtnumba.cuda.quantize"}
+
+
+def test_imports_run_downward():
+    modules, graph = _graph()
+    upward = sorted((name, target, layer(name), layer(target)) for name, targets in graph.items() for target in targets
+                    if target.startswith("vtnumba.cuda") and layer(target) > layer(name))
+    assert not upward, "imports from a layer above (module, import, its layer, the import's layer):\n" + \
+        "\n".join(map(str, upward))
+
+
+def test_no_module_outside_the_backend_but_the_shared_helpers():
+    modules, graph = _graph()
+    outside = sorted((name, target) for name, targets in graph.items() for target in targets
+                     if not target.startswith("vtnumba.cuda") and target not in SHARED_OUTSIDE | {"vtnumba"})
+    assert not outside, outside
+    # "from ... import _format" names the package vtnumba with a module of it: resolved above, so a
+    # bare "vtnumba" would be an import of the package itself (ops, seam): none
+    assert not [name for name, targets in graph.items() if "vtnumba" in targets]
+
+
+def _cycles(graph):
+    """The strongly connected components of more than one module (or a module importing itself)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_circle_of_imports():
+    _, graph = _graph()
+    # the checker finds a circle when there is one
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(graph) == []
+
+
+def test_the_repository_imports_the_new_paths():
+    """tests, benchmarks, examples, tools and vtnumba itself name the modules where they now live."""
+    root = CUDA.parent.parent
+    old = [f"vtnumba.cuda.{name}" for name in MOVED]
+    found = []
+    for folder in ("vtnumba", "tests", "benchmarks", "examples", "tools"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name == "test_cuda_layers.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                    found += [(str(path.relative_to(root)), n) for n in names if n in old]
+                elif isinstance(node, ast.Import):
+                    found += [(str(path.relative_to(root)), a.name) for a in node.names if a.name in old]
+    assert not found, found
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_the_old_paths_still_import_the_same_module(old):
+    """Code written before the split keeps working: ``vtnumba.cuda.<old>`` is the moved module
+    itself, not a copy (its kernels and caches are the ones the backend uses)."""
+    pytest.importorskip("numba.cuda")
+    moved = importlib.import_module(f"vtnumba.cuda.{MOVED[old]}")
+    assert importlib.import_module(f"vtnumba.cuda.{old}") is moved
+    assert moved.__name__ == f"vtnumba.cuda.{MOVED[old]}" and moved.__spec__.name == moved.__name__
+
+
+def _section(text, heading):
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_the_readme_layout_and_architecture_name_the_tree():
+    """README.md's Layout section names every module and package of vtnumba and every part of
+    vtnumba.cuda; ARCHITECTURE.md names every module of vtnumba.cuda; neither names one that is gone."""
+    root = CUDA.parent.parent
+    layout = _section((root / "README.md").read_text(), "## Layout")
+    architecture = (root / "ARCHITECTURE.md").read_text()
+    package = CUDA.parent
+    top = sorted(p.name for p in package.iterdir() if (p.suffix == ".py" or (p / "__init__.py").is_file()))
+    cuda_parts = sorted(p.name for p in CUDA.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+    assert len(top) > 10 and len(cuda_parts) > 8  # non-vacuous
+    for name in top + cuda_parts:
+        shown = name + ("/" if (package / name).is_dir() or (CUDA / name).is_dir() else "")
+        assert shown in layout, f"README.md's Layout section does not name {shown}"
+    for path in sorted(CUDA.rglob("*.py")):
+        if path.name != "__init__.py":
+            assert path.stem in architecture, f"ARCHITECTURE.md does not name {path.relative_to(package)}"
+    for cited in sorted(set(re.findall(r"cuda/[\w/]+\.py", layout + architecture))):
+        assert (package / cited).is_file(), f"{cited} is cited but not in the tree"

@@ -1,0 +1,301 @@
+"""Offline PTX inventory of every GPU kernel variant vtnumba builds, for comparing two trees.
+
+No GPU is needed: each kernel is compiled to PTX for compute capability 9.0 (sm_90a for the wgmma
+kernels) with numba-cuda's "current device" stood in for, then assembled by ``ptxas -v`` (from the
+``nvidia-cuda-nvcc`` wheel) for its registers, spills, stack frame and shared memory. Per variant
+it records the PTX's instruction count per opcode and a hash of the PTX with Numba's mangled names
+(which carry the module path and a compile-order counter) replaced by their order of appearance, so
+a module that only moved gives the same hash.
+
+    python tools/ptx_report.py snapshot OUT.json [--only SUBSTRING] [--ptx-dir DIR]
+    python tools/ptx_report.py compare BEFORE.json AFTER.json     # a markdown table per family
+    python tools/ptx_report.py rehash OUT.json PTX_DIR             # hashes again from the saved PTX
+
+Run it from the root of the tree to measure (it imports ``vtnumba`` from the current directory).
+The variants are those the dispatch can build on a GPU (``chain``: only where
+``chains_in_float32`` makes it, sm_90; ``hardware``: the inline-PTX loads and encoder, or the
+portable ones of GPUs before sm_89 for the kernels that run there), every tile configuration except
+the simulator's, both output kinds. ``compare`` takes the variants both snapshots hold.
+"""
+
+import argparse
+import collections
+import gzip
+import hashlib
+import importlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+CC = (9, 0)
+# Numba's mangled names (module path, compile-order counter) and its shared arrays' symbols
+# (numbered in compile order): renamed F0, F1, ... in order of appearance before hashing; an F name
+# is renamed again, so PTX saved by an earlier version of this normalization hashes the same
+_MANGLED = re.compile(r"_ZN[\w$]+|_cudapy_smem_\d+|\bF\d+\b")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+# where each kernel module lives: its path since issue 24, then its path before
+_MODULES = {
+    "quant": ("vtnumba.cuda.kernels.quant", "vtnumba.cuda.quant"),
+    "epilogue": ("vtnumba.cuda.kernels.epilogue", "vtnumba.cuda.epilogue"),
+    "tiled": ("vtnumba.cuda.kernels.tiled", "vtnumba.cuda.tiled"),
+    "gemv": ("vtnumba.cuda.kernels.gemv", "vtnumba.cuda.gemv"),
+    "tc_gemm": ("vtnumba.cuda.kernels.tc_gemm", "vtnumba.cuda.tc_gemm"),
+    "tc_gemv": ("vtnumba.cuda.kernels.tc_gemv", "vtnumba.cuda.tc_gemv"),
+    "wg_gemm": ("vtnumba.cuda.kernels.sm90_wgmma_gemm", "vtnumba.cuda.wg_gemm"),
+}
+
+
+def _stand_in_device():
+    """numba-cuda 0.30 asks the driver for the current device when a kernel calls device functions;
+    an object with the target's compute capability gets past that (DEVICE.md, "Compiling for a GPU
+    you do not have")."""
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Device:
+        compute_capability = CC
+
+    dispatcher.get_current_device = lambda: _Device()
+
+
+def _module(key):
+    new, old = _MODULES[key]
+    try:
+        return importlib.import_module(new)
+    except ModuleNotFoundError:
+        return importlib.import_module(old)
+
+
+def variants():
+    """(family, label, make) for every kernel variant; ``make()`` returns the launch.Kernel."""
+    quant, epilogue, tiled = _module("quant"), _module("epilogue"), _module("tiled")
+    gemv, tc_gemm, tc_gemv, wg_gemm = _module("gemv"), _module("tc_gemm"), _module("tc_gemv"), _module("wg_gemm")
+    out = []
+    kinds, encoders = ("float32", "float16", "bfloat16"), ("hardware", "portable")
+    for kind in kinds:
+        out.append(("quant", f"amax {kind}", lambda k=kind: quant.amax_kernel(k)))
+        for enc in encoders:
+            out.append(("quant", f"dynamic {kind} {enc}", lambda k=kind, e=enc: quant.dynamic_kernel(k, e)))
+            out.append(("quant", f"dynamic_small {kind} {enc}", lambda k=kind, e=enc: quant.dynamic_small_kernel(k, e)))
+            for flag in (False, True):
+                out.append(("quant", f"static {kind} {enc} device_scale={flag}",
+                            lambda k=kind, e=enc, f=flag: quant.static_kernel(k, e, f)))
+                out.append(("quant", f"per_token {kind} {enc} device_ub={flag}",
+                            lambda k=kind, e=enc, f=flag: quant.per_token_kernel(k, e, f)))
+                out.append(("quant", f"per_group {kind} {enc} ue8m0={flag}",
+                            lambda k=kind, e=enc, f=flag: quant.per_group_kernel(k, e, f)[0]))
+                for width in (1, 2, 4, 8, 16, 32):
+                    for one_read in (False, True):
+                        out.append(("quant", f"per_group16 {kind} {enc} ue8m0={flag} width={width} one_read={one_read}",
+                                    lambda k=kind, e=enc, f=flag, w=width, o=one_read:
+                                    quant.per_group_vector_kernel(k, e, f, w, o)[0]))
+    for f32 in (False, True):
+        out.append(("epilogue", f"epilogue f32={f32}", lambda f=f32: epilogue.epilogue_kernel(f)))
+        out.append(("epilogue", f"epilogue_vector f32={f32}", lambda f=f32: epilogue.epilogue_vector_kernel(f)))
+        out.append(("tiled", f"tiled f32={f32}", lambda f=f32: tiled.tiled_kernel(f)))
+        out.append(("tiled", f"tiled_block f32={f32}", lambda f=f32: tiled.tiled_block_kernel(f)))
+    for m in (1, 2, 4):
+        for hardware in (True, False):
+            for f32 in (False, True):
+                for stage in gemv.GemvStage:
+                    out.append(("gemv", f"gemv m={m} hardware={hardware} f32={f32} {stage.name}",
+                                lambda m=m, h=hardware, f=f32, s=stage: gemv.gemv_launcher(m, h, f, s)))
+    for name, cfg in tc_gemm.GEMM_CONFIGS.items():
+        if name.startswith("sim_"):
+            continue
+        for block_scaled in (False, True):
+            for promotion, chain in (("per_mma", False), ("per_mma", True), ("per_128", False)):
+                if chain and cfg.f16:
+                    continue  # gemm_launch never chains the f16-staged kernel
+                for f32 in (False, True):
+                    out.append(("tc_gemm", f"tc_gemm {name} {promotion} block={block_scaled} chain={chain} f32={f32}",
+                                lambda c=cfg, p=promotion, b=block_scaled, ch=chain, f=f32:
+                                tc_gemm.gemm_launcher(c, p, b, ch, f)))
+    modes = [(tc_gemv.MODE_CODES, False), (tc_gemv.MODE_STATIC, False), (tc_gemv.MODE_DYNAMIC, False),
+             (tc_gemv.MODE_PER_TOKEN, False), (tc_gemv.MODE_CODES, True), (tc_gemv.MODE_PER_GROUP, True)]
+    for name, cfg in tc_gemv.GEMV_CONFIGS.items():
+        if name.startswith("sim_"):
+            continue
+        for m in (1, 16):
+            for mode, block_scaled in modes:
+                # (hardware, chain) as _device_flags gives them on a GPU: sm_90, sm_89 / sm_12x (the
+                # portable loads, (False, False), are the simulator's: no GPU without them runs mma)
+                for hardware, chain in ((True, True), (True, False)):
+                    for f32 in (False, True):
+                        out.append(("tc_gemv", f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
+                                    f"hardware={hardware} chain={chain} f32={f32}",
+                                    lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, ch=chain, f=f32:
+                                    tc_gemv.gemv_launcher(m, c, md, b, h, ch, f)))
+    for name, cfg in wg_gemm.WG_CONFIGS.items():
+        for promotion in wg_gemm.PROMOTIONS:
+            for block_scaled in (False, True):
+                for f32 in (False, True):
+                    out.append(("wg_gemm", f"wg_gemm {name} {promotion} block={block_scaled} f32={f32}",
+                                lambda c=cfg, p=promotion, b=block_scaled, f=f32: wg_gemm.gemm_launcher(c, p, b, f)))
+    return out
+
+
+def normalize(ptx):
+    """The PTX without comments, Numba's environment globals and blank lines, its mangled names
+    renamed in order of appearance."""
+    names = {}
+    lines = []
+    for line in ptx.splitlines():
+        s = line.strip()
+        if not s or s.startswith("//") or "NumbaEnv" in s:
+            continue
+        lines.append(_MANGLED.sub(lambda m: names.setdefault(m.group(0), f"F{len(names)}"), s))
+    return "\n".join(lines)
+
+
+def opcodes(ptx):
+    """Instruction count per full opcode (``ld.global.nc.v4.u32``), inline asm included."""
+    counts = collections.Counter()
+    for line in ptx.splitlines():
+        s = line.strip()
+        if not s or s[0] in "./{}" or s.endswith(":") or s.startswith(")"):
+            continue
+        if s.startswith("@"):
+            s = s.split(None, 1)[1] if " " in s else ""
+        op = s.split(None, 1)[0].rstrip(";") if s else ""
+        if op and re.match(r"[a-z]", op):
+            counts[op] += 1
+    return counts
+
+
+def _ptxas(ptx, arch):
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        res = subprocess.run(["ptxas", "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True,
+                             text=True)
+    finally:
+        os.unlink(f.name)
+    text = res.stderr
+    if res.returncode:
+        raise RuntimeError(f"ptxas failed: {text[-2000:]}")
+    regs = _REGISTERS.search(text)
+    spills = _SPILLS.search(text)
+    smem = _SMEM.search(text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "stack": int(spills.group(1)) if spills else 0,
+            "spill_stores": int(spills.group(2)) if spills else 0,
+            "spill_loads": int(spills.group(3)) if spills else 0,
+            "smem": int(smem.group(1)) if smem else 0}
+
+
+def snapshot(path, only="", ptx_dir=None):
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    os.environ["PATH"] = os.path.join(site, "nvidia", "cu13", "bin") + os.pathsep + os.environ["PATH"]
+    sys.path.insert(0, os.getcwd())
+    _stand_in_device()
+    records = {}
+    todo = [v for v in variants() if only in v[1]]
+    start = time.time()
+    for i, (family, label, make) in enumerate(todo):
+        try:
+            kernel = make()
+        except ValueError as exc:  # a configuration the factory refuses (e.g. BN does not divide 128)
+            records[label] = {"family": family, "refused": str(exc)}
+            continue
+        arch_suffix = getattr(kernel, "_arch", "")
+        ptx = kernel.ptx(CC)
+        norm = normalize(ptx)
+        record = {"family": family, "sha": hashlib.sha256(norm.encode()).hexdigest()[:16],
+                  "opcodes": dict(opcodes(ptx)), **_ptxas(ptx, f"sm_{CC[0]}{CC[1]}{arch_suffix}")}
+        record["instructions"] = sum(record["opcodes"].values())
+        records[label] = record
+        if ptx_dir:
+            out = _ptx_file(ptx_dir, label)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(gzip.compress(norm.encode()))
+        print(f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label}: {record['registers']} registers, "
+              f"{record['spill_stores']} B spilled, {record['instructions']} instructions", flush=True)
+    pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
+
+
+def _ptx_file(ptx_dir, label):
+    return pathlib.Path(ptx_dir) / (re.sub(r"[^\w.=-]+", "_", label) + ".ptx.gz")
+
+
+def rehash(path, ptx_dir):
+    """Recompute every variant's hash from the PTX saved with --ptx-dir (after a change to
+    ``normalize``: normalizing normalized PTX again is harmless)."""
+    records = json.loads(pathlib.Path(path).read_text())
+    for label, record in records.items():
+        if "sha" in record:
+            norm = normalize(gzip.decompress(_ptx_file(ptx_dir, label).read_bytes()).decode())
+            record["sha"] = hashlib.sha256(norm.encode()).hexdigest()[:16]
+    pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
+
+
+def compare(before_path, after_path):
+    before = json.loads(pathlib.Path(before_path).read_text())
+    after = json.loads(pathlib.Path(after_path).read_text())
+    families = collections.OrderedDict()
+    only = sorted(set(before) ^ set(after))
+    for label in sorted(set(before) & set(after), key=lambda l: (before[l]["family"], l)):
+        b, a = before.get(label), after.get(label)
+        families.setdefault((b or a)["family"], []).append((label, b, a))
+    print("| family | variants | PTX identical (names aside) | same opcode counts | registers before -> after "
+          "| spills (bytes) before -> after | instructions before -> after |")
+    print("|---|---|---|---|---|---|---|")
+    changed = []
+    for family, rows in families.items():
+        built = [(l, b, a) for l, b, a in rows if b and a and "sha" in b and "sha" in a]
+        same = sum(b["sha"] == a["sha"] for _, b, a in built)
+        same_ops = sum(b["opcodes"] == a["opcodes"] for _, b, a in built)
+        regs_b = sum(b["registers"] for _, b, _ in built)
+        regs_a = sum(a["registers"] for _, _, a in built)
+        spill_b = sum(b["spill_stores"] + b["spill_loads"] for _, b, _ in built)
+        spill_a = sum(a["spill_stores"] + a["spill_loads"] for _, _, a in built)
+        ins_b = sum(b["instructions"] for _, b, _ in built)
+        ins_a = sum(a["instructions"] for _, _, a in built)
+        missing = len(rows) - len(built) - sum(1 for _, b, a in rows if (b or {}).get("refused") and (a or {}).get("refused"))
+        print(f"| {family} | {len(built)}{f' ({missing} missing)' if missing else ''} | {same} | {same_ops} "
+              f"| {regs_b} -> {regs_a} (sum) | {spill_b} -> {spill_a} | {ins_b} -> {ins_a} |")
+        changed += [(l, b, a) for l, b, a in built if b["sha"] != a["sha"]]
+    if changed:
+        print("\nVariants whose PTX changed (registers, spill bytes, instructions; opcodes whose count moved):\n")
+        for label, b, a in changed:
+            diff = {op: a["opcodes"].get(op, 0) - b["opcodes"].get(op, 0)
+                    for op in set(a["opcodes"]) | set(b["opcodes"]) if a["opcodes"].get(op, 0) != b["opcodes"].get(op, 0)}
+            moved = ", ".join(f"{op} {d:+d}" for op, d in sorted(diff.items())) or "none (order or registers only)"
+            print(f"- {label}: {b['registers']} -> {a['registers']} registers, "
+                  f"{b['spill_stores'] + b['spill_loads']} -> {a['spill_stores'] + a['spill_loads']} B, "
+                  f"{b['instructions']} -> {a['instructions']} instructions; {moved}")
+    if only:
+        print(f"\n{len(only)} variants in one snapshot only (left out above), e.g. {only[0]}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    snap = sub.add_parser("snapshot")
+    snap.add_argument("out")
+    snap.add_argument("--only", default="")
+    snap.add_argument("--ptx-dir", default=None)
+    cmp_ = sub.add_parser("compare")
+    cmp_.add_argument("before")
+    cmp_.add_argument("after")
+    again = sub.add_parser("rehash")
+    again.add_argument("out")
+    again.add_argument("ptx_dir")
+    args = parser.parse_args(argv)
+    if args.command == "snapshot":
+        snapshot(args.out, args.only, args.ptx_dir)
+    elif args.command == "rehash":
+        rehash(args.out, args.ptx_dir)
+    else:
+        compare(args.before, args.after)
+
+
+if __name__ == "__main__":
+    main()
