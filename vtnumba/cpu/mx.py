@@ -39,6 +39,7 @@ from numba import njit, prange
 
 from .._config import (CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL,
                        CPU_STRICT_FUNCTION)
+from .. import _arrays
 from . import block, paths
 from .codec import bits_float32, decode_e4m3, decode_e8m0, e8m0_reciprocal, e8m0_scale_byte
 from .gemm import _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector, gemm_macs, to_out_dtype
@@ -96,9 +97,7 @@ def quantize_mx(x, group_size, rounding, column_major_scales=False):
 
 def decode_e8m0_array(scales):
     """E8M0 bytes -> float32 2^(byte - 127) (byte 0: the subnormal 2^-127), 0xFF -> NaN; numpy, exact."""
-    b = np.asarray(scales, dtype=np.uint8).astype(np.uint32)
-    bits = np.where(b == 0, np.uint32(0x00400000), b << np.uint32(23))
-    return np.where(b == 0xFF, np.uint32(0x7FC00000), bits).astype(np.uint32).view(np.float32)
+    return _arrays.decode_e8m0(np.asarray(scales, dtype=np.uint8))
 
 
 # -- pieces of the GEMM ------------------------------------------------------------------------------
