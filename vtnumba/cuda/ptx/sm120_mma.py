@@ -28,7 +28,7 @@ an RTX 5060 Ti, flashinfer #3628; triton #11320). With unit scales (byte 127 = 2
 ``mma_e4m3_unit``) the block-scaled instruction computes exactly the plain one's D = A B + C.
 
 On sm_121a (and sm_120a) ptxas assembles it to ``QMMA.SF.16832.F32.E4M3.E4M3.E8``
-(shared/DEVICE.md); the plain form and ``kind::f8f6f4`` to ``QMMA.16832``. Plain sm_120 / sm_121
+(docs/DEVICE.md, "Compiling for a GPU you do not have"); the plain form and ``kind::f8f6f4`` to ``QMMA.16832``. Plain sm_120 / sm_121
 (without the "a") reject it: kernels using it are compiled for the arch-specific target.
 """
 
