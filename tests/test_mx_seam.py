@@ -211,3 +211,16 @@ def test_a_nan_e8m0_block_in_a_checkpoint_is_refused_naming_the_layer(tmp_path):
     with pytest.raises(ValueError, match=rf"layer '{P}': tensor '{P}.weight_scale' must hold finite E8M0 block "
                                          rf"scales \(0xFF is NaN\), got .* at block \[5, 1\]"):
         seam.load_fp8_linear(tmp_path, P, block_size=(1, 32))
+
+
+def test_torch_layers_refuse_e8m0_weights_and_the_seam_takes_torch_tensors():
+    torch = pytest.importorskip("torch")
+    import vtnumba.torch as vtt
+
+    w8 = _mx(16, 64)
+    with pytest.raises(ValueError, match="weight must have float32 scales for vtnumba.torch's Fp8Linear"):
+        vtt.Fp8Linear(w8)
+    x = torch.randn(3, 64)
+    y = seam.matmul_fp8(x, w8)
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_array_equal(y.numpy(), seam.matmul_fp8(x.numpy(), w8))

@@ -221,14 +221,13 @@ def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scal
     rows, cols = shape
     groups = -(-cols // group_size)
     width = quant.group_width(group_size)
+    mx = () if e8m0 is None else (e8m0,)  # the factories' cache keys: the float path's as before
     if aligned and cols % group_size == 0 and group_size == quant.GROUP * width:  # a chunk a lane, one read
-        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, True,
-                                                                   e8m0)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, True, *mx)
     elif aligned and cols % quant.GROUP == 0 and group_size % quant.GROUP == 0:  # the 16-wide form
-        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, False,
-                                                                   e8m0)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, False, *mx)
     else:
-        kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0), e8m0)
+        kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0), *mx)
         per_block = quant.GROUP_WARPS
     blocks = max(1, min(-(-rows * groups // per_block), quant.MAX_BLOCKS))
     row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
