@@ -5,6 +5,7 @@ quantization, measured in the same run.
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py            # N = K = 4096
     flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py --k 14336  # a wider K too
     NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/bench_cpu_block.py --cpu-time
+    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/bench_cpu_block.py --cpu-time --mx --rounds 9
 
 ``--cpu-time`` times each call by the process's CPU time instead of the wall clock: on a machine
 shared with other jobs, wall-clock times of a two-thread kernel swing by 10x (a thread waits at a
@@ -22,6 +23,11 @@ processes hits both sides alike.
 
 Quantization: GB/s counts bytes read plus bytes written (float32 4 + 1 per value, bfloat16 2 + 1, the
 group scales too).
+
+``--mx`` (issue 25): the MXFP8 GEMM (E8M0 scales per 1 x 32 on both operands, ``vt.scaled_mm(...,
+block_size=(1, 32))``) against the per-tensor GEMM instead, target >= 0.8 at M = 1, 16, 1024, and MX
+quantization against static quantization. ``--rounds`` sets the alternating rounds (the ratio's
+median and its low-high spread come from them: the spread is the machine's noise).
 """
 
 import argparse
@@ -35,7 +41,7 @@ from numba import njit, prange
 import vtnumba as vt
 import bench_cpu_gemm
 from bench_cpu_gemm import random_codes, repeats_for
-from vtnumba.cpu import block
+from vtnumba.cpu import block, mx, paths
 
 MS = (1, 16, 1024)
 TARGET = 0.8
@@ -105,6 +111,47 @@ def gemm_table(rng, shapes):
                   f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}", flush=True)
 
 
+def mx_table(rng, shapes, rounds):
+    """The MXFP8 GEMM against the per-tensor GEMM on the same codes, both through vt.scaled_mm."""
+    print(f"MXFP8 (E8M0 scales per 1 x 32, both operands) vs per-tensor; ratio: median over {rounds} rounds of "
+          f"per-tensor / MXFP8 (low-high)")
+    print(f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'per-tensor ms':>14s} {'mx ms':>9s} {'ratio':>6s} "
+          f"{'(low-high)':>12s} {'target':>7s}")
+    for n, k in shapes:
+        b = random_codes(rng, (n, k))
+        sb = rng.integers(112, 124, size=(n, -(-k // 32)), dtype=np.uint8)  # weight-like: 2^-15 .. 2^-4
+        for m in MS:
+            a = random_codes(rng, (m, k))
+            sa = rng.integers(118, 132, size=(m, -(-k // 32)), dtype=np.uint8)
+            times = round_times([lambda: vt.scaled_mm(a, b, np.float32(0.02), np.float32(0.003)),
+                                 lambda: vt.scaled_mm(a, b, sa, sb, block_size=(1, 32))],
+                                repeats_for(m, k), rounds=rounds)
+            per_tensor, blocked = times.min(axis=0)
+            ratios = times[:, 0] / times[:, 1]
+            ratio = float(np.median(ratios))
+            flag = "" if ratio >= TARGET else "  MISSED"
+            kernel = mx.choose_kernel(m, n, k)
+            kernel = "lookup" if m == 1 and kernel == "small_m" and mx._lookup_path() else kernel
+            print(f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {per_tensor * 1e3:14.2f} {blocked * 1e3:9.2f} {ratio:6.2f} "
+                  f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}", flush=True)
+
+
+def mx_quant_table(rng):
+    print(f"\n{'x':>12s} {'dtype':>9s} {'static GB/s':>12s} {'mx GB/s':>11s} {'mx/static':>13s}")
+    for m, k in ((1, 4096), (16, 4096), (1024, 4096)):
+        x32 = (rng.standard_normal((m, k), dtype=np.float32) * 10)
+        for dtype in (np.dtype(np.float32), np.dtype(vt._arrays.BFLOAT16)):
+            x = x32.astype(dtype)
+            static_bytes = x.nbytes + x.size
+            mx_bytes = x.nbytes + x.size + m * -(-k // 32)
+            reps = 200 if m * k <= 16 * 4096 else 5
+            times = round_times([lambda: vt.quantize_fp8(x, 0.37),
+                                 lambda: vt.quantize_fp8(x, group_size=32, scale_format="e8m0")], reps)
+            static, grouped = times.min(axis=0)
+            print(f"{f'{m}x{k}':>12s} {str(dtype):>9s} {static_bytes / static / 1e9:12.1f} "
+                  f"{mx_bytes / grouped / 1e9:11.1f} {float(np.median(times[:, 0] / times[:, 1])):13.2f}", flush=True)
+
+
 def quant_table(rng):
     print(f"\n{'x':>12s} {'dtype':>9s} {'static GB/s':>12s} {'group GB/s':>11s} {'group/static':>13s}")
     for m, k in ((1, 4096), (16, 4096), (1024, 4096), (4096, 4096)):
@@ -128,6 +175,8 @@ def main():
     parser.add_argument("--k", type=int, action="append", default=[],
                         help="also run N = 4096 with this K (repeatable)")
     parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
+    parser.add_argument("--mx", action="store_true", help="MXFP8 against per-tensor instead (see above)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per shape")
     args = parser.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -135,6 +184,11 @@ def main():
     print(f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, "
           f"clock={'process CPU time' if args.cpu_time else 'wall'}")
     rng = np.random.default_rng(0)
+    if args.mx:
+        print(f"CPU path: {paths.active().name}")
+        mx_table(rng, [(4096, 4096)] + [(4096, k) for k in args.k], args.rounds)
+        mx_quant_table(rng)
+        return
     gemm_table(rng, [(4096, 4096)] + [(4096, k) for k in args.k])
     quant_table(rng)
 

@@ -19,19 +19,24 @@ def runs(rules):
     return {key for key, why in rules.items() if why is None}
 
 
-def test_hopper_h100_h200_runs_every_path():
-    assert runs(path_rules((9, 0), CUBLASLT_12_9)) == set(KEYS)
-    assert runs(path_rules((9, 0), CUBLASLT_13_1)) == set(KEYS)
+def test_hopper_h100_h200_runs_every_path_but_sm12x_s():
+    assert runs(path_rules((9, 0), CUBLASLT_12_9)) == set(KEYS) - {"tensor_core_block_scaled_mma"}
+    assert runs(path_rules((9, 0), CUBLASLT_13_1)) == set(KEYS) - {"tensor_core_block_scaled_mma"}
     # before cuBLASLt 12.9: per-tensor only among the cuBLASLt modes
     old = path_rules((9, 0), CUBLASLT_12_8)
-    assert runs(old) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma"}
+    assert runs(old) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma",
+                         "mxfp8_tensor_core"}
     assert "cuBLASLt >= 12.9" in old["cublaslt_outer_vector"] and "cuBLASLt >= 12.9" in old["cublaslt_block_128x128"]
     assert "12.8.0" in old["cublaslt_block_128x128"]
 
 
-def test_gb10_has_no_128x128_block_mode():
+def test_gb10_has_no_128x128_block_mode_and_takes_the_block_scaled_mma():
+    for cc in ((12, 1), (12, 0)):
+        rules = path_rules(cc, CUBLASLT_13_1)
+        assert runs(rules) == set(KEYS) - {"cublaslt_block_128x128", "tensor_core_wgmma"}
+        assert rules["tensor_core_block_scaled_mma"] is None and rules["mxfp8_tensor_core"] is None
+    assert "sm_120a / sm_121a" in path_rules((10, 0), CUBLASLT_13_1)["tensor_core_block_scaled_mma"]
     rules = path_rules((12, 1), CUBLASLT_13_1)
-    assert runs(rules) == set(KEYS) - {"cublaslt_block_128x128", "tensor_core_wgmma"}
     assert rules["tensor_core_wgmma"] == ("wgmma is an sm_90a instruction (arch-specific: Hopper only), "
                                           "this GPU is sm_121")
     why = rules["cublaslt_block_128x128"]
@@ -40,7 +45,7 @@ def test_gb10_has_no_128x128_block_mode():
 
 def test_ada_runs_per_tensor_fp8_but_no_vector_or_block_scales():
     rules = path_rules((8, 9), CUBLASLT_13_1)
-    assert runs(rules) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma"}
+    assert runs(rules) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma", "mxfp8_tensor_core"}
     assert "sm_90+" in rules["cublaslt_outer_vector"] and "sm_89" in rules["cublaslt_outer_vector"]
     assert "Hopper (sm_90) only" in rules["cublaslt_block_128x128"] and "MXFP8" not in rules["cublaslt_block_128x128"]
 
@@ -56,7 +61,7 @@ def test_ampere_has_no_fp8_at_all():
 
 def test_without_cublaslt_the_numba_paths_remain():
     rules = path_rules((9, 0), None, cublaslt_reason="nvmath-python is not installed")
-    assert runs(rules) == {"hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma"}
+    assert runs(rules) == {"hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma", "mxfp8_tensor_core"}
     assert rules["cublaslt_per_tensor"] == rules["cublaslt_block_128x128"] == "nvmath-python is not installed"
     assert "11.11" in path_rules((9, 0), 110800)["cublaslt_per_tensor"]  # cuBLASLt before FP8
 
@@ -78,6 +83,10 @@ def test_rules_agree_with_the_paths_that_use_them(cc):
         if rules["cublaslt_per_tensor"] is None:
             assert rules["cublaslt_outer_vector"] == cublaslt.outer_vec_reason(cc, version)
         assert (rules["hardware_e4m3_cvt"] is None) == hardware_available(cc)
+        # the block-scaled mma: the rule the tensor-core kernels' mma choice applies
+        from vtnumba.cuda.kernels.tc_gemm import mma_kind_for
+
+        assert (rules["tensor_core_block_scaled_mma"] is None) == (mma_kind_for(cc) == "unit" and mma_kind_for(cc, True) == "mx")
         assert (rules["tensor_core_wgmma"] is None) == wgmma_available(cc)
 
 

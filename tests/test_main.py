@@ -146,8 +146,8 @@ def all_schemes_report():
 
 def test_all_schemes_run_every_offered_scheme(all_schemes_report):
     reason = cli.block_support_reason()
-    offered = list(cli.SCHEMES) if reason is None else ["static", "dynamic", "per_token"]
-    assert all_schemes_report["schemes"] == offered
+    offered = [s for s in cli.SCHEMES if s != "block" or reason is None]
+    assert all_schemes_report["schemes"] == offered and "mxfp8" in offered
     assert all_schemes_report["skipped_schemes"] == ({} if reason is None else {"block": reason})
     rows = all_schemes_report["layers"]
     assert [(r["layer"], r["scheme"]) for r in rows] == [(name, s) for name, _, _ in cli.LLAMA3_8B_LAYERS
@@ -170,6 +170,21 @@ def test_scheme_choice():
     assert weight.activation_scheme == "static" and weight.input_scale == np.float32(0.01)  # amax / 448
     weight = cli.make_weight("per_token", np.ones((16, 32), np.float32), None)
     assert weight.activation_scheme == "per_token" and weight.per_channel
+    weight = cli.make_weight("mxfp8", np.ones((16, 64), np.float32), None)
+    assert weight.block_size == (1, 32) and weight.scale_format == weight.activation_scale_format == "e8m0"
+
+
+def test_mxfp8_scheme_runs_and_checks_its_quantizer(no_blas_pause, capsys):
+    rc, out, err = run_cli(["--scheme", "mxfp8", "--reduce", "32", "--tokens", "1", "4", "--repeats", "1",
+                            "--no-progress", "--json"], capsys)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["schemes"] == ["mxfp8"] and report["ok"]
+    assert all(r["scheme"] == "mxfp8" and r["g3_ok"] for r in report["layers"])
+    checks = cli.selfcheck(cli._Device("cpu"), rows=8, cols=512, mx=True)
+    assert checks[-1]["scheme"].startswith("MXFP8") and checks[-1]["mismatches"] == 0
+    assert checks[-1]["nonzero_codes"] > 3000
+    assert cli.mx_reason(list(cli.layer_shapes(4)), 4) is None
 
 
 def test_block_support_is_a_capability_check():

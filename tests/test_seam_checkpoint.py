@@ -171,9 +171,9 @@ GOOD_CODES = np.arange(16 * 8, dtype=np.uint8).reshape(16, 8) % 0x7E
 @pytest.mark.parametrize("tensors, words", [
     (dict(weight_scale=np.float32(1.0)), f"tensor '{P}.weight' must be in the checkpoint"),
     (dict(weight=_f8(GOOD_CODES)),
-     rf"tensor {P}.weight_scale \(or {P}.weight_scale_inv\) must be in the checkpoint .* got neither"),
+     rf"tensor {P}.weight_scale \(or {P}.weight_scale_inv, or {P}.scale\) must be in the checkpoint .* got none"),
     (dict(weight=_f8(GOOD_CODES), weight_scale=np.float32(1.0), weight_scale_inv=np.float32(1.0)),
-     "must not both be present"),
+     "must not all be present"),
     (dict(weight=_f8(GOOD_CODES), weight_scale=np.ones(17, np.float32)),
      rf"tensor '{P}.weight_scale' must have shape \[\] or \[1\] \(per-tensor\), \[16\] or \[16, 1\]"),
     (dict(weight=_f8(GOOD_CODES), weight_scale=np.array([1.0] * 15 + [np.nan], np.float32)),

@@ -276,12 +276,12 @@ def test_from_hf_reads_paths(tmp_path):
 
 @pytest.mark.parametrize("config, words", [
     ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
-     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, got 'NVFP4'"),
+     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'NVFP4'"),
     ({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A8_AWQ"}},
-     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, got 'W4A8_AWQ'"),
+     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'W4A8_AWQ'"),
     ({"quantization_config": {"quant_method": "modelopt"}}, "quant_algo must be given"),
     ({"quantization_config": {"quant_method": "gptq", "bits": 4}},
-     "quant_method must be one of modelopt, compressed-tensors, fp8 .*got 'gptq'"),
+     "quant_method must be one of modelopt, compressed-tensors, fp8, mxfp8 .*got 'gptq'"),
     ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "per_token"}},
      "activation_scheme must be 'static' or 'dynamic' in an 'fp8' config, got 'per_token'"),
     ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e5m2"}},

@@ -7,7 +7,7 @@ it records the PTX's instruction count per opcode and a hash of the PTX with Num
 (which carry the module path and a compile-order counter) replaced by their order of appearance, so
 a module that only moved gives the same hash.
 
-    python tools/ptx_report.py snapshot OUT.json [--only SUBSTRING] [--ptx-dir DIR]
+    python tools/ptx_report.py snapshot OUT.json [--only SUBSTRING] [--ptx-dir DIR] [--cc 12.1] [--sass]
     python tools/ptx_report.py compare BEFORE.json AFTER.json     # a markdown table per family
     python tools/ptx_report.py rehash OUT.json PTX_DIR             # hashes again from the saved PTX
 
@@ -16,6 +16,12 @@ The variants are those the dispatch can build on a GPU (``chain``: only where
 ``chains_in_float32`` makes it, sm_90; ``hardware``: the inline-PTX loads and encoder, or the
 portable ones of GPUs before sm_89 for the kernels that run there), every tile configuration except
 the simulator's, both output kinds. ``compare`` takes the variants both snapshots hold.
+
+``--cc 12.1`` (or 12.0) builds the inventory for GB10 (Blackwell workstations): every variant that
+runs there (not the sm_90a wgmma kernels), the block-scaled mma's kernels (``unit``, ``mx``) for the
+arch-specific sm_121a. ``--sass`` adds, per variant, the SASS's mma instructions and its F2FP
+conversions (``cuobjdump -sass``; needs ``nvdisasm`` on PATH: the ``nvidia-cuda-nvdisasm`` wheel, or
+the one triton ships, which this script also looks for).
 """
 
 import argparse
@@ -60,7 +66,7 @@ def _stand_in_device():
     import numba.cuda.dispatcher as dispatcher
 
     class _Device:
-        compute_capability = CC
+        compute_capability = CC  # the module's CC at the time of the call (--cc)
 
     dispatcher.get_current_device = lambda: _Device()
 
@@ -91,6 +97,9 @@ def variants():
                             lambda k=kind, e=enc, f=flag: quant.per_token_kernel(k, e, f)))
                 out.append(("quant", f"per_group {kind} {enc} ue8m0={flag}",
                             lambda k=kind, e=enc, f=flag: quant.per_group_kernel(k, e, f)[0]))
+                rule = "rceil" if flag else "floor"
+                out.append(("quant", f"per_group {kind} {enc} e8m0={rule}",
+                            lambda k=kind, e=enc, r=rule: quant.per_group_kernel(k, e, False, r)[0]))
                 for width in (1, 2, 4, 8, 16, 32):
                     for one_read in (False, True):
                         out.append(("quant", f"per_group16 {kind} {enc} ue8m0={flag} width={width} one_read={one_read}",
@@ -101,6 +110,9 @@ def variants():
         out.append(("epilogue", f"epilogue_vector f32={f32}", lambda f=f32: epilogue.epilogue_vector_kernel(f)))
         out.append(("tiled", f"tiled f32={f32}", lambda f=f32: tiled.tiled_kernel(f)))
         out.append(("tiled", f"tiled_block f32={f32}", lambda f=f32: tiled.tiled_block_kernel(f)))
+        for ea, eb in ((True, True), (False, True)):
+            out.append(("tiled", f"tiled_block f32={f32} e8m0_a={ea} e8m0_b={eb}",
+                        lambda f=f32, a=ea, b=eb: tiled.tiled_block_kernel(f, a, b)))
     for m in (1, 2, 4):
         for hardware in (True, False):
             for f32 in (False, True):
@@ -118,6 +130,15 @@ def variants():
                     out.append(("tc_gemm", f"tc_gemm {name} {promotion} block={block_scaled} chain={chain} f32={f32}",
                                 lambda c=cfg, p=promotion, b=block_scaled, ch=chain, f=f32:
                                 tc_gemm.gemm_launcher(c, p, b, ch, f)))
+                    if CC[0] == 12 and not chain and not cfg.f16:  # the block-scaled mma, unit scales
+                        out.append(("tc_gemm", f"tc_gemm {name} {promotion} block={block_scaled} unit f32={f32}",
+                                    lambda c=cfg, p=promotion, b=block_scaled, f=f32:
+                                    tc_gemm.gemm_launcher(c, p, b, False, f, "unit")))
+        if not cfg.f16:
+            for kind in ("mx", "mx_explicit") if CC[0] == 12 else ("mx_explicit",):
+                for f32 in (False, True):
+                    out.append(("tc_gemm", f"tc_gemm {name} {kind} f32={f32}",
+                                lambda c=cfg, k=kind, f=f32: tc_gemm.gemm_launcher(c, "per_mma", False, False, f, k)))
     modes = [(tc_gemv.MODE_CODES, False), (tc_gemv.MODE_STATIC, False), (tc_gemv.MODE_DYNAMIC, False),
              (tc_gemv.MODE_PER_TOKEN, False), (tc_gemv.MODE_CODES, True), (tc_gemv.MODE_PER_GROUP, True)]
     for name, cfg in tc_gemv.GEMV_CONFIGS.items():
@@ -133,7 +154,12 @@ def variants():
                                     f"hardware={hardware} chain={chain} f32={f32}",
                                     lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, ch=chain, f=f32:
                                     tc_gemv.gemv_launcher(m, c, md, b, h, ch, f)))
-    for name, cfg in wg_gemm.WG_CONFIGS.items():
+                        if CC[0] == 12 and not chain:  # sm_12x: the block-scaled mma, unit scales
+                            out.append(("tc_gemv", f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
+                                        f"hardware={hardware} unit f32={f32}",
+                                        lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, f=f32:
+                                        tc_gemv.gemv_launcher(m, c, md, b, h, False, f, True)))
+    for name, cfg in (wg_gemm.WG_CONFIGS.items() if CC == (9, 0) else ()):  # sm_90a only
         for promotion in wg_gemm.PROMOTIONS:
             for block_scaled in (False, True):
                 for f32 in (False, True):
@@ -191,9 +217,38 @@ def _ptxas(ptx, arch):
             "smem": int(smem.group(1)) if smem else 0}
 
 
-def snapshot(path, only="", ptx_dir=None):
+_SASS_OPS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+
+
+def _sass(ptx, arch):
+    """The SASS ptxas makes for ``arch``: its mma instructions by full name, its F2FP conversions (all,
+    by name, and the e4m3 -> f16 unpacks among them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        pathlib.Path(src).write_text(ptx)
+        subprocess.run(["ptxas", f"-arch={arch}", src, "-o", cubin], check=True, capture_output=True)
+        res = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()[-500:]}")
+    ops = [m.group(1) for m in _SASS_OPS.finditer(res.stdout)]
+    mma = collections.Counter(op for op in ops if "MMA" in op)
+    f2fp = collections.Counter(op for op in ops if op.startswith("F2FP"))
+    # F2FP.F16.E4M3.UNPACK_B and kin: e4m3 -> f16, what sm_90 does to every FP8 mma operand; the
+    # encoder's float32 -> e4m3 packs (F2FP.SATFINITE.E4M3.F32...) are conversions the kernel asks for
+    unpack = sum(n for op, n in f2fp.items() if ".F16.E4M3" in op or "UNPACK" in op)
+    return {"sass_mma": dict(mma), "sass_f2fp": sum(f2fp.values()), "sass_f2fp_ops": dict(f2fp),
+            "sass_fp8_unpack": unpack}
+
+
+def tool_path():
+    """PATH with the CUDA wheels' tools (ptxas, cuobjdump, nvdisasm) in front, as the checks need them."""
     site = next(p for p in sys.path if p.endswith("site-packages"))
-    os.environ["PATH"] = os.path.join(site, "nvidia", "cu13", "bin") + os.pathsep + os.environ["PATH"]
+    extra = [os.path.join(site, "nvidia", "cu13", "bin"), os.path.join(site, "triton", "backends", "nvidia", "bin")]
+    return os.pathsep.join([d for d in extra if os.path.isdir(d)] + [os.environ["PATH"]])
+
+
+def snapshot(path, only="", ptx_dir=None, sass=False):
+    os.environ["PATH"] = tool_path()
     sys.path.insert(0, os.getcwd())
     _stand_in_device()
     records = {}
@@ -208,16 +263,20 @@ def snapshot(path, only="", ptx_dir=None):
         arch_suffix = getattr(kernel, "_arch", "")
         ptx = kernel.ptx(CC)
         norm = normalize(ptx)
-        record = {"family": family, "sha": hashlib.sha256(norm.encode()).hexdigest()[:16],
-                  "opcodes": dict(opcodes(ptx)), **_ptxas(ptx, f"sm_{CC[0]}{CC[1]}{arch_suffix}")}
+        arch = f"sm_{CC[0]}{CC[1]}{arch_suffix}"
+        record = {"family": family, "arch": arch, "sha": hashlib.sha256(norm.encode()).hexdigest()[:16],
+                  "opcodes": dict(opcodes(ptx)), **_ptxas(ptx, arch)}
+        if sass:
+            record.update(_sass(ptx, arch))
         record["instructions"] = sum(record["opcodes"].values())
         records[label] = record
         if ptx_dir:
             out = _ptx_file(ptx_dir, label)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(gzip.compress(norm.encode()))
-        print(f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label}: {record['registers']} registers, "
-              f"{record['spill_stores']} B spilled, {record['instructions']} instructions", flush=True)
+        print(f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label} ({arch}): {record['registers']} registers, "
+              f"{record['spill_stores']} B spilled, {record['instructions']} instructions"
+              + (f", SASS {record['sass_mma']} F2FP {record['sass_f2fp_ops']}" if sass else ""), flush=True)
     pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
 
 
@@ -282,6 +341,8 @@ def main(argv=None):
     snap.add_argument("out")
     snap.add_argument("--only", default="")
     snap.add_argument("--ptx-dir", default=None)
+    snap.add_argument("--cc", default="9.0", help="compute capability to build for (12.1: GB10)")
+    snap.add_argument("--sass", action="store_true", help="also count the SASS's mma and F2FP instructions")
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before")
     cmp_.add_argument("after")
@@ -290,7 +351,9 @@ def main(argv=None):
     again.add_argument("ptx_dir")
     args = parser.parse_args(argv)
     if args.command == "snapshot":
-        snapshot(args.out, args.only, args.ptx_dir)
+        global CC
+        CC = tuple(int(v) for v in args.cc.split("."))
+        snapshot(args.out, args.only, args.ptx_dir, args.sass)
     elif args.command == "rehash":
         rehash(args.out, args.ptx_dir)
     else:

@@ -62,6 +62,7 @@ from .ops import (  # noqa: E402
     ActivationScheme,
     QuantizedActivation,
     decode_e4m3,
+    decode_e8m0,
     dequantize_fp8,
     encode_e4m3,
     fp8_linear,
@@ -76,6 +77,7 @@ __all__ = [
     "E4M3_MAX",
     "encode_e4m3",
     "decode_e4m3",
+    "decode_e8m0",
     # quantization
     "ActivationScheme",
     "QuantizedActivation",

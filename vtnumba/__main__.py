@@ -51,7 +51,9 @@ LLAMA3_8B_LAYERS = (
 
 # The activation schemes, in the order --all-schemes runs them. 'block': 1 x 128 activation groups
 # and 128 x 128 weight blocks (DeepSeek-V3/R1, Qwen3-FP8), offered where the library has it.
-SCHEMES = ("static", "dynamic", "per_token", "block")
+# 'mxfp8': OCP MX, E8M0 scales per 1 x 32 on activations and weights (Blackwell, GB10).
+SCHEMES = ("static", "dynamic", "per_token", "block", "mxfp8")
+MX_BLOCK = (1, 32)
 BLOCK_SIZE = (128, 128)
 
 
@@ -92,7 +94,8 @@ def _parser():
     schemes.add_argument("--scheme", choices=SCHEMES, default=None,
                          help="activation scheme: static (calibrated per-tensor scale), dynamic (per-tensor, "
                               "the default), per_token (with per-channel weight scales), block (128-wide "
-                              "activation groups, 128x128 weight blocks; where this vtnumba offers it)")
+                              "activation groups, 128x128 weight blocks; where this vtnumba offers it), mxfp8 "
+                              "(E8M0 scales per 1x32 on both operands)")
     schemes.add_argument("--all-schemes", action="store_true", help="run every scheme this vtnumba offers")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="write a roofline plot to PATH (.png, .pdf, .svg, ...: what matplotlib writes; "
@@ -198,19 +201,31 @@ def block_shape_reason(shapes, reduce):
     return f"the block scheme needs K to be a multiple of {bk}; --reduce {reduce} gives K = {k} ({name})"
 
 
+def mx_reason(shapes, reduce):
+    """None when this vtnumba offers MXFP8 and every layer's K is whole 32-wide groups, else why not."""
+    import vtnumba as vt
+
+    if "scale_format" not in inspect.signature(vt.quantize_fp8).parameters:
+        return "this vtnumba has no MXFP8 path yet: vtnumba.quantize_fp8 takes no scale_format"
+    odd = [(name, k) for name, _, k in shapes if k % MX_BLOCK[1]]
+    if odd:
+        return f"the mxfp8 scheme needs K to be a multiple of 32; --reduce {reduce} gives K = {odd[0][1]} ({odd[0][0]})"
+    return None
+
+
 def choose_schemes(args, shapes, reduce):
     """(schemes to run, {scheme: why it is not run}) for these arguments."""
+    reasons = {"block": lambda: block_support_reason() or block_shape_reason(shapes, reduce),
+               "mxfp8": lambda: mx_reason(shapes, reduce)}
     if not args.all_schemes:
         scheme = args.scheme or "dynamic"
-        if scheme == "block":
-            reason = block_support_reason() or block_shape_reason(shapes, reduce)
+        if scheme in reasons:
+            reason = reasons[scheme]()
             if reason:
-                raise UsageError(f"--scheme block is not offered here: {reason}")
+                raise UsageError(f"--scheme {scheme} is not offered here: {reason}")
         return [scheme], {}
-    reason = block_support_reason() or block_shape_reason(shapes, reduce)
-    if reason:
-        return [s for s in SCHEMES if s != "block"], {"block": reason}
-    return list(SCHEMES), {}
+    skipped = {scheme: why for scheme, why in ((s, r()) for s, r in reasons.items()) if why}
+    return [s for s in SCHEMES if s not in skipped], skipped
 
 
 def make_weight(scheme, w, x):
@@ -225,6 +240,8 @@ def make_weight(scheme, w, x):
         return seam.Fp8Weight.from_float(w)
     if scheme == "per_token":
         return seam.Fp8Weight.from_float(w, per_channel=True, activation_scheme="per_token")
+    if scheme == "mxfp8":
+        return seam.Fp8Weight.from_float(w, block_size=MX_BLOCK, scale_format="e8m0")
     return seam.Fp8Weight.from_float(w, block_size=BLOCK_SIZE, activation_scheme="per_group")
 
 
@@ -233,7 +250,7 @@ def g3_reference(scheme, codes, scale, weight):
     with the host Fp8Weight ``weight``."""
     from vtnumba.testing import reference
 
-    if scheme == "block":
+    if scheme in ("block", "mxfp8"):  # E8M0 scales (uint8) are decoded by the reference itself
         return reference.block_scaled_mm(codes, weight.data, scale, weight.weight_scale,
                                          getattr(weight, "block_size", BLOCK_SIZE))
     return reference.scaled_mm(codes, weight.data, np.asarray(scale).reshape(-1),
@@ -277,9 +294,9 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------- jobs
 
-def selfcheck(dev, rows=512, cols=4096, block=False):
+def selfcheck(dev, rows=512, cols=4096, block=False, mx=False):
     """The quantization schemes on a random tensor, compared with the oracle byte for byte (the
-    per-group one too when ``block``)."""
+    per-group one too when ``block``, the MXFP8 one when ``mx``)."""
     import vtnumba as vt
     from vtnumba.testing import reference
 
@@ -292,6 +309,9 @@ def selfcheck(dev, rows=512, cols=4096, block=False):
         group = BLOCK_SIZE[1]
         cases.append((f"dynamic per-group {group}", dict(group_size=group),
                       lambda: reference.quantize_per_group(x, group)))
+    if mx:
+        cases.append(("MXFP8 (E8M0 per 1x32, rceil)", dict(group_size=32, scale_format="e8m0"),
+                      lambda: reference.quantize_mx(x, 32, "rceil")))
     results = []
     for label, kwargs, oracle in cases:
         q = vt.quantize_fp8(xd, **kwargs)
@@ -313,7 +333,7 @@ def layer_shapes(reduce):
 def _kernel_label(dev, scheme, q, weight):
     """Which GEMM implementation the backend picks for this call (informational: 'auto' when the
     backend does not say)."""
-    if scheme == "block":
+    if scheme in ("block", "mxfp8"):
         return "auto"  # the block-scaled GEMM has its own kernel choice
     try:
         if dev.name == "cpu":
@@ -566,7 +586,7 @@ def run(args, out=None):
 
     progress = Progress(len(shapes) * len(tokens) * len(schemes) + 2, enabled=not args.no_progress)
     progress.begin("quantization self-check")
-    checks = [] if args.skip_selfcheck else selfcheck(dev, block="block" in schemes)
+    checks = [] if args.skip_selfcheck else selfcheck(dev, block="block" in schemes, mx="mxfp8" in schemes)
     progress.end()
     progress.begin("measuring ceilings")
     ceilings = profile.measure_ceilings(device)

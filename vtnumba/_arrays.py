@@ -25,6 +25,7 @@ DType: TypeAlias = npt.DTypeLike
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+FLOAT8_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)  # OCP MX scale bytes
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
 _OUT_DTYPE_NAMES = {
     "float32": np.dtype(np.float32), "f32": np.dtype(np.float32), "fp32": np.dtype(np.float32),
@@ -167,6 +168,35 @@ def codes_uint8(x, name):
     if dt != np.dtype(np.uint8):
         raise TypeError(f"{name} must be e4m3 codes (uint8 or ml_dtypes.float8_e4m3fn), got dtype {dt}")
     return x
+
+
+def e8m0_bytes(x, name):
+    """E8M0 scale bytes as uint8 (an ml_dtypes.float8_e8m0fnu array is viewed, not copied); TypeError
+    otherwise."""
+    dt = dtype_of(x)
+    if dt == FLOAT8_E8M0:
+        return x.view(np.uint8)
+    if dt != np.dtype(np.uint8):
+        raise TypeError(f"{name} must be E8M0 scale bytes (uint8 or ml_dtypes.float8_e8m0fnu), got dtype {dt}")
+    return x
+
+
+def decode_e8m0(b):
+    """E8M0 bytes (uint8 numpy or cupy array) -> float32 2^(byte - 127), exact (byte 0: the subnormal
+    2^-127); 0xFF -> NaN. Element-wise, on the array's own device (no synchronization)."""
+    xp = array_module(b)
+    u = b.astype(np.uint32)
+    bits = xp.where(u == 0, np.uint32(0x00400000), u << np.uint32(23))
+    return xp.where(u == 0xFF, np.uint32(0x7FC00000), bits).astype(np.uint32).view(np.float32)
+
+
+def array_module(x):
+    """numpy for a numpy array, cupy for a cupy one (for element-wise work written once for both)."""
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
 
 
 def out_dtype_of(out_dtype, name="out_dtype"):

@@ -136,3 +136,57 @@ def compile_for_target(fn, jit, **primitives):
         namespace.update(primitives)
         fn = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
     return jit(fn)
+
+
+# -- E8M0 scales (OCP Microscaling Formats v1.0, section 5.4.1) ------------------------------------
+#
+# One byte, the power of two 2^(byte - 127): byte 0 is 2^-127 (a float32 subnormal), 254 is 2^127,
+# 0xFF is NaN; no zero, no sign, no infinity. An MXFP8 group of 32 e4m3 codes shares one such byte.
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+E8M0_ROUNDINGS = ("rceil", "floor")  # DESIGN.md "MXFP8": rceil is the default (never saturates)
+# torchao's rceil forms the scale as ``max_abs * (1.0 / max_pos)``: float32 times float32(1 / 448)
+# (torchao/prototype/mx_formats/mx_tensor.py, _to_mx_rceil, line 185 at 36027d82)
+F32_RCP_448 = np.float32(1.0 / 448.0)
+_U32_E8M0_MIN_BITS = np.uint32(0x00400000)  # 2^-127, the float32 subnormal byte 0 stands for
+_U32_HALF_MANTISSA = np.uint32(0x400000)
+_U32_E8M0_FLOOR_SHIFT = np.uint32(8)  # log2 of e4m3's largest power of two (256): emax_elem
+
+
+def e8m0_scale_byte(amax, rceil):
+    """The E8M0 byte of one MX group's scale from the group's finite amax (a float32 >= 0).
+
+    - ``rceil`` (True; NVIDIA's rule, cuBLAS's "1D block quantization", torchao's RCEIL): the
+      smallest power of two >= float32(amax * float32(1 / 448)), so every element's scaled
+      magnitude is at most 448 and nothing saturates. Mirrors torchao's ``_f32_to_e8m0_rceil``
+      (mx_tensor.py lines 111-130 at 36027d82): a normal float32 rounds up when any mantissa bit is
+      set; a subnormal one rounds to byte 1 only above 2^-127 (byte 0 is 2^-127 itself).
+    - floor (False; the OCP MX v1.0 spec's section 6.3 and torchao's FLOOR, mx_tensor.py line 331):
+      2^(floor(log2(amax)) - 8), 8 being e4m3's largest exponent; the group's largest elements then
+      scale to [256, 512) and those above 448 saturate. amax's exponent field minus 8, clamped at 0.
+
+    An all-zero group (amax 0) gets byte 0 under both rules. The byte is never 0xFF: amax is finite
+    and at most 2^128, so rceil stops at 247 and floor at 246.
+    """
+    if rceil:
+        bits = np.uint32(float32_bits(np.float32(amax * F32_RCP_448)))
+        exponent = np.uint32(bits >> _U32_23)  # the sign bit is 0
+        mantissa = np.uint32(bits & _U32_MANTISSA_MASK)
+        up = mantissa > _U32_HALF_MANTISSA if exponent == np.uint32(0) else mantissa != np.uint32(0)
+        return np.uint8(exponent + np.uint32(1)) if up else np.uint8(exponent)
+    exponent = np.uint32(np.uint32(float32_bits(amax)) >> _U32_23)
+    return np.uint8(exponent - _U32_E8M0_FLOOR_SHIFT) if exponent > _U32_E8M0_FLOOR_SHIFT else np.uint8(0)
+
+
+def decode_e8m0_scalar(byte):
+    """E8M0 byte -> float32 2^(byte - 127), exact (byte 0: the subnormal 2^-127); 0xFF -> NaN."""
+    b = np.uint32(byte)
+    bits = np.uint32(b << _U32_23) if b != np.uint32(0) else _U32_E8M0_MIN_BITS
+    bits = _U32_F32_NAN_BITS if b == np.uint32(E8M0_NAN) else bits
+    return bits_float32(bits)
+
+
+def e8m0_reciprocal(byte):
+    """1 / 2^(byte - 127) as a float32, exact, for a byte 0..254 (the quantizer's multiplier: x times
+    it equals x / 2^(byte - 127) in float32, both being the one rounding of the same real number)."""
+    return decode_e8m0_scalar(np.uint32(254) - np.uint32(byte))

@@ -272,6 +272,8 @@ def _torch_views(torch):
     if not _TORCH_VIEWS:
         _TORCH_VIEWS.update({torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
                              torch.float64: "float64"})
+        if hasattr(torch, "float8_e8m0fnu"):  # MX scale bytes: viewed as uint8, as e4m3 codes are
+            _TORCH_VIEWS[torch.float8_e8m0fnu] = "float8_e4m3fn"
         _torch_api.tensor = torch.Tensor
         _torch_api.to_dlpack, _torch_api.from_dlpack = torch.utils.dlpack.to_dlpack, torch.from_dlpack
         _torch_api.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

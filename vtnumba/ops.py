@@ -20,7 +20,7 @@ import numpy as np
 from . import _arrays
 from ._arrays import Array, DType, Scale
 from ._interop import interop
-from ._format import E4M3_MAX
+from ._format import E4M3_MAX, E8M0_ROUNDINGS
 
 
 class ActivationScheme(enum.StrEnum):
@@ -61,6 +61,10 @@ class Backend(Protocol):
     def quantize_per_group(self, x, group_size, scale_ue8m0, column_major_scales):
         """(codes, scales (M, ceil(K / group_size))) for 2-D x; column-major scales if asked."""
 
+    def quantize_per_group_e8m0(self, x, group_size, rounding, column_major_scales):
+        """(codes, uint8 E8M0 scales (M, ceil(K / group_size))) for 2-D x, the scale rule ``rounding``
+        ('rceil' or 'floor'; DESIGN.md "MXFP8"); column-major scales if asked."""
+
     def decode(self, codes):
         """float32 values of e4m3 codes."""
 
@@ -71,7 +75,9 @@ class Backend(Protocol):
         """y = round_out((a @ b^T) * scale_a * scale_b + bias); kernel None or a kernel name."""
 
     def block_scaled_mm(self, a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel):
-        """y = bias + sum_kb (P_kb * scale_a[:, kb]) * scale_b[n // bn, kb]; block_size (bn, bk)."""
+        """y = bias + sum_kb (P_kb * scale_a[:, kb]) * scale_b[n // bn, kb]; block_size (bn, bk). Each
+        scale array is float (float32 on the device, or a host bfloat16 / float16 widened by the
+        backend) or uint8 E8M0 bytes (2^(byte - 127), 0xFF NaN)."""
 
     def fp8_linear(self, x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
         """Quantize x by its scheme, then the GEMM with codes b (one launch where the device can)."""
@@ -96,7 +102,9 @@ class QuantizedActivation:
     """An activation quantized to e4m3: ``data`` uint8 codes (x's shape) and float32 ``scale``
     of shape (1,) (per-tensor), (M, 1) (per-token) or (M, ceil(K / group_size)) (per-group), on x's
     device. ``scheme`` says how the scale was obtained: 'static', 'dynamic', 'per_token' or
-    'per_group' (then ``group_size`` is the group's length)."""
+    'per_group' (then ``group_size`` is the group's length). An MX activation
+    (``quantize_fp8(x, group_size=32, scale_format="e8m0")``) is per-group with ``scale`` of dtype
+    uint8: E8M0 bytes, each the power of two 2^(byte - 127)."""
 
     data: Any
     scale: Any
@@ -111,9 +119,16 @@ class QuantizedActivation:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
+    @property
+    def scale_format(self) -> str:
+        """'e8m0' when ``scale`` holds E8M0 bytes (uint8), else 'float32'."""
+        return "e8m0" if _arrays.dtype_of(self.scale) == np.uint8 else "float32"
+
     def dequantize(self, dtype: DType = np.float32) -> Array:
         """``decode(data) * scale`` (each group's scale over its elements), rounded to ``dtype``."""
         scale = self.scale
+        if self.scale_format == "e8m0":
+            scale = decode_e8m0(scale)
         if self.scheme == ActivationScheme.PER_GROUP:  # each group's scale over its elements
             k = self.data.shape[-1]
             scale = scale.repeat(self.group_size, axis=-1)[..., :k]
@@ -152,10 +167,27 @@ def _group_size(value, name="group_size"):
     return int(value)
 
 
+SCALE_FORMATS = ("float32", "e8m0")
+
+
+def _scale_format(value, name="scale_format"):
+    if value not in SCALE_FORMATS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, SCALE_FORMATS))}, got {value!r}")
+    return value
+
+
+def _e8m0_rounding(value, name="scale_rounding"):
+    if value not in E8M0_ROUNDINGS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, E8M0_ROUNDINGS))} (DESIGN.md, \"MXFP8\"), "
+                         f"got {value!r}")
+    return value
+
+
 @interop
 def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = False, scale_ub: Scale | None = None,
                  group_size: int | None = None, scale_ue8m0: bool = False,
-                 column_major_scales: bool = False) -> QuantizedActivation:
+                 column_major_scales: bool = False, scale_format: str = "float32",
+                 scale_rounding: str | None = None) -> QuantizedActivation:
     """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
 
     - ``scale`` given: static per-tensor, ``encode(float32(x) * (float32(1) / float32(scale)))``.
@@ -168,11 +200,21 @@ def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = Fals
       ``scale_ue8m0=True`` rounds each scale up to a power of two (DeepGEMM's checkpoints).
       ``q.scale`` is float32 [M, ceil(K / g)], row-major, or column-major (m contiguous, the layout
       cuBLASLt's block scaling reads) with ``column_major_scales=True``.
+    - ``group_size=32, scale_format="e8m0"``: MXFP8 (OCP MX): each group's scale is one E8M0 byte,
+      the power of two 2^(byte - 127), and the codes are ``encode(x / 2^(byte - 127))``. ``q.scale``
+      is uint8 [M, ceil(K / g)]. ``scale_rounding`` picks the byte from the group's amax: 'rceil'
+      (default: the smallest power of two >= float32(amax * float32(1 / 448)); nothing saturates;
+      NVIDIA's and torchao's RCEIL) or 'floor' (the OCP spec's 2^(floor(log2(amax)) - 8); the top of a
+      group may saturate). Any group size is accepted; 32 is the MX formats'.
     amax is taken over finite elements. Every NaN encodes to 0x7F; |v| >= 448 saturates.
     """
     device = _arrays.device_of(x, "x")
     _arrays.float_dtype(x, "x")
     impl = backend(device)
+    e8m0 = _scale_format(scale_format) == "e8m0"
+    if not e8m0 and scale_rounding is not None:
+        raise ValueError(f"scale_rounding applies to scale_format='e8m0' only, got scale_rounding={scale_rounding!r} "
+                         f"with scale_format={scale_format!r}")
     if group_size is not None:
         g = _group_size(group_size)
         if scale is not None or per_token or scale_ub is not None:
@@ -180,8 +222,18 @@ def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = Fals
                              f"got scale={scale!r}, per_token={per_token!r}, scale_ub={scale_ub!r}")
         if len(x.shape) != 2:
             raise ValueError(f"x must be 2-D [tokens, features] for group_size, got shape {tuple(x.shape)}")
-        codes, scales = impl.quantize_per_group(x, g, bool(scale_ue8m0), bool(column_major_scales))
+        if e8m0:
+            if scale_ue8m0:
+                raise ValueError("scale_ue8m0 must be False with scale_format='e8m0' (it rounds float32 group scales; "
+                                 "an E8M0 scale is rounded by scale_rounding), got True")
+            rounding = _e8m0_rounding("rceil" if scale_rounding is None else scale_rounding)
+            codes, scales = impl.quantize_per_group_e8m0(x, g, rounding, bool(column_major_scales))
+        else:
+            codes, scales = impl.quantize_per_group(x, g, bool(scale_ue8m0), bool(column_major_scales))
         return QuantizedActivation(codes, scales, ActivationScheme.PER_GROUP, g)
+    if e8m0:
+        raise ValueError("scale_format='e8m0' must come with group_size (32 for MXFP8: "
+                         "vt.quantize_fp8(x, group_size=32, scale_format='e8m0')), got group_size=None")
     if scale_ue8m0 or column_major_scales:
         raise ValueError("scale_ue8m0 and column_major_scales apply to group_size quantization only, "
                          f"got scale_ue8m0={scale_ue8m0!r}, column_major_scales={column_major_scales!r}")
@@ -216,6 +268,14 @@ def decode_e4m3(codes: Array) -> Array:
     """e4m3fn codes (uint8 or float8_e4m3fn) -> float32, exact; 0x7F / 0xFF -> NaN."""
     device = _arrays.device_of(codes, "codes")
     return backend(device).decode(_arrays.codes_uint8(codes, "codes"))
+
+
+@interop
+def decode_e8m0(scales: Array) -> Array:
+    """E8M0 scale bytes (uint8 or ml_dtypes.float8_e8m0fnu) -> float32 2^(byte - 127), exact (byte 0 is the
+    subnormal 2^-127); 0xFF -> NaN. Element-wise array arithmetic, the same on numpy and cupy."""
+    _arrays.device_of(scales, "scales")
+    return _arrays.decode_e8m0(_arrays.e8m0_bytes(scales, "scales"))
 
 
 @interop
@@ -272,16 +332,20 @@ def block_size_of(value, name="block_size"):
 
 
 def _block_scale(scale, name, shape):
-    """A block or group scale array of exactly ``shape``, float, finite where it can be checked
-    (host arrays; a device array is read on the device, never synchronized)."""
+    """A block or group scale array of exactly ``shape``: float, finite where it can be checked (host
+    arrays; a device array is read on the device, never synchronized), or uint8 E8M0 bytes (also given
+    as ml_dtypes.float8_e8m0fnu), taken as they are: byte 0xFF is NaN and poisons its block's outputs,
+    as a NaN code does."""
     if isinstance(scale, _arrays._SCALAR_TYPES) or len(getattr(scale, "shape", ())) != 2:
         raise ValueError(f"{name} must be a 2-D array of shape {shape} for a block-scaled GEMM, got "
                          f"{type(scale).__name__} of shape {tuple(getattr(scale, 'shape', ()))}")
     if tuple(scale.shape) != shape:
         raise ValueError(f"{name} must have shape {shape} for these operands and block size, got {tuple(scale.shape)}")
     dt = _arrays.dtype_of(scale)
+    if dt == np.uint8 or dt == _arrays.FLOAT8_E8M0:  # E8M0 bytes: every byte is a value (0xFF is NaN)
+        return _arrays.e8m0_bytes(scale, name)
     if dt.kind != "f" and dt != _arrays.BFLOAT16:
-        raise TypeError(f"{name} must be a float array, got dtype {dt}")
+        raise TypeError(f"{name} must be a float array or uint8 E8M0 bytes, got dtype {dt}")
     if isinstance(scale, np.ndarray):
         scale = scale.astype(np.float32)
         if not np.isfinite(scale).all():
@@ -309,7 +373,9 @@ def scaled_mm(a: Array | QuantizedActivation, b: Array, scale_a: Scale | None = 
     activation's per-group scales [M, ceil(K / bk)] and scale_b the weight's block scales
     [ceil(N / bn), ceil(K / bk)], and ``y[m, n] = bias[n] + sum_kb (P[m, n, kb] * scale_a[m, kb]) *
     scale_b[n // bn, kb]`` with P the float32 sum of the exact products in K-block kb, summed over
-    kb in float32 (upstream's Triton block kernel's order). ``kernel`` forces one implementation by name (for
+    kb in float32 (upstream's Triton block kernel's order). Either scale array may be uint8 E8M0 bytes
+    (2^(byte - 127); the dtype says so): ``block_size=(1, 32)`` with E8M0 scales on both sides is MXFP8,
+    ``(128, 128)`` with E8M0 weight scales DeepSeek's UE8M0 checkpoints. ``kernel`` forces one implementation by name (for
     tests and benchmarks); by default the backend picks by shape. CPU kernels: "reference",
     "small_m", "blas"; GPU kernels: "cublaslt", "cublaslt_f32_epilogue", "tensorcore_gemv", "tensorcore",
     "decode_gemv", "tiled", and "wgmma" / "wgmma_k32" (by name only: Hopper's native FP8 instruction,
@@ -405,4 +471,4 @@ def fp8_linear(x: Array, b: Array, scale_b: Scale, input_scale: Scale | None = N
 
 
 __all__ = ["QuantizedActivation", "ActivationScheme", "Backend", "quantize_fp8", "dequantize_fp8", "encode_e4m3",
-           "decode_e4m3", "scaled_mm", "fp8_linear", "backend", "E4M3_MAX", "SCHEMES"]
+           "decode_e4m3", "decode_e8m0", "SCALE_FORMATS", "E8M0_ROUNDINGS", "scaled_mm", "fp8_linear", "backend", "E4M3_MAX", "SCHEMES"]

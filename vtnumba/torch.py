@@ -319,6 +319,12 @@ class Fp8Linear(nn.Module):
             weight = weight.weight
         elif not isinstance(weight, Fp8Weight):
             raise TypeError(f"weight must be a seam Fp8Weight or ResidentFp8, got {type(weight).__name__}")
+        if weight.scale_format == "e8m0" or weight.activation_scale_format == "e8m0":
+            # the custom op's signature carries no E8M0 scale format: refused, never computed otherwise
+            raise ValueError(f"weight must have float32 scales for vtnumba.torch's Fp8Linear, got an E8M0-scaled "
+                             f"weight (scale_format {weight.scale_format!r}, activation_scale_format "
+                             f"{weight.activation_scale_format!r}: MXFP8 or UE8M0 blocks); run it through "
+                             f"seam.matmul_fp8, which takes torch tensors too")
         self.out_features, self.in_features = weight.shape
         self.activation_scheme = weight.activation_scheme
         self.block_size = weight.block_size

@@ -57,6 +57,12 @@ def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales):
     return impl(x, group_size, scale_ue8m0, column_major_scales)
 
 
+def quantize_per_group_e8m0(x, group_size, rounding, column_major_scales):
+    from .mx import quantize_mx as impl
+
+    return impl(x, group_size, rounding, column_major_scales)
+
+
 def decode(codes):
     return DECODE_TABLE[codes]
 
@@ -74,8 +80,16 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
 
 
 def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel):
+    from . import mx
     from .block import block_scaled_mm as impl
 
+    e8m0_a, e8m0_b = scale_a.dtype == np.uint8, scale_b.dtype == np.uint8
+    if e8m0_a and e8m0_b:  # MXFP8 and its kin: power-of-two scales on both sides (cpu/mx.py)
+        return mx.mx_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel)
+    # E8M0 on one side only (DeepSeek's UE8M0 weight blocks beside float32 activation scales): the
+    # bytes decode exactly to float32
+    scale_a = mx.decode_e8m0_array(scale_a) if e8m0_a else scale_a
+    scale_b = mx.decode_e8m0_array(scale_b) if e8m0_b else scale_b
     return impl(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel)
 
 

@@ -84,19 +84,27 @@ def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=Fal
     x.shape[:-1] + (ceil(K / group_size),)). ``column_major_scales`` (2-D x only): the scales array
     has the same shape but column-major memory ([groups, M] underneath, m contiguous), the layout
     upstream's cutlass / DeepGEMM paths and cuBLASLt's VEC128 activation scales read."""
+    return run_group_kernel(quantize_per_group_kernel, x, group_size, bool(scale_ue8m0), column_major_scales,
+                            np.float32)
+
+
+def run_group_kernel(kernel, x, group_size, rule, column_major_scales, scale_dtype):
+    """Run a per-group quantization kernel (``quantize_per_group_kernel``, ``mx.quantize_kernel``) over x
+    [..., K] in groups of ``group_size``; ``rule`` is the kernel's scale rule argument. Returns (codes of
+    x's shape, scales of ``scale_dtype`` and shape x.shape[:-1] + (ceil(K / group_size),), row-major or
+    column-major)."""
     xin = _kernel_input(x)
     k = xin.shape[-1]
     m = int(np.prod(xin.shape[:-1]))
     rows = xin.reshape(m, k)
     groups = -(-k // group_size)
     codes = np.empty(rows.shape, dtype=np.uint8)
+    flat = np.empty(groups * m, dtype=scale_dtype)
     if column_major_scales:
-        flat = np.empty(groups * m, dtype=np.float32)
-        quantize_per_group_kernel(rows, group_size, bool(scale_ue8m0), codes, flat, 1, m)
+        kernel(rows, group_size, rule, codes, flat, 1, m)
         scales = flat.reshape(groups, m).T
     else:
-        flat = np.empty(m * groups, dtype=np.float32)
-        quantize_per_group_kernel(rows, group_size, bool(scale_ue8m0), codes, flat, groups, 1)
+        kernel(rows, group_size, rule, codes, flat, groups, 1)
         scales = flat.reshape(xin.shape[:-1] + (groups,))
     return codes.reshape(xin.shape), scales
 

@@ -29,8 +29,8 @@ The paths:
 
 Each path's kernels see the names in its ``kernel_globals`` in place of the source's:
 ``vector_width_hint``, an intrinsic the kernels call inside their parallel loop bodies (the function
-Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3``, the byte-lookup
-inner loop of a path that has one.
+Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3`` / ``dot4_e4m3_mx``,
+the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them.
 """
 
 import contextlib
@@ -89,7 +89,8 @@ class CpuPath:
 _AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 PATHS = (
     CpuPath("avx512_vbmi", "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
-            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3},
+            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3,
+                                        "dot4_e4m3_mx": vbmi.dot4_e4m3_mx},
             byte_lookup_decode=True),
     CpuPath("avx512", "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
             _AVX512, {"vector_width_hint": _width_hint(512)}),

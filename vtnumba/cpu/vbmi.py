@@ -103,3 +103,72 @@ def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks):
         return context.make_tuple(builder, signature.return_type, sums)
 
     return sig, codegen
+
+
+MX_BLOCK = 32  # codes per E8M0 scale byte (OCP MX): two blocks per 64-code step
+
+
+@intrinsic
+def dot4_e4m3_mx(typingctx, x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps):
+    """(sum_kb s_i[kb] * sum_{k in block kb} x[k] * dec(w_i[k]) for i in 0..3) over the first 2 * nsteps
+    blocks of 32 (k < 64 * nsteps): the MXFP8 M = 1 inner loop.
+
+    ``x``: float32 1-D contiguous, already multiplied by the activation's own block scales (exact);
+    ``w_i``: uint8 1-D contiguous weight rows; ``s_i``: float32 1-D contiguous, row i's block scales
+    (decoded E8M0 bytes: powers of two). Per row and step the decode is ``dot4_e4m3``'s; then each
+    block's two 16-lane product vectors are summed (``fma(d1, x1, d0 * x0)``, one rounding, the products
+    exact), multiplied by the block's scale (a broadcast load folded into the FMA; exact while it
+    neither overflows nor leaves float32's range, which the caller's range check ensures) and added
+    into one of two accumulators per row (even and odd blocks): no sum across lanes until the end,
+    where the block-scaled kernels spend one per block. A term passes through at most
+    1 + nblocks / 2 + 16 roundings, inside the G3-per-block allowance of ``reference.block_scaled_mm``
+    (DESIGN.md, "MXFP8")."""
+    sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps)
+
+    def codegen(context, builder, signature, args):
+        module = builder.module
+        perm = cgutils.get_or_insert_function(module, ir.FunctionType(_V64I8, [_V64I8] * 3),
+                                              "llvm.x86.avx512.vpermi2var.qi.512")
+        fma = cgutils.get_or_insert_function(module, ir.FunctionType(_V16F32, [_V16F32] * 3), "llvm.fma.v16f32")
+
+        def data(i, ty):
+            return builder.bitcast(context.make_array(signature.args[i])(context, builder, args[i]).data, ty.as_pointer())
+
+        xptr = data(0, _F32)
+        wptrs = [data(1 + i, _I8) for i in range(ROWS)]
+        sptrs = [data(5 + i, _F32) for i in range(ROWS)]
+        zero = ir.Constant(_V16F32, [ir.Constant(_F32, 0.0)] * 16)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
+        hi_low, hi_high, lo_low, lo_high = _bytes(HI[:64]), _bytes(HI[64:]), _bytes(LO[:64]), _bytes(LO[64:])
+        sign = _bytes([0x80] * BLOCK)
+        top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
+        expand = [_bytes(_expand_indices(r)) for r in range(4)]
+        splat = ir.Constant(_V16I32, [ir.Constant(_I32, 0)] * 16)
+        with cgutils.for_range(builder, args[9]) as loop:
+            base = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK))
+            kb = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK // MX_BLOCK))
+            xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]),
+                                               _V16F32.as_pointer()), align=4) for r in range(4)]
+            for row in range(ROWS):
+                codes = builder.load(builder.bitcast(builder.gep(wptrs[row], [base]), _V64I8.as_pointer()), align=1)
+                hi = builder.or_(builder.call(perm, [hi_low, codes, hi_high]), builder.and_(codes, sign))
+                lo = builder.call(perm, [lo_low, codes, lo_high])
+                d = [builder.bitcast(builder.and_(builder.bitcast(builder.call(perm, [lo, expand[r], hi]), _V16I32),
+                                                  top_half), _V16F32) for r in range(4)]
+                for half in range(2):
+                    p = builder.call(fma, [d[2 * half + 1], xs[2 * half + 1], builder.fmul(d[2 * half], xs[2 * half])])
+                    scale = builder.load(builder.gep(sptrs[row], [builder.add(kb, ir.Constant(kb.type, half))]))
+                    one = builder.insert_element(ir.Constant(_V16F32, ir.Undefined), scale, ir.Constant(_I32, 0))
+                    scales = builder.shuffle_vector(one, ir.Constant(_V16F32, ir.Undefined), splat)
+                    acc = accs[row][half]
+                    builder.store(builder.call(fma, [p, scales, builder.load(acc)]), acc)
+        sums = []
+        for row in range(ROWS):
+            v = builder.fadd(builder.load(accs[row][0]), builder.load(accs[row][1]))
+            total = builder.extract_element(v, ir.Constant(_I32, 0))
+            for j in range(1, 16):
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
+            sums.append(total)
+        return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen

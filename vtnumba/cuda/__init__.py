@@ -33,6 +33,7 @@ from .quantize import (
     quantize_dynamic,
     quantize_launches,
     quantize_per_group,
+    quantize_per_group_e8m0,
     quantize_per_token,
     quantize_static,
     scale_array,
@@ -77,5 +78,5 @@ def capture(fn, *example_args, stream=None, warmup=1):
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "quantize_per_group", "quantize_launches", "scaled_mm", "block_scaled_mm", "fp8_linear", "capture",
+           "quantize_per_group", "quantize_per_group_e8m0", "quantize_launches", "scaled_mm", "block_scaled_mm", "fp8_linear", "capture",
            "encoder_in_use", "gpu_unavailable_reason", "capabilities"]

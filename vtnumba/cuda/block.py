@@ -19,13 +19,23 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
 ``tensorcore_block_gemv``, ``tensorcore_block``  the tensor-core decode GEMV (M <= 16) and tiled
                     GEMM (tc_gemv.py, tc_gemm.py) with 128 x 128 blocks: each K-block's partial
                     promoted as ``acc += (P * sa) * sb``, exact (G3 per block); sm_89+, 16-byte rows.
+``tensorcore_mx``   MXFP8 (E8M0 bytes per 1 x 32 on both operands): the tiled tensor-core GEMM
+                    (tc_gemm.py) with one scale per k32 mma. On sm_120 / sm_121 the block-scaled mma
+                    (``kind::mxf8f6f4.block_scale``, ptx/sm120_mma.py) applies the scales itself at the
+                    full FP8 rate; elsewhere (sm_89, sm_90) the plain mma's k32 partial is scaled in
+                    float32, ``acc += (P * sa) * sb``. Each k32 partial from C = 0 (G3 per block).
 ``tiled_block``     the tiled CUDA-core GEMM with a block step at each K-block's end: any block
-                    size, shape and GPU, exact float32 accumulation within each block (G3 per block).
+                    size, shape and GPU, exact float32 accumulation within each block (G3 per block);
+                    E8M0 scales read as bytes.
+
+E8M0 scales (uint8; DESIGN.md "MXFP8"): an MX call keeps both as bytes; otherwise E8M0 weight scales
+(DeepSeek's UE8M0 128 x 128 blocks) are decoded to float32 once per call (every kernel takes them),
+and E8M0 activation scales with another block size leave the call to ``tiled_block``.
 """
 
 import numpy as np
 
-from .. import _config
+from .. import _arrays, _config
 from .gemm import Kernel, Launch, Matmul, choose, execute
 from .kernels import tc_gemm, tc_gemv
 from .kernels import sm90_wgmma_gemm as wg_gemm
@@ -35,21 +45,29 @@ from .ptx.target import SIMULATOR
 from .runtime import cublaslt, device
 
 _F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
+MX_BLOCK = (1, 32)  # OCP MX: one E8M0 scale per row and 32 of K
+_E8M0_ACTIVATION = "the activation's scales are E8M0 bytes: tiled_block or tensorcore_mx (MXFP8) take them"
 
 
 class BlockCall:
     """One block-scaled call, normalized once for every kernel's can_implement / run."""
 
     __slots__ = ("a", "b", "scale_a", "scale_b", "block_n", "block_k", "out_dtype", "bias", "m", "n", "k",
-                 "device", "plan", "state", "scale_b_padded", "scale_a_cols")
+                 "device", "plan", "state", "scale_b_padded", "scale_a_cols", "mx", "e8m0_a")
 
     def __init__(self, a, b, scale_a, scale_b, block_size, out_dtype, bias):
         self.device = device.current()
         self.a, self.b = a, b
         self.m, self.k = a.shape
         self.n = b.shape[0]
-        self.scale_a = scale_a if scale_a.dtype == _F32 else scale_a.astype(_F32)
-        self.scale_b = scale_b if scale_b.dtype == _F32 else scale_b.astype(_F32)
+        e8m0_a, e8m0_b = scale_a.dtype == _U8, scale_b.dtype == _U8
+        self.mx = e8m0_a and e8m0_b and tuple(block_size) == MX_BLOCK
+        self.e8m0_a = e8m0_a
+        if not self.mx and e8m0_b:  # E8M0 weight blocks beside float activation scales: decoded, exact
+            scale_b = _arrays.decode_e8m0(scale_b)
+        self.scale_a = scale_a if scale_a.dtype in (_F32, _U8) else scale_a.astype(_F32)
+        self.scale_b = scale_b if scale_b.dtype in (_F32, _U8) else scale_b.astype(_F32)
         self.block_n, self.block_k = block_size
         self.out_dtype = np.dtype(out_dtype)
         self.bias = bias
@@ -71,6 +89,8 @@ class CublasLtBlock(Kernel):
     name = "cublaslt_block"
 
     def can_implement(self, call):
+        if call.e8m0_a:
+            return False, _E8M0_ACTIVATION
         if not _config.dense_cublaslt_fp8_enabled():
             return False, "turned off by the lever VT_DENSE_CUBLASLT_FP8"
         if SIMULATOR:
@@ -112,6 +132,8 @@ class CublasLtBlock(Kernel):
 
 
 def _tensorcore_block_reason(call, simulate):
+    if call.e8m0_a:
+        return _E8M0_ACTIVATION
     if (call.block_n, call.block_k) != (128, 128):
         return f"the tensor-core kernels take 128 x 128 blocks, got block_size {(call.block_n, call.block_k)}"
     return tc_gemm.unavailable_reason(call.device, simulate) or tc_gemm.shape_reason(call)
@@ -124,8 +146,7 @@ class TensorCoreBlockGemv(Kernel):
         self.simulate = simulate
 
     def can_implement(self, call):
-        reason = ((call.block_n, call.block_k) != (128, 128) and _tensorcore_block_reason(call, self.simulate)) \
-            or tc_gemv.gemv_reason(call, self.simulate)
+        reason = _tensorcore_block_reason(call, self.simulate) or tc_gemv.gemv_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
     def steps(self, call, y, scratch):
@@ -153,6 +174,8 @@ class WgmmaBlock(Kernel):
     name = "wgmma_block"
 
     def can_implement(self, call):
+        if call.e8m0_a:
+            return False, _E8M0_ACTIVATION
         if (call.block_n, call.block_k) != (128, 128):
             return False, f"the wgmma kernel takes 128 x 128 blocks, got block_size {(call.block_n, call.block_k)}"
         reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
@@ -162,21 +185,42 @@ class WgmmaBlock(Kernel):
         return [Launch(*wg_gemm.gemm_launch(call, out_bits(y), True))]
 
 
+class TensorCoreMx(Kernel):
+    """MXFP8 on the tiled tensor-core GEMM, one E8M0 scale pair per k32 mma (module docstring)."""
+
+    name = "tensorcore_mx"
+
+    def __init__(self, mma_kind=None, simulate=False):
+        self.mma_kind, self.simulate = mma_kind, simulate  # None: tc_gemm.mma_kind_for the device
+
+    def can_implement(self, call):
+        if not call.mx:
+            return False, (f"the MX kernel takes E8M0 scales on both operands with block_size {MX_BLOCK}, got "
+                           f"block_size {(call.block_n, call.block_k)}"
+                           f"{'' if call.scale_a.dtype == _U8 and call.scale_b.dtype == _U8 else ' and float scales'}")
+        reason = tc_gemm.unavailable_reason(call.device, self.simulate) or tc_gemm.shape_reason(call)
+        return (False, reason) if reason else (True, "")
+
+    def steps(self, call, y, scratch):
+        return [Launch(*tc_gemm.gemm_launch(call, out_bits(y), False, mma_kind=self.mma_kind))]
+
+
 class TiledBlock(Kernel):
     name = "tiled_block"
 
     def can_implement(self, call):
-        return True, ""  # any block size, shape, strides and GPU
+        return True, ""  # any block size, shape, strides and GPU; E8M0 or float scales
 
     def steps(self, call, y, scratch):
         bias, bias_kind = bias_bits(call.bias, call.device)
         grid = ((call.n + TILE_N - 1) // TILE_N, (call.m + TILE_M - 1) // TILE_M)
-        return [Launch(tiled_block_kernel(call.out_dtype == np.float32), grid, TILED_THREADS,
+        kernel = tiled_block_kernel(call.out_dtype == np.float32, call.scale_a.dtype == _U8, call.scale_b.dtype == _U8)
+        return [Launch(kernel, grid, TILED_THREADS,
                        (call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k, bias, bias_kind,
                         out_bits(y), OUT_KIND[call.out_dtype]))]
 
 
-KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TiledBlock())
+KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TensorCoreMx(), TiledBlock())
 KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaBlock(),)}  # wgmma: by name only
 
 
@@ -194,4 +238,4 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
     return execute(select(call, kernel), call)
 
 
-__all__ = ["block_scaled_mm", "select", "BlockCall", "KERNELS", "KERNELS_BY_NAME"]
+__all__ = ["block_scaled_mm", "select", "BlockCall", "KERNELS", "KERNELS_BY_NAME", "MX_BLOCK"]

@@ -188,9 +188,10 @@ class BoundLinear:
         self.out_shape = (m, n)
         quant_scratch, gemm_scratch = _Scratch(_QUANT), _Scratch(_GEMM)
         scheme = str(weight.activation_scheme)
+        e8m0 = weight.activation_scale_rounding if weight.activation_scale_format == "e8m0" else None
         launches, codes, scale_a = quantize_launches(
             x, scheme, weight.input_scale, None if weight.block_size is None else weight.block_size[1],
-            weight.scale_ue8m0, quant_scratch)
+            weight.scale_ue8m0, quant_scratch, e8m0)
         y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
         if weight.block_size is None:
             call = gemm.GemmCall(codes, weight.data, scale_a, weight.weight_scale, self.out_dtype, weight.bias)

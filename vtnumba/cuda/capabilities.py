@@ -14,6 +14,14 @@ versions, and for each path either that it runs here or why it does not. The pat
 ``hardware_e4m3_cvt``       the hardware e4m3 conversion (``cvt ... e4m3x2``), vtnumba's default encoder
 ``tensor_core_mma``         FP8 tensor-core mma (``mma.sync ... e4m3``)
 ``tensor_core_wgmma``       Hopper's native FP8 warpgroup MMA (``wgmma.mma_async ... e4m3``, sm_90a)
+``tensor_core_block_scaled_mma``  the block-scaled FP8 mma of Blackwell workstations and GB10
+                            (``mma.sync ... kind::mxf8f6f4.block_scale``, sm_120a / sm_121a): the
+                            tensor-core kernels issue it for every FP8 GEMM there, MXFP8 with its real
+                            scales, the other formats with unit scales -- the plain FP8 mma runs at half
+                            its rate on these GPUs
+``mxfp8_tensor_core``       the MXFP8 GEMM (E8M0 scales per 1 x 32, both operands) on tensor cores: the
+                            block-scaled mma on sm_12x, the plain mma with the scales applied per k32
+                            in float32 on sm_89 / sm_90
 
 The rules are one pure function of (compute capability, cuBLASLt version, simulator flag),
 ``path_rules``, so they can be read, and tested, for GPUs that are not here. ``capabilities()`` adds
@@ -37,6 +45,8 @@ PATHS = (
     ("hardware_e4m3_cvt", "hardware e4m3 conversion (cvt)"),
     ("tensor_core_mma", "tensor-core FP8 mma (mma.sync e4m3)"),
     ("tensor_core_wgmma", "tensor-core FP8 warpgroup MMA (wgmma e4m3, sm_90a)"),
+    ("tensor_core_block_scaled_mma", "tensor-core block-scaled FP8 mma (kind::mxf8f6f4, sm_120a/121a)"),
+    ("mxfp8_tensor_core", "MXFP8 GEMM (E8M0 scales per 1x32) on tensor cores"),
 )
 CUBLASLT_PATHS = ("cublaslt_per_tensor", "cublaslt_outer_vector", "cublaslt_block_128x128")
 
@@ -71,13 +81,15 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
     ``simulator``: running under the CUDA simulator, which has neither cuBLASLt nor inline PTX."""
     from .ptx.codec import HARDWARE_MIN_CC  # here, not at import: codec needs numba-cuda
     from .ptx.sm90_wgmma import MIN_CC as WGMMA_CC  # sm_90a, arch-specific: exactly Hopper
+    from .ptx.sm120_mma import CCS as BLOCK_SCALED_CCS  # sm_120a / sm_121a, arch-specific
 
     if simulator:
         no_lt = "the CUDA simulator has no cuBLASLt (the Numba GEMM kernels run)"
         no_ptx = "the CUDA simulator runs no inline PTX"
         return {"cublaslt_per_tensor": no_lt, "cublaslt_outer_vector": no_lt, "cublaslt_block_128x128": no_lt,
                 "hardware_e4m3_cvt": no_ptx + " (the portable encoder runs)", "tensor_core_mma": no_ptx,
-                "tensor_core_wgmma": no_ptx}
+                "tensor_core_wgmma": no_ptx, "tensor_core_block_scaled_mma": no_ptx,
+                "mxfp8_tensor_core": no_ptx + " (the tiled CUDA-core kernel reads the E8M0 scales)"}
     cc = tuple(int(v) for v in cc)
     rules = {}
     if cc < FP8_TENSOR_CORE_MIN_CC:
@@ -100,6 +112,13 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
                                 f"mma.sync with e4m3 operands needs sm_89+, this GPU is {sm(cc)}")
     rules["tensor_core_wgmma"] = (None if cc == WGMMA_CC else
                                   f"wgmma is an sm_90a instruction (arch-specific: Hopper only), this GPU is {sm(cc)}")
+    rules["tensor_core_block_scaled_mma"] = (
+        None if cc in BLOCK_SCALED_CCS else
+        f"the block-scaled mma (kind::mxf8f6f4) is an sm_120a / sm_121a instruction (Blackwell workstations, GB10), "
+        f"this GPU is {sm(cc)}")
+    rules["mxfp8_tensor_core"] = (None if cc >= FP8_TENSOR_CORE_MIN_CC else
+                                  f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)} (the tiled CUDA-core kernel "
+                                  f"reads the E8M0 scales)")
     return rules
 
 

@@ -215,17 +215,19 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
 
 
 def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales,
-                        encoder):
+                        encoder, e8m0=None):
+    """The per-group quantization launch; ``e8m0`` ('rceil' / 'floor'): MX, E8M0 byte scales."""
     quant = _quant
     rows, cols = shape
     groups = -(-cols // group_size)
     width = quant.group_width(group_size)
+    mx = () if e8m0 is None else (e8m0,)  # the factories' cache keys: the float path's as before
     if aligned and cols % group_size == 0 and group_size == quant.GROUP * width:  # a chunk a lane, one read
-        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, True)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, True, *mx)
     elif aligned and cols % quant.GROUP == 0 and group_size % quant.GROUP == 0:  # the 16-wide form
-        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, False)
+        kernel, threads, per_block = quant.per_group_vector_kernel(kind, encoder, bool(scale_ue8m0), width, False, *mx)
     else:
-        kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0))
+        kernel, threads = quant.per_group_kernel(kind, encoder, bool(scale_ue8m0), *mx)
         per_block = quant.GROUP_WARPS
     blocks = max(1, min(-(-rows * groups // per_block), quant.MAX_BLOCKS))
     row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
@@ -234,9 +236,9 @@ def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scal
                                        group_stride))]
 
 
-def _group_scales(rows, groups, column_major, scratch=_fresh):
+def _group_scales(rows, groups, column_major, scratch=_fresh, dtype=np.float32):
     """Per-group scales [rows, groups]: column-major ([groups, rows] underneath, m contiguous) or not."""
-    return scratch((groups, rows), np.float32).T if column_major else scratch((rows, groups), np.float32)
+    return scratch((groups, rows), dtype).T if column_major else scratch((rows, groups), dtype)
 
 
 def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encoder=None):
@@ -253,7 +255,23 @@ def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encod
     return out, scales
 
 
-def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch):
+def quantize_per_group_e8m0(x, group_size, rounding, column_major_scales, *, encoder=None):
+    """MX quantization: per group of ``group_size``, an E8M0 byte by ``rounding`` ('rceil', 'floor') and
+    codes = encode(x / 2^(byte - 127)); the scales uint8 [rows, groups]."""
+    _backend()
+    xin, kind, shape, n, aligned, owner = _input(x)
+    rows, cols = shape
+    out = _device.xp.empty(shape, dtype=np.uint8)
+    scales = _group_scales(rows, -(-cols // group_size), column_major_scales, dtype=np.uint8)
+    if rows == 0 or cols == 0:
+        return out, scales
+    _run(_per_group_launches(xin, kind, shape, aligned, out, scales, group_size, False, column_major_scales,
+                             _encoder(encoder, _device.current()), rounding))
+    del owner  # see quantize_static
+    return out, scales
+
+
+def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch, e8m0=None):
     """A linear layer's activation quantization for inputs shaped, typed and aligned like ``x``
     (contiguous [M, K], 16-byte aligned) as launches (kernel, grid, block, args) whose codes and
     scales are taken from ``scratch(shape, dtype)``: (launches, codes, scale_a as scaled_mm takes
@@ -273,6 +291,10 @@ def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch):
         return _dynamic_launches(xin, kind, n, aligned, codes, scale_a, partials, parts, encoder, dev), codes, scale_a
     if scheme == "static":
         return _static_launches(xin, kind, n, aligned, codes, input_scale, encoder), codes, scale_array(input_scale)
+    if e8m0 is not None:  # MX: E8M0 bytes, row-major (the seam's layout for them)
+        scales = _group_scales(shape[0], -(-shape[1] // group_size), False, scratch, np.uint8)
+        return (_per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, False, False, encoder, e8m0),
+                codes, scales)
     scales = _group_scales(shape[0], -(-shape[1] // group_size), True, scratch)
     return (_per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, True, encoder),
             codes, scales)
@@ -324,4 +346,5 @@ def encoder_in_use():
 
 
 __all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "quantize_per_group",
+           "quantize_per_group_e8m0",
            "quantize_launches", "quantize_activation", "decode", "dequantize", "encoder_in_use"]

@@ -12,7 +12,12 @@ checkpoints, and what this loader does with each:
   it, and vLLM loads it into the same parameter as ``weight_scale``. It is read as the multiplier, never
   inverted, and the weight's ``source`` says so. Its usual shape is per block [ceil(N/b), ceil(K/b)],
   which is refused as "not supported yet", naming the tensor.
-- both present: refused (ambiguous); neither: refused, naming both names looked for.
+- ``scale`` (DeepSeek's later releases: the block scales of ``{prefix}.weight`` under this name, which
+  transformers renames to ``weight_scale_inv``): read as ``weight_scale_inv`` is.
+- E8M0 scales (MXFP8 per 1 x 32, DeepSeek's UE8M0 128 x 128 blocks): a block scale tensor of dtype
+  F8_E8M0 or U8 holds E8M0 bytes, 2^(byte - 127), kept as bytes (``Fp8Weight`` takes them); 0xFF
+  (NaN) is refused, naming the block.
+- more than one present: refused (ambiguous); none: refused, naming the names looked for.
 
 Scales must be finite and > 0; codes may not hold NaN (0x7F / 0xFF). Files: one ``.safetensors``
 file, a directory holding ``model.safetensors`` or a sharded ``model.safetensors.index.json``
@@ -42,6 +47,9 @@ from .weights import Fp8Weight
 __all__ = ["load_fp8_linear", "load_fp8_fused_linear", "load_float_linear", "Checkpoint"]
 
 _INDEX = "model.safetensors.index.json"
+# one-byte dtypes read from the file's bytes: numpy (safetensors' numpy loader) has neither
+_BYTE_DTYPES = ("F8_E4M3", "F8_E8M0")
+_E8M0_DTYPES = ("F8_E8M0", "U8")  # a block scale tensor of these holds E8M0 bytes
 _FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
 
 
@@ -113,11 +121,12 @@ class Checkpoint:
         return self._where[name][0]
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor as a numpy array: float dtypes as numpy / ml_dtypes.bfloat16, F8_E4M3 as uint8 codes."""
+        """The tensor as a numpy array: float dtypes as numpy / ml_dtypes.bfloat16, F8_E4M3 codes and F8_E8M0
+        scale bytes as uint8."""
         file, entry, data_start = self._where[name]
         self._check_size(file, name)
         dtype, shape = entry["dtype"], tuple(entry["shape"])
-        if dtype != "F8_E4M3":
+        if dtype not in _BYTE_DTYPES:
             from safetensors import SafetensorError, safe_open
 
             try:
@@ -131,7 +140,7 @@ class Checkpoint:
         count = math.prod(shape)
         if end - start != count:
             raise ValueError(f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must span {count} bytes for "
-                             f"shape {list(shape)} (F8_E4M3), got data_offsets {entry['data_offsets']}; the "
+                             f"shape {list(shape)} ({dtype}), got data_offsets {entry['data_offsets']}; the "
                              f"file's header is wrong: write the checkpoint again")
         codes = np.fromfile(file, dtype=np.uint8, count=count, offset=data_start + start)
         return codes.reshape(shape)
@@ -229,14 +238,19 @@ def _scalar(ckpt, name):
 
 
 def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str | None = None,
-                    block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> Fp8Weight:
+                    block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
+                    activation_scale_format: str | None = None) -> Fp8Weight:
     """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
     checkpoint (file, directory or sharded index; or a ``Checkpoint``).
 
     ``block_size=(bn, bk)`` (a block-scaled checkpoint's ``weight_block_size``): the scale tensor
     is [ceil(N / bn), ceil(K / bk)] (``weight_scale_inv`` in DeepSeek-V3/R1 and Qwen3-FP8,
     ``weight_scale`` in compressed-tensors' block preset; float32, or bfloat16 / float16 widened
-    exactly), the activations per group of bk (``scale_ue8m0``: power-of-two group scales).
+    exactly, or E8M0 bytes: F8_E8M0 or U8, kept as bytes), the activations per group of bk
+    (``scale_ue8m0``: power-of-two group scales). MXFP8 layers (ModelOpt, compressed-tensors, "mxfp8"
+    checkpoints) are ``block_size=(1, 32)`` with E8M0 ``weight_scale`` / ``weight_scale_inv``: their
+    activations are quantized MXFP8 (``activation_scale_format`` 'e8m0', the default for E8M0 scales in
+    1 x bk blocks; ``Fp8Weight``).
 
     ``activation_scheme`` (usually from ``Fp8Config``): 'static' requires ``{prefix}.input_scale``;
     'dynamic' / 'per_token' ignore a stored input scale (as vLLM does for dynamic schemes). By
@@ -257,17 +271,23 @@ def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str
         raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(shape)}")
     n, k = shape
 
-    present = [s for s in (f"{prefix}.weight_scale", f"{prefix}.weight_scale_inv") if s in ckpt]
+    present = [s for s in (f"{prefix}.weight_scale", f"{prefix}.weight_scale_inv", f"{prefix}.scale") if s in ckpt]
     if not present:
-        raise ValueError(f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv) must be in the checkpoint "
-                         f"for the FP8 weight {wname!r}, got neither: without it the codes cannot be dequantized")
-    if len(present) == 2:
-        raise ValueError(f"tensors {present[0]!r} and {present[1]!r} must not both be present (which one "
-                         f"scales the weight is ambiguous), got both")
+        raise ValueError(f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv, or {prefix}.scale) must be in "
+                         f"the checkpoint for the FP8 weight {wname!r}, got none: without it the codes cannot be "
+                         f"dequantized")
+    if len(present) > 1:
+        raise ValueError(f"tensors {' and '.join(map(repr, present))} must not all be present (which one "
+                         f"scales the weight is ambiguous), got {len(present)}")
     sname = present[0]
     sshape = ckpt.shape(sname)
     if block_size is not None:
-        return _load_block_fp8(ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme)
+        return _load_block_fp8(ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme,
+                               activation_scale_format)
+    if ckpt.dtype(sname) in _E8M0_DTYPES and sshape == (n, -(-k // 32)):
+        raise ValueError(f"tensor {sname!r} holds E8M0 bytes ({ckpt.dtype(sname)}) of shape {list(sshape)} for a weight "
+                         f"of shape {[n, k]}: an MXFP8 layer; pass block_size=(1, 32), or read it through "
+                         f"Fp8Config.from_hf(config).load_linear")
     if sshape in ((), (1,), (1, 1)):
         scale_kind = "per-tensor"
     elif sshape in ((n,), (n, 1)):
@@ -284,8 +304,8 @@ def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str
     if bad.any():
         raise ValueError(f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
                          f"at {np.flatnonzero(bad)[:4].tolist()}")
-    if sname.endswith("_inv"):
-        convention = ("weight_scale_inv read as the dequantization multiplier (w = codes * weight_scale_inv), "
+    if not sname.endswith(".weight_scale"):
+        convention = (f"{sname.rsplit('.', 1)[1]} read as the dequantization multiplier (w = codes * weight_scale_inv), "
                       "the DeepSeek-V3 / vLLM meaning despite the name")
     else:
         convention = "weight_scale read as the dequantization multiplier (w = codes * weight_scale)"
@@ -344,19 +364,28 @@ def _finite_codes(ckpt, wname):
     return codes
 
 
-def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme):
-    """A block-scaled layer: codes, [ceil(N / bn), ceil(K / bk)] scales (each block's checked, named)."""
+def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme,
+                    activation_scale_format=None):
+    """A block-scaled layer: codes, [ceil(N / bn), ceil(K / bk)] scales (each block's checked, named):
+    float scales widened to float32, E8M0 ones (F8_E8M0, U8) kept as bytes."""
     n, k = shape
     bn, bk = (int(v) for v in block_size)
     want = [-(-n // bn), -(-k // bk)]
     if list(ckpt.shape(sname)) != want:
         raise ValueError(f"tensor {sname!r} must have shape {want} for a weight of shape {[n, k]} in {bn} x {bk} "
                          f"blocks, got shape {list(ckpt.shape(sname))}")
-    scale = _read_float(ckpt, sname).astype(np.float32)  # bf16 / f16 widen exactly
-    bad = ~(np.isfinite(scale) & (scale > 0))
+    sdtype = ckpt.dtype(sname)
+    if sdtype in _E8M0_DTYPES:
+        scale = ckpt.read(sname).view(np.uint8)
+        bad = scale == 0xFF
+        kind = "finite E8M0 block scales (0xFF is NaN)"
+    else:
+        scale = _read_float(ckpt, sname).astype(np.float32)  # bf16 / f16 widen exactly
+        bad = ~(np.isfinite(scale) & (scale > 0))
+        kind = "positive finite block scales"
     if bad.any():
         first = np.argwhere(bad)[0].tolist()
-        raise ValueError(f"layer {prefix!r}: tensor {sname!r} must hold positive finite block scales, got "
+        raise ValueError(f"layer {prefix!r}: tensor {sname!r} must hold {kind}, got "
                          f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks)")
     if activation_scheme not in (None, "per_group"):
         raise ValueError(f"activation_scheme must be 'per_group' for the block-scaled layer {prefix!r}, "
@@ -364,24 +393,28 @@ def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, 
     bname = f"{prefix}.bias"
     bias = _read_float(ckpt, bname) if bname in ckpt else None
     tensors = [wname, sname] + ([bname] if bias is not None else [])
+    e8m0 = sdtype in _E8M0_DTYPES
     source = {
         "files": sorted({os.path.basename(ckpt.file(t)) for t in tensors}),
         "tensors": tensors,
-        "weight_scale": f"{sname} (block {bn} x {bk}, shape {want}, {ckpt.dtype(sname)})",
-        "scale_convention": f"{sname} read as the dequantization multiplier of each block (w = codes * scale)",
+        "weight_scale": f"{sname} (block {bn} x {bk}, shape {want}, {sdtype}{', E8M0 bytes' if e8m0 else ''})",
+        "scale_convention": (f"{sname} read as the dequantization multiplier of each block (w = codes * "
+                             + ("2^(byte - 127))" if e8m0 else "scale)")),
     }
     return Fp8Weight(_finite_codes(ckpt, wname), scale, bias=bias, block_size=(bn, bk), scale_ue8m0=scale_ue8m0,
-                     activation_scheme="per_group", source=source)
+                     activation_scheme="per_group", source=source, activation_scale_format=activation_scale_format)
 
 
 def load_fp8_fused_linear(path: CheckpointLike, prefixes: Sequence[str], *, activation_scheme: str | None = None,
-                          block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> Fp8Weight:
+                          block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
+                          activation_scale_format: str | None = None) -> Fp8Weight:
     """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the
     order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales; block
     scales concatenated)."""
     ckpt = _checkpoint(path, prefixes[0] if len(prefixes) else None)
     return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme, block_size=block_size,
-                                            scale_ue8m0=scale_ue8m0) for p in prefixes])
+                                            scale_ue8m0=scale_ue8m0, activation_scale_format=activation_scale_format)
+                             for p in prefixes])
 
 
 def load_float_linear(path: CheckpointLike, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:

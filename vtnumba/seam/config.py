@@ -4,15 +4,19 @@ Formats read (the ``quantization_config`` of a Hugging Face config.json, or Mode
 hf_quant_config.json), following upstream vLLM's readers:
 
 - ModelOpt (``quant_method`` "modelopt"; vLLM ``quantization/modelopt.py``): ``quant_algo`` "FP8"
-  (per-tensor weight scale, static per-tensor activation scale) or "FP8_PER_CHANNEL_PER_TOKEN"
-  (per-channel weight scale, dynamic per-token activations); skipped layers in ``exclude_modules``
-  (hf_quant_config.json) or ``ignore`` (config.json), ModelOpt wildcards.
+  (per-tensor weight scale, static per-tensor activation scale), "FP8_PER_CHANNEL_PER_TOKEN"
+  (per-channel weight scale, dynamic per-token activations) or "MXFP8" (vLLM's ModelOptMxFp8Config:
+  ``weight_scale`` E8M0 bytes, U8 [N, K / 32]; activations quantized MXFP8 at run time); skipped
+  layers in ``exclude_modules`` (hf_quant_config.json) or ``ignore`` (config.json), ModelOpt wildcards.
 - compressed-tensors (``quant_method`` "compressed-tensors"; vLLM
   ``quantization/compressed_tensors/compressed_tensors.py``): ``config_groups`` whose ``weights`` are
   8-bit float with strategy "tensor" or "channel" and whose ``input_activations`` are static
   "tensor" or dynamic "token" / "tensor"; skipped layers in ``ignore`` (names, or "re:" regexes).
   The FP8_BLOCK preset: weights strategy "block" with ``block_structure`` [bn, bk], input
-  activations dynamic strategy "group" with ``group_size`` bk (per-token groups of 1 x bk).
+  activations dynamic strategy "group" with ``group_size`` bk (per-token groups of 1 x bk). MXFP8
+  (the "mxfp8-pack-quantized" format; vLLM's CompressedTensorsW8A8Mxfp8): weights strategy "group"
+  with ``group_size`` 32, ``weight_scale`` E8M0 bytes U8 [N, K / 32]; activations, dynamic group-32 or
+  absent, are quantized MXFP8 at run time, as vLLM does.
 - vLLM's own "fp8" (``quantization/fp8.py``; AutoFP8 checkpoints): ``activation_scheme`` "static" or
   "dynamic" (per-tensor), per-tensor weight scales, skipped layers in ``ignored_layers`` (else
   ``modules_to_not_convert``, as vLLM falls back).
@@ -20,7 +24,12 @@ hf_quant_config.json), following upstream vLLM's readers:
   transformers' ``FineGrainedFP8Config`` (``activation_scheme``, ``weight_block_size``,
   ``modules_to_not_convert``). Weights are block-scaled and "dynamic" activations mean per-token groups
   of 1 x bk (vLLM's block path quantizes them so; static activations are refused with block weights, as
-  vLLM refuses them). ``scale_fmt`` "ue8m0" (DeepSeek-V3.1) asks for power-of-two activation scales.
+  vLLM refuses them). ``scale_fmt`` "ue8m0" (DeepSeek-V3.1 and later) asks for power-of-two activation
+  scales; the weight's block scales may then be stored as E8M0 bytes (F8_E8M0 or U8, DeepSeek's later
+  releases), which the loader keeps as bytes.
+- "mxfp8" (transformers' MXFP8 checkpoints, read by vLLM through its ModelOpt MXFP8 path): E8M0
+  ``weight_scale_inv`` (or ``weight_scale``) U8 / F8_E8M0 [N, K / 32]; a checkpoint whose weights are
+  not FP8 (vLLM's online "mxfp8") is quantized MXFP8 as it is read.
 
 Block-scaled weights are parsed (``weight_strategy`` "block", ``activation_scheme`` "per_group") and
 then refused per layer by ``linear_method`` ("not supported yet"), so a model whose quantized layers
@@ -42,13 +51,15 @@ from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["Fp8Config"]
 
-_METHODS = ("modelopt", "compressed-tensors", "fp8")
+_METHODS = ("modelopt", "compressed-tensors", "fp8", "mxfp8")
+MX_BLOCK = (1, 32)  # OCP MX: one E8M0 scale per 32 values along K, per row
 _ACTIVATION_SCHEMES = ("static", "dynamic", "per_token", "per_group")
 _MODELOPT_ALGOS = {
     # quant_algo -> (weight strategy, activation scheme), per vLLM's ModelOptFp8LinearMethod and
     # ModelOptFp8PcPtLinearMethod
     "FP8": ("tensor", "static"),
     "FP8_PER_CHANNEL_PER_TOKEN": ("channel", "per_token"),
+    "MXFP8": ("block", "per_group"),  # vLLM's ModelOptMxFp8Config: E8M0 scales per 1 x 32
 }
 
 
@@ -116,6 +127,8 @@ class Fp8Config:
       scales each K-block by one activation scale). None picks bk for 'per_group'.
     - ``activation_scale_ue8m0``: per-group activation scales rounded up to powers of two (DeepSeek's
       ``scale_fmt`` "ue8m0").
+    - ``activation_scale_format``: 'e8m0' for MXFP8 (activations quantized with E8M0 group scales, the
+      weight's scales E8M0 bytes), else 'float32'.
     """
 
     quant_method: str
@@ -125,6 +138,7 @@ class Fp8Config:
     weight_block_size: tuple[int, int] | None = None
     activation_group_size: int | None = None
     activation_scale_ue8m0: bool = False
+    activation_scale_format: str = "float32"
 
     def __post_init__(self) -> None:
         if self.quant_method not in _METHODS:
@@ -152,6 +166,16 @@ class Fp8Config:
                 raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {self.weight_block_size!r}")
             object.__setattr__(self, "weight_block_size", block)
         self._check_block_scheme()
+        if self.activation_scale_format not in ("float32", "e8m0"):
+            raise ValueError(f"activation_scale_format must be 'float32' or 'e8m0', got {self.activation_scale_format!r}")
+        if self.activation_scale_format == "e8m0" and (self.activation_scheme != "per_group" or self.activation_scale_ue8m0):
+            raise ValueError(f"activation_scale_format 'e8m0' needs activation_scheme 'per_group' without "
+                             f"activation_scale_ue8m0, got {self.activation_scheme!r}, {self.activation_scale_ue8m0!r}")
+
+    @property
+    def mxfp8(self) -> bool:
+        """Whether the config is MXFP8: E8M0 scales per 1 x 32 on weights and activations."""
+        return self.activation_scale_format == "e8m0"
 
     def _check_block_scheme(self):
         """Block-scaled weights and per-group activations come together, with group size = bk."""
@@ -200,6 +224,8 @@ class Fp8Config:
             return cls._from_compressed_tensors(section)
         if method == "fp8":
             return cls._from_vllm_fp8(section)
+        if method == "mxfp8":
+            return cls._from_mxfp8(section)
         raise ValueError(f"quant_method must be one of {', '.join(_METHODS)} (the FP8 formats vtnumba reads), "
                          f"got {section.get('quant_method')!r}")
 
@@ -214,6 +240,11 @@ class Fp8Config:
         strategy, scheme = _MODELOPT_ALGOS[key]
         # "exclude_modules" in hf_quant_config.json, "ignore" in config.json (vLLM reads both)
         ignore = section.get("exclude_modules", section.get("ignore")) or ()
+        if key == "MXFP8":
+            group = section.get("group_size", MX_BLOCK[1])
+            if group != MX_BLOCK[1]:
+                raise ValueError(f"group_size must be {MX_BLOCK[1]} for ModelOpt MXFP8, got {group!r}")
+            return cls("modelopt", strategy, scheme, tuple(ignore), MX_BLOCK, activation_scale_format="e8m0")
         return cls("modelopt", strategy, scheme, tuple(ignore))
 
     @classmethod
@@ -230,6 +261,9 @@ class Fp8Config:
                                  f"type={weights.get('type')!r} num_bits={weights.get('num_bits')!r}")
             w_strategy = weights.get("strategy")
             block = None
+            if w_strategy == "group":
+                found.add(cls._mxfp8_group(f"config_groups.{gname}", weights, acts))
+                continue
             if w_strategy == "block":
                 block = weights.get("block_structure")
                 if not isinstance(block, (list, tuple)) or len(block) != 2:
@@ -261,7 +295,25 @@ class Fp8Config:
             raise ValueError(f"config_groups must share one FP8 scheme (mixed schemes are not supported yet), "
                              f"got {sorted(found, key=str)}")
         (strategy, scheme, block), = found
-        return cls("compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block)
+        fmt = "e8m0" if block == MX_BLOCK and strategy == "block" and scheme == "per_group_e8m0" else "float32"
+        if fmt == "e8m0":
+            scheme = "per_group"
+        return cls("compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block,
+                   activation_scale_format=fmt)
+
+    @staticmethod
+    def _mxfp8_group(name, weights, acts):
+        """compressed-tensors' MXFP8 (vLLM ``_is_mxfp8``: float 8-bit weights, strategy 'group', group_size
+        32; CompressedTensorsW8A8Mxfp8 quantizes the activations MXFP8 whatever the config says of them,
+        so only a contradicting input_activations is refused)."""
+        if weights.get("group_size") != MX_BLOCK[1]:
+            raise ValueError(f"{name}.weights.group_size must be {MX_BLOCK[1]} for FP8 group weights (MXFP8), got "
+                             f"{weights.get('group_size')!r}")
+        if acts and (acts.get("type") != "float" or acts.get("num_bits") != 8 or not acts.get("dynamic")
+                     or acts.get("strategy") not in ("group", "token", "tensor")):
+            raise ValueError(f"{name}.input_activations must be dynamic 8-bit float (MXFP8 activations are quantized "
+                             f"per group of 32 at run time), got {acts!r}")
+        return ("block", "per_group_e8m0", MX_BLOCK)
 
     @staticmethod
     def _block_activations(name, acts, a_key, block):
@@ -312,6 +364,20 @@ class Fp8Config:
         return cls("fp8", "block", "per_group", ignore, block,
                    activation_scale_ue8m0=scale_fmt == "ue8m0")
 
+    @classmethod
+    def _from_mxfp8(cls, section):
+        """``quant_method`` "mxfp8": transformers' MXFP8 checkpoints (E8M0 ``weight_scale_inv`` per 1 x 32)
+        and vLLM's online "mxfp8" (``activation_scheme`` dynamic only, skipped layers in ``ignored_layers``
+        or ``modules_to_not_convert``; vllm/model_executor/layers/quantization/mxfp8.py)."""
+        scheme = section.get("activation_scheme", "dynamic")
+        if str(scheme).lower() != "dynamic":
+            raise ValueError(f"activation_scheme must be 'dynamic' for mxfp8 (as vLLM's Mxfp8Config requires), got {scheme!r}")
+        block = section.get("weight_block_size", list(MX_BLOCK))
+        if block is not None and tuple(block) != MX_BLOCK:
+            raise ValueError(f"weight_block_size must be {list(MX_BLOCK)} for mxfp8, got {block!r}")
+        ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
+        return cls("mxfp8", "block", "per_group", ignore, MX_BLOCK, activation_scale_format="e8m0")
+
     # -- per layer ---------------------------------------------------------------------------
     def ignored_by(self, prefix: str) -> str | None:
         """The ignore entry that leaves layer ``prefix`` unquantized, or None."""
@@ -352,6 +418,9 @@ class Fp8Config:
         if w.block_size != self.weight_block_size:
             raise ValueError(f"weight of layer {prefix!r} must have block_size {self.weight_block_size} like the "
                              f"config's weight_block_size, got {w.block_size}")
+        if w.block_size is not None and w.activation_scale_format != self.activation_scale_format:
+            raise ValueError(f"weight of layer {prefix!r} must have activation_scale_format "
+                             f"{self.activation_scale_format!r} like the config, got {w.activation_scale_format!r}")
         return make_linear_method(weight, bias)
 
     def load_linear(self, path: str | os.PathLike, prefix: str) -> LinearMethod:
@@ -363,6 +432,20 @@ class Fp8Config:
         if self.is_ignored(prefix):
             weight, bias = load_float_linear(path, prefix)
             return self.linear_method(prefix, weight, bias)
+        if self.quant_method == "mxfp8" and _float_weight(path, prefix):
+            # vLLM's online mxfp8 (Mxfp8OnlineLinearMethod): a checkpoint in float, quantized as it loads
+            weight, bias = load_float_linear(path, prefix)
+            return self.linear_method(prefix, Fp8Weight.from_float(weight, bias=bias, block_size=MX_BLOCK,
+                                                                   scale_format="e8m0"))
         return self.linear_method(prefix, load_fp8_linear(
             path, prefix, activation_scheme=self.activation_scheme, block_size=self.weight_block_size,
-            scale_ue8m0=self.activation_scale_ue8m0))
+            scale_ue8m0=self.activation_scale_ue8m0, activation_scale_format=self.activation_scale_format))
+
+
+def _float_weight(path, prefix):
+    """Whether layer ``prefix``'s weight is stored in a float dtype (not FP8-serialized)."""
+    from .checkpoint import _FLOAT_DTYPES, _checkpoint
+
+    ckpt = _checkpoint(path, prefix)
+    name = f"{prefix}.weight"
+    return name in ckpt and ckpt.dtype(name) in _FLOAT_DTYPES

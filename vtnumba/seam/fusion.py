@@ -61,8 +61,9 @@ def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
     - static input scales: the max of the shards' (upstream: ``layer.input_scale.max()`` in
       ``process_weights_after_loading``), saturation-safe for every shard;
     - bias: concatenated when every shard has one (float32);
-    - block-scaled shards (one block_size): codes and block scales concatenated, exact, when every
-      shard but the last has N a multiple of bn (a block must not straddle two shards).
+    - block-scaled shards (one block_size, one scale format): codes and block scales (float32 or E8M0
+      bytes) concatenated, exact, when every shard but the last has N a multiple of bn (a block must
+      not straddle two shards).
     """
     shards = list(shards)
     if not shards or not all(isinstance(s, Fp8Weight) for s in shards):
@@ -103,6 +104,9 @@ def _fuse_block_shards(shards, blocks, widths, with_bias):
     if len(blocks) != 1:
         raise ValueError(f"shards must share one block_size, got {sorted(map(str, blocks))}")
     (bn, bk), = blocks
+    kinds = {(s.scale_format, s.activation_scale_format, s.activation_scale_rounding) for s in shards}
+    if len(kinds) != 1:
+        raise ValueError(f"shards must share one scale format (weight, activation, rounding), got {sorted(map(str, kinds))}")
     for i, s in enumerate(shards[:-1]):
         if s.shape[0] % bn:
             raise ValueError(f"shards[{i}] must have N a multiple of bn = {bn} to be fused (its last block would "
@@ -110,5 +114,6 @@ def _fuse_block_shards(shards, blocks, widths, with_bias):
     bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
     return Fp8Weight(np.concatenate([s.data for s in shards], axis=0),
                      np.concatenate([s.weight_scale for s in shards], axis=0), bias=bias, block_size=(bn, bk),
-                     scale_ue8m0=shards[0].scale_ue8m0,
+                     scale_ue8m0=shards[0].scale_ue8m0, activation_scale_format=shards[0].activation_scale_format,
+                     activation_scale_rounding=shards[0].activation_scale_rounding,
                      source={"fused_from": [s.source for s in shards], "logical_widths": widths})

@@ -26,11 +26,16 @@ _QUANTIZERS = {
     ActivationScheme.STATIC: (lambda x, w: quantize_fp8(x, w.input_scale), "vt.quantize_fp8(x, weight.input_scale)"),
     ActivationScheme.DYNAMIC: (lambda x, w: quantize_fp8(x), "vt.quantize_fp8(x)"),
     ActivationScheme.PER_TOKEN: (lambda x, w: quantize_fp8(x, per_token=True), "vt.quantize_fp8(x, per_token=True)"),
-    # column-major group scales: the layout cuBLASLt's block scaling reads, and the CPU's block
-    # kernels' K-block-major one, so no kernel has to transpose them
+    # column-major float32 group scales: the layout cuBLASLt's block scaling reads, and the CPU's block
+    # kernels' K-block-major one, so no kernel has to transpose them; E8M0 ones row-major, the layout
+    # of the OCP MX formats and of the MX kernels
     ActivationScheme.PER_GROUP: (lambda x, w: quantize_fp8(x, group_size=w.block_size[1], scale_ue8m0=w.scale_ue8m0,
-                                                           column_major_scales=True),
-                                 "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0)"),
+                                                           column_major_scales=w.activation_scale_format == "float32",
+                                                           scale_format=w.activation_scale_format,
+                                                           scale_rounding=w.activation_scale_rounding),
+                                 "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0, "
+                                 "scale_format=weight.activation_scale_format, "
+                                 "scale_rounding=weight.activation_scale_rounding)"),
 }
 
 
@@ -192,6 +197,10 @@ def matmul_fp8_prequant(q: QuantizedActivation, weight: Fp8Weight | ResidentFp8,
     if w.block_size is not None and q.group_size != w.block_size[1]:
         raise ValueError(f"q.group_size must be the weight's bk = {w.block_size[1]} (block_size {w.block_size}): "
                          f"the GEMM scales each K-block by one activation scale, got {q.group_size}")
+    if w.block_size is not None and q.scale_format != w.activation_scale_format:
+        raise ValueError(f"q.scale_format must be the weight's activation_scale_format {w.activation_scale_format!r}, "
+                         f"got {q.scale_format!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+                         f"(or seam.quantize_activation(x, weight))")
     y = scaled_mm(_rows(q.data, w, "q.data"), w.data, q.scale, w.weight_scale,
                   out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias, block_size=w.block_size)
     return _unflatten(y, q.data.shape, w)

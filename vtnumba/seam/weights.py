@@ -18,7 +18,8 @@ from .. import _arrays
 from .. import _format
 from .._arrays import Array, DType, Scale
 from .._interop import interop
-from ..ops import ActivationScheme, block_size_of, dequantize_fp8, encode_e4m3, quant_scale, quantize_fp8
+from ..ops import (ActivationScheme, _e8m0_rounding, _scale_format, block_size_of, decode_e8m0, dequantize_fp8,
+                   encode_e4m3, quant_scale, quantize_fp8)
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
 
@@ -54,6 +55,13 @@ class Fp8Weight:
       ``weight_scale`` is [ceil(N / bn), ceil(K / bk)] (float32, bfloat16 or float16, widened
       exactly to float32), one multiplier per bn x bk block, and activations are quantized per group
       of bk. ``scale_ue8m0``: those activation scales are rounded up to powers of two (DeepGEMM).
+      The block scales may instead be uint8 E8M0 bytes (2^(byte - 127); ml_dtypes.float8_e8m0fnu is
+      viewed as them), kept as bytes: ``block_size=(1, 32)`` is an MXFP8 weight (OCP MX), ``(128, 128)``
+      DeepSeek's UE8M0 checkpoints. Byte 0xFF (NaN) is refused.
+    - ``activation_scale_format``: 'e8m0' quantizes the activations MXFP8-style (E8M0 group scales,
+      ``vt.quantize_fp8(x, group_size=bk, scale_format="e8m0")``), 'float32' as above. Default: 'e8m0'
+      for E8M0 weight scales in 1 x bk blocks (MXFP8: both operands scaled per group of K), else
+      'float32'. ``activation_scale_rounding`` ('rceil' by default, or 'floor'): the E8M0 rule for them.
     - ``source``: free-form provenance (the checkpoint loader records which tensors and which scale
       convention it read); not compared.
 
@@ -70,6 +78,8 @@ class Fp8Weight:
     source: Any = field(default=None, repr=False)
     block_size: tuple[int, int] | None = None
     scale_ue8m0: bool = False
+    activation_scale_format: str | None = None
+    activation_scale_rounding: str | None = None
     device: str = field(init=False, repr=False)
     shape: tuple[int, int] = field(init=False, repr=False)
     per_channel: bool = field(init=False, repr=False)
@@ -127,6 +137,27 @@ class Fp8Weight:
             raise ValueError(f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}")
         set_(self, "scale_ue8m0", bool(self.scale_ue8m0))
         set_(self, "activation_scheme", scheme)
+        fmt = self.activation_scale_format
+        if fmt is None:
+            mx = self.block_size is not None and self.block_size[0] == 1 and self.scale_format == "e8m0"
+            fmt = "e8m0" if mx else "float32"
+        fmt = _scale_format(fmt, "activation_scale_format")
+        if fmt == "e8m0":
+            if scheme != ActivationScheme.PER_GROUP:
+                raise ValueError(f"activation_scale_format 'e8m0' needs per-group activations (a block-scaled weight), "
+                                 f"got activation_scheme={str(scheme)!r}")
+            if self.scale_ue8m0:
+                raise ValueError("scale_ue8m0 must be False with activation_scale_format='e8m0' (an E8M0 scale is "
+                                 "rounded by activation_scale_rounding), got True")
+            rounding = _e8m0_rounding("rceil" if self.activation_scale_rounding is None
+                                      else self.activation_scale_rounding, "activation_scale_rounding")
+        elif self.activation_scale_rounding is not None:
+            raise ValueError(f"activation_scale_rounding applies to activation_scale_format='e8m0' only, got "
+                             f"{self.activation_scale_rounding!r} with {fmt!r}")
+        else:
+            rounding = None
+        set_(self, "activation_scale_format", fmt)
+        set_(self, "activation_scale_rounding", rounding)
 
         if self.bias is not None:
             bias = self.bias
@@ -139,7 +170,8 @@ class Fp8Weight:
     @interop
     def from_float(cls, w: Array, input_scale: Scale | None = None, per_channel: bool = False, *,
                    activation_scheme: str | None = None, bias: Array | None = None,
-                   block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False) -> "Fp8Weight":
+                   block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
+                   scale_format: str = "float32", scale_rounding: str | None = None) -> "Fp8Weight":
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
         that are not FP8-serialized).
 
@@ -155,17 +187,35 @@ class Fp8Weight:
         - ``block_size=(bn, bk)``: one scale per bn x bk block, ``max(amax_block, 1e-10) / 448`` in
           float32, and ``codes = encode(w / scale)`` by a true division -- the block quantization
           DeepSeek-V3's and vLLM's ``per_block_cast_to_fp8`` use; activations then go per group of bk.
+        - ``block_size=(bn, bk), scale_format="e8m0"``: one E8M0 byte per block from its finite amax by
+          ``scale_rounding`` ('rceil' by default, or 'floor'; DESIGN.md "MXFP8") and codes
+          ``encode(w / 2^(byte - 127))``. ``block_size=(1, 32)`` makes an MXFP8 weight (exactly
+          ``vt.quantize_fp8(w, group_size=32, scale_format="e8m0")``), whose activations are quantized
+          MXFP8 with the same rule.
         """
         _arrays.float_dtype(w, "w")
         if len(w.shape) != 2:
             raise ValueError(f"w must be 2-D [N, K] (nn.Linear layout), got shape {tuple(w.shape)}")
+        e8m0 = _scale_format(scale_format) == "e8m0"
+        if not e8m0 and scale_rounding is not None:
+            raise ValueError(f"scale_rounding applies to scale_format='e8m0' only, got {scale_rounding!r}")
         if block_size is not None:
             if per_channel or input_scale is not None:
                 raise ValueError("per_channel and input_scale do not apply to a block-scaled weight, got "
                                  f"per_channel={per_channel!r}, input_scale={input_scale!r}")
-            codes, scale = _quantize_blocks(w, block_size_of(block_size))
+            block = block_size_of(block_size)
+            rounding = _e8m0_rounding("rceil" if scale_rounding is None else scale_rounding) if e8m0 else None
+            if e8m0 and block[0] == 1:  # MX: per row, groups of bk -- the activation quantizer itself
+                q = quantize_fp8(w, group_size=block[1], scale_format="e8m0", scale_rounding=rounding)
+                codes, scale = q.data, q.scale
+            else:
+                codes, scale = _quantize_blocks(w, block, rounding)
+            mx = e8m0 and block[0] == 1
             return cls(codes, scale, bias=bias, activation_scheme=activation_scheme, block_size=block_size,
-                       scale_ue8m0=scale_ue8m0)
+                       scale_ue8m0=scale_ue8m0, activation_scale_rounding=rounding if mx else None)
+        if e8m0:
+            raise ValueError("scale_format='e8m0' must come with block_size (E8M0 scales are per block; MXFP8 is "
+                             "block_size=(1, 32)), got block_size=None")
         if per_channel:
             q = quantize_fp8(w, per_token=True)
             scale = q.scale.reshape(-1)
@@ -176,7 +226,7 @@ class Fp8Weight:
 
     @classmethod
     def _trusted(cls, data, weight_scale, input_scale, bias, activation_scheme, source, per_channel, block_size=None,
-                 scale_ue8m0=False):
+                 scale_ue8m0=False, activation_scale_format="float32", activation_scale_rounding=None):
         """Build from parts already validated (a resident copy of a validated weight): no checks,
         no device synchronization."""
         self = object.__new__(cls)
@@ -185,18 +235,25 @@ class Fp8Weight:
                             ("bias", bias), ("activation_scheme", activation_scheme), ("source", source),
                             ("device", _arrays.device_of(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
                             ("per_channel", per_channel), ("released_to", None), ("bound_calls", None),
-                            ("block_size", block_size), ("scale_ue8m0", scale_ue8m0)):
+                            ("block_size", block_size), ("scale_ue8m0", scale_ue8m0),
+                            ("activation_scale_format", activation_scale_format),
+                            ("activation_scale_rounding", activation_scale_rounding)):
             set_(self, name, value)
         return self
 
     def __repr__(self):
-        kind = (f"block {self.block_size}" if self.block_size is not None
-                else "per-channel" if self.per_channel else "per-tensor")
+        kind = (f"block {self.block_size}" + (" e8m0" if self.scale_format == "e8m0" else "")
+                if self.block_size is not None else "per-channel" if self.per_channel else "per-tensor")
         return (f"Fp8Weight(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
                 f"activation_scheme={self.activation_scheme!r}, bias={self.bias is not None}"
                 + (f", released_to={self.released_to!r})" if self.released_to else ")"))
 
     # -- views -------------------------------------------------------------------------------
+    @property
+    def scale_format(self) -> str:
+        """'e8m0' when ``weight_scale`` holds E8M0 bytes (uint8), else 'float32'."""
+        return "e8m0" if _arrays.dtype_of(self.weight_scale) == np.uint8 else "float32"
+
     @property
     def out_features(self) -> int:
         return self.shape[0]
@@ -209,7 +266,7 @@ class Fp8Weight:
     def nbytes(self) -> int:
         """Bytes of the arrays a resident copy holds: codes, weight scale, bias (as float32)."""
         n = self.shape[0]
-        return n * self.shape[1] + 4 * int(self.weight_scale.size) + (0 if self.bias is None else 4 * n)
+        return n * self.shape[1] + int(self.weight_scale.nbytes) + (0 if self.bias is None else 4 * n)
 
     def host_data(self, name: str = "weight") -> Array:
         """The codes, or a clear error if they were released after an upload."""
@@ -224,7 +281,8 @@ class Fp8Weight:
         if self.block_size is not None:
             bn, bk = self.block_size
             n, k = self.shape
-            scale = self.weight_scale.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]
+            scale = decode_e8m0(self.weight_scale) if self.scale_format == "e8m0" else self.weight_scale
+            scale = scale.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]
             return dequantize_fp8(self.host_data(), scale, dtype)
         scale = self.weight_scale.reshape(-1, 1)
         return dequantize_fp8(self.host_data(), scale, dtype)
@@ -276,8 +334,10 @@ def _block_weight_scale(value, shape, block, device):
     if not on_host and _arrays.device_of(value, "weight_scale") != device:
         raise ValueError(f"weight_scale must be on the weight's device {device}, got {_arrays.device_of(value, 'weight_scale')}")
     dt = _arrays.dtype_of(value)
+    if dt == np.uint8 or dt == _arrays.FLOAT8_E8M0:
+        return _e8m0_block_scale(_arrays.e8m0_bytes(value, "weight_scale"), on_host, device)
     if dt.kind != "f" and dt != _arrays.BFLOAT16:
-        raise TypeError(f"weight_scale must be a float array, got dtype {dt}")
+        raise TypeError(f"weight_scale must be a float array or uint8 E8M0 bytes, got dtype {dt}")
     host = (value if on_host else _host_values(value)).astype(np.float32)  # bf16 / f16 widen exactly
     bad = ~(np.isfinite(host) & (host > 0))
     if bad.any():
@@ -291,9 +351,24 @@ def _block_weight_scale(value, shape, block, device):
     return _to_device(np.ascontiguousarray(host), device)
 
 
-def _quantize_blocks(w, block):
+def _e8m0_block_scale(value, on_host, device):
+    """E8M0 block scales as uint8 on ``device``; every byte but 0xFF (NaN) is a valid scale."""
+    host = value if on_host else _host_values(value)
+    nan = host == _format.E8M0_NAN
+    if nan.any():
+        first = tuple(int(i) for i in np.argwhere(nan)[0])
+        raise ValueError(f"weight_scale must hold finite E8M0 scales, got 0xFF (NaN) at block {first} "
+                         f"({int(nan.sum())} NaN blocks)")
+    if device == "cpu":
+        return np.ascontiguousarray(host)
+    return value if not on_host else _to_device(np.ascontiguousarray(host), device)
+
+
+def _quantize_blocks(w, block, e8m0_rounding=None):
     """(codes, scales) of a float weight [N, K] in bn x bk blocks: scale = max(amax, 1e-10) / 448 in
-    float32 (finite amax), codes = encode(w / scale), a float32 division."""
+    float32 (finite amax), codes = encode(w / scale), a float32 division. ``e8m0_rounding`` ('rceil',
+    'floor'): the scale is instead the E8M0 byte of the block's amax by that rule
+    (``_format.e8m0_scale_byte``), and codes = encode(w / 2^(byte - 127))."""
     bn, bk = block
     on_host = isinstance(w, np.ndarray)
     w32 = (w if on_host else _host_values(w)).astype(np.float32)
@@ -302,8 +377,13 @@ def _quantize_blocks(w, block):
     padded = np.zeros((nb * bn, kb * bk), dtype=np.float32)
     padded[:n, :k] = np.where(np.isfinite(w32), np.abs(w32), np.float32(0))
     amax = padded.reshape(nb, bn, kb, bk).max(axis=(1, 3))
-    scale = (np.maximum(amax, _format.F32_GROUP_EPS) / np.float32(448.0)).astype(np.float32)
-    codes = encode_e4m3((w32 / scale.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]).astype(np.float32))
+    if e8m0_rounding is not None:
+        rceil = e8m0_rounding == "rceil"
+        scale = np.array([_format.e8m0_scale_byte(a, rceil) for a in amax.reshape(-1)], np.uint8).reshape(amax.shape)
+        divisor = decode_e8m0(scale)
+    else:
+        scale = divisor = (np.maximum(amax, _format.F32_GROUP_EPS) / np.float32(448.0)).astype(np.float32)
+    codes = encode_e4m3((w32 / divisor.repeat(bn, axis=0).repeat(bk, axis=1)[:n, :k]).astype(np.float32))
     if not on_host:
         device = _arrays.device_of(w, "w")
         return _to_device(codes, device), _to_device(scale, device)
@@ -431,4 +511,5 @@ def _upload(weight, data, device):
         parts = [_to_device(np.ascontiguousarray(data), device), _to_device(scale, device),
                  None if bias is None else _to_device(bias, device)]
     return Fp8Weight._trusted(parts[0], parts[1], weight.input_scale, parts[2], weight.activation_scheme,
-                              weight.source, weight.per_channel, weight.block_size, weight.scale_ue8m0)
+                              weight.source, weight.per_channel, weight.block_size, weight.scale_ue8m0,
+                              weight.activation_scale_format, weight.activation_scale_rounding)

@@ -223,14 +223,15 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, bias=None):
       the bias add's rounding of the error already allowed.
 
     Sums that cancel are covered: every term uses magnitudes. A NaN code gives NaN in ref and bound.
+    Scales given as uint8 are E8M0 bytes (``decode_e8m0``; 0xFF, NaN, poisons its block like a NaN code).
     """
     bn, bk = (int(v) for v in block_size)
     da, db = decode(a), decode(b)
     m, k = da.shape
     n = db.shape[0]
     nkb = -(-k // bk)
-    sa = np.asarray(scale_a, dtype=np.float64).reshape(m, nkb)
-    sb = np.asarray(scale_b, dtype=np.float64).reshape(-(-n // bn), nkb)
+    sa = _block_scales(scale_a).reshape(m, nkb)
+    sb = _block_scales(scale_b).reshape(-(-n // bn), nkb)
     sb_rows = np.repeat(sb, bn, axis=0)[:n]  # [N, nkb]: the weight scale of each output row
     ref = np.zeros((m, n))
     blocks_abs = np.zeros((m, n))
@@ -255,6 +256,71 @@ def block_tensor_core_allowance(a, b, scale_a, scale_b, block_size):
     (cuBLASLt's block scaling, the wgmma kernels): ``TENSOR_CORE_REL`` of each block's scaled sum of
     |terms|, sum_kb |sa sb| sum |terms| -- the same reference run on magnitudes (codes without their
     sign bit)."""
-    magnitudes, _ = block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(scale_a), np.abs(scale_b),
-                                    block_size)
+    magnitudes, _ = block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(_block_scales(scale_a)),
+                                    np.abs(_block_scales(scale_b)), block_size)
     return TENSOR_CORE_REL * magnitudes
+
+
+def _block_scales(scale):
+    """Block or group scales as float64: uint8 (or ml_dtypes.float8_e8m0fnu) arrays are E8M0 bytes."""
+    scale = np.asarray(scale)
+    if scale.dtype == np.uint8 or scale.dtype == np.dtype(ml_dtypes.float8_e8m0fnu):
+        return decode_e8m0(scale)
+    return scale.astype(np.float64)
+
+
+# -- MXFP8 (OCP Microscaling Formats v1.0): e4m3 elements, one E8M0 scale byte per group ----------------
+
+E8M0_NAN = 0xFF
+RCP_448 = np.float32(1.0 / 448.0)  # the rceil rule's multiplier: float32(1 / 448), as torchao forms it
+
+
+def decode_e8m0(scales):
+    """E8M0 bytes (uint8 or ml_dtypes.float8_e8m0fnu) -> float64 2^(byte - 127); 0xFF -> NaN. Every
+    byte 0..254 is a power of two that float32 holds exactly (byte 0, 2^-127, as a subnormal)."""
+    b = np.asarray(scales).view(np.uint8).astype(np.int64)
+    return np.where(b == E8M0_NAN, np.nan, np.ldexp(1.0, b - 127))
+
+
+def e8m0_bytes(amax, rounding="rceil"):
+    """The E8M0 byte of each group scale from the groups' finite amax (float32, >= 0), found with
+    frexp on float64 (exact for every float32), apart from the kernels' exponent-bit form:
+
+    - ``"rceil"``: the smallest power of two >= float32(amax * float32(1 / 448)); 2^-127 when that
+      product is at most 2^-127 (zero included).
+    - ``"floor"``: 2^(floor(log2(amax)) - 8) (OCP MX v1.0, section 6.3: e4m3's emax is 8), at least
+      2^-127 (an all-zero group gets 2^-127)."""
+    amax = np.asarray(amax, dtype=np.float32)
+    if rounding == "rceil":
+        s = (amax * RCP_448).astype(np.float32).astype(np.float64)
+        f, e = np.frexp(s)  # s = f * 2^e, f in [0.5, 1)
+        p = np.where(s == 0, -127, np.where(f == 0.5, e - 1, e))
+    elif rounding == "floor":
+        f, e = np.frexp(amax.astype(np.float64))
+        p = np.where(amax == 0, -127, (e - 1) - 8)
+    else:
+        raise ValueError(f"rounding must be 'rceil' or 'floor', got {rounding!r}")
+    return (np.clip(p, -127, 127) + 127).astype(np.uint8)
+
+
+def quantize_mx(x, group_size=32, rounding="rceil"):
+    """MX quantization along the last axis: per group of ``group_size`` (32 in the OCP MX formats), the
+    group's finite amax gives an E8M0 byte (``e8m0_bytes``), and ``codes = encode(x / 2^(byte - 127))``,
+    a float32 division (exact but for the one rounding, the divisor being a power of two). A last
+    group shorter than ``group_size`` takes its own amax. NaN encodes to 0x7F and +-inf saturates
+    without entering amax (vtnumba's NaN policy), so no byte is 0xFF. Returns Quantized(data uint8
+    x.shape, scale uint8 x.shape[:-1] + (ceil(K / group_size),))."""
+    xf = _widen(x)
+    k = xf.shape[-1]
+    rows = xf.reshape(-1, k)
+    groups = -(-k // group_size)
+    codes = np.empty(rows.shape, dtype=np.uint8)
+    scales = np.empty((rows.shape[0], groups), dtype=np.uint8)
+    for j in range(groups):
+        part = rows[:, j * group_size:(j + 1) * group_size]
+        byte = e8m0_bytes(_finite_amax(part, axis=1), rounding)
+        divisor = decode_e8m0(byte).astype(np.float32)[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes[:, j * group_size:(j + 1) * group_size] = encode((part / divisor).astype(np.float32))
+        scales[:, j] = byte
+    return Quantized(codes.reshape(xf.shape), scales.reshape(xf.shape[:-1] + (groups,)))

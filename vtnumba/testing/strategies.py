@@ -28,10 +28,17 @@ subnormal, any float32), and targets past 448 make values that saturate. Each gi
 - ``group_quant_cases(group_size)``: [M, K] x, K a multiple of group_size, kwargs
   ``{"group_size": g}``; every 1 x g group its own amax, scale max(amax, 1e-10) / 448 (DESIGN.md
   "per-group activations").
+- ``mx_quant_cases(group_size=32)``: [M, K] x for MXFP8 quantization, kwargs ``{"group_size": g,
+  "scale_format": "e8m0", "scale_rounding": rule}``: every group its own amax (drawn to straddle the
+  rules' boundaries: significands either side of 1.75, 448 * 2^k and its float32 neighbours,
+  subnormal and zero amax), values landed on ties under the group's power-of-two scale.
 - ``quant_cases()``: a (static, dynamic, per-token) tuple of the above, all three per example.
 - ``gemm_cases()``: a ``GemmCase`` (codes, scales of either sign, per-tensor / per-row /
   per-channel, bias, out dtype, at times a NaN code); check a result with
   ``vtnumba.testing.properties.assert_within_g3``.
+- ``mx_gemm_cases()``: an ``MxGemmCase`` (codes, E8M0 scale bytes per 1 x 32 on both operands over a
+  wide exponent range, at times 0xFF or a NaN code, bias, out dtype); check with
+  ``vtnumba.testing.properties.assert_mx_within_g3``.
 
 Building blocks, drawn independently of any scale (they do not reach ties under a scale, so they
 miss the divide bug): ``float32_values``, ``e4m3_ties``, ``near_boundaries``, ``e4m3_grid_values``,
@@ -314,6 +321,44 @@ def group_quant_cases(group_size=128, max_rows=4, max_groups=4):
     return cases()
 
 
+def _mx_amaxes():
+    """MX group amax: any significand (the floor and rceil rules part where it exceeds 1.75), 448 * 2^k
+    and its float32 neighbours (where rceil's rounding direction matters), tiny (subnormal) and 0."""
+    def at_448(t):
+        e, step = t
+        base = np.float32(np.ldexp(448.0, e))
+        return float((base.view(np.int32) + np.int32(step)).view(np.float32))
+
+    return st.one_of(
+        _any_significand(-20, 20),
+        st.tuples(st.integers(-30, 30), st.integers(-1, 1)).map(at_448),
+        st.sampled_from([0.0, float(np.float32(2.0 ** -140)), float(np.float32(448 * 2.0 ** -127)), 1.0, 448.0]),
+    )
+
+
+def mx_quant_cases(group_size=32, max_rows=4, max_groups=4, rounding=None):
+    """(x, kwargs) for MXFP8 quantization: 2-D x [M, K], K a multiple of ``group_size``, kwargs
+    ``{"group_size": g, "scale_format": "e8m0", "scale_rounding": rule}`` (``rounding`` None: drawn).
+    Every group gets its own amax (``_mx_amaxes``) and values landed on e4m3 ties under the group's
+    power-of-two scale, from the oracle's rule (``reference.e8m0_bytes``); a power of two makes the
+    divide and the reciprocal multiply agree, so the landings are exact."""
+
+    @st.composite
+    def cases(draw):
+        rule = draw(st.sampled_from(("rceil", "floor"))) if rounding is None else rounding
+        m = draw(st.integers(1, max_rows))
+        groups = draw(st.integers(1, max_groups))
+        x = np.empty((m, groups * group_size), dtype=np.float32)
+        for r in range(m):
+            for g in range(groups):
+                amax = np.float32(draw(_mx_amaxes()))
+                scale = np.float32(reference.decode_e8m0(reference.e8m0_bytes(amax, rule)))
+                x[r, g * group_size:(g + 1) * group_size] = _within_amax(draw, _values(draw, scale, group_size), amax)
+        return x, {"group_size": group_size, "scale_format": "e8m0", "scale_rounding": rule}
+
+    return cases()
+
+
 def quant_cases():
     """A tuple of three (x, kwargs) cases, one static, one dynamic and one per-token, each for
     ``quantize(x, **kwargs)`` (vt.quantize_fp8's and reference.quantize's keywords). All three in
@@ -386,5 +431,58 @@ def gemm_cases(max_m=16, max_n=16, max_k=64, nan=True, out_dtypes=OUT_DTYPES):
             sb = sb.reshape(draw(st.sampled_from([(n,), (n, 1)])))
         bias = draw(st.none() | hnp.arrays(np.float32, (n,), elements=st.floats(-100, 100, width=32)))
         return GemmCase(a, b, sa, sb, bias, draw(st.sampled_from(out_dtypes)))
+
+    return cases()
+
+
+@dataclass(frozen=True)
+class MxGemmCase:
+    """One MXFP8 scaled_mm problem: a [M, K] and b [N, K] e4m3 codes, scale_a [M, ceil(K / 32)] and
+    scale_b [N, ceil(K / 32)] E8M0 bytes (uint8), bias ([N] or None), out_dtype.
+    ``scaled_mm(*case.args, **case.kwargs)`` (``block_size=(1, 32)`` among the kwargs)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    scale_a: np.ndarray
+    scale_b: np.ndarray
+    bias: object
+    out_dtype: np.dtype
+    block_size: tuple = (1, 32)
+
+    @property
+    def args(self):
+        return self.a, self.b, self.scale_a, self.scale_b
+
+    @property
+    def kwargs(self):
+        return {"out_dtype": self.out_dtype, "bias": self.bias, "block_size": self.block_size}
+
+
+def mx_gemm_cases(max_m=8, max_n=12, max_k=160, nan=True, out_dtypes=OUT_DTYPES):
+    """MxGemmCase draws: shapes (K any, so a short last block appears), codes over the whole e4m3
+    range, E8M0 bytes near 127 or spread wider (some small enough that the CPU's exact-shortcut window
+    is left: its fallback), in some cases a 0xFF scale byte or a NaN code, bias or none, the out dtype."""
+
+    @st.composite
+    def cases(draw):
+        m, n, k = draw(st.integers(1, max_m)), draw(st.integers(1, max_n)), draw(st.integers(1, max_k))
+        nkb = -(-k // 32)
+        rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+        a, b = (rng.integers(0, 256, size=s, dtype=np.uint8) for s in ((m, k), (n, k)))
+        a[(a & 0x7F) == 0x7F] ^= 1
+        b[(b & 0x7F) == 0x7F] ^= 1
+        # near 2^0; wider; and small enough that some pairs leave the CPU shortcut's window (its fallback)
+        lo, hi = draw(st.sampled_from([(117, 137), (100, 150), (40, 90)]))
+        sa = rng.integers(lo, hi, size=(m, nkb), dtype=np.uint8)
+        sb = rng.integers(lo, hi, size=(n, nkb), dtype=np.uint8)
+        sa[sa == 0xFF] = 0xFE
+        sb[sb == 0xFF] = 0xFE
+        if nan and draw(st.integers(0, 3)) == 0:  # a NaN scale byte or a NaN code in 1 of 4 cases
+            which = draw(st.sampled_from(["sa", "sb", "a", "b"]))
+            arr = {"sa": sa, "sb": sb, "a": a, "b": b}[which]
+            row, col = draw(st.integers(0, arr.shape[0] - 1)), draw(st.integers(0, arr.shape[1] - 1))
+            arr[row, col] = 0xFF
+        bias = draw(st.none() | hnp.arrays(np.float32, (n,), elements=st.floats(-100, 100, width=32)))
+        return MxGemmCase(a, b, sa, sb, bias, draw(st.sampled_from(out_dtypes)))
 
     return cases()

@@ -405,13 +405,45 @@ def _simulated_warp_max(v, scratch, lane, warp):
 _warp_max = cuda.jit(**DEVICE_INLINE)(_simulated_warp_max if SIMULATOR else _shfl_warp_max)
 
 
+def _group_scale_rule(ue8m0, e8m0):
+    """(scale_of(amax) -> (stored, divisor), the scales array's element type) of a per-group kernel:
+
+    - ``e8m0`` None: ``_format.per_group_scale`` (``ue8m0``: rounded up to a power of two), stored
+      and divided by as it is (float32);
+    - ``e8m0`` 'rceil' / 'floor': MX, the group's E8M0 byte by that rule (``_format.e8m0_scale_byte``)
+      stored (uint8), and x divided by 2^(byte - 127): the same float32 as the CPU's multiply by
+      2^(127 - byte), one rounding of the same real number (DESIGN.md, "MXFP8").
+
+    Both rules are the plain-Python functions the CPU compiles."""
+    if e8m0 is None:
+        group_scale = codec.compile_device(_format.per_group_scale)
+
+        @cuda.jit(**DEVICE_INLINE)
+        def scale_of(amax):
+            s = group_scale(amax, ue8m0)
+            return s, s
+
+        return scale_of, types.float32
+    scale_byte = codec.compile_device(_format.e8m0_scale_byte)
+    decode_scale = codec.compile_device(_format.decode_e8m0_scalar)
+    rceil = e8m0 == "rceil"
+
+    @cuda.jit(**DEVICE_INLINE)
+    def scale_of_e8m0(amax):
+        byte = scale_byte(amax, rceil)
+        return byte, decode_scale(byte)
+
+    return scale_of_e8m0, types.uint8
+
+
 @functools.lru_cache(maxsize=None)
-def per_group_kernel(kind, encoder, ue8m0):
+def per_group_kernel(kind, encoder, ue8m0, e8m0=None):
     """codes = encode(x / s) per group of ``group_size`` along each row of x [rows, k] (flat); the
-    group's scale to scales[row * row_stride + group * group_stride] (row- or column-major)."""
+    group's scale to scales[row * row_stride + group * group_stride] (row- or column-major).
+    ``e8m0`` ('rceil', 'floor'): MX quantization, the scales E8M0 bytes (``_group_scale_rule``)."""
     encode = codec.encode_one(encoder)
     load = _LOADERS[kind]
-    group_scale = codec.compile_device(_format.per_group_scale)
+    scale_of, scale_type = _group_scale_rule(ue8m0, e8m0)
     threads = 32 * GROUP_WARPS
 
     def quantize_per_group(x, out, scales, rows, k, group_size, row_stride, group_stride):
@@ -430,14 +462,14 @@ def per_group_kernel(kind, encoder, ue8m0):
             amax = F32_ZERO
             for j in range(lo + lane, hi, 32):
                 amax = max(amax, finite_abs(load(x, start + j)))
-            s = group_scale(_warp_max(amax, scratch, lane, warp), ue8m0)
+            stored, s = scale_of(_warp_max(amax, scratch, lane, warp))
             if gi < total:
                 if lane == 0:
-                    scales[r * row_stride + (gi - r * groups) * group_stride] = s
+                    scales[r * row_stride + (gi - r * groups) * group_stride] = stored
                 for j in range(lo + lane, hi, 32):
                     out[start + j] = encode(load(x, start + j) / s)
 
-    signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
+    signature = (_signature_input(kind), types.uint8[::1], scale_type[::1], types.int64, types.int64,
                  types.int64, types.int64, types.int64)
     return compile_kernel(quantize_per_group, signature), threads
 
@@ -487,15 +519,15 @@ _segment_max = cuda.jit(**DEVICE_INLINE)(_simulated_segment_max if SIMULATOR els
 
 
 @functools.lru_cache(maxsize=None)
-def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read):
+def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read, e8m0=None):
     """``per_group_kernel``'s arithmetic, 16 elements per lane-step (see above): groups of a
     multiple of 16 elements, K % 16 == 0, a 16-byte aligned input; ``width`` lanes per group.
     ``one_read``: each group is exactly ``width`` chunks (g = 16 .. 512 and K % g == 0), so a lane
     loads its one chunk once, reduces the group's amax from registers and encodes the same
-    registers -- one read of x instead of two."""
+    registers -- one read of x instead of two. ``e8m0``: MX, as ``per_group_kernel``."""
     load_chunk, amax_words, encode_words = _chunk_ops(kind, codec.encode_pair(encoder), _divided)
     encode_group, amax_group = _group_ops(kind, codec.encode_pair(encoder), _divided)
-    group_scale = codec.compile_device(_format.per_group_scale)
+    scale_of, scale_type = _group_scale_rule(ue8m0, e8m0)
     threads = 32 * GROUP_WARPS
     per_warp = 32 // width
     per_block = GROUP_WARPS * per_warp
@@ -524,17 +556,17 @@ def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read):
             else:
                 for c in range(sub, chunks, width):
                     amax = max(amax, amax_group(x, first + c))
-            s = group_scale(_segment_max(amax, scratch, lane, warp, width), ue8m0)
+            stored, s = scale_of(_segment_max(amax, scratch, lane, warp, width))
             if valid:
                 if sub == 0:
-                    scales[r * row_stride + (gi - r * groups) * group_stride] = s
+                    scales[r * row_stride + (gi - r * groups) * group_stride] = stored
                 if one_read:
                     encode_words(words, out, first + sub, s)
                 else:
                     for c in range(sub, chunks, width):
                         encode_group(x, out, first + c, s)
 
-    signature = (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64, types.int64,
+    signature = (_signature_input(kind), types.uint8[::1], scale_type[::1], types.int64, types.int64,
                  types.int64, types.int64, types.int64)
     return compile_kernel(quantize_per_group16, signature), threads, per_block
 

@@ -64,8 +64,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..ptx import mma
-from ..ptx.codec import fill
+from ..ptx import mma, sm120_mma
+from ..ptx.codec import decode_e8m0, fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from .epilogue import OUT_KIND, bias_bits, load_bias, scaled_value, store_out
@@ -73,6 +73,20 @@ from .epilogue import OUT_KIND, bias_bits, load_bias, scaled_value, store_out
 # Promotion: how often the tensor core's partial sum moves into float32 registers the kernel adds.
 PER_MMA, PER_128 = "per_mma", "per_128"
 PROMOTIONS = (PER_MMA, PER_128)
+
+# Which mma a kernel issues, and with what scales (DESIGN.md, "MXFP8"; ptx/sm120_mma.py):
+# - "plain": ``mma.sync...e4m3.e4m3.f32`` (sm_89 and newer);
+# - "unit": the block-scaled ``kind::mxf8f6f4`` mma with every scale 2^0 (sm_120a / sm_121a, where it
+#   runs at twice the plain one's rate): the same D = A B + C, for per-tensor, per-channel and 128 x 128
+#   block scales, promoted as the plain kernel promotes;
+# - "mx": MXFP8 operands (E8M0 bytes per 1 x 32 of both), the block-scaled mma with their real scales
+#   (sm_120a / sm_121a): each k32 block's D = 2^(sa + sb - 254) P from C = 0, added into float32
+#   registers (promotion per mma, as the plain kernel promotes on the GPUs whose FP8 mma is native);
+# - "mx_explicit": MXFP8 operands on the plain mma (sm_89, sm_90): each k32 block's P from C = 0, then
+#   ``acc += (P * sa) * sb`` in float32 -- the block-scaled contract's order, exact multiplies.
+MMA_KINDS = ("plain", "unit", "mx", "mx_explicit")
+MX_KINDS = ("mx", "mx_explicit")
+MX_BLOCK = 32  # K per E8M0 scale: one k32 mma step
 
 _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
@@ -237,14 +251,25 @@ def scale_readers(block_scaled):
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(cfg, promotion, block_scaled, chain):
+def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
     add -- on the e4m3 kernel the same arithmetic where the mma itself adds C in float32 after each
     k32 product (sm_90, see ``chains_in_float32``), with half the adds; on the f16-staged kernel
-    the tensor core's own accumulation through every k16 HMMA (no float32 add)."""
+    the tensor core's own accumulation through every k16 HMMA (no float32 add). ``mma_kind``: see
+    MMA_KINDS; the MX kinds take E8M0 scales uint8 [M, ceil(K / 32)] and [N, ceil(K / 32)] (one weight
+    scale per row and 32 of K) and promote per mma."""
     if promotion not in PROMOTIONS:
         raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
+    if mma_kind not in MMA_KINDS:
+        raise ValueError(f"mma_kind must be one of {MMA_KINDS}, got {mma_kind!r}")
+    mx = mma_kind in MX_KINDS
+    if mx and (promotion != PER_MMA or block_scaled or chain or cfg.f16):
+        raise ValueError("an MX kernel promotes per mma from C = 0 on the e4m3 ring, with its own scales: "
+                         f"got promotion={promotion!r}, block_scaled={block_scaled!r}, chain={chain!r}, f16={cfg.f16!r}")
+    if mma_kind != "plain" and cfg.f16:
+        raise ValueError(f"the f16-staged kernel runs f16 HMMAs, not mma_kind {mma_kind!r}")
+    mx_hardware = mma_kind == "mx"
     bm, bn, threads = _check_config(cfg, block_scaled)
     mt, nt, wm_count, stages, use_ldmatrix = cfg.mt, cfg.nt, cfg.wm, cfg.stages, cfg.ldmatrix
     f16, f16_a, f16_b = cfg.f16 != "", "a" in cfg.f16, "b" in cfg.f16
@@ -267,9 +292,13 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
     n_af, n_bf = (8, 4 * nt) if f16 else (4, 2 * nt)
     n_raw = 4 if f16 else 1  # e4m3 fragments of an unstaged operand, before conversion
     chained = promotion == PER_128 or chain
-    scratch_words = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    scratch_words = warps * (sm120_mma.SCRATCH_WORDS if mma_kind in ("unit", "mx") else mma.SCRATCH_WORDS_PER_WARP) \
+        if SIMULATOR else 1
     own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
+    if mma_kind == "unit":
+        mma_op = sm120_mma.mma_e4m3_unit  # the plain mma's arithmetic at the block-scaled rate
+    mma_mx = sm120_mma.mma_e4m3_mx
     lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
     commit = mma.cp_async_commit
     copy_a = mma.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
@@ -319,7 +348,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         if f16_b:
             convert_rows(smem, src + a_words, dst + f16_b_words, r0, chunk, b_copies)
 
-    row_scale, kblock_scale = scale_readers(block_scaled)
+    row_scale, kblock_scale = scale_readers(block_scaled or mx)  # MX: the scales are applied per mma
 
     @cuda.jit(**_DEVICE)
     def add_partial(acc, part, q, d0, d1, d2, d3):
@@ -504,11 +533,46 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
             add_partial(acc, part, q, d0, d1, d2, d3)
 
     @cuda.jit(**_DEVICE)
-    def mma_tile(smem, acc, part, af, bf, raw, fbase, sbase, plan, scratch, warp, lane):
-        """The warp's MT x NT output tiles times one 64-wide K tile: two k32 steps, B fragments for
-        the warp's columns first, then A one m16 tile at a time (fewer registers live)."""
+    def mx_step(acc, af, bf, q, i, j, kb, mx_ctx, scratch, warp, lane):
+        """MX: output tile q (m16 tile i, n8 tile j) times K block ``kb``: D of each output from C = 0,
+        scaled by its row's and its column's E8M0 scale, added in float32. ``mx_ctx``: (scale_a,
+        scale_b, this lane's first row, the warp's first column, M - 1, N - 1, g, t); rows and columns
+        past the edge read the last one's scales (their codes are zero-filled: their outputs are not
+        stored)."""
+        scale_a, scale_b, row0, col0, m_last, n_last, g, t = mx_ctx
+        r = row0 + 16 * i
+        if mx_hardware:  # the scales travel in the mma (ptx/sm120_mma.py: lanes t = 0, 1 rows g, g + 8; t = 0 column g)
+            sfa = np.uint32(scale_a[min(r + 8 * (t % 2), m_last), kb])
+            sfb = np.uint32(scale_b[min(col0 + 8 * j + g, n_last), kb])
+            d0, d1, d2, d3 = mma_mx(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, sfa, sfb, scratch, warp, lane)
+            acc[q] += d0
+            acc[q + 1] += d1
+            acc[q + 2] += d2
+            acc[q + 3] += d3
+        else:
+            d0, d1, d2, d3 = mma_op(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
+                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+            sa0 = decode_e8m0(scale_a[min(r, m_last), kb])
+            sa1 = decode_e8m0(scale_a[min(r + 8, m_last), kb])
+            c = col0 + 8 * j + 2 * t
+            sb0 = decode_e8m0(scale_b[min(c, n_last), kb])
+            sb1 = decode_e8m0(scale_b[min(c + 1, n_last), kb])
+            acc[q] += np.float32(d0 * sa0) * sb0
+            acc[q + 1] += np.float32(d1 * sa0) * sb1
+            acc[q + 2] += np.float32(d2 * sa1) * sb0
+            acc[q + 3] += np.float32(d3 * sa1) * sb1
+
+    @cuda.jit(**_DEVICE)
+    def mma_tile(smem, acc, part, af, bf, raw, fbase, sbase, plan, kt, mx_ctx, scratch, warp, lane):
+        """The warp's MT x NT output tiles times one 64-wide K tile (tile ``kt``): two k32 steps, B
+        fragments for the warp's columns first, then A one m16 tile at a time (fewer registers live).
+        An MX kernel skips a k32 step past K (all its codes are zero-filled)."""
         rr, sw, a_lane, b_lane, a_hi, b_hi = plan
         for ks in range(2):
+            kb = 2 * kt + ks
+            if mx and kb >= mx_ctx[0].shape[1]:
+                continue
             if f16:
                 load_b_f16(smem, bf, raw, fbase, sbase, ks, b_lane, b_hi, rr, sw, scratch, warp, lane)
             else:
@@ -521,6 +585,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                 for j in range(nt):
                     if f16:
                         hmma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
+                    elif mx:
+                        mx_step(acc, af, bf, 4 * (i * nt + j), i, j, kb, mx_ctx, scratch, warp, lane)
                     else:
                         mma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
 
@@ -594,6 +660,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
         r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows = copy_plan(
             a, b, m0, n0, m_total, n_total, tid)
         plan = fragment_plan(lane, wm, wn, g, t)
+        mx_ctx = (scale_a, scale_b, m0 + wm * mt * 16 + g, n0 + wn * nt * 8, m_total - 1, n_total - 1, g, t)
         kt_total = (k_total + BK - 1) // BK
         block_n = n0 // 128
 
@@ -645,7 +712,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain):
                 commit()
             # mma steps over tile kt
             mma_tile(smem, acc, part, af, bf, raw, ring_words + (kt % 2) * f16_words, st_read * stage_words, plan,
-                     scratch, warp, lane)
+                     kt, mx_ctx, scratch, warp, lane)
             st_read = st_next
             st_write = 0 if st_write == stages - 1 else st_write + 1
             if split and (kt % 2 == 1 or kt == kt_total - 1):
@@ -701,18 +768,22 @@ class DynamicSharedKernel:
         return self.kernel.prepare(grid, block, *args, shared_mem=self.shared_mem)
 
 
-def gemm_signature(block_scaled, out_is_float32):
+def gemm_signature(block_scaled, out_is_float32, mx=False):
     """The argument types of a tiled GEMM kernel (this module's and wg_gemm.py's): a, b, scale_a,
-    sa_step, scale_b, sb_step, bias bits, bias kind, y, out kind."""
-    scale = _f32_2d if block_scaled else _f32_1d
+    sa_step, scale_b, sb_step, bias bits, bias kind, y, out kind. ``mx``: E8M0 scales, uint8 2-D."""
+    scale = _u8_2d if mx else _f32_2d if block_scaled else _f32_1d
     return (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32):
+def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32, mma_kind="plain"):
     """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
-    32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``)."""
-    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain), gemm_signature(block_scaled, out_is_float32))
+    32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``). The kernels of the
+    block-scaled mma (``mma_kind`` 'unit', 'mx') are compiled for the arch-specific target (sm_120a,
+    sm_121a): plain sm_12x refuses the instruction."""
+    arch = "a" if mma_kind in ("unit", "mx") and not SIMULATOR else ""
+    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind),
+                            gemm_signature(block_scaled, out_is_float32, mma_kind in MX_KINDS), arch=arch)
     dynamic = shared_bytes(cfg)[1]
     return DynamicSharedKernel(kernel, dynamic) if dynamic else kernel
 
@@ -761,27 +832,44 @@ def shape_reason(call, kernels="the tensor-core kernels"):
     return rows_reason(call.a, "a") or rows_reason(call.b, "b")
 
 
+def mma_kind_for(cc, mx=False):
+    """The mma a tensor-core kernel issues on compute capability ``cc`` (MMA_KINDS): the block-scaled
+    instruction on sm_120 / sm_121 (real scales for MXFP8 operands, unit scales otherwise), the plain
+    one elsewhere (MXFP8 operands then scaled per k32 in float32)."""
+    if sm120_mma.available(cc):
+        return "mx" if mx else "unit"
+    return "mx_explicit" if mx else "plain"
+
+
 def gemm_args(call, y_bits, block_scaled):
     """The arguments of a tiled GEMM kernel (``gemm_signature``) for a ``gemm.GemmCall`` or a
-    ``block.BlockCall`` (2-D scales, the steps unused)."""
+    ``block.BlockCall`` (2-D scales, the steps unused; an MX call's E8M0 bytes)."""
     bias, bias_kind = bias_bits(call.bias, call.device)
-    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    sa_step, sb_step = (0, 0) if block_scaled or getattr(call, "mx", False) else (call.sa_step, call.sb_step)
     return (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
             OUT_KIND[call.out_dtype])
 
 
-def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None):
+def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_kind=None):
     """(kernel, grid, block, args) of the tiled tensor-core GEMM for a ``gemm.GemmCall`` (or a
-    ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
+    ``block.BlockCall``: then the scales are 2-D and the steps unused; an MX ``BlockCall`` takes an MX
+    kernel). ``mma_kind`` (MMA_KINDS) by default ``mma_kind_for`` the call's device."""
+    mx = getattr(call, "mx", False)
+    mma_kind = mma_kind or mma_kind_for(call.device.cc, mx)
+    if (mma_kind in MX_KINDS) != mx:
+        raise ValueError(f"mma_kind must be an MX kind exactly for an MX call, got {mma_kind!r} for mx={mx}")
+    block_scaled = block_scaled and not mx
     cfg = config or default_config(call.device.cc, _split_accumulators(promotion, block_scaled))
+    if mma_kind != "plain" and cfg.f16:
+        cfg = GEMM_DEFAULT  # the block-scaled and MX kernels run the e4m3 ring
     # the f16-staged kernel promotes per k32 explicitly; its chain is the tensor core's accumulation
-    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc)
+    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc) and not mx
     bm, bn = tile_shape(cfg)
-    return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32),
+    return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32, mma_kind),
             (-(-call.n // bn), -(-call.m // bm)), 32 * cfg.wm * cfg.wn, gemm_args(call, y_bits, block_scaled))
 
 
-__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
+__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "MMA_KINDS", "MX_KINDS", "mma_kind_for", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
            "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
            "gemm_signature", "gemm_launcher", "gemm_launch", "gemm_args", "chains_in_float32", "unavailable_reason",
            "rows_reason", "shape_reason"]

@@ -26,7 +26,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..ptx import codec, mma
+from ..ptx import codec, mma, sm120_mma
 from ..ptx.codec import fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
@@ -143,10 +143,11 @@ def _block_max_rows_fn(threads, rows):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
     """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
     hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
-    gemm_kernel)."""
+    gemm_kernel). ``unit``: the mma is the block-scaled instruction with every scale 2^0 (sm_120a /
+    sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate."""
     if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
         raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
     if mode == MODE_PER_GROUP and not block_scaled:
@@ -163,13 +164,13 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
     n_red = warps * n_acc * 32
     n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
     n_fscratch = warps * 32 if SIMULATOR else 1
-    n_scratch = warps * mma.SCRATCH_WORDS_PER_WARP if SIMULATOR else 1
+    n_scratch = warps * (sm120_mma.SCRATCH_WORDS if unit else mma.SCRATCH_WORDS_PER_WARP) if SIMULATOR else 1
     # inline PTX (hardware): one 128-bit load for any element type
     load16 = codec.load_row_words if hardware else codec.load_row_words_u8
     load_x16 = x_loader(hardware)
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
-    mma_op, lds4 = mma.mma_e4m3, mma.lds_u32x4
+    mma_op, lds4 = (sm120_mma.mma_e4m3_unit if unit else mma.mma_e4m3), mma.lds_u32x4
     octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
     load_bias_value, finish, store = load_bias, scaled_value, store_out
@@ -485,16 +486,17 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32):
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False):
     """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
-    32 * warps threads."""
+    32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a)."""
     if not 1 <= m <= GEMV_MAX_M:
         raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
     nb = 1 if m <= 8 else 2
     scale = types.float32[:, :] if block_scaled else F32_1D
     sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32,
            out_type(out_is_float32), I32)
-    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain), sig)
+    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig,
+                          arch="a" if unit and not SIMULATOR else "")
 
 
 # Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
@@ -550,20 +552,20 @@ def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_st
 
 
 def _device_flags(dev):
-    """(hardware loads and encoder, chain C) on device record ``dev``."""
+    """(hardware loads and encoder, chain C, the unit-scale block-scaled mma) on device record ``dev``."""
     if SIMULATOR:
-        return False, False
-    return codec.hardware_available(dev.cc), chains_in_float32(dev.cc)
+        return False, False, False
+    return codec.hardware_available(dev.cc), chains_in_float32(dev.cc), sm120_mma.available(dev.cc)
 
 
 def gemv_launch(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
                 block_scaled, y_bits, dev, config=None):
     """(kernel, grid, block, args, shared bytes) of the GEMV for M activation rows into ``y_bits``."""
     bias_arg, bias_kind = bias_bits(bias, dev)
-    hardware, chain = _device_flags(dev)
+    hardware, chain, unit = _device_flags(dev)
     cfg = config or gemv_config(m, b.shape[1])
     shared = 0 if mode == MODE_CODES else fused_shared_bytes(m, b.shape[1])
-    kernel = gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, np.dtype(out_dtype) == np.float32)
+    kernel = gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, np.dtype(out_dtype) == np.float32, unit)
     return (kernel, -(-b.shape[0] // (16 * cfg.rt)), 32 * cfg.warps,
             (a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias_arg, bias_kind, y_bits,
              OUT_KIND[np.dtype(out_dtype)]), shared)

@@ -332,6 +332,7 @@ def _half2_to_float32_portable(word):
 
 
 decode_e4m3 = compile_device(_format.decode_e4m3_scalar)
+decode_e8m0 = compile_device(_format.decode_e8m0_scalar)  # MX scale bytes -> 2^(byte - 127)
 bfloat16_bits_to_float32 = compile_device(_format.bfloat16_bits_to_float32)
 float32_to_half_bits = compile_device(_float32_to_half_bits)
 float32_to_bfloat16_bits = compile_device(_float32_to_bfloat16_bits)
@@ -437,6 +438,7 @@ def encode_pair(encoder):
 
 
 __all__ = ["ENCODERS", "HARDWARE_MIN_CC", "hardware_available", "compile_device", "float32_bits", "bits_float32",
+           "decode_e8m0",
            "half_bits_to_float32", "bfloat16_bits_to_float32", "half2_to_float32", "half2_to_float32_portable",
            "float32_to_half_bits", "float32_to_bfloat16_bits", "bf16_low", "bf16_high", "f16_low", "f16_high",
            "decode_e4m3", "e4m3x4_scaled", "nan_code_bits", "encode_e4m3", "encode_pair", "encode_one",
