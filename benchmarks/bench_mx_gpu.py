@@ -45,7 +45,7 @@ def main():
     bf16 = torch.bfloat16
 
     print("\n## 1. GEMM, bf16 out (device us; ratio per-tensor / MX, >= 1 means MX is as fast)\n"
-          "| M | N x K | per-tensor us | MX us | ratio | MX kernel |\n|---|---|---|---|---|---|")
+          "| M | N x K | per-tensor us | MX us | ratio | MX kernel | MX on tiled_block us |\n|---|---|---|---|---|---|---|")
     for n, k in SHAPES:
         b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
         sb = cp.asarray([0.01], dtype=cp.float32)
@@ -57,7 +57,10 @@ def main():
             t_pt = us(lambda: vt.scaled_mm(a, b, sa, sb, out_dtype=bf16))
             t_mx = us(lambda: vt.scaled_mm(a, b, sa8, sb8, out_dtype=bf16, block_size=(1, 32)))
             name = block.select(block.BlockCall(a, b, sa8, sb8, (1, 32), np.dtype(np.float32), None)).name
-            row(m, f"{n}x{k}", f"{t_pt:.1f}", f"{t_mx:.1f}", f"{t_pt / t_mx:.2f}", name)
+            t_tiled = us(lambda: vt.scaled_mm(a, b, sa8, sb8, out_dtype=bf16, block_size=(1, 32),
+                                              kernel="tiled_block")) if m <= 256 else None
+            row(m, f"{n}x{k}", f"{t_pt:.1f}", f"{t_mx:.1f}", f"{t_pt / t_mx:.2f}", name,
+                "" if t_tiled is None else f"{t_tiled:.1f}")
 
     print("\n## 2. Layer through the seam, bf16 x in, bf16 out (device us; ratios bf16 / this)\n"
           "| M | N x K | bf16 us | per-tensor dynamic us | MX us | bf16/per-tensor | bf16/MX |\n"
