@@ -18,14 +18,41 @@ os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
-try:
-    from numba import cuda
-    from numba.cuda import libdevice, types
-except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportError without numba-cuda
-    cuda = libdevice = types = None
-    IMPORT_ERROR = exc
+# VTNUMBA_CUDA_TARGET=numba-cuda-mlir puts numba-cuda-mlir behind this import instead of numba-cuda,
+# opt-in, to measure it against the gates (benchmarks/probe_numba_cuda_mlir.py; docs/DEVICE.md,
+# "Porting the intrinsics to numba-cuda-mlir"); unset (or empty) keeps numba-cuda, the only target
+# the gates pass on. A typo is refused rather than falling back, so a measurement never silently
+# runs the default.
+TARGETS = ("numba-cuda", "numba-cuda-mlir")
+TARGET = os.environ.get("VTNUMBA_CUDA_TARGET") or TARGETS[0]
+if TARGET not in TARGETS:
+    raise ValueError(f"VTNUMBA_CUDA_TARGET must be one of {', '.join(TARGETS)} (or unset), got {TARGET!r}")
+
+if TARGET == "numba-cuda-mlir":
+    try:
+        if SIMULATOR:
+            raise ImportError("numba-cuda-mlir has no CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+        import importlib
+
+        from numba_cuda_mlir import cuda
+        from numba_cuda_mlir.cuda import libdevice
+        # the public types package, not the attribute ``cuda.types`` (which importing the
+        # submodule replaces); its types are numba-cuda-mlir's own, not numba-cuda's
+        types = importlib.import_module("numba_cuda_mlir.cuda.types")
+    except Exception as exc:  # ImportError without numba-cuda-mlir
+        cuda = libdevice = types = None
+        IMPORT_ERROR = exc
+    else:
+        IMPORT_ERROR = None
 else:
-    IMPORT_ERROR = None
+    try:
+        from numba import cuda
+        from numba.cuda import libdevice, types
+    except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportError without numba-cuda
+        cuda = libdevice = types = None
+        IMPORT_ERROR = exc
+    else:
+        IMPORT_ERROR = None
 
 # Options of every vtnumba device helper: inlined by NVVM (forceinline), not by Numba's IR inliner
 # (inline=True), which re-types each call site -- with the encoder inlined 16 times per kernel that
@@ -33,7 +60,12 @@ else:
 DEVICE_INLINE = dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)
 
 intrinsic = None
-if IMPORT_ERROR is None and not SIMULATOR:
+if IMPORT_ERROR is None and TARGET == "numba-cuda-mlir":
+    # Its @intrinsic takes the same (typingctx, *args) -> (sig, codegen) form, but codegen is called
+    # with an MLIR builder: vtnumba's llvmlite InlineAsm codegen imports and decorates fine and
+    # fails when a kernel using it compiles -- the failure the measurement records, per kernel.
+    from numba_cuda_mlir.extending import intrinsic
+elif IMPORT_ERROR is None and not SIMULATOR:
     try:
         from numba.cuda.extending import intrinsic
     except ImportError:  # numba-cuda before the core was vendored
@@ -43,6 +75,9 @@ if IMPORT_ERROR is None and not SIMULATOR:
 @functools.lru_cache(maxsize=None)
 def gpu_unavailable_reason():
     """None when the GPU path can run here, else one sentence saying why not."""
+    if IMPORT_ERROR is not None and TARGET == "numba-cuda-mlir":
+        return (f"numba-cuda-mlir (VTNUMBA_CUDA_TARGET) could not be imported "
+                f"({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR})")
     if IMPORT_ERROR is not None:
         import numpy as np
 
@@ -71,5 +106,5 @@ def require_gpu():
         raise RuntimeError(f"vtnumba's GPU path needs a usable CUDA GPU: {reason}")
 
 
-__all__ = ["cuda", "libdevice", "types", "intrinsic", "DEVICE_INLINE", "IMPORT_ERROR", "SIMULATOR",
+__all__ = ["cuda", "libdevice", "types", "intrinsic", "DEVICE_INLINE", "IMPORT_ERROR", "SIMULATOR", "TARGET", "TARGETS",
            "gpu_unavailable_reason", "require_gpu"]

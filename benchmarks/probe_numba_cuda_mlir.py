@@ -1,0 +1,648 @@
+"""numba-cuda-mlir behind vtnumba's one import, measured on a GPU (issue 24), against numba-cuda.
+
+    VT_COMMIT=<commit> python3 benchmarks/probe_numba_cuda_mlir.py "$OUT" [--budget 520]
+
+Needs numba-cuda-mlir importable (``numba_cuda_mlir``), numba-cuda, cupy and a GPU; torch for the
+bfloat16 and per-token rows. Everything lands in the output folder: one ``<part>.log`` and
+``<part>.json`` per part, ``suite.xml`` (junit) and ``summary.md``, which is printed last.
+
+Each part runs in its own Python process with its own time box, so a crash, a hang or a CUDA context
+a failed capture poisoned loses that part only. The small parts run first and the test suite last,
+with what is left of ``--budget`` seconds (at most 300):
+
+- env      versions; ``vtnumba.cuda`` under each target; both targets in one process (do they clash?);
+           vtnumba's quantization kernels compiled to PTX one by one under numba-cuda-mlir, with the
+           first error and the vtnumba frame it came from; vtnumba's launcher on a plain kernel
+- g2       G2 exhaustive (all 2^32 float32 patterns at scale 1, against the CPU kernel's codes) for
+           vtnumba's own ``quantize_static`` and for a plain one-element-per-thread kernel launched by
+           each target's own dispatcher, with the portable encoder (vtnumba's device code, unchanged)
+           and the hardware one (under numba-cuda-mlir ported to ``cuda.experimental.inline_ptx``)
+- speed    4096 x 4096 float32 / bfloat16 quantization: vtnumba's kernels (static per-tensor and
+           per-token) and the plain kernels; device time (``vtnumba.timing.device_us``) and host cost
+           per call (``vtnumba.timing.host_us``), each target in its own process
+- graph    a CUDA graph capture of one quantization: ``vtnumba.cuda.capture`` and the plain kernel's
+           dispatcher launch on a capturing cupy stream, each in its own process
+- suite    ``pytest -m gpu`` over tests/ with VTNUMBA_CUDA_TARGET=numba-cuda-mlir (xdist, a time box
+           per test), junit XML, a pass / fail / skip table per file and the failures grouped by cause
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MLIR, NC = "numba-cuda-mlir", "numba-cuda"
+SIZE = 4096
+CHUNK = 1 << 28  # G2: float32 patterns per launch (1 GiB in, 256 MiB out)
+
+
+# ================================================================================================
+# the parts (each runs in a child: python3 probe_numba_cuda_mlir.py --part NAME --target T ...)
+
+def _first_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _where(exc):
+    """The innermost vtnumba frame of ``exc``'s traceback: file:line in function."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "vtnumba" in f.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = f.filename.replace("\\", "/")
+    return f"{path[path.rindex('vtnumba/'):]}:{f.lineno} in {f.name}"
+
+
+def _attempt(record, key, fn):
+    """record[key] = fn()'s value, or the error (first line, vtnumba frame) it raised."""
+    t0 = time.perf_counter()
+    try:
+        value = fn()
+        record[key] = {"ok": True, "value": value, "s": round(time.perf_counter() - t0, 2)}
+    except BaseException as exc:  # noqa: BLE001 -- every failure is a result here
+        record[key] = {"ok": False, "error": _first_line(exc), "where": _where(exc), "s": round(time.perf_counter() - t0, 2)}
+        traceback.print_exc()
+    print(key, json.dumps(record[key])[:400], flush=True)
+    return record[key]
+
+
+def _plain_kernels(target):
+    """Plain grid-stride static quantization kernels (one element per thread step) for each encoder,
+    written with ``target``'s own ``cuda``, for its own dispatcher: what vtnumba's device code
+    becomes without vtnumba's 16-byte intrinsic loads and launcher."""
+    import numpy as np
+
+    from vtnumba._format import F32_E4M3_MAX
+    from vtnumba.cuda.ptx import codec
+    from vtnumba.cuda.ptx.target import DEVICE_INLINE, cuda
+
+    if target == MLIR:
+        nan_code, byte = np.uint32(0x7F), np.uint32(0xFF)
+
+        @cuda.jit(**DEVICE_INLINE)
+        def encode_hw(v):
+            # codec.encode_pair_hardware's rule, its llvmlite cvt intrinsic ported to inline_ptx
+            nan = v != v
+            c = min(max(v, -F32_E4M3_MAX), F32_E4M3_MAX)
+            pair = cuda.experimental.inline_ptx("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;",
+                                                "=h", np.uint16(0), "f", np.float32(0), "f", c)
+            return nan_code if nan else np.uint32(pair) & byte
+    else:
+        encode_hw = codec.encode_one("hardware")
+    encoders = {"portable": codec.encode_e4m3, "hardware": encode_hw}
+    bits_float32 = codec.bits_float32
+    kernels = {}
+    for name, enc in encoders.items():
+        def make(enc):
+            @cuda.jit
+            def q_f32(x, out, inv, n):
+                i = cuda.grid(1)
+                step = cuda.gridsize(1)
+                while i < n:
+                    out[i] = np.uint8(enc(x[i] * inv))
+                    i += step
+
+            @cuda.jit
+            def q_bf16(x, out, inv, n):  # x: the uint16 bits of bfloat16
+                i = cuda.grid(1)
+                step = cuda.gridsize(1)
+                while i < n:
+                    out[i] = np.uint8(enc(bits_float32(np.uint32(x[i]) << np.uint32(16)) * inv))
+                    i += step
+            return q_f32, q_bf16
+        kernels[name] = make(enc)
+    return kernels
+
+
+def _launcher(kernel, cp):
+    """call(x, out, inv) launching ``kernel`` through its target's dispatcher on cupy's current stream."""
+    import numpy as np
+
+    from vtnumba.cuda.ptx.target import cuda
+
+    blocks = 132 * 8
+
+    def call(x, out, inv=1.0):
+        ptr = cp.cuda.get_current_stream().ptr
+        if ptr:  # a cupy stream (a capture): the dispatcher must launch there
+            kernel[blocks, 256, cuda.external_stream(ptr)](x, out, np.float32(inv), np.int64(x.size))
+        else:  # cupy's null stream is the legacy default stream, the dispatcher's default too
+            kernel[blocks, 256](x, out, np.float32(inv), np.int64(x.size))
+    return call
+
+
+def part_env(target, out):
+    rec = {"target": target}
+    import importlib.metadata as md
+
+    rec["versions"] = {}
+    for dist in ("numpy", "numba", "numba-cuda", "numba-cuda-mlir", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings",
+                 "cuda-core", "nvmath-python", "torch", "llvmlite", "pytest", "pytest-xdist", "pytest-timeout"):
+        try:
+            rec["versions"][dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            rec["versions"][dist] = None
+    from vtnumba.cuda.ptx import target as tgt
+
+    rec["vtnumba_target"] = [tgt.TARGET, getattr(tgt.cuda, "__name__", None), repr(tgt.IMPORT_ERROR)]
+    rec["gpu_unavailable_reason"] = tgt.gpu_unavailable_reason()
+    import cupy as cp
+
+    other = "numba_cuda_mlir.cuda" if target == NC else "numba.cuda"
+
+    def both():
+        # the other target imported into this process, then a kernel of each launched: a clash shows here
+        import importlib
+
+        mod = importlib.import_module(other)
+        x = cp.arange(1024, dtype=cp.float32)
+        y = cp.zeros_like(x)
+
+        def twice(a, b):
+            i = mod.grid(1)
+            if i < a.size:
+                b[i] = a[i] * 2
+        mod.jit(twice)[4, 256](x, y)
+        cp.cuda.runtime.deviceSynchronize()
+        ok_other = bool(cp.all(y == 2 * x))
+        kernels = _plain_kernels(target)
+        codes = cp.zeros(1024, dtype=cp.uint8)
+        _launcher(kernels["portable"][0], cp)(x, codes)
+        cp.cuda.runtime.deviceSynchronize()
+        return {"other": other, "other_kernel_right": ok_other, "own_kernel_ran": int(codes[3]) != 0}
+    _attempt(rec, "both_targets_in_one_process", both)
+
+    from vtnumba.cuda.kernels import quant
+
+    cc = tuple(int(c) for c in cp.cuda.Device().compute_capability)  # "90" -> (9, 0)
+    rec["cc"] = list(cc)
+    variants = {
+        "static f32 hardware": lambda: quant.static_kernel("float32", "hardware", False),
+        "static f32 portable": lambda: quant.static_kernel("float32", "portable", False),
+        "static bf16 hardware": lambda: quant.static_kernel("bfloat16", "hardware", True),
+        "amax f32": lambda: quant.amax_kernel("float32"),
+        "per-token f32 hardware": lambda: quant.per_token_kernel("float32", "hardware", False),
+    }
+    rec["compile"] = {}
+    for name, make in variants.items():
+        _attempt(rec["compile"], name, lambda make=make: len(make().ptx(cc)))
+
+    def launcher():
+        # vtnumba's launcher on a kernel with no intrinsic: its ABI check against the PTX's .entry
+        from vtnumba.cuda.ptx.target import types
+        from vtnumba.cuda.runtime.launch import compile_kernel
+
+        def plain(x, y):
+            i = cuda_mod.grid(1)
+            if i < x.size:
+                y[i] = x[i] + 1
+        from vtnumba.cuda.ptx.target import cuda as cuda_mod
+        k = compile_kernel(plain, (types.float32[::1], types.float32[::1]))
+        x = cp.arange(256, dtype=cp.float32)
+        y = cp.zeros_like(x)
+        k(1, 256, x, y)
+        cp.cuda.runtime.deviceSynchronize()
+        return bool(cp.all(y == x + 1))
+    _attempt(rec, "vtnumba_launcher_plain_kernel", launcher)
+    return rec
+
+
+def _thresholds():
+    """For c = 1..126, the smallest float32 magnitude pattern the CPU kernel encodes to >= c (as
+    tests/test_cuda_quant.py: the CPU kernel is G1-exhaustive, so these steps reproduce it)."""
+    import numpy as np
+
+    import vtnumba as vt
+
+    targets = np.arange(1, 127, dtype=np.int64)
+    lo = np.zeros(targets.size, dtype=np.int64)
+    hi = np.full(targets.size, 0x43E00000, dtype=np.int64)
+    for _ in range(32):
+        mid = (lo + hi) // 2
+        up = vt.encode_e4m3(mid.astype(np.uint32).view(np.float32)).astype(np.int64) >= targets
+        hi = np.where(up, mid, hi)
+        lo = np.where(up, lo, mid + 1)
+    return hi.astype(np.uint32)
+
+
+def part_g2(target, out):
+    import numpy as np
+    import cupy as cp
+
+    import vtnumba.cuda as backend
+
+    rec = {"target": target}
+    thr = cp.asarray(_thresholds())
+
+    def reference(bits):
+        mag = bits & np.uint32(0x7FFFFFFF)
+        codes = cp.searchsorted(thr, mag, side="right").astype(cp.uint8)
+        codes |= ((bits >> np.uint32(24)) & np.uint32(0x80)).astype(cp.uint8)
+        return cp.where(mag > np.uint32(0x7F800000), np.uint8(0x7F), codes)
+
+    runners = {}
+    kernels = _plain_kernels(target)
+    for enc in ("portable", "hardware"):
+        runners[f"vtnumba quantize_static {enc}"] = lambda x, enc=enc: backend.quantize_static(x, np.float32(1.0), encoder=enc)
+        launch = _launcher(kernels[enc][0], cp)
+
+        def plain(x, launch=launch):
+            got = cp.empty(x.size, dtype=cp.uint8)
+            launch(x, got)
+            return got
+        runners[f"plain kernel {enc}"] = plain
+    # a first small call per runner: one that cannot compile is recorded once, not per chunk
+    probe = cp.arange(0, 1 << 20, dtype=cp.uint32).view(cp.float32)
+    live = {}
+    for name, fn in runners.items():
+        r = _attempt(rec, name + " (first call)", lambda fn=fn: int(cp.count_nonzero(fn(probe))))
+        if r["ok"]:
+            live[name] = fn
+    counts = {name: {"mismatches": 0, "nan_mismatches": 0, "pairs": Counter(), "first": []} for name in live}
+    nonzero = 0
+    for start in range(0, 1 << 32, CHUNK):
+        bits = cp.arange(start, start + CHUNK, dtype=cp.uint64).astype(cp.uint32)
+        want = reference(bits)
+        nonzero += int(cp.count_nonzero(want))
+        nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        for name, fn in live.items():
+            got = fn(bits.view(cp.float32))
+            bad = got != want
+            n = int(cp.count_nonzero(bad))
+            c = counts[name]
+            c["mismatches"] += n
+            if n:
+                c["nan_mismatches"] += int(cp.count_nonzero(bad & nan))
+                idx = cp.flatnonzero(bad)
+                w, g = cp.asnumpy(want[idx]), cp.asnumpy(got[idx])
+                pairs = np.unique(w.astype(np.uint32) << 8 | g, return_counts=True)
+                for p, k in zip(*pairs):
+                    c["pairs"][f"{int(p) >> 8:#04x}->{int(p) & 0xFF:#04x}"] += int(k)
+                if len(c["first"]) < 5:
+                    c["first"] += [f"{start + int(i):#010x}" for i in cp.asnumpy(idx[:5 - len(c['first'])])]
+            del got, bad
+        del bits, want, nan
+    rec["reference_nonzero_codes"] = nonzero
+    rec["exhaustive"] = {name: {**c, "pairs": dict(c["pairs"].most_common(8)), "distinct_pairs": len(c["pairs"])}
+                         for name, c in counts.items()}
+    return rec
+
+
+def part_speed(target, out):
+    import numpy as np
+    import cupy as cp
+
+    import vtnumba as vt
+    from vtnumba import timing
+
+    rec = {"target": target, "rows": {}}
+    n = SIZE * SIZE
+    rng = cp.random.default_rng(0)
+    x32 = rng.standard_normal(n, dtype=cp.float32)
+    x16 = (x32.view(cp.uint32) >> np.uint32(16)).astype(cp.uint16)  # bfloat16 bits (truncated)
+    try:
+        import torch
+
+        t32 = torch.as_tensor(x32.reshape(SIZE, SIZE), device="cuda")
+        tbf = t32.to(torch.bfloat16)
+    except Exception as exc:  # noqa: BLE001
+        torch = None
+        rec["torch"] = _first_line(exc)
+
+    def measure(call, nbytes):
+        call()
+        cp.cuda.runtime.deviceSynchronize()
+        dev = min(timing.device_us(call, repeats=20) for _ in range(3))
+        host = timing.host_us(call, repeats=200, warmup=10)
+        return {"device_us": round(dev, 2), "GB/s": round(nbytes / dev / 1e3, 1), "host_us": round(host, 2)}
+
+    cases = {
+        "vtnumba static f32": (lambda: vt.quantize_fp8(x32, 0.5), 5 * n),
+        "vtnumba per-token f32": (lambda: vt.quantize_fp8(x32.reshape(SIZE, SIZE), per_token=True), 5 * n),
+    }
+    if torch is not None:
+        cases["vtnumba static bf16"] = (lambda: vt.quantize_fp8(tbf, 0.5), 3 * n)
+        cases["vtnumba per-token bf16"] = (lambda: vt.quantize_fp8(tbf, per_token=True), 3 * n)
+    kernels = _plain_kernels(target)
+    for enc in ("hardware", "portable"):
+        q32, q16 = (_launcher(k, cp) for k in kernels[enc])
+        codes = cp.empty(n, dtype=cp.uint8)
+        cases[f"plain static f32 {enc}"] = (lambda q32=q32, codes=codes: q32(x32, codes, 2.0), 5 * n)
+        cases[f"plain static bf16 {enc}"] = (lambda q16=q16, codes=codes: q16(x16, codes, 2.0), 3 * n)
+    for name, (call, nbytes) in cases.items():
+        _attempt(rec["rows"], name, lambda call=call, nbytes=nbytes: measure(call, nbytes))
+    return rec
+
+
+def part_graph(target, out, which):
+    import numpy as np
+    import cupy as cp
+
+    rec = {"target": target}
+    x = cp.random.default_rng(0).standard_normal(1 << 20, dtype=cp.float32)
+    if which == "vtnumba":
+        import vtnumba as vt
+        import vtnumba.cuda as backend
+
+        def capture():
+            step = backend.capture(lambda a: vt.quantize_fp8(a, 0.5).data, x)
+            got = step(x)
+            cp.cuda.runtime.deviceSynchronize()
+            want = vt.quantize_fp8(cp.asnumpy(x), 0.5).data
+            return {"replay_equals_cpu": bool(np.array_equal(cp.asnumpy(got), want))}
+        _attempt(rec, "vtnumba.cuda.capture(quantize_fp8)", capture)
+    else:
+        kernels = _plain_kernels(target)
+        launch = _launcher(kernels["portable"][0], cp)
+        codes = cp.zeros(x.size, dtype=cp.uint8)
+
+        def capture():
+            launch(x, codes)  # compile outside the capture
+            cp.cuda.runtime.deviceSynchronize()
+            want = codes.copy()
+            codes.fill(0)
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                try:
+                    launch(x, codes)
+                finally:
+                    graph = stream.end_capture()
+                graph.launch(stream)
+            stream.synchronize()
+            return {"replay_equals_direct": bool(cp.all(codes == want))}
+        _attempt(rec, "plain kernel launch on a capturing cupy stream", capture)
+    return rec
+
+
+# ================================================================================================
+# the suite
+
+_TIMEOUT_PLUGIN = '''"""Per-test time box without pytest-timeout: a test running past VT_TEST_TIMEOUT seconds dumps its
+stack and ends its (xdist worker) process, which xdist reports as a failure of that test."""
+import faulthandler, os, sys
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    faulthandler.dump_traceback_later(float(os.environ.get("VT_TEST_TIMEOUT", "90")), exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+'''
+
+_STATUS = re.compile(r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+_NODE = re.compile(r"(tests/[\w/.-]+\.py)::(\S+)")
+
+
+def _have(module):
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def run_suite(out, seconds, per_test, workers):
+    env = _child_env(MLIR)
+    cmd = [sys.executable, "-m", "pytest", "tests/", "-m", "gpu", "-p", "no:cacheprovider", "-v", "-rfE",
+           "--tb=short", f"--junitxml={out / 'suite.xml'}", "-o", "junit_family=xunit1"]
+    notes = []
+    if workers > 1 and _have("xdist"):
+        cmd += ["-n", str(workers)]
+    else:
+        notes.append("pytest-xdist missing: one process")
+    if _have("pytest_timeout"):
+        cmd += [f"--timeout={per_test}"]
+    else:
+        plugin_dir = out / "plugin"
+        plugin_dir.mkdir(exist_ok=True)
+        (plugin_dir / "vt_probe_timeout.py").write_text(_TIMEOUT_PLUGIN)
+        env["PYTHONPATH"] = f"{plugin_dir}{os.pathsep}{env['PYTHONPATH']}"
+        env["VT_TEST_TIMEOUT"] = str(per_test)
+        cmd += ["-p", "vt_probe_timeout"]
+        notes.append("pytest-timeout missing: the per-test box is faulthandler's exit (the worker dies, xdist reports it)")
+    print("suite:", " ".join(cmd), flush=True)
+    t0 = time.time()
+    with open(out / "suite.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            notes.append(f"stopped at its {seconds:.0f} s box (SIGINT: pytest writes what it has)")
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                rc = proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+    return {"rc": rc, "wall_s": round(time.time() - t0, 1), "notes": notes, "cmd": " ".join(cmd[1:])}
+
+
+def _normalize(message):
+    """A failure message with the parts that differ per test (numbers, addresses, names in
+    quotes after 'kernel') blurred, so failures of one cause group together."""
+    m = re.sub(r"0x[0-9a-fA-F]+", "0x…", message)
+    m = re.sub(r"\d+", "N", m)
+    return m[:200]
+
+
+def summarize_suite(out):
+    """(per-file table, failure classes) from the junit XML, else from the -v log."""
+    import xml.etree.ElementTree as ET
+
+    cases = []  # (file, name, status, message, where)
+    xml = out / "suite.xml"
+    if xml.exists() and xml.stat().st_size:
+        for tc in ET.parse(xml).getroot().iter("testcase"):
+            file = (tc.get("file") or tc.get("classname", "").replace(".", "/") + ".py")
+            status, message, where = "passed", "", ""
+            for tag in ("failure", "error", "skipped"):
+                el = tc.find(tag)
+                if el is not None:
+                    status = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                    message = (el.get("message") or "").strip().splitlines()[0:1]
+                    message = message[0] if message else ""
+                    frames = re.findall(r"(vtnumba/[\w/]+\.py):(\d+)", el.text or "")
+                    where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+                    break
+            cases.append((file, tc.get("name"), status, message, where))
+        source = "junit XML"
+    else:
+        seen = {}
+        for line in (out / "suite.log").read_text(errors="replace").splitlines():
+            node, status = _NODE.search(line), _STATUS.search(line)
+            if node and status:
+                seen[node.group(0)] = (node.group(1), node.group(2), status.group(1).lower(), "", "")
+            elif node:  # started, no outcome yet: it hung or its process died
+                seen.setdefault(node.group(0), (node.group(1), node.group(2), "error", "no outcome (hung or killed)", ""))
+        cases = list(seen.values())
+        source = "the -v log (no junit XML: pytest was killed)"
+    per_file = defaultdict(Counter)
+    classes = defaultdict(lambda: {"n": 0, "files": set(), "where": Counter(), "example": ""})
+    for file, name, status, message, where in cases:
+        per_file[file][status] += 1
+        if status in ("failed", "error"):
+            c = classes[_normalize(message) or "(no message)"]
+            c["n"] += 1
+            c["files"].add(Path(file).name)
+            if where:
+                c["where"][where] += 1
+            c["example"] = c["example"] or f"{Path(file).name}::{name}"
+    lines = [f"Source: {source}; {len(cases)} tests.", "",
+             "| file | passed | failed | error | skipped |", "|---|---|---|---|---|"]
+    total = Counter()
+    for file in sorted(per_file):
+        c = per_file[file]
+        total.update(c)
+        lines.append(f"| {Path(file).name} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} |")
+    lines.append(f"| **all** | {total['passed']} | {total['failed']} | {total['error']} | {total['skipped']} |")
+    lines += ["", "Failures by cause (message with numbers blurred; the vtnumba frames they came from):", "",
+              "| n | cause | vtnumba frame (count) | files | example |", "|---|---|---|---|---|"]
+    for msg, c in sorted(classes.items(), key=lambda kv: -kv[1]["n"]):
+        where = ", ".join(f"{w} ({k})" for w, k in c["where"].most_common(4))
+        files = ", ".join(sorted(c["files"])[:6]) + (" …" if len(c["files"]) > 6 else "")
+        lines.append(f"| {c['n']} | {msg.replace('|', '/')} | {where} | {files} | {c['example']} |")
+    return "\n".join(lines)
+
+
+# ================================================================================================
+# the driver
+
+def _child_env(target):
+    env = dict(os.environ)
+    env["VTNUMBA_CUDA_TARGET"] = target
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_part(out, part, target, seconds, extra=()):
+    """One part in its own process and time box; its JSON result, or why there is none."""
+    tag = f"{part}{'_' + extra[0] if extra else ''}_{target}"
+    result = out / f"{tag}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--part", part, "--target", target,
+           "--result", str(result), *(["--which", extra[0]] if extra else [])]
+    t0 = time.time()
+    with open(out / f"{tag}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(target), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(seconds, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = f"killed at its {seconds:.0f} s box"
+            proc.wait()
+    wall = round(time.time() - t0, 1)
+    if result.exists():
+        data = json.loads(result.read_text())
+    else:
+        tail = (out / f"{tag}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        data = {"error": f"no result (rc {rc}); log ends: {' / '.join(tail)[-400:]}"}
+    data["_rc"], data["_wall_s"] = rc, wall
+    print(f"[{time.strftime('%H:%M:%S')}] {tag}: rc {rc}, {wall} s", flush=True)
+    return tag, data
+
+
+def _cell(r):
+    if not isinstance(r, dict) or "ok" not in r:
+        return str(r)
+    if r["ok"]:
+        return json.dumps(r["value"]) if not isinstance(r["value"], (int, float, str)) else str(r["value"])
+    return f"FAIL {r['error']}" + (f" ({r['where']})" if r.get("where") else "")
+
+
+def report(out, results, suite_md, suite_info, t_start):
+    lines = [f"# numba-cuda-mlir probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"commit {os.environ.get('VT_COMMIT', '?')}, {round(time.time() - t_start)} s", ""]
+    for tag, data in results.items():
+        lines.append(f"## {tag} (rc {data.get('_rc')}, {data.get('_wall_s')} s)")
+        lines.append("")
+        if "error" in data:
+            lines += [f"- {data['error']}", ""]
+        for key, value in data.items():
+            if key.startswith("_") or key in ("error", "target"):
+                continue
+            if isinstance(value, dict) and value and all(isinstance(v, dict) and "ok" in v for v in value.values()):
+                lines += [f"- {key}:"] + [f"  - {k}: {_cell(v)}" for k, v in value.items()]
+            elif key == "exhaustive":
+                for name, c in value.items():
+                    lines.append(f"- G2 {name}: {c['mismatches']} wrong codes of 2^32 ({c['nan_mismatches']} on NaN "
+                                 f"patterns), {c['distinct_pairs']} distinct want->got, most: {c['pairs']}, first: {c['first']}")
+            else:
+                lines.append(f"- {key}: {_cell(value)}")
+        lines.append("")
+    if suite_md is not None:
+        lines += [f"## suite under {MLIR} (rc {suite_info.get('rc')}, {suite_info.get('wall_s')} s)", "",
+                  f"`{suite_info.get('cmd', '')}`", ""] + [f"- {n}" for n in suite_info.get("notes", [])] + ["", suite_md]
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="folder for logs, JSON, junit XML and summary.md")
+    ap.add_argument("--budget", type=float, default=510.0, help="seconds for everything (the suite gets what is left, <= 300)")
+    ap.add_argument("--parts", default="env,g2,speed,graph,suite", help="comma-separated subset of env,g2,speed,graph,suite")
+    ap.add_argument("--workers", type=int, default=8, help="pytest-xdist workers for the suite")
+    ap.add_argument("--per-test", type=int, default=90, help="seconds one test may take in the suite")
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    ap.add_argument("--target", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--which", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.budget <= 0:
+        ap.error(f"--budget must be > 0 seconds, got {args.budget}")
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - {"env", "g2", "speed", "graph", "suite"})
+    if unknown:
+        ap.error(f"--parts may name env, g2, speed, graph and suite, got {unknown}")
+
+    if args.part:  # a child: one part, its result as JSON
+        fn = {"env": part_env, "g2": part_g2, "speed": part_speed}.get(args.part)
+        data = fn(args.target, out) if fn else part_graph(args.target, out, args.which)
+        Path(args.result).write_text(json.dumps(data, indent=1, default=str))
+        return
+
+    t_start = time.time()
+    deadline = t_start + args.budget
+    left = lambda: deadline - time.time()  # noqa: E731
+    # (part, target, box in seconds, extra): numba-cuda-mlir first, numba-cuda as the control
+    plan = [("env", MLIR, 45), ("env", NC, 30), ("g2", MLIR, 50), ("g2", NC, 40), ("speed", NC, 40),
+            ("speed", MLIR, 40), ("graph", MLIR, 20, "plain"), ("graph", MLIR, 20, "vtnumba"),
+            ("graph", NC, 20, "plain"), ("graph", NC, 25, "vtnumba")]
+    results = {}
+    for part, target, box, *extra in plan:
+        if part not in parts:
+            continue
+        # the suite keeps at least 120 s of the budget when it is asked for
+        box = min(box, left() - (120 if "suite" in parts else 5))
+        if box < 5:
+            results[f"{part}_{target}"] = {"error": "skipped: the budget is spent"}
+            continue
+        tag, data = run_part(out, part, target, box, tuple(extra))
+        results[tag] = data
+    suite_md, suite_info = None, {}
+    if "suite" in parts:
+        seconds = min(300.0, left() - 15)
+        suite_info = run_suite(out, seconds, args.per_test, args.workers)
+        try:
+            suite_md = summarize_suite(out)
+        except Exception as exc:  # noqa: BLE001
+            suite_md = f"(no summary: {_first_line(exc)})"
+        (out / "suite.md").write_text(suite_md + "\n")
+    print(report(out, results, suite_md, suite_info, t_start))
+
+
+if __name__ == "__main__":
+    main()
