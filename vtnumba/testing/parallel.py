@@ -1,0 +1,86 @@
+"""Tensor parallelism simulated in one process: R ranks as R threads, and an all-reduce that sums
+their float32 partials, for testing the seam's shard arithmetic (``vtnumba.seam.parallel``) on a
+CPU without a process group.
+
+    from vtnumba.testing.parallel import SimulatedGroup
+    group = SimulatedGroup(world_size=2)
+    outputs = group.run(lambda rank, all_reduce: my_layer(rank, all_reduce))   # [rank 0's, rank 1's]
+    assert group.calls == 1                                                    # all-reduces per rank
+
+Only one rank computes at a time (a rank hands over while it waits in the all-reduce), so the
+kernels are never called from two threads at once and every run is deterministic. The sum is taken
+in rank order in float32, a different order from NCCL's ring, and within the same bound.
+"""
+
+import threading
+
+import numpy as np
+
+__all__ = ["SimulatedGroup"]
+
+
+class SimulatedGroup:
+    """``world_size`` ranks run as threads; ``run(fn)`` calls ``fn(rank, all_reduce)`` on each and
+    returns their results in rank order. ``all_reduce(partial)`` returns a new array holding the
+    float32 sum over the ranks of their ``partial`` (same shape on every rank, float32).
+    ``calls`` counts the all-reduces each rank made in the last run (the same for every rank, or
+    the run fails)."""
+
+    def __init__(self, world_size: int) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        self.world_size = world_size
+        self.calls = 0
+
+    def run(self, fn):
+        r = self.world_size
+        turn = threading.Lock()  # held by the rank that computes
+        barrier = threading.Barrier(r)
+        slots = [None] * r
+        counts = [0] * r
+        results = [None] * r
+        errors = []
+        summed = {}
+
+        def all_reduce(rank, partial):
+            partial = np.asarray(partial)
+            if partial.dtype != np.float32:
+                raise TypeError(f"partial must be float32, got {partial.dtype}")
+            counts[rank] += 1
+            slots[rank] = partial.copy()
+            turn.release()  # let the other ranks reach the all-reduce
+            try:
+                if barrier.wait() == 0:
+                    if len({s.shape for s in slots}) != 1:
+                        raise ValueError(f"partials must have one shape on every rank, got {[s.shape for s in slots]}")
+                    total = slots[0].copy()
+                    for s in slots[1:]:
+                        total += s  # float32, in rank order
+                    summed["total"] = total
+                barrier.wait()
+                return summed["total"].copy()
+            finally:
+                turn.acquire()
+
+        def body(rank):
+            turn.acquire()
+            try:
+                results[rank] = fn(rank, lambda partial: all_reduce(rank, partial))
+            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
+                errors.append((rank, exc))
+                barrier.abort()  # ranks waiting in an all-reduce fail instead of hanging
+            finally:
+                turn.release()
+
+        threads = [threading.Thread(target=body, args=(rank,), name=f"rank{rank}") for rank in range(r)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            rank, exc = next((e for e in errors if not isinstance(e[1], threading.BrokenBarrierError)), errors[0])
+            raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
+        if len(set(counts)) != 1:
+            raise AssertionError(f"ranks made different numbers of all-reduces: {counts} (they would hang)")
+        self.calls = counts[0]
+        return results
