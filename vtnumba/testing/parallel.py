@@ -34,13 +34,14 @@ class SimulatedGroup:
 
     def run(self, fn):
         r = self.world_size
-        turn = threading.Lock()  # held by the rank that computes
-        barrier = threading.Barrier(r)
+        # One condition serves as the turn (held by the rank that computes, released while it waits
+        # in an all-reduce) and as the meeting point of the all-reduce.
+        cond = threading.Condition(threading.RLock())
+        state = {"arrived": 0, "generation": 0, "finished": 0, "failed": False, "total": None}
         slots = [None] * r
         counts = [0] * r
         results = [None] * r
         errors = []
-        summed = {}
 
         def all_reduce(rank, partial):
             partial = np.asarray(partial)
@@ -48,39 +49,44 @@ class SimulatedGroup:
                 raise TypeError(f"partial must be float32, got {partial.dtype}")
             counts[rank] += 1
             slots[rank] = partial.copy()
-            turn.release()  # let the other ranks reach the all-reduce
-            try:
-                if barrier.wait() == 0:
-                    if len({s.shape for s in slots}) != 1:
-                        raise ValueError(f"partials must have one shape on every rank, got {[s.shape for s in slots]}")
-                    total = slots[0].copy()
-                    for s in slots[1:]:
-                        total += s  # float32, in rank order
-                    summed["total"] = total
-                barrier.wait()
-                return summed["total"].copy()
-            finally:
-                turn.acquire()
+            generation = state["generation"]
+            state["arrived"] += 1
+            if state["arrived"] == r:
+                if len({s.shape for s in slots}) != 1:
+                    state["failed"] = True
+                    cond.notify_all()
+                    raise ValueError(f"partials must have one shape on every rank, got {[s.shape for s in slots]}")
+                total = slots[0].copy()
+                for s in slots[1:]:
+                    total += s  # float32, in rank order
+                state.update(arrived=0, generation=generation + 1, total=total)
+                cond.notify_all()
+            else:
+                # a rank that finished, or failed, will never join: fail instead of hanging
+                cond.wait_for(lambda: state["generation"] != generation or state["finished"] or state["failed"])
+                if state["generation"] == generation:
+                    raise RuntimeError(f"rank {rank}: all-reduce {counts[rank]} was not joined by every rank")
+            return state["total"].copy()
 
         def body(rank):
-            turn.acquire()
-            try:
-                results[rank] = fn(rank, lambda partial: all_reduce(rank, partial))
-            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
-                errors.append((rank, exc))
-                barrier.abort()  # ranks waiting in an all-reduce fail instead of hanging
-            finally:
-                turn.release()
+            with cond:
+                try:
+                    results[rank] = fn(rank, lambda partial: all_reduce(rank, partial))
+                    state["finished"] += 1
+                except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
+                    errors.append((rank, exc))
+                    state["failed"] = True
+                cond.notify_all()
 
         threads = [threading.Thread(target=body, args=(rank,), name=f"rank{rank}") for rank in range(r)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        if errors:
-            rank, exc = next((e for e in errors if not isinstance(e[1], threading.BrokenBarrierError)), errors[0])
-            raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
         if len(set(counts)) != 1:
             raise AssertionError(f"ranks made different numbers of all-reduces: {counts} (they would hang)")
+        if errors:
+            rank, exc = errors[0]
+            raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
         self.calls = counts[0]
         return results
