@@ -28,6 +28,7 @@ been run on two GPUs here; the CPU tests run the arithmetic.
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -331,7 +332,7 @@ class RowParallelLinearMethod:
 
 # -- all-reduce callables for real process groups (not run here: they need two GPUs) --------------
 
-def torch_all_reduce(group=None) -> AllReduce:
+def torch_all_reduce(group: Any = None) -> AllReduce:
     """``all_reduce`` for torch callers: ``torch.distributed.all_reduce`` (SUM, in place) on
     ``group`` (default: the default process group), which NCCL runs on torch's current stream
     without a host sync, so a CUDA graph can capture it. Start the ranks with torchrun (RANK,
@@ -345,7 +346,7 @@ def torch_all_reduce(group=None) -> AllReduce:
     return all_reduce
 
 
-def nccl_all_reduce(comm) -> AllReduce:
+def nccl_all_reduce(comm: Any) -> AllReduce:
     """``all_reduce`` for cupy callers: ``comm.allReduce`` (a ``cupy.cuda.nccl.NcclCommunicator``)
     summing a float32 cupy array in place on cupy's current stream, no host sync. Start the ranks
     with torchrun or mpirun (mpi4py broadcasts ``nccl.get_unique_id()`` from rank 0); keep

@@ -13,6 +13,8 @@ in rank order in float32, a different order from NCCL's ring, and within the sam
 """
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +34,7 @@ class SimulatedGroup:
         self.world_size = world_size
         self.calls = 0
 
-    def run(self, fn):
+    def run(self, fn: Callable[[int, Callable[[Any], Any]], Any]) -> list:
         r = self.world_size
         # One condition serves as the turn (held by the rank that computes, released while it waits
         # in an all-reduce) and as the meeting point of the all-reduce.
