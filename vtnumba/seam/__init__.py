@@ -5,6 +5,7 @@
     rw = seam.ResidentFp8(w, "cuda")                  # uploaded once, accounted in seam.load_stats()
     y = seam.matmul_fp8(x, rw)                         # quantize x by w's scheme, then vt.scaled_mm
     m = seam.make_linear_method(w); y = m.apply(x)     # or Fp8Config.from_hf(config).linear_method(prefix, w)
+    col = seam.ColumnParallelLinearMethod(w, rank, world_size)             # tensor parallelism (seam.parallel)
 
 Names follow the C++ seam it comes from (ResidentFp8, DenseCublasLtFp8Enabled, MatmulFp8CutlassD,
 MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spelling.
@@ -14,6 +15,8 @@ from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, lo
 from .config import Fp8Config
 from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .fusion import fuse_fp8_shards, requantize_with_max_scale
+from .parallel import (ColumnParallelLinearMethod, RowParallelLinearMethod, combine_partials, nccl_all_reduce,
+                       shard_range, shard_weight, torch_all_reduce)
 from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant, quantize_activation
 from .weights import DeviceLoadStats, Fp8Weight, ResidentFp8, load_stats, reset_load_stats
 
@@ -36,6 +39,14 @@ __all__ = [
     "Fp8W8A8LinearMethod",
     "UnquantizedLinearMethod",
     "make_linear_method",
+    # tensor parallelism
+    "shard_range",
+    "shard_weight",
+    "combine_partials",
+    "ColumnParallelLinearMethod",
+    "RowParallelLinearMethod",
+    "torch_all_reduce",
+    "nccl_all_reduce",
     # checkpoints
     "Fp8Config",
     "load_fp8_linear",
