@@ -26,7 +26,7 @@ from vtnumba.testing.gates import assert_block_g3, assert_g3
 from vtnumba.testing.parallel import SimulatedGroup
 
 OUT_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
-# (activation_scheme, per_channel weight scale, block-scaled, scale_ue8m0)
+# (activation_scheme, per_channel weight scale, block-scaled, scale_ue8m0 or "e8m0" (E8M0 byte scales))
 SCHEMES = {
     "static": ("static", False, False, False),
     "static_per_channel": ("static", True, False, False),
@@ -36,6 +36,8 @@ SCHEMES = {
     "per_token_per_tensor": ("per_token", False, False, False),
     "block": ("per_group", False, True, False),
     "block_ue8m0": ("per_group", False, True, True),
+    "block_e8m0": ("per_group", False, True, "e8m0"),
+    "mxfp8": ("per_group", False, True, "e8m0"),  # block_size (1, 32): MXFP8 activations too
 }
 # TP_EXAMPLES=400 for a longer search when changing seam.parallel (400 examples took ~2 s)
 FAST = settings(max_examples=int(os.environ.get("TP_EXAMPLES", 12)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,7 +48,8 @@ def _weight(rng, n, k, scheme, bias, block_size=None):
     w = (rng.standard_normal((n, k)) * rng.uniform(0.02, 0.3, (n, 1))).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     if block:
-        return seam.Fp8Weight.from_float(w, bias=b, block_size=block_size, scale_ue8m0=ue8m0)
+        scales = dict(scale_format="e8m0") if ue8m0 == "e8m0" else dict(scale_ue8m0=ue8m0)
+        return seam.Fp8Weight.from_float(w, bias=b, block_size=block_size, **scales)
     return seam.Fp8Weight.from_float(w, input_scale=np.float32(0.0213) if act == "static" else None,
                                      per_channel=per_channel, activation_scheme=act, bias=b)
 
@@ -86,7 +89,8 @@ def problems(draw, mode):
     m = draw(st.integers(1, 4))
     block = None
     if SCHEMES[scheme][2]:
-        block = (draw(st.sampled_from([1, 2, 3, 4, 8])), draw(st.sampled_from([2, 3, 4, 8, 16])))
+        block = (1, 32) if scheme == "mxfp8" else (draw(st.sampled_from([1, 2, 3, 4, 8])),
+                                                   draw(st.sampled_from([2, 3, 4, 8, 16])))
         split, other = (block[0], "k") if mode == "column" else (block[1], "n")
         along = world * split * draw(st.integers(1, 2)) if world > 1 else draw(st.integers(1, 20))
         across = draw(st.integers(1, 20))
@@ -151,7 +155,8 @@ def test_column_shards_fuse_back_to_the_weight(scheme):
     """shard_weight(mode='column') is the inverse of seam.fuse_fp8_shards: the shards of every scheme,
     fused again, are the weight's codes, scales and bias bit for bit (nothing is requantized)."""
     rng = np.random.default_rng(27)
-    w = _weight(rng, 12, 16, scheme, True, (2, 4) if SCHEMES[scheme][2] else None)
+    block = (1, 32) if scheme == "mxfp8" else (2, 4) if SCHEMES[scheme][2] else None
+    w = _weight(rng, 12, 16, scheme, True, block)
     fused = seam.fuse_fp8_shards([seam.shard_weight(w, r, 3, mode="column") for r in range(3)])
     np.testing.assert_array_equal(fused.data, w.data)
     np.testing.assert_array_equal(np.broadcast_to(fused.weight_scale, w.weight_scale.shape), w.weight_scale)

@@ -168,7 +168,7 @@ def shard_weight(weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
     # The parts are slices of a validated weight: valid by construction, so no second validation
     # (and, for a device weight, no host round trip of its scales).
     return Fp8Weight._trusted(data, scale, w.input_scale, bias, w.activation_scheme, source, w.per_channel,
-                              w.block_size, w.scale_ue8m0)
+                              w.block_size, w.scale_ue8m0, w.activation_scale_format, w.activation_scale_rounding)
 
 
 # -- the combine step: all-reduce of float32 partials, then the epilogue ---------------------------
