@@ -287,6 +287,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     b_copies = bn * 4 // threads
     rows_per_pass = threads // 4
     n_acc = mt * nt * 4
+    n_mx = 2 * (mt + nt) if mx else 1  # a k32 step's decoded MX scales (mx_scales)
     split = _split_accumulators(promotion, block_scaled)
     n_part = n_acc if split else 1
     n_af, n_bf = (8, 4 * nt) if f16 else (4, 2 * nt)
@@ -533,19 +534,40 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
             add_partial(acc, part, q, d0, d1, d2, d3)
 
     @cuda.jit(**_DEVICE)
-    def mx_step(acc, af, bf, q, i, j, kb, mx_ctx, scratch, warp, lane):
-        """MX: output tile q (m16 tile i, n8 tile j) times K block ``kb``: D of each output from C = 0,
-        scaled by its row's and its column's E8M0 scale, added in float32. ``mx_ctx``: (scale_a,
-        scale_b, this lane's first row, the warp's first column, M - 1, N - 1, g, t); rows and columns
-        past the edge read the last one's scales (their codes are zero-filled: their outputs are not
-        stored)."""
-        scale_a, scale_b, row0, col0, m_last, n_last, g, t = mx_ctx
-        r = row0 + 16 * i
-        if mx_hardware:  # the scales travel in the mma (ptx/sm120_mma.py: lanes t = 0, 1 rows g, g + 8; t = 0 column g)
-            sfa = np.uint32(scale_a[min(r + 8 * (t % 2), m_last), kb])
-            sfb = np.uint32(scale_b[min(col0 + 8 * j + g, n_last), kb])
+    def mx_scales(kb, mx_ctx):
+        """MX: the E8M0 scales of K block ``kb`` that this lane's mma steps use, read from global
+        memory once per k32 step rather than once per mma (a warp tile's mt x nt mmas share mt row
+        pairs and nt column pairs). Into ``sc`` (mx_ctx's last item; rows and columns past the edge
+        read the last one's scales: their codes are zero-filled, their outputs not stored):
+        - the block-scaled mma (sm_12x): sc[i] the byte of row r + 8 (t % 2) of m16 tile i, sc[mt + j]
+          of column 8 j + g of n8 tile j (ptx/sm120_mma.py's lane map), held as float32 (exact);
+        - the plain mma (sm_89, sm_90): sc[2 i], sc[2 i + 1] the decoded scales of rows r, r + 8 of m16
+          tile i, sc[2 mt + 2 j], sc[2 mt + 2 j + 1] of columns c, c + 1 (c = 8 j + 2 t) of n8 tile j."""
+        scale_a, scale_b, row0, col0, m_last, n_last, g, t, sc = mx_ctx
+        for i in range(mt):
+            r = row0 + 16 * i
+            if mx_hardware:
+                sc[i] = np.float32(scale_a[min(r + 8 * (t % 2), m_last), kb])
+            else:
+                sc[2 * i] = decode_e8m0(scale_a[min(r, m_last), kb])
+                sc[2 * i + 1] = decode_e8m0(scale_a[min(r + 8, m_last), kb])
+        for j in range(nt):
+            if mx_hardware:
+                sc[mt + j] = np.float32(scale_b[min(col0 + 8 * j + g, n_last), kb])
+            else:
+                c = col0 + 8 * j + 2 * t
+                sc[2 * mt + 2 * j] = decode_e8m0(scale_b[min(c, n_last), kb])
+                sc[2 * mt + 2 * j + 1] = decode_e8m0(scale_b[min(c + 1, n_last), kb])
+
+    @cuda.jit(**_DEVICE)
+    def mx_step(acc, af, bf, q, i, j, sc, scratch, warp, lane):
+        """MX: output tile q (m16 tile i, n8 tile j) times one K block: D of each output from C = 0,
+        scaled by its row's and its column's E8M0 scale (``sc``, from ``mx_scales``), added in
+        float32."""
+        if mx_hardware:  # the scales travel in the mma
             d0, d1, d2, d3 = mma_mx(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, sfa, sfb, scratch, warp, lane)
+                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, np.uint32(sc[i]),
+                                    np.uint32(sc[mt + j]), scratch, warp, lane)
             acc[q] += d0
             acc[q + 1] += d1
             acc[q + 2] += d2
@@ -553,11 +575,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         else:
             d0, d1, d2, d3 = mma_op(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
                                     _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-            sa0 = decode_e8m0(scale_a[min(r, m_last), kb])
-            sa1 = decode_e8m0(scale_a[min(r + 8, m_last), kb])
-            c = col0 + 8 * j + 2 * t
-            sb0 = decode_e8m0(scale_b[min(c, n_last), kb])
-            sb1 = decode_e8m0(scale_b[min(c + 1, n_last), kb])
+            sa0, sa1 = sc[2 * i], sc[2 * i + 1]
+            sb0, sb1 = sc[2 * mt + 2 * j], sc[2 * mt + 2 * j + 1]
             acc[q] += np.float32(d0 * sa0) * sb0
             acc[q + 1] += np.float32(d1 * sa0) * sb1
             acc[q + 2] += np.float32(d2 * sa1) * sb0
@@ -571,8 +590,10 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         rr, sw, a_lane, b_lane, a_hi, b_hi = plan
         for ks in range(2):
             kb = 2 * kt + ks
-            if mx and kb >= mx_ctx[0].shape[1]:
-                continue
+            if mx:
+                if kb >= mx_ctx[0].shape[1]:
+                    continue
+                mx_scales(kb, mx_ctx)
             if f16:
                 load_b_f16(smem, bf, raw, fbase, sbase, ks, b_lane, b_hi, rr, sw, scratch, warp, lane)
             else:
@@ -586,7 +607,7 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                     if f16:
                         hmma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
                     elif mx:
-                        mx_step(acc, af, bf, 4 * (i * nt + j), i, j, kb, mx_ctx, scratch, warp, lane)
+                        mx_step(acc, af, bf, 4 * (i * nt + j), i, j, mx_ctx[8], scratch, warp, lane)
                     else:
                         mma_step(acc, part, af, bf, 4 * (i * nt + j), j, scratch, warp, lane)
 
@@ -660,7 +681,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows = copy_plan(
             a, b, m0, n0, m_total, n_total, tid)
         plan = fragment_plan(lane, wm, wn, g, t)
-        mx_ctx = (scale_a, scale_b, m0 + wm * mt * 16 + g, n0 + wn * nt * 8, m_total - 1, n_total - 1, g, t)
+        mx_ctx = (scale_a, scale_b, m0 + wm * mt * 16 + g, n0 + wn * nt * 8, m_total - 1, n_total - 1, g, t,
+                  cuda.local.array(n_mx, types.float32))
         kt_total = (k_total + BK - 1) // BK
         block_n = n0 // 128
 
