@@ -79,5 +79,54 @@ def main():
             t_bf, t_pt, t_mx = us(lambda: tx @ tw.T), us(lambda: per_tensor.apply(x)), us(lambda: mx.apply(x))
             row(m, f"{n}x{k}", f"{t_bf:.1f}", f"{t_pt:.1f}", f"{t_mx:.1f}", f"{t_bf / t_pt:.2f}", f"{t_bf / t_mx:.2f}")
 
+# Tile shapes tried for MXFP8 at small M (--configs): the default 128 x 128 tile gives N / 128 blocks
+# at M = 1 (32 for N = 4096, a quarter of the H200's SMs) and runs 8 m16 tiles of which one is real.
+SMALL_M_CONFIGS = {
+    "16x32_w2_16x16": dict(mt=1, nt=2, wm=1, wn=2, stages=4, ldmatrix=True),
+    "16x64_w2_16x32": dict(mt=1, nt=4, wm=1, wn=2, stages=4, ldmatrix=True),
+    "32x64_w4_32x16": dict(mt=2, nt=2, wm=1, wn=4, stages=4, ldmatrix=True),
+    "64x64_w4_32x32": dict(mt=2, nt=4, wm=2, wn=2, stages=3, ldmatrix=True),
+}
+
+
+def configs():
+    """tensorcore_mx with each tile shape at M = 1 .. 256 (device us), every shape's output checked
+    bit for bit against the default tile's (each output's k32 partials are added in K order either
+    way)."""
+    import cupy as cp
+
+    from vtnumba.cuda import block
+    from vtnumba.cuda.kernels import tc_gemm
+    from vtnumba.profile import best_device_us
+
+    rng = np.random.default_rng(1)
+    names = ["default"] + list(SMALL_M_CONFIGS)
+    cfgs = [tc_gemm.GEMM_DEFAULT] + [tc_gemm.TileConfig(**c) for c in SMALL_M_CONFIGS.values()]
+    print("\n## 3. tensorcore_mx by tile shape (device us, bf16 out; 'same' = bits equal the default's)\n"
+          "| M | N x K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    for n, k in SHAPES:
+        b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
+        sb8 = cp.asarray(rng.integers(115, 125, size=(n, k // 32), dtype=np.uint8))
+        for m in (1, 16, 64, 256):
+            a = cp.asarray(rng.integers(0, 0x7E, size=(m, k), dtype=np.uint8))
+            sa8 = cp.asarray(rng.integers(120, 130, size=(m, k // 32), dtype=np.uint8))
+            call = block.BlockCall(a, b, sa8, sb8, (1, 32), BF16, None)
+            cells, want = [], None
+            for cfg in cfgs:
+                y = cp.zeros((m, n), dtype=cp.uint16)
+                try:
+                    launcher, grid, threads, args = tc_gemm.gemm_launch(call, y, False, config=cfg)
+                    t = best_device_us(lambda: launcher(grid, threads, *args), 20, 3)
+                except Exception as exc:  # a shape this kernel refuses: say so, go on
+                    cells.append(f"{type(exc).__name__}: {str(exc)[:60]}")
+                    continue
+                got = cp.asnumpy(y)
+                want = got if want is None else want
+                cells.append(f"{t:.1f}" + ("" if np.array_equal(got, want) else " DIFFERS"))
+            row(m, f"{n}x{k}", *cells)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    configs() if "--configs" in sys.argv else main()

@@ -60,6 +60,12 @@ def test_mx_gemm_on_the_gpu_runs_the_tensorcore_mx_kernel_within_block_g3(cp, m,
     da, db, dsa, dsb = (cp.asarray(v) for v in (a, b, sa, sb))
     call = block.BlockCall(da, db, dsa, dsb, (1, 32), out_dtype, None if bias is None else cp.asarray(bias))
     assert block.select(call).name == "tensorcore_mx"  # the kernel that runs, not only the answer
+    from vtnumba.cuda.kernels import tc_gemm
+
+    _, grid, _, _ = tc_gemm.gemm_launch(call, None, False)  # and its tile: small ones at small M
+    bm, bn = tc_gemm.tile_shape(tc_gemm.mx_config(m))
+    assert grid == (-(-n // bn), -(-m // bm)) and (bm, bn) == ((16, 32) if m <= 64 else (32, 64) if m <= 256
+                                                              else (128, 128))
     y = vt.scaled_mm(da, db, dsa, dsb, out_dtype=out_dtype, block_size=(1, 32),
                      bias=None if bias is None else cp.asarray(bias))
     assert assert_block_g3(cp.asnumpy(y), a, b, sa, sb, (1, 32), bias, out_dtype) > m * n // 2

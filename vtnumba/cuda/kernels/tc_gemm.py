@@ -165,6 +165,8 @@ GEMM_CONFIGS = {
     "f16a_128x256_w8_64x64": TileConfig(mt=4, nt=8, wm=2, wn=4, stages=4, ldmatrix=True, f16="a"),
     "f16ab_256x128_w8_64x64": TileConfig(mt=4, nt=8, wm=4, wn=2, stages=3, ldmatrix=True, f16="ab"),
     "f16b_256x128_w8_64x64": TileConfig(mt=4, nt=8, wm=4, wn=2, stages=4, ldmatrix=True, f16="b"),
+    "16x32_w2_16x16": TileConfig(mt=1, nt=2, wm=1, wn=2, stages=4, ldmatrix=True),  # MXFP8 at small M
+    "32x64_w4_32x16": TileConfig(mt=2, nt=2, wm=1, wn=4, stages=4, ldmatrix=True),
     "sim_32x16": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True),  # tiny, for the simulator
     "sim_32x16_lds": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False),
     "sim_32x16_f16ab": TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="ab"),
@@ -177,6 +179,22 @@ GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
 # gemm prints the fastest of each kind after table 1).
 F16_DEFAULT = None
 F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x 64 warp tiles, BN | 128
+
+
+# MXFP8's tile by M, the first whose limit holds (the 128 x 128 default beyond). At M = 1 the default
+# gives N / 128 blocks, a quarter of the H200's SMs for N = 4096, each running eight m16 tiles for
+# one real row. On the H200 (benchmarks/bench_mx_gpu.py --configs, Llama-3-8B's shapes, every tile's
+# output bit for bit the default's): 16 x 32 took 36-124 us at M = 1 .. 16 where the default took
+# 246-828; 32 x 64 took 115-375 at M = 256 against 247-812.
+MX_CONFIGS_BY_M = ((64, "16x32_w2_16x16"), (256, "32x64_w4_32x16"))
+
+
+def mx_config(m):
+    """The tile configuration of an MXFP8 GEMM of ``m`` rows (``MX_CONFIGS_BY_M``)."""
+    for limit, name in MX_CONFIGS_BY_M:
+        if m <= limit:
+            return GEMM_CONFIGS[name]
+    return GEMM_DEFAULT
 
 
 def default_config(cc, split):
@@ -881,6 +899,8 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_
     if (mma_kind in MX_KINDS) != mx:
         raise ValueError(f"mma_kind must be an MX kind exactly for an MX call, got {mma_kind!r} for mx={mx}")
     block_scaled = block_scaled and not mx
+    if config is None and mx and not SIMULATOR:  # the simulator's tests keep its one tiny tile
+        config = mx_config(call.m)
     cfg = config or default_config(call.device.cc, _split_accumulators(promotion, block_scaled))
     if mma_kind != "plain" and cfg.f16:
         cfg = GEMM_DEFAULT  # the block-scaled and MX kernels run the e4m3 ring
@@ -892,6 +912,6 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_
 
 
 __all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "MMA_KINDS", "MX_KINDS", "mma_kind_for", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
-           "F16_SPLIT_DEFAULT", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
+           "F16_SPLIT_DEFAULT", "MX_CONFIGS_BY_M", "mx_config", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
            "gemm_signature", "gemm_launcher", "gemm_launch", "gemm_args", "chains_in_float32", "unavailable_reason",
            "rows_reason", "shape_reason"]
