@@ -1,9 +1,8 @@
 """Mutation testing: apply each known-bad change to a scratch copy of the repo, run the gates that
 should catch it, and print mutation | compiles | tests failed | killed.
 
-Mutations are declared as data in ``tools/mutations_*.toml`` (the form new tables take: a table,
-not code, which ``duplicates`` rightly does not count as repeated code), or in ``tools/mutations_*.py``
-as ``MUTATIONS = [Mutation(...), ...]``. A mutation replaces ``old`` (which must occur exactly once
+Mutations are declared as data in ``tools/mutations_*.toml`` (tables, not code: forty rows of
+``Mutation(...)`` calls were the tree's most repeated code shape). A mutation replaces ``old`` (which must occur exactly once
 in ``path``) by ``new``. ``smoke`` is a Python snippet run first in the mutated copy: it must
 exercise the mutated kernel, so a mutation that fails to compile shows as "compiles: no" and does
 not count as a kill. A TOML table::
@@ -24,7 +23,6 @@ not count as a kill. A TOML table::
 
 import argparse
 import dataclasses
-import importlib
 import os
 import pathlib
 import re
@@ -35,7 +33,6 @@ import tempfile
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # so `tools.mutations_*` import when this runs as a script
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +67,6 @@ def mutations_from_toml(text):
 
 def all_mutations():
     found = []
-    for file in sorted((ROOT / "tools").glob("mutations_*.py")):
-        module = importlib.import_module(f"tools.{file.stem}")
-        found.extend(module.MUTATIONS)
     for file in sorted((ROOT / "tools").glob("mutations_*.toml")):
         found.extend(mutations_from_toml(file.read_text()))
     return found

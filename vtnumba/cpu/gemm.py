@@ -166,7 +166,7 @@ def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
             a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps)
             for k in range(k_tail, k_len):  # the K % 64 tail (written apart from gemv_kernel's loop:
-                t = xr[k]                     # tools/mutations_cpu_gemm.py edits that one by its text)
+                t = xr[k]                     # tools/mutations_cpu_gemm.toml edits that one by its text)
                 a0 += t * decode_e4m3(w0[k])
                 a1 += t * decode_e4m3(w1[k])
                 a2 += t * decode_e4m3(w2[k])
