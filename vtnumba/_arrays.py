@@ -160,25 +160,26 @@ def float_dtype(x, name):
     return dt
 
 
-def codes_uint8(x, name):
-    """e4m3 codes as uint8 (a float8_e4m3fn array is viewed, not copied); TypeError otherwise."""
+def _bytes_of(x, name, typed, what):
+    """x as uint8: an array of the one-byte type ``typed`` is viewed, not copied; TypeError naming
+    ``what`` for any other dtype."""
     dt = dtype_of(x)
-    if dt == FLOAT8_E4M3:
+    if dt == typed:
         return x.view(np.uint8)
     if dt != np.dtype(np.uint8):
-        raise TypeError(f"{name} must be e4m3 codes (uint8 or ml_dtypes.float8_e4m3fn), got dtype {dt}")
+        raise TypeError(f"{name} must be {what}, got dtype {dt}")
     return x
+
+
+def codes_uint8(x, name):
+    """e4m3 codes as uint8 (a float8_e4m3fn array is viewed, not copied); TypeError otherwise."""
+    return _bytes_of(x, name, FLOAT8_E4M3, "e4m3 codes (uint8 or ml_dtypes.float8_e4m3fn)")
 
 
 def e8m0_bytes(x, name):
     """E8M0 scale bytes as uint8 (an ml_dtypes.float8_e8m0fnu array is viewed, not copied); TypeError
     otherwise."""
-    dt = dtype_of(x)
-    if dt == FLOAT8_E8M0:
-        return x.view(np.uint8)
-    if dt != np.dtype(np.uint8):
-        raise TypeError(f"{name} must be E8M0 scale bytes (uint8 or ml_dtypes.float8_e8m0fnu), got dtype {dt}")
-    return x
+    return _bytes_of(x, name, FLOAT8_E8M0, "E8M0 scale bytes (uint8 or ml_dtypes.float8_e8m0fnu)")
 
 
 def decode_e8m0(b):

@@ -35,6 +35,7 @@ import numpy as np
 from .. import _arrays
 from .._arrays import Array, DType
 from ..ops import QuantizedActivation
+from .linear import Fp8W8A8LinearMethod
 from .matmul import matmul_fp8, matmul_fp8_prequant
 from .weights import Fp8Weight, ResidentFp8
 
@@ -77,15 +78,6 @@ def shard_range(size: int, rank: int, world_size: int, *, multiple: int = 1,
         raise ValueError(f"{name} / world_size = {size} / {world_size} = {per} must be a multiple of the block "
                          f"size {multiple} along the split (a block would straddle two ranks), got {per}")
     return rank * per, (rank + 1) * per
-
-
-def _xp(arr):
-    """numpy for a host array, cupy for a GPU one (imported only then)."""
-    if isinstance(arr, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
 
 
 def _fp8_weight(weight, name="weight"):
@@ -149,7 +141,7 @@ def shard_weight(weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
         raise ValueError(f"mode must be 'column' or 'row', got {mode!r}")
     w = _fp8_weight(weight)
     rows, (k0, k1) = _slices(w, mode, rank, world_size, logical_widths)
-    concat = _xp(w.data).concatenate
+    concat = _arrays.array_module(w.data).concatenate
     data = concat([w.data[r0:r1, k0:k1] for r0, r1 in rows], axis=0).copy()
     if w.block_size is not None:
         bn, bk = w.block_size
@@ -189,7 +181,7 @@ def bfloat16_bits(y32: Array) -> Array:
     """The bfloat16 bits (uint16) of float32 ``y32`` rounded to nearest even, NaN kept as a quiet NaN
     of the same sign, inf and overflow to inf as RNE gives them: integer arithmetic that runs alike on
     numpy and cupy (cupy has no float32 -> bfloat16 cast; the GPU kernels write these bits too)."""
-    xp = _xp(y32)
+    xp = _arrays.array_module(y32)
     bits = y32.view(np.uint32)
     rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
     quiet_nan = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
@@ -204,7 +196,7 @@ def _round_out(y32, out_dtype):
         return y32
     if isinstance(y32, np.ndarray) or dt != _arrays.BFLOAT16:
         return y32.astype(dt)
-    out = _xp(y32).empty(y32.shape, dtype=dt)
+    out = _arrays.array_module(y32).empty(y32.shape, dtype=dt)
     out.view(np.uint16)[...] = bfloat16_bits(y32)
     return out
 
@@ -252,28 +244,22 @@ def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Arra
 
 # -- linear methods (seam.linear's protocol: name, apply, apply_prequant) --------------------------
 
-class ColumnParallelLinearMethod:
+class ColumnParallelLinearMethod(Fp8W8A8LinearMethod):
     """Rank ``rank``'s part of a column-parallel FP8 layer (vLLM's ``ColumnParallelLinear`` with
     ``gather_output=False``): ``apply(x)`` takes the whole x [..., K] and returns this rank's output
     features [..., N / world_size]. ``logical_widths`` as in ``shard_weight`` (fused q/k/v,
     gate/up); by default the fused weight's own (``seam.fuse_fp8_shards`` records them)."""
 
     name = "fp8_w8a8_column_parallel"
-    __slots__ = ("weight", "rank", "world_size")
+    __slots__ = ("rank", "world_size")  # and the base's weight: the rank's shard
 
     def __init__(self, weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
                  logical_widths: Sequence[int] | None = None) -> None:
         w = _fp8_weight(weight)
         if logical_widths is None and isinstance(w.source, dict):
             logical_widths = w.source.get("logical_widths")
-        self.weight = shard_weight(w, rank, world_size, mode=COLUMN, logical_widths=logical_widths)
+        super().__init__(shard_weight(w, rank, world_size, mode=COLUMN, logical_widths=logical_widths))
         self.rank, self.world_size = rank, world_size
-
-    def apply(self, x: Array, out_dtype: DType | None = None) -> Array:
-        return matmul_fp8(x, self.weight, out_dtype)
-
-    def apply_prequant(self, q: QuantizedActivation, out_dtype: DType | None = None) -> Array:
-        return matmul_fp8_prequant(q, self.weight, out_dtype)
 
     def __repr__(self):
         return f"ColumnParallelLinearMethod(rank={self.rank}/{self.world_size}, {self.weight!r})"

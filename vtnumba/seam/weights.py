@@ -339,11 +339,8 @@ def _block_weight_scale(value, shape, block, device):
     if dt.kind != "f" and dt != _arrays.BFLOAT16:
         raise TypeError(f"weight_scale must be a float array or uint8 E8M0 bytes, got dtype {dt}")
     host = (value if on_host else _host_values(value)).astype(np.float32)  # bf16 / f16 widen exactly
-    bad = ~(np.isfinite(host) & (host > 0))
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"weight_scale must be positive and finite in every block, got {host[first]!r} at block "
-                         f"{first} ({int(bad.sum())} bad blocks)")
+    _refuse_blocks(~(np.isfinite(host) & (host > 0)), "be positive and finite in every block", lambda at: repr(host[at]),
+                   "bad")
     if device == "cpu":
         return np.ascontiguousarray(host)
     if not on_host and dt == np.float32:
@@ -351,14 +348,18 @@ def _block_weight_scale(value, shape, block, device):
     return _to_device(np.ascontiguousarray(host), device)
 
 
+def _refuse_blocks(bad, rule, shown, kind):
+    """ValueError naming the first block where ``bad`` holds, what it holds (``shown(index)``) and how
+    many blocks are ``kind``."""
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"weight_scale must {rule}, got {shown(first)} at block {first} ({int(bad.sum())} {kind} blocks)")
+
+
 def _e8m0_block_scale(value, on_host, device):
     """E8M0 block scales as uint8 on ``device``; every byte but 0xFF (NaN) is a valid scale."""
     host = value if on_host else _host_values(value)
-    nan = host == _format.E8M0_NAN
-    if nan.any():
-        first = tuple(int(i) for i in np.argwhere(nan)[0])
-        raise ValueError(f"weight_scale must hold finite E8M0 scales, got 0xFF (NaN) at block {first} "
-                         f"({int(nan.sum())} NaN blocks)")
+    _refuse_blocks(host == _format.E8M0_NAN, "hold finite E8M0 scales", lambda at: "0xFF (NaN)", "NaN")
     if device == "cpu":
         return np.ascontiguousarray(host)
     return value if not on_host else _to_device(np.ascontiguousarray(host), device)

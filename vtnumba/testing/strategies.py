@@ -301,6 +301,20 @@ def per_token_cases(max_rows=8, max_cols=32):
     return cases()
 
 
+def _grouped_rows(draw, group_size, max_rows, max_groups, amaxes, scale_of):
+    """x [M, groups * group_size]: each 1 x g group drawn with its own amax (from ``amaxes``) and values
+    landed on e4m3 ties under its scale ``scale_of(amax)``."""
+    m = draw(st.integers(1, max_rows))
+    groups = draw(st.integers(1, max_groups))
+    x = np.empty((m, groups * group_size), dtype=np.float32)
+    for r in range(m):
+        for g in range(groups):
+            amax = np.float32(draw(amaxes))
+            x[r, g * group_size:(g + 1) * group_size] = _within_amax(draw, _values(draw, scale_of(amax), group_size),
+                                                                     amax)
+    return x
+
+
 def group_quant_cases(group_size=128, max_rows=4, max_groups=4):
     """(x, {"group_size": group_size}): 2-D x [M, K], K a multiple of ``group_size``, every 1 x g
     group with its own drawn amax and values landed on ties under that group's scale
@@ -308,14 +322,8 @@ def group_quant_cases(group_size=128, max_rows=4, max_groups=4):
 
     @st.composite
     def cases(draw):
-        m = draw(st.integers(1, max_rows))
-        groups = draw(st.integers(1, max_groups))
-        x = np.empty((m, groups * group_size), dtype=np.float32)
-        for r in range(m):
-            for g in range(groups):
-                amax = np.float32(draw(_amaxes()))
-                scale = np.maximum(amax, np.float32(1e-10)) / np.float32(448.0)
-                x[r, g * group_size:(g + 1) * group_size] = _within_amax(draw, _values(draw, scale, group_size), amax)
+        x = _grouped_rows(draw, group_size, max_rows, max_groups, _amaxes(),
+                          lambda amax: np.maximum(amax, np.float32(1e-10)) / np.float32(448.0))
         return x, {"group_size": group_size}
 
     return cases()
@@ -346,14 +354,8 @@ def mx_quant_cases(group_size=32, max_rows=4, max_groups=4, rounding=None):
     @st.composite
     def cases(draw):
         rule = draw(st.sampled_from(("rceil", "floor"))) if rounding is None else rounding
-        m = draw(st.integers(1, max_rows))
-        groups = draw(st.integers(1, max_groups))
-        x = np.empty((m, groups * group_size), dtype=np.float32)
-        for r in range(m):
-            for g in range(groups):
-                amax = np.float32(draw(_mx_amaxes()))
-                scale = np.float32(reference.decode_e8m0(reference.e8m0_bytes(amax, rule)))
-                x[r, g * group_size:(g + 1) * group_size] = _within_amax(draw, _values(draw, scale, group_size), amax)
+        x = _grouped_rows(draw, group_size, max_rows, max_groups, _mx_amaxes(),
+                          lambda amax: np.float32(reference.decode_e8m0(reference.e8m0_bytes(amax, rule))))
         return x, {"group_size": group_size, "scale_format": "e8m0", "scale_rounding": rule}
 
     return cases()
