@@ -222,3 +222,23 @@ def test_block_select_takes_the_mx_kernel_and_names_why_others_cannot():
     assert "E8M0" in reasons["cublaslt_block"][1] and "E8M0" in reasons["tensorcore_block"][1]
     assert "simulator" in reasons["tensorcore_mx"][1]  # only through its emulation, asked for
     assert block.select(call).name == "tiled_block"
+
+
+@pytest.mark.parametrize("config", ["16x32_w2_16x16", "32x64_w4_32x16"])
+@pytest.mark.parametrize("mma_kind", ["mx", "mx_explicit"])
+def test_the_small_m_mx_tiles_meet_block_g3(config, mma_kind):
+    """The tiles MXFP8 takes at M <= 256 on a GPU (tc_gemm.MX_CONFIGS_BY_M: one warp row, 64 or 128
+    threads, a 16- or 32-row tile), run here through the simulator as the default tile is."""
+    from vtnumba.cuda import block
+    from vtnumba.cuda.kernels import tc_gemm
+
+    assert config in dict((name, m) for m, name in tc_gemm.MX_CONFIGS_BY_M)  # the tiles the GPU takes
+    rng = np.random.default_rng(7)
+    a, b, sa, sb = _mx_operands(rng, 5, 70, 96)
+    call = block.BlockCall(a, b, sa, sb, (1, 32), F32, None)
+    y = np.zeros((5, 70), np.float32)
+    launcher, grid, threads, args = tc_gemm.gemm_launch(call, y, False, config=tc_gemm.GEMM_CONFIGS[config],
+                                                        mma_kind=mma_kind)
+    assert threads == 32 * tc_gemm.GEMM_CONFIGS[config].wn and threads in (64, 128)
+    launcher(grid, threads, *args)
+    assert assert_block_g3(y, a, b, sa, sb, (1, 32)) > 5 * 70 // 2

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vtnumba import seam
+from vtnumba import _arrays, seam
 from vtnumba.seam import parallel
 from vtnumba.testing.gates import assert_block_g3, assert_g3
 from vtnumba.testing.parallel import SimulatedGroup
@@ -284,11 +284,12 @@ def test_combine_adds_bias_after_the_sum_and_rounds_once():
 
 
 def test_bfloat16_bits_round_to_nearest_even_as_ml_dtypes():
+    """The cupy combine's bfloat16 rounding (``_arrays.bfloat16_bits``), run here on numpy."""
     rng = np.random.default_rng(31)
     x = np.concatenate([(rng.standard_normal(4096) * 10.0 ** rng.integers(-40, 38, 4096)).astype(np.float32),
                         np.array([np.inf, -np.inf, 3.4e38, -0.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8], np.float32)])
-    np.testing.assert_array_equal(parallel.bfloat16_bits(x), x.astype(ml_dtypes.bfloat16).view(np.uint16))
-    nan = parallel.bfloat16_bits(np.array([np.nan, -np.nan], np.float32))
+    np.testing.assert_array_equal(_arrays.bfloat16_bits(x), x.astype(ml_dtypes.bfloat16).view(np.uint16))
+    nan = _arrays.bfloat16_bits(np.array([np.nan, -np.nan], np.float32))
     assert np.isnan(nan.view(ml_dtypes.bfloat16).astype(np.float32)).all()
 
 
@@ -332,3 +333,20 @@ def test_bad_input_is_a_value_error_naming_the_argument(call, match):
 def test_bad_types_are_type_errors(call, match):
     with pytest.raises(TypeError, match=match):
         call()
+
+
+def test_a_failing_rank_reports_its_own_error_not_a_hang():
+    def fn(rank, all_reduce):
+        if rank == 1:
+            raise KeyError("the real cause")
+        return all_reduce(np.ones(2, np.float32))
+
+    with pytest.raises(RuntimeError, match=r"rank 1 failed: KeyError\('the real cause'\)"):
+        SimulatedGroup(np.int64(2)).run(fn)
+
+
+def test_world_size_one_takes_any_logical_widths():
+    rng = np.random.default_rng(33)
+    w = _weight(rng, 256, 16, "block", False, (128, 128))
+    shard = seam.shard_weight(w, 0, 1, mode="column", logical_widths=[100, 156])
+    np.testing.assert_array_equal(shard.data, w.data)

@@ -77,3 +77,34 @@ def test_world_size_one_row_layer_is_the_layer_within_g3():
         y = vtt.shard_linear(layer, 0, 1, mode="row")(x)
         want = layer(x)
     assert y.dtype == want.dtype and torch.allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_tensor_parallel_example_runs_under_torchrun_on_cpus(tmp_path):
+    """examples/tensor_parallel.py as the README launches it (torchrun; gloo where there is no GPU):
+    two ranks and one give the same shape, and sums within the FP8 bounds of each other."""
+    sums = []
+    for ranks in (2, 1):
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+               str(HERE.parent / "examples" / "tensor_parallel.py")]
+        done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        line = [s for s in done.stdout.splitlines() if s.startswith(f"torch, {ranks} rank(s): y (8, 256), sum ")]
+        assert len(line) == 1, done.stdout
+        sums.append(float(line[0].rsplit(" ", 1)[1]))
+    assert abs(sums[0] - sums[1]) < 0.05 * abs(sums[1]) and sums[1] != 0
+
+
+def test_shard_linear_splits_a_fused_layer_piece_by_piece():
+    """A fused q/k layer (seam.fuse_fp8_shards records the pieces' widths): each rank gets its share
+    of q and its share of k, as seam.ColumnParallelLinearMethod and vLLM's QKVParallelLinear do."""
+    rng = np.random.default_rng(31)
+    q, k = (seam.Fp8Weight.from_float((rng.standard_normal((n, 16)) * 0.1).astype(np.float32), per_channel=True,
+                                      activation_scheme="per_token") for n in (8, 4))
+    layer = vtt.Fp8Linear(seam.fuse_fp8_shards([q, k]))
+    shard = vtt.shard_linear(layer, 1, 2, mode="column")
+    np.testing.assert_array_equal(np.asarray(shard.fp8_weight.data), np.concatenate([q.data[4:], k.data[2:]]))
+    assert shard.out_features == 6

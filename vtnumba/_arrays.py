@@ -191,6 +191,28 @@ def decode_e8m0(b):
     return xp.where(u == 0xFF, np.uint32(0x7FC00000), bits).astype(np.uint32).view(np.float32)
 
 
+def round_float32(values, dtype):
+    """float32 ``values`` (numpy or cupy) rounded to nearest even to ``dtype`` (float32, float16 or
+    bfloat16), on the array's own device. A cupy without a bfloat16 cast gets the bits by integer
+    arithmetic (NaN as the quiet NaN 0x7FC0), viewed as bfloat16."""
+    if dtype == np.float32:
+        return values
+    try:
+        return values.astype(dtype)
+    except (TypeError, ValueError, NotImplementedError):  # a cupy without a bfloat16 cast
+        if dtype != BFLOAT16:
+            raise
+    return bfloat16_bits(values).view(BFLOAT16)
+
+
+def bfloat16_bits(values):
+    """The bfloat16 bits (uint16) of float32 ``values`` rounded to nearest even, NaN as the quiet NaN
+    0x7FC0: integer arithmetic that runs alike on numpy and cupy."""
+    bits = values.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    return array_module(values).where(values != values, np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
 def array_module(x):
     """numpy for a numpy array, cupy for a cupy one (for element-wise work written once for both)."""
     if isinstance(x, np.ndarray):

@@ -681,8 +681,11 @@ def shard_linear(layer: "Fp8Linear", rank: int, world_size: int, *, mode: str, g
     if not isinstance(layer, Fp8Linear):
         raise TypeError(f"layer must be an Fp8Linear, got {type(layer).__name__}")
     if mode == _parallel.COLUMN:
-        return Fp8Linear(_parallel.shard_weight(layer.fp8_weight, rank, world_size, mode=mode,
-                                                logical_widths=logical_widths), out_dtype=layer.out_dtype)
+        weight = layer.fp8_weight
+        if logical_widths is None and isinstance(weight.source, dict):  # a fused q/k/v or gate/up layer
+            logical_widths = weight.source.get("logical_widths")  # as seam.ColumnParallelLinearMethod
+        return Fp8Linear(_parallel.shard_weight(weight, rank, world_size, mode=mode, logical_widths=logical_widths),
+                         out_dtype=layer.out_dtype)
     if mode == _parallel.ROW:
         if logical_widths is not None:
             raise ValueError(f"logical_widths applies to mode='column' only, got {logical_widths!r}")

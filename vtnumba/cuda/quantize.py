@@ -305,28 +305,13 @@ def decode(codes):
     return _device.current().decode_table[_as_device_array(codes)]
 
 
-def _round_to(values, dtype):
-    """float32 values rounded (RNE) to ``dtype`` on the device."""
-    if dtype == np.float32:
-        return values
-    try:
-        return values.astype(dtype)
-    except (TypeError, ValueError, NotImplementedError):  # a cupy without a bfloat16 cast
-        if dtype != _arrays.BFLOAT16:
-            raise
-    bits = values.view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    nan = values != values
-    return _device.xp.where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16).view(_arrays.BFLOAT16)
-
-
 def dequantize(codes, scale, dtype):
     values = decode(codes)
     if isinstance(scale, (float, np.floating)):
         values = values * np.float32(scale)
     else:
         values = values * _as_device_array(scale).astype(np.float32, copy=False)
-    return _round_to(values, np.dtype(dtype))
+    return _arrays.round_float32(values, np.dtype(dtype))
 
 
 def quantize_activation(x, input_scale, per_token, scale_ub):

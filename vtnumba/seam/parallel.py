@@ -97,6 +97,8 @@ def _slices(w, mode, rank, world_size, logical_widths):
         widths = [n] if logical_widths is None else [int(v) for v in logical_widths]
         if logical_widths is not None and (min(widths, default=0) < 1 or sum(widths) != n):
             raise ValueError(f"logical_widths must be positive and sum to N = {n}, got {list(logical_widths)}")
+        if world_size == 1:  # the whole weight, as shard_range gives at world_size 1 (no block rule)
+            return [(0, n)], (0, k)
         rows, start = [], 0
         for i, width in enumerate(widths):
             if w.block_size is not None and start % bn:
@@ -177,30 +179,6 @@ def _torch_dtype(torch, out_dtype):
             _arrays.BFLOAT16: torch.bfloat16}[dt]
 
 
-def bfloat16_bits(y32: Array) -> Array:
-    """The bfloat16 bits (uint16) of float32 ``y32`` rounded to nearest even, NaN kept as a quiet NaN
-    of the same sign, inf and overflow to inf as RNE gives them: integer arithmetic that runs alike on
-    numpy and cupy (cupy has no float32 -> bfloat16 cast; the GPU kernels write these bits too)."""
-    xp = _arrays.array_module(y32)
-    bits = y32.view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
-    quiet_nan = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-    return xp.where(xp.isnan(y32), quiet_nan, rounded)
-
-
-def _round_out(y32, out_dtype):
-    """float32 -> out_dtype, round to nearest even (numpy and ml_dtypes round so; cupy's bfloat16 by
-    ``bfloat16_bits``)."""
-    dt = _arrays.out_dtype_of(out_dtype)
-    if dt == np.float32:
-        return y32
-    if isinstance(y32, np.ndarray) or dt != _arrays.BFLOAT16:
-        return y32.astype(dt)
-    out = _arrays.array_module(y32).empty(y32.shape, dtype=dt)
-    out.view(np.uint16)[...] = bfloat16_bits(y32)
-    return out
-
-
 def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Array | None = None,
                      out_dtype: DType = np.float32) -> Array:
     """The row-parallel combine: ``round_out(all_reduce(partial) + bias)``.
@@ -227,6 +205,9 @@ def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Arra
             raise TypeError(f"partial must be float32 (partials are reduced in float32), got {partial.dtype}")
         total = all_reduce(partial) if all_reduce is not None else None
         total = partial if total is None else total
+        if tuple(total.shape) != tuple(partial.shape) or total.dtype != torch.float32:
+            raise ValueError(f"all_reduce must return the float32 sum of shape {tuple(partial.shape)} (or None after "
+                             f"summing in place), got {total.dtype} of shape {tuple(total.shape)}")
         if bias is not None:
             total = total + bias.to(device=total.device, dtype=torch.float32)
         return total.to(_torch_dtype(torch, out_dtype))
@@ -239,7 +220,7 @@ def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Arra
                          f"summing in place), got {_arrays.dtype_of(total)} of shape {tuple(total.shape)}")
     if bias is not None:
         total = total + bias.astype(np.float32)  # a new array: the reduced buffer is the caller's
-    return _round_out(total, out_dtype)
+    return _arrays.round_float32(total, _arrays.out_dtype_of(out_dtype))
 
 
 # -- linear methods (seam.linear's protocol: name, apply, apply_prequant) --------------------------

@@ -21,6 +21,10 @@ import numpy as np
 __all__ = ["SimulatedGroup"]
 
 
+class _Unjoined(RuntimeError):
+    """An all-reduce that another rank will never join (it finished or failed first)."""
+
+
 class SimulatedGroup:
     """``world_size`` ranks run as threads; ``run(fn)`` calls ``fn(rank, all_reduce)`` on each and
     returns their results in rank order. ``all_reduce(partial)`` returns a new array holding the
@@ -29,9 +33,9 @@ class SimulatedGroup:
     the run fails)."""
 
     def __init__(self, world_size: int) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
             raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-        self.world_size = world_size
+        self.world_size = int(world_size)
         self.calls = 0
 
     def run(self, fn: Callable[[int, Callable[[Any], Any]], Any]) -> list:
@@ -67,7 +71,7 @@ class SimulatedGroup:
                 # a rank that finished, or failed, will never join: fail instead of hanging
                 cond.wait_for(lambda: state["generation"] != generation or state["finished"] or state["failed"])
                 if state["generation"] == generation:
-                    raise RuntimeError(f"rank {rank}: all-reduce {counts[rank]} was not joined by every rank")
+                    raise _Unjoined(f"rank {rank}: all-reduce {counts[rank]} was not joined by every rank")
             return state["total"].copy()
 
         def body(rank):
@@ -85,6 +89,12 @@ class SimulatedGroup:
             t.start()
         for t in threads:
             t.join()
+        # a rank's own error first (failing before its all-reduce, it also left the others unjoined),
+        # then a mismatch of the all-reduce counts, then the unjoined all-reduces it caused
+        causes = [e for e in errors if not isinstance(e[1], _Unjoined)]
+        if causes:
+            rank, exc = causes[0]
+            raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
         if len(set(counts)) != 1:
             raise AssertionError(f"ranks made different numbers of all-reduces: {counts} (they would hang)")
         if errors:

@@ -86,7 +86,6 @@ PROMOTIONS = (PER_MMA, PER_128)
 #   ``acc += (P * sa) * sb`` in float32 -- the block-scaled contract's order, exact multiplies.
 MMA_KINDS = ("plain", "unit", "mx", "mx_explicit")
 MX_KINDS = ("mx", "mx_explicit")
-MX_BLOCK = 32  # K per E8M0 scale: one k32 mma step
 
 _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)

@@ -39,7 +39,11 @@ if TARGET == "numba-cuda-mlir":
         # the public types package, not the attribute ``cuda.types`` (which importing the
         # submodule replaces); its types are numba-cuda-mlir's own, not numba-cuda's
         types = importlib.import_module("numba_cuda_mlir.cuda.types")
-    except Exception as exc:  # ImportError without numba-cuda-mlir
+        # Its @intrinsic takes the same (typingctx, *args) -> (sig, codegen) form, but codegen is
+        # called with an MLIR builder: vtnumba's llvmlite InlineAsm codegen imports and decorates fine
+        # and fails when a kernel using it compiles -- the failure the measurement records, per kernel.
+        from numba_cuda_mlir.extending import intrinsic as _mlir_intrinsic
+    except Exception as exc:  # ImportError without numba-cuda-mlir (or a release without its extending API)
         cuda = libdevice = types = None
         IMPORT_ERROR = exc
     else:
@@ -61,10 +65,7 @@ DEVICE_INLINE = dict(device=True) if SIMULATOR else dict(device=True, forceinlin
 
 intrinsic = None
 if IMPORT_ERROR is None and TARGET == "numba-cuda-mlir":
-    # Its @intrinsic takes the same (typingctx, *args) -> (sig, codegen) form, but codegen is called
-    # with an MLIR builder: vtnumba's llvmlite InlineAsm codegen imports and decorates fine and
-    # fails when a kernel using it compiles -- the failure the measurement records, per kernel.
-    from numba_cuda_mlir.extending import intrinsic
+    intrinsic = _mlir_intrinsic
 elif IMPORT_ERROR is None and not SIMULATOR:
     try:
         from numba.cuda.extending import intrinsic
