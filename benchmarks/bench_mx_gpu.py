@@ -100,6 +100,7 @@ def configs():
     from vtnumba.profile import best_device_us
 
     rng = np.random.default_rng(1)
+    differs = []
     names = ["default"] + list(SMALL_M_CONFIGS)
     cfgs = [tc_gemm.GEMM_DEFAULT] + [tc_gemm.TileConfig(**c) for c in SMALL_M_CONFIGS.values()]
     print("\n## 3. tensorcore_mx by tile shape (device us, bf16 out; 'same' = bits equal the default's)\n"
@@ -122,8 +123,12 @@ def configs():
                     continue
                 got = cp.asnumpy(y)
                 want = got if want is None else want
-                cells.append(f"{t:.1f}" + ("" if np.array_equal(got, want) else " DIFFERS"))
+                same = np.array_equal(got, want)
+                differs += [] if same else [(m, n, k, cfg)]
+                cells.append(f"{t:.1f}" + ("" if same else " DIFFERS"))
             row(m, f"{n}x{k}", *cells)
+    if differs:  # a tile whose bytes are not the default's is a wrong kernel, whatever its speed
+        raise SystemExit(f"{len(differs)} tile runs gave other bytes than the default tile: {differs[:4]}")
 
 
 if __name__ == "__main__":

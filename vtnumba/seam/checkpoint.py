@@ -305,7 +305,8 @@ def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str
         raise ValueError(f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
                          f"at {np.flatnonzero(bad)[:4].tolist()}")
     if not sname.endswith(".weight_scale"):
-        convention = (f"{sname.rsplit('.', 1)[1]} read as the dequantization multiplier (w = codes * weight_scale_inv), "
+        name = sname.rsplit(".", 1)[1]
+        convention = (f"{name} read as the dequantization multiplier (w = codes * {name}), "
                       "the DeepSeek-V3 / vLLM meaning despite the name")
     else:
         convention = "weight_scale read as the dequantization multiplier (w = codes * weight_scale)"
