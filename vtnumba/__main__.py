@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
+from vtnumba._format import MX_BLOCK
 from vtnumba.timing import NOISY_SPREAD
 
 # One decoder block of Llama-3-8B (config.json: hidden_size 4096, intermediate_size 14336,
@@ -53,7 +54,6 @@ LLAMA3_8B_LAYERS = (
 # and 128 x 128 weight blocks (DeepSeek-V3/R1, Qwen3-FP8), offered where the library has it.
 # 'mxfp8': OCP MX, E8M0 scales per 1 x 32 on activations and weights (Blackwell, GB10).
 SCHEMES = ("static", "dynamic", "per_token", "block", "mxfp8")
-MX_BLOCK = (1, 32)
 BLOCK_SIZE = (128, 128)
 
 

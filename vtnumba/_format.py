@@ -144,6 +144,8 @@ def compile_for_target(fn, jit, **primitives):
 # 0xFF is NaN; no zero, no sign, no infinity. An MXFP8 group of 32 e4m3 codes shares one such byte.
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF
+MX_GROUP = 32  # values along K per E8M0 scale byte (OCP MX)
+MX_BLOCK = (1, MX_GROUP)  # an MXFP8 operand's block_size: one scale per row and 32 of K
 E8M0_ROUNDINGS = ("rceil", "floor")  # DESIGN.md "MXFP8": rceil is the default (never saturates)
 # torchao's rceil forms the scale as ``max_abs * (1.0 / max_pos)``: float32 times float32(1 / 448)
 # (torchao/prototype/mx_formats/mx_tensor.py, _to_mx_rceil, line 185 at 36027d82)

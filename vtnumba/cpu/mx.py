@@ -45,7 +45,8 @@ from .codec import bits_float32, decode_e4m3, decode_e8m0, e8m0_reciprocal, e8m0
 from .gemm import _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector, gemm_macs, to_out_dtype
 from .paths import cpu_kernel, vector_width_hint
 from .quant import _elements, _encode_times, _finite_amax
-from .vbmi import MX_BLOCK, dot4_e4m3_mx
+from .._format import MX_GROUP
+from .vbmi import dot4_e4m3_mx
 
 __all__ = ["quantize_mx", "mx_scaled_mm", "decode_e8m0_array", "KERNELS"]
 
@@ -119,12 +120,12 @@ def _decode_span(src, srow, bk, k0, k1, dst):
     the shortcut's window. Runs of 32 values under one scale go through a loop of exactly 32 (LLVM makes
     it two 16-lane steps); a loop bounded by the block's end ran its vector body never (its unroll of
     64 values is longer than a block) and made the M = 16 kernel 3.5x slower."""
-    if bk % MX_BLOCK == 0 and (k1 - k0) % MX_BLOCK == 0:
-        for k in range(k0, k1, MX_BLOCK):
+    if bk % MX_GROUP == 0 and (k1 - k0) % MX_GROUP == 0:
+        for k in range(k0, k1, MX_GROUP):
             s = decode_e8m0(srow[k // bk])
-            run = src[k:k + MX_BLOCK]
-            d = dst[k - k0:k - k0 + MX_BLOCK]
-            for i in range(MX_BLOCK):
+            run = src[k:k + MX_GROUP]
+            d = dst[k - k0:k - k0 + MX_GROUP]
+            for i in range(MX_GROUP):
                 d[i] = decode_e4m3(run[i]) * s
     else:
         for kb in range(k0 // bk, (k1 + bk - 1) // bk):
@@ -268,7 +269,7 @@ def gemv_lookup_kernel(x, b, sb, bn, lo, hi, bias, out, bad):
             a0, a1, a2, a3 = dot4_e4m3_mx(xr, w0, w1, w2, w3, s0, s1, s2, s3, steps)
             for kb in range(2 * steps, nkb):  # the tail: at most one whole block and a short one
                 p0 = p1 = p2 = p3 = np.float32(0.0)
-                for k in range(kb * MX_BLOCK, min(k_len, kb * MX_BLOCK + MX_BLOCK)):
+                for k in range(kb * MX_GROUP, min(k_len, kb * MX_GROUP + MX_GROUP)):
                     t = xr[k]
                     p0 += t * decode_e4m3(w0[k])
                     p1 += t * decode_e4m3(w1[k])
@@ -287,7 +288,7 @@ def gemv_lookup_kernel(x, b, sb, bn, lo, hi, bias, out, bad):
             total = np.float32(0.0)
             for kb in range(nkb):
                 p = np.float32(0.0)
-                for k in range(kb * MX_BLOCK, min(k_len, kb * MX_BLOCK + MX_BLOCK)):
+                for k in range(kb * MX_GROUP, min(k_len, kb * MX_GROUP + MX_GROUP)):
                     p += xr[k] * decode_e4m3(w[k])
                 total += p * srow[kb]
             out[0, n] = add_bias(total, bias, n)
@@ -434,7 +435,7 @@ def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     x = np.empty((m, k), dtype=np.float32)
     decode_scaled_rows(a, sa, bk, x)
     bad = np.zeros(1, dtype=np.uint8)
-    if m == 1 and bk == MX_BLOCK and _lookup_path():
+    if m == 1 and bk == MX_GROUP and _lookup_path():
         gemv_lookup_kernel(x, b, sb, bn, lo, hi, bias32, out, bad)
     else:
         small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias32, out, bad)

@@ -57,6 +57,55 @@ def _bytes(values):
     return ir.Constant(_V64I8, [ir.Constant(_I8, int(v)) for v in values])
 
 
+class _Decode:
+    """The decode above, emitted into ``builder``'s function: ``values(codes)`` turns 64 codes (a
+    <64 x i8> vector) into four <16 x float> vectors, codes 16 r .. 16 r + 15 in vector r."""
+
+    def __init__(self, builder):
+        self.builder = builder
+        self.perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64I8, [_V64I8] * 3),
+                                                   "llvm.x86.avx512.vpermi2var.qi.512")
+        self.hi_low, self.hi_high, self.lo_low, self.lo_high = (_bytes(HI[:64]), _bytes(HI[64:]), _bytes(LO[:64]),
+                                                                _bytes(LO[64:]))
+        self.sign = _bytes([0x80] * BLOCK)
+        self.top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
+        self.expand = [_bytes(_expand_indices(r)) for r in range(4)]
+
+    def values(self, codes):
+        b = self.builder
+        hi = b.or_(b.call(self.perm, [self.hi_low, codes, self.hi_high]), b.and_(codes, self.sign))
+        lo = b.call(self.perm, [self.lo_low, codes, self.lo_high])
+        return [b.bitcast(b.and_(b.bitcast(b.call(self.perm, [lo, self.expand[r], hi]), _V16I32), self.top_half),
+                          _V16F32) for r in range(4)]
+
+
+def _fma(builder):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F32, [_V16F32] * 3), "llvm.fma.v16f32")
+
+
+def _data(context, builder, signature, args, i, ty):
+    """A pointer of type ``ty`` to the data of array argument ``i``."""
+    return builder.bitcast(context.make_array(signature.args[i])(context, builder, args[i]).data, ty.as_pointer())
+
+
+def _activation(builder, xptr, base):
+    """x[base .. base + 63] as four <16 x float> vectors."""
+    return [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]),
+                                         _V16F32.as_pointer()), align=4) for r in range(4)]
+
+
+def _row_sums(builder, accs):
+    """Each row's two accumulators added, then their 16 lanes summed in lane order: a float32 a row."""
+    sums = []
+    for pair in accs:
+        v = builder.fadd(builder.load(pair[0]), builder.load(pair[1]))
+        total = builder.extract_element(v, ir.Constant(_I32, 0))
+        for j in range(1, 16):
+            total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
+        sums.append(total)
+    return sums
+
+
 @intrinsic
 def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks):
     """(sum_k x[k] * dec(w_i[k]) for i in 0..3) over k < 64 * nblocks, as float32 sums (any order).
@@ -66,46 +115,23 @@ def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks):
     sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks)
 
     def codegen(context, builder, signature, args):
-        module = builder.module
-        perm = cgutils.get_or_insert_function(module, ir.FunctionType(_V64I8, [_V64I8] * 3),
-                                              "llvm.x86.avx512.vpermi2var.qi.512")
-        fma = cgutils.get_or_insert_function(module, ir.FunctionType(_V16F32, [_V16F32] * 3), "llvm.fma.v16f32")
-        xptr = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data,
-                               _F32.as_pointer())
-        wptrs = [builder.bitcast(context.make_array(signature.args[1 + i])(context, builder, args[1 + i]).data,
-                                 _I8.as_pointer()) for i in range(ROWS)]
+        decode, fma = _Decode(builder), _fma(builder)
+        xptr = _data(context, builder, signature, args, 0, _F32)
+        wptrs = [_data(context, builder, signature, args, 1 + i, _I8) for i in range(ROWS)]
         zero = ir.Constant(_V16F32, [ir.Constant(_F32, 0.0)] * 16)
         # two accumulators per row: the four FMAs of a step do not all wait on one another
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
-        hi_low, hi_high, lo_low, lo_high = _bytes(HI[:64]), _bytes(HI[64:]), _bytes(LO[:64]), _bytes(LO[64:])
-        sign = _bytes([0x80] * BLOCK)
-        top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
-        expand = [_bytes(_expand_indices(r)) for r in range(4)]
         with cgutils.for_range(builder, args[5]) as loop:
             base = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK))
-            xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]),
-                                               _V16F32.as_pointer()), align=4) for r in range(4)]
+            xs = _activation(builder, xptr, base)
             for row in range(ROWS):
                 codes = builder.load(builder.bitcast(builder.gep(wptrs[row], [base]), _V64I8.as_pointer()), align=1)
-                hi = builder.or_(builder.call(perm, [hi_low, codes, hi_high]), builder.and_(codes, sign))
-                lo = builder.call(perm, [lo_low, codes, lo_high])
-                for r in range(4):
-                    lanes = builder.and_(builder.bitcast(builder.call(perm, [lo, expand[r], hi]), _V16I32), top_half)
+                for r, d in enumerate(decode.values(codes)):
                     acc = accs[row][r % 2]
-                    builder.store(builder.call(fma, [builder.bitcast(lanes, _V16F32), xs[r], builder.load(acc)]), acc)
-        sums = []
-        for row in range(ROWS):
-            v = builder.fadd(builder.load(accs[row][0]), builder.load(accs[row][1]))
-            total = builder.extract_element(v, ir.Constant(_I32, 0))
-            for j in range(1, 16):
-                total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
-            sums.append(total)
-        return context.make_tuple(builder, signature.return_type, sums)
+                    builder.store(builder.call(fma, [d, xs[r], builder.load(acc)]), acc)
+        return context.make_tuple(builder, signature.return_type, _row_sums(builder, accs))
 
     return sig, codegen
-
-
-MX_BLOCK = 32  # codes per E8M0 scale byte (OCP MX): two blocks per 64-code step
 
 
 @intrinsic
@@ -126,35 +152,20 @@ def dot4_e4m3_mx(typingctx, x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps):
     sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps)
 
     def codegen(context, builder, signature, args):
-        module = builder.module
-        perm = cgutils.get_or_insert_function(module, ir.FunctionType(_V64I8, [_V64I8] * 3),
-                                              "llvm.x86.avx512.vpermi2var.qi.512")
-        fma = cgutils.get_or_insert_function(module, ir.FunctionType(_V16F32, [_V16F32] * 3), "llvm.fma.v16f32")
-
-        def data(i, ty):
-            return builder.bitcast(context.make_array(signature.args[i])(context, builder, args[i]).data, ty.as_pointer())
-
-        xptr = data(0, _F32)
-        wptrs = [data(1 + i, _I8) for i in range(ROWS)]
-        sptrs = [data(5 + i, _F32) for i in range(ROWS)]
+        decode, fma = _Decode(builder), _fma(builder)
+        xptr = _data(context, builder, signature, args, 0, _F32)
+        wptrs = [_data(context, builder, signature, args, 1 + i, _I8) for i in range(ROWS)]
+        sptrs = [_data(context, builder, signature, args, 5 + i, _F32) for i in range(ROWS)]
         zero = ir.Constant(_V16F32, [ir.Constant(_F32, 0.0)] * 16)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
-        hi_low, hi_high, lo_low, lo_high = _bytes(HI[:64]), _bytes(HI[64:]), _bytes(LO[:64]), _bytes(LO[64:])
-        sign = _bytes([0x80] * BLOCK)
-        top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
-        expand = [_bytes(_expand_indices(r)) for r in range(4)]
         splat = ir.Constant(_V16I32, [ir.Constant(_I32, 0)] * 16)
         with cgutils.for_range(builder, args[9]) as loop:
             base = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK))
-            kb = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK // MX_BLOCK))
-            xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]),
-                                               _V16F32.as_pointer()), align=4) for r in range(4)]
+            kb = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK // _format.MX_GROUP))
+            xs = _activation(builder, xptr, base)
             for row in range(ROWS):
                 codes = builder.load(builder.bitcast(builder.gep(wptrs[row], [base]), _V64I8.as_pointer()), align=1)
-                hi = builder.or_(builder.call(perm, [hi_low, codes, hi_high]), builder.and_(codes, sign))
-                lo = builder.call(perm, [lo_low, codes, lo_high])
-                d = [builder.bitcast(builder.and_(builder.bitcast(builder.call(perm, [lo, expand[r], hi]), _V16I32),
-                                                  top_half), _V16F32) for r in range(4)]
+                d = decode.values(codes)
                 for half in range(2):
                     p = builder.call(fma, [d[2 * half + 1], xs[2 * half + 1], builder.fmul(d[2 * half], xs[2 * half])])
                     scale = builder.load(builder.gep(sptrs[row], [builder.add(kb, ir.Constant(kb.type, half))]))
@@ -162,13 +173,6 @@ def dot4_e4m3_mx(typingctx, x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps):
                     scales = builder.shuffle_vector(one, ir.Constant(_V16F32, ir.Undefined), splat)
                     acc = accs[row][half]
                     builder.store(builder.call(fma, [p, scales, builder.load(acc)]), acc)
-        sums = []
-        for row in range(ROWS):
-            v = builder.fadd(builder.load(accs[row][0]), builder.load(accs[row][1]))
-            total = builder.extract_element(v, ir.Constant(_I32, 0))
-            for j in range(1, 16):
-                total = builder.fadd(total, builder.extract_element(v, ir.Constant(_I32, j)))
-            sums.append(total)
-        return context.make_tuple(builder, signature.return_type, sums)
+        return context.make_tuple(builder, signature.return_type, _row_sums(builder, accs))
 
     return sig, codegen

@@ -36,6 +36,7 @@ and E8M0 activation scales with another block size leave the call to ``tiled_blo
 import numpy as np
 
 from .. import _arrays, _config
+from .._format import MX_BLOCK
 from .gemm import Kernel, Launch, Matmul, choose, execute
 from .kernels import tc_gemm, tc_gemv
 from .kernels import sm90_wgmma_gemm as wg_gemm
@@ -46,7 +47,6 @@ from .runtime import cublaslt, device
 
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
-MX_BLOCK = (1, 32)  # OCP MX: one E8M0 scale per row and 32 of K
 _E8M0_ACTIVATION = "the activation's scales are E8M0 bytes: tiled_block or tensorcore_mx (MXFP8) take them"
 
 

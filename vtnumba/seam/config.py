@@ -46,13 +46,13 @@ from typing import Any
 import numpy as np
 
 from .._arrays import Array
+from .._format import MX_BLOCK
 from .linear import LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["Fp8Config"]
 
 _METHODS = ("modelopt", "compressed-tensors", "fp8", "mxfp8")
-MX_BLOCK = (1, 32)  # OCP MX: one E8M0 scale per 32 values along K, per row
 _ACTIVATION_SCHEMES = ("static", "dynamic", "per_token", "per_group")
 _MODELOPT_ALGOS = {
     # quant_algo -> (weight strategy, activation scheme), per vLLM's ModelOptFp8LinearMethod and
