@@ -653,11 +653,12 @@ class RowParallelFp8Linear(nn.Module):
         self.partial = Fp8Linear(shard, out_dtype=torch.float32)
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
         self.out_dtype, self.rank, self.world_size, self.group = layer.out_dtype, rank, world_size, group
+        # made once, not per forward (a decode step calls it per layer); one rank has nothing to reduce
+        self._all_reduce = _parallel.torch_all_reduce(group) if world_size > 1 else None
         self.in_features, self.out_features = shard.shape[1], shard.shape[0]
 
     def forward(self, x):
-        all_reduce = _parallel.torch_all_reduce(self.group) if self.world_size > 1 else None
-        return _parallel.combine_partials(self.partial(x), all_reduce, bias=self.bias,
+        return _parallel.combine_partials(self.partial(x), self._all_reduce, bias=self.bias,
                                           out_dtype=x.dtype if self.out_dtype is None else self.out_dtype)
 
     def extra_repr(self):
