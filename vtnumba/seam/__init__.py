@@ -14,6 +14,7 @@ MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spel
 from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, load_fp8_linear
 from .config import Fp8Config
 from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
+from .experts import Fp8Experts, grouped_matmul_fp8, moe_debug_checks, moe_fp8
 from .fusion import fuse_fp8_shards, requantize_with_max_scale
 from .parallel import (ColumnParallelLinearMethod, RowParallelLinearMethod, combine_partials, nccl_all_reduce,
                        shard_range, shard_weight, torch_all_reduce)
@@ -34,6 +35,11 @@ __all__ = [
     "matmul_fp8",
     "matmul_fp8_prequant",
     "dense_cublaslt_fp8_enabled",
+    # mixture of experts
+    "Fp8Experts",
+    "grouped_matmul_fp8",
+    "moe_fp8",
+    "moe_debug_checks",
     # linear methods
     "LinearMethod",
     "Fp8W8A8LinearMethod",

@@ -464,8 +464,10 @@ class ResidentFp8:
                 raise ValueError(f"device must be {weight.device} for a ResidentFp8 already there, got {device!r}; "
                                  f"make the host Fp8Weight resident on the other device instead")
             return weight
-        if not isinstance(weight, Fp8Weight):
-            raise TypeError(f"weight must be an Fp8Weight, got {type(weight).__name__}")
+        # seam.Fp8Experts (E experts in one object) is made resident the same way, by its _upload_copy
+        experts = not isinstance(weight, Fp8Weight) and hasattr(type(weight), "_upload_copy")
+        if not isinstance(weight, Fp8Weight) and not experts:
+            raise TypeError(f"weight must be an Fp8Weight or a seam.Fp8Experts, got {type(weight).__name__}")
         dev = _arrays.parse_device(device)
         with _LOCK:
             per_device = _RESIDENT.get(weight)
@@ -477,7 +479,7 @@ class ResidentFp8:
                 data = weight.host_data()
                 self = object.__new__(cls)
                 self.device = dev
-                self.weight = _upload(weight, data, dev)
+                self.weight = weight._upload_copy(data, dev) if experts else _upload(weight, data, dev)
                 self.nbytes = self.weight.nbytes
                 _record(dev, uploads=1, upload_bytes=self.nbytes)
                 _RESIDENT.setdefault(weight, {})[dev] = self
