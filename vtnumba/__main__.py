@@ -54,6 +54,7 @@ LLAMA3_8B_LAYERS = (
 # and 128 x 128 weight blocks (DeepSeek-V3/R1, Qwen3-FP8), offered where the library has it.
 # 'mxfp8': OCP MX, E8M0 scales per 1 x 32 on activations and weights (Blackwell, GB10).
 SCHEMES = ("static", "dynamic", "per_token", "block", "mxfp8")
+MODELS = ("llama3-8b", "qwen3-moe")
 BLOCK_SIZE = (128, 128)
 
 
@@ -84,6 +85,9 @@ def _positive_int(text):
 def _parser():
     p = _Parser(prog="python -m vtnumba", description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--model", choices=MODELS, default="llama3-8b",
+                   help="llama3-8b (default): the seven linear layers of a Llama-3-8B decoder block; qwen3-moe: "
+                        "one FP8 mixture-of-experts layer of Qwen3-30B-A3B (128 experts, top-8)")
     p.add_argument("--reduce", type=_positive_int, default=None,
                    help="divide Llama-3-8B's N and K by this (default: 4 on the CPU, 1 on the GPU)")
     p.add_argument("--tokens", type=_positive_int, nargs="+", default=None, metavar="M",
@@ -572,6 +576,20 @@ def run(args, out=None):
         if reason is not None:
             raise UsageError(f"--device cuda: {reason}")
     from vtnumba import profile
+    if args.model == "qwen3-moe":
+        from vtnumba import _moe_job
+
+        reduce = args.reduce or 1
+        if 2048 % reduce or 768 % reduce:
+            raise UsageError(f"--reduce must divide Qwen3-30B-A3B's hidden 2048 and moe_intermediate 768, got {reduce}")
+        try:
+            report = _moe_job.run(args, out, device, args.tokens or ([1, 16] if device == "cpu" else [1, 16, 512]),
+                                  args.repeats or (5 if device == "cpu" else 20), reduce)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            print(json.dumps(report, indent=2), file=out)
+        return report
     reduce = args.reduce or (4 if device == "cpu" else 1)
     tokens = args.tokens or [16, 256]
     repeats = args.repeats or (5 if device == "cpu" else 50)
