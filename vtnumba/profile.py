@@ -49,6 +49,8 @@ __all__ = [
     "best_device_us",
     "host_us",
     "profile_linear",
+    "ExpertsRecord",
+    "profile_moe",
     "measure_ceilings",
     "roofline_plot",
 ]
@@ -257,6 +259,63 @@ def profile_linear(layer, x, *, out_dtype=None, name=None, **options):
     label = name or getattr(method, "name", type(method).__name__)
     return profile_op(method.apply, x, name=label, flops=flops, bytes=moved, shape=f"{m}x{n}x{k}",
                       out_dtype=out_dtype, **options)
+
+
+@dataclass(frozen=True)
+class ExpertsRecord:
+    """One ``seam.moe_fp8`` call, profiled: the routing (rows per expert, how many experts were hit
+    and the FP8 weight bytes they hold, which a decode step must read), the whole layer's time and
+    each step's (align, quantize, gate_up GEMM, act_quantize, down GEMM, combine), timed apart."""
+
+    name: str
+    device: str
+    rows_per_expert: tuple
+    experts_hit: int
+    expert_bytes: int
+    total: ProfileRecord
+    steps: ProfileResults
+
+    def as_dict(self):
+        return dict(name=self.name, device=self.device, rows_per_expert=list(self.rows_per_expert),
+                    experts_hit=self.experts_hit, expert_bytes=self.expert_bytes, total=self.total.as_dict(),
+                    steps=[r.as_dict() for r in self.steps])
+
+    def table(self):
+        rows = np.asarray(self.rows_per_expert)
+        hit = rows[rows > 0]
+        head = (f"{self.name} on {self.device}: {self.experts_hit} of {len(rows)} experts hit, rows per hit expert "
+                f"{int(hit.min()) if hit.size else 0}..{int(hit.max()) if hit.size else 0}, "
+                f"{self.expert_bytes / 1e6:.1f} MB of FP8 expert weights touched")
+        return head + "\n" + ProfileResults([self.total] + list(self.steps)).table()
+
+    __str__ = table
+
+    def _repr_html_(self):
+        return f"<p>{html.escape(self.table().splitlines()[0])}</p>" + \
+            ProfileResults([self.total] + list(self.steps))._repr_html_()
+
+
+def profile_moe(x, gate_up, down, topk_ids, topk_weights, *, name="moe_fp8", **options):
+    """Profile one ``seam.moe_fp8(x, gate_up, down, topk_ids, topk_weights)``: an ExpertsRecord with
+    the rows each expert received, the expert bytes touched, the layer's time and each step's
+    (``options`` go to profile_op). Reading the row counts back synchronizes once, outside timing."""
+    from .seam.experts import MoeCall
+
+    call = MoeCall(x, gate_up, down, topk_ids, topk_weights)
+    call.run()  # fills every step's inputs, so each step can be timed alone
+    offsets = call.state.get("offsets")
+    offsets = np.zeros(call.gate_up.shape[0] + 1, np.int64) if offsets is None else np.asarray(
+        offsets if isinstance(offsets, np.ndarray) else offsets.get(), dtype=np.int64)
+    rows = tuple(int(r) for r in np.diff(offsets))
+    hit = sum(1 for r in rows if r)
+    per_expert = (int(call.gate_up.data[0].nbytes) + int(call.down.data[0].nbytes)
+                  + (int(call.gate_up.weight_scale.nbytes) + int(call.down.weight_scale.nbytes)) // len(rows))
+    device = "cpu" if call.device == "cpu" else "cuda"
+    total = profile_op(lambda: MoeCall(x, gate_up, down, topk_ids, topk_weights).run(), name=name,
+                       bytes=float(hit * per_expert), device=device, **options)
+    steps = ProfileResults(profile_op(step, name=f"  {label}", device=device, **options)
+                           for label, step in call.steps)
+    return ExpertsRecord(name, device, rows, hit, hit * per_expert, total, steps)
 
 
 # ----------------------------------------------------------------------------- ceilings, roofline

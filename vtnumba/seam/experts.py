@@ -37,7 +37,7 @@ from .._interop import interop
 from ..ops import ActivationScheme, quantize_fp8
 from .weights import Fp8Weight, ResidentFp8, _host_values, _is_host_scalar, _to_device
 
-__all__ = ["Fp8Experts", "grouped_matmul_fp8", "moe_fp8", "moe_debug_checks"]
+__all__ = ["Fp8Experts", "grouped_matmul_fp8", "moe_fp8", "MoeCall", "moe_debug_checks"]
 
 
 def moe_debug_checks() -> bool:
@@ -478,50 +478,73 @@ def moe_fp8(x: Array, gate_up: "Fp8Experts | ResidentFp8", down: "Fp8Experts | R
     ``topk_ids`` int [T, k] (ids -1 and E route nothing) and ``topk_weights`` [T, k]. Returns
     [T, H] in x's dtype: ``sum_j topk_weights[t, j] * down_e(silu(gate_e x) * up_e x)`` with
     e = topk_ids[t, j], in FP8 W8A8 with float32 accumulation and a float32 combine."""
-    if activation != "silu":
-        raise ValueError(f"activation must be 'silu' (SiLU-and-multiply, the gated MLP of Qwen3-MoE, Mixtral, "
-                         f"DeepSeek-V3), got {activation!r}")
-    x = _float_rows(x, "x")
-    gu = _experts_for(gate_up, x, "gate_up")
-    dn = _experts_for(down, x, "down")
-    e, two_i, h = gu.shape
-    if int(x.shape[1]) != h:
-        raise ValueError(f"x must be [T, H] with H = {h} (gate_up is [E, 2I, H] = {gu.shape}), got shape "
-                         f"{tuple(x.shape)}")
-    _check_pair(gu, dn)
-    t = int(x.shape[0])
-    device = "cpu" if isinstance(x, np.ndarray) else _arrays.device_of(x, "x")
-    _check_routing(topk_ids, topk_weights, t, e, device)
-    xp = _arrays.array_module(x)
-    if t == 0 or int(topk_ids.shape[1]) == 0:
-        return xp.zeros((t, h), dtype=x.dtype)
-    backend = _backend(device)
-    steps = _moe_steps(backend)
-    offsets, pair_row, row_token = steps["align"](topk_ids, e)
-    if gu.activation_scheme == ActivationScheme.STATIC:
-        a, sa = backend.quantize_rows_static(backend.gather_rows(x, row_token), offsets, gu.input_scale)
-    else:
-        q = _quantize_tokens(x, gu)
-        a = backend.gather_rows(q.data, row_token)
-        sa = q.scale if q.scale.size == 1 else backend.gather_rows(_row_scale(q.scale), row_token)
-    hidden = steps["gemm"](a, _row_scale(sa), gu.data, gu.weight_scale, offsets, np.dtype(np.float32), gu.block_size)
-    act, sact = steps["act"](hidden, offsets, dn)
-    y = steps["gemm"](act, _row_scale(sact), dn.data, dn.weight_scale, offsets, np.dtype(np.float32), dn.block_size)
-    return steps["combine"](y, pair_row, topk_weights, x.dtype)
+    return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
 
 
-def _moe_steps(backend):
-    """The backend's steps, by name (the GPU's fused SiLU-and-multiply-quantize where it has one)."""
-    fused = getattr(backend, "silu_mul_quantize", None)
-    return {
-        "align": backend.moe_align,
-        "gemm": backend.grouped_scaled_mm,
-        "act": fused if fused is not None else (lambda hid, offs, dn: _act_quantize(backend, hid, offs, dn)),
-        "combine": backend.moe_combine,
-    }
+class MoeCall:
+    """One ``moe_fp8`` call as its named steps (``steps``: (name, callable) in order, each reading
+    and writing ``state``), checked on construction. ``run()`` runs them and returns the output;
+    ``vtnumba.profile.profile_moe`` times them one by one."""
 
+    def __init__(self, x, gate_up, down, topk_ids, topk_weights, activation="silu"):
+        if activation != "silu":
+            raise ValueError(f"activation must be 'silu' (SiLU-and-multiply, the gated MLP of Qwen3-MoE, Mixtral, "
+                             f"DeepSeek-V3), got {activation!r}")
+        x = _float_rows(x, "x")
+        gu = _experts_for(gate_up, x, "gate_up")
+        dn = _experts_for(down, x, "down")
+        e, _, h = gu.shape
+        if int(x.shape[1]) != h:
+            raise ValueError(f"x must be [T, H] with H = {h} (gate_up is [E, 2I, H] = {gu.shape}), got shape "
+                             f"{tuple(x.shape)}")
+        _check_pair(gu, dn)
+        t = int(x.shape[0])
+        self.device = "cpu" if isinstance(x, np.ndarray) else _arrays.device_of(x, "x")
+        _check_routing(topk_ids, topk_weights, t, e, self.device)
+        self.gate_up, self.down = gu, dn
+        self.empty = t == 0 or int(topk_ids.shape[1]) == 0
+        self.state = dict(x=x, topk_ids=topk_ids, topk_weights=topk_weights)
+        backend = _backend(self.device)
+        fused = getattr(backend, "silu_mul_quantize", None)
+        st = self.state
 
-def _act_quantize(backend, hidden, offsets, dn):
-    """SiLU-and-multiply in float32, then the down experts' activation quantization."""
-    act = backend.silu_mul(hidden, offsets)
-    return _quantize_rows(act, dn, offsets, backend)
+        def align():
+            st["offsets"], st["pair_row"], st["row_token"] = backend.moe_align(topk_ids, e)
+
+        def quantize():
+            if gu.activation_scheme == ActivationScheme.STATIC:
+                st["a"], st["sa"] = backend.quantize_rows_static(backend.gather_rows(x, st["row_token"]),
+                                                                 st["offsets"], gu.input_scale)
+                return
+            q = _quantize_tokens(x, gu)
+            st["a"] = backend.gather_rows(q.data, st["row_token"])
+            st["sa"] = q.scale if q.scale.size == 1 else backend.gather_rows(_row_scale(q.scale), st["row_token"])
+
+        def gemm_gate_up():
+            st["hidden"] = backend.grouped_scaled_mm(st["a"], _row_scale(st["sa"]), gu.data, gu.weight_scale,
+                                                     st["offsets"], np.dtype(np.float32), gu.block_size)
+
+        def act_quantize():
+            if fused is not None:
+                st["act"], st["sact"] = fused(st["hidden"], st["offsets"], dn)
+            else:
+                st["act"], st["sact"] = _quantize_rows(backend.silu_mul(st["hidden"], st["offsets"]), dn,
+                                                       st["offsets"], backend)
+
+        def gemm_down():
+            st["y"] = backend.grouped_scaled_mm(st["act"], _row_scale(st["sact"]), dn.data, dn.weight_scale,
+                                                st["offsets"], np.dtype(np.float32), dn.block_size)
+
+        def combine():
+            st["out"] = backend.moe_combine(st["y"], st["pair_row"], topk_weights, x.dtype)
+
+        self.steps = (("align", align), ("quantize", quantize), ("gate_up", gemm_gate_up),
+                      ("act_quantize", act_quantize), ("down", gemm_down), ("combine", combine))
+
+    def run(self):
+        if self.empty:
+            xp = _arrays.array_module(self.state["x"])
+            return xp.zeros((int(self.state["x"].shape[0]), self.gate_up.shape[2]), dtype=self.state["x"].dtype)
+        for _, step in self.steps:
+            step()
+        return self.state["out"]
