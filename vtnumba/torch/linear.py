@@ -51,13 +51,13 @@ if not hasattr(torch.library, "custom_op"):  # the layers are torch custom ops (
     raise ImportError(f"vtnumba.torch needs torch >= 2.4 (torch.library.custom_op), found torch {torch.__version__}: "
                       f"pip install 'torch>=2.4'")
 
-from . import _arrays
-from ._config import kernel_settings
-from ._format import E4M3_MAX, F32_GROUP_EPS
-from ._interop import on_torch_stream, to_native, to_torch
-from .ops import ActivationScheme, encode_e4m3
-from .seam import Fp8Config, Fp8Weight, ResidentFp8, load_fp8_linear, matmul_fp8
-from .seam import parallel as _parallel
+from .. import _arrays
+from .._config import kernel_settings
+from .._format import E4M3_MAX, F32_GROUP_EPS
+from .._interop import on_torch_stream, to_native, to_torch
+from ..ops import ActivationScheme, encode_e4m3
+from ..seam import Fp8Config, Fp8Weight, ResidentFp8, load_fp8_linear, matmul_fp8
+from ..seam import parallel as _parallel
 
 __all__ = ["Fp8Linear", "RowParallelFp8Linear", "convert", "calibrate", "shard_linear", "shard_model"]
 
@@ -248,7 +248,7 @@ def _gpu_full(state, x, out_dtype):
     graph is being captured (binding allocates what it keeps, which a capture must not)."""
     import cupy
 
-    from .cuda import bound as cuda_bound
+    from ..cuda import bound as cuda_bound
 
     _check_input(x, state.weight.shape[1])
     index = state.index
