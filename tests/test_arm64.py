@@ -19,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CANNOT_SET_UP = 3
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_aarch64_by_emulation(tmp_path):
     if platform.machine() not in ("x86_64", "aarch64"):

@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 
@@ -112,6 +114,7 @@ def test_relative_links_in_the_docs_resolve():
     assert not broken, f"links that lead nowhere (page, link): {broken}"
 
 
+@pytest.mark.full
 def test_the_api_reference_builds_and_holds_the_public_api(tmp_path):
     """pdoc imports every public module and renders its docstrings; a warning (a module that fails
     to import, a docstring it cannot place) is an error here."""
@@ -211,3 +214,6 @@ def test_ci_runs_both_readme_commands():
     assert 'python -m pip install -q "$ROOT" && python -m vtnumba' in steps
     assert 'python -m pip install -q ".[test]" && python -m pytest -q' in steps
     assert ci.count("-m venv ") == 2 and '[ "$rc" -eq 5 ]' in ci and '"$main_rc" -ne 0' in ci
+    # the full tier runs too, in two processes whose exit 5 (no tests) fails the run as well
+    assert "python -m pytest -q -m full" in ci and '[ "$tier_rc" -eq 5 ]' in ci
+    assert "python3 -m pytest -q -m full" in readme

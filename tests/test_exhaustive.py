@@ -20,6 +20,7 @@ from vtnumba.testing import reference
 CHUNK = 1 << 26
 
 
+@pytest.mark.full
 @pytest.mark.exhaustive
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # ml_dtypes' cast of NaN/inf inputs

@@ -43,6 +43,7 @@ extra_edits = [["vtnumba/_format.py", "a", "b"]]
         mutations_from_toml('[defaults]\nname = "x"\n')
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_every_design_mutation_is_killed():
     if not (ROOT / ".git").exists():
