@@ -337,14 +337,20 @@ def layer_shapes(reduce):
 def _kernel_label(dev, scheme, q, weight):
     """Which GEMM implementation the backend picks for this call (informational: 'auto' when the
     backend does not say)."""
-    if scheme in ("block", "mxfp8"):
-        return "auto"  # the block-scaled GEMM has its own kernel choice
     try:
+        m, (n, k) = q.data.shape[0], weight.shape
         if dev.name == "cpu":
-            from vtnumba.cpu import gemm
+            from vtnumba.cpu import block, gemm, mx
 
-            return gemm.choose_kernel(q.data.shape[0], weight.shape[0], weight.shape[1])
+            chooser = mx if scheme == "mxfp8" else block if scheme == "block" else gemm
+            return chooser.choose_kernel(m, n, k)
         from vtnumba.cuda import gemm
+
+        if scheme in ("block", "mxfp8"):
+            from vtnumba.cuda import block
+
+            return block.select(block.BlockCall(q.data, weight.data, q.scale, weight.weight_scale, weight.block_size,
+                                                dev.dtype, weight.bias)).name
 
         call = gemm.GemmCall(q.data, weight.data, q.scale, weight.weight_scale, dev.dtype, weight.bias)
         return gemm.select(call).name
@@ -516,7 +522,9 @@ def _print_tables(report, out, capabilities=None):
       f"{report['repeats']} calls")
     p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; p90/median: its "
       "spread; quant: the quantization alone, median, and its share of the layer from the fastest call of each")
-    noisy = [f"{r['layer']} M={r['m']}" for r in report["layers"] if r.get("noisy")]
+    several = len(report["schemes"]) > 1
+    noisy = [f"{r['layer']} M={r['m']}" + (f" {r['scheme']}" if several else "") for r in report["layers"]
+             if r.get("noisy")]
     if noisy:
         p(f"WARNING: noisy figures (p90 > {NOISY_SPREAD:.0f}x the median for the layer, its quantization or its "
           f"baseline; marked !): {', '.join(noisy)}. Another process was using the CPU: rerun on a quiet "

@@ -279,9 +279,20 @@ def decode_e8m0(scales: Array) -> Array:
 
 
 @interop
-def dequantize_fp8(codes: Array, scale: Scale, dtype: DType = np.float32) -> Array:
+def dequantize_fp8(codes: "Array | QuantizedActivation", scale: Scale | None = None,
+                   dtype: DType = np.float32) -> Array:
     """``decode(codes) * scale`` in float32, rounded (RNE) to ``dtype``. ``scale`` is a scalar or
-    an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...)."""
+    an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...). ``codes`` may
+    be a ``vt.QuantizedActivation`` (its own scale is used, each group's over its elements:
+    ``q.dequantize(dtype)``); then ``scale`` stays None."""
+    if isinstance(codes, QuantizedActivation):
+        if scale is not None:
+            raise ValueError("scale must be None when codes is a vt.QuantizedActivation (its scale, codes.scale, "
+                             f"is used), got {type(scale).__name__}")
+        return codes.dequantize(dtype)
+    if scale is None:
+        raise ValueError("scale must be given with raw codes (the dequantization multiplier), got None; or pass "
+                         "the vt.QuantizedActivation from vt.quantize_fp8 as codes")
     device = _arrays.same_device([("codes", codes), ("scale", scale)])
     codes = _arrays.codes_uint8(codes, "codes")
     dt = _arrays.out_dtype_of(dtype, "dtype")
@@ -328,6 +339,9 @@ def block_size_of(value, name="block_size"):
         bn, bk = value
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be two positive ints (bn, bk), got {value!r}") from None
+    for part in (bn, bk):
+        if isinstance(part, bool) or not isinstance(part, (int, np.integer)) or part < 1:
+            raise ValueError(f"{name} must be two positive ints (bn, bk), got {tuple(value)!r}")
     return _group_size(bn, name), _group_size(bk, name)
 
 
