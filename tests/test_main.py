@@ -513,3 +513,20 @@ def test_readme_commands_and_tour_run():
         ran += 1
     namespace["test_my_quantizer"]()  # the hypothesis example is a working property test
     assert ran >= 4 and namespace["y"].shape == (4, 32) and len(namespace["res"]) == 2
+
+
+def test_moe_model_runs_the_experts_layer_and_checks_it(capsys):
+    """--model qwen3-moe: one MoE layer per token count, held to the seam's dense composite and to
+    the float64 layer, timed against the float loop; a bad --reduce is refused in one line."""
+    rc, out, err = run_cli(["--model", "qwen3-moe", "--reduce", "16", "--tokens", "1", "3", "--repeats", "1",
+                            "--no-progress", "--json"], capsys)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["model"] == "qwen3-moe" and report["experts"] == 128 and report["top_k"] == 8
+    rows = report["layers"]
+    assert [r["tokens"] for r in rows] == [1, 3] and all(r["ok"] for r in rows)
+    assert rows[0]["routed_experts"] == 8 and rows[1]["routed_experts"] > 8
+    assert all(0 < r["fp8_rel_error"] < 0.1 and r["fp8_us"] > 0 and r["baseline_us"] > 0 for r in rows)
+    assert all(r["composite_max_diff"] <= 1e-5 * r["composite_scale"] for r in rows)
+    rc, out, err = run_cli(["--model", "qwen3-moe", "--reduce", "5"], capsys)
+    assert rc == 2 and "--reduce must divide" in err

@@ -184,3 +184,26 @@ def test_gpu_ceilings():
     c = profile.measure_ceilings("cuda", size_mb=256, gemm_n=4096)
     assert c.copy_gbytes_per_s > 500 and c.peak_gflops > 10_000 and len(c.extra) == 3
     assert c.peak_label.startswith("vtnumba scaled_mm FP8")  # FP8 outruns f16 on Hopper
+
+
+def test_profile_moe_reports_the_routing_and_each_step():
+    """The experts record: rows per expert from the routing, the bytes of the experts hit, the layer
+    and its six steps each timed (and the layer's result is the plain moe_fp8's)."""
+    rng = np.random.default_rng(3)
+    e, h, inter = 6, 64, 32
+    gu = seam.Fp8Experts.from_float(rng.standard_normal((e, 2 * inter, h)).astype(np.float32), per_channel=True,
+                                    activation_scheme="per_token")
+    dn = seam.Fp8Experts.from_float(rng.standard_normal((e, h, inter)).astype(np.float32), per_channel=True,
+                                    activation_scheme="per_token")
+    x = rng.standard_normal((5, h)).astype(np.float32)
+    ids = np.array([[0, 1], [1, 6], [1, 0], [-1, 3], [3, 1]], np.int32)  # 6 and -1 route nothing
+    w = rng.random((5, 2)).astype(np.float32)
+    rec = profile.profile_moe(x, gu, dn, ids, w, repeats=3, warmup=1)
+    assert rec.rows_per_expert == (2, 4, 0, 2, 0, 0) and rec.experts_hit == 3
+    per_expert = 2 * inter * h + h * inter + (gu.weight_scale.nbytes + dn.weight_scale.nbytes) // e
+    assert rec.expert_bytes == 3 * per_expert and rec.total.bytes == 3 * per_expert
+    assert [s.name.strip() for s in rec.steps] == ["align", "quantize", "gate_up", "act_quantize", "down", "combine"]
+    assert all(s.time_s > 0 for s in rec.steps) and rec.total.time_s > 0
+    text = str(rec)
+    assert "3 of 6 experts hit" in text and "gate_up" in text and "combine" in text
+    assert "<table>" in rec._repr_html_() and rec.as_dict()["experts_hit"] == 3
