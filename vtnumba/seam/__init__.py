@@ -15,6 +15,7 @@ from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, lo
 from .config import Fp8Config
 from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .experts import Fp8Experts, grouped_matmul_fp8, moe_debug_checks, moe_fp8
+from .experts_checkpoint import load_fp8_experts
 from .fusion import fuse_fp8_shards, requantize_with_max_scale
 from .parallel import (ColumnParallelLinearMethod, RowParallelLinearMethod, combine_partials, nccl_all_reduce,
                        shard_range, shard_weight, torch_all_reduce)
@@ -57,6 +58,7 @@ __all__ = [
     "Fp8Config",
     "load_fp8_linear",
     "load_fp8_fused_linear",
+    "load_fp8_experts",
     "load_float_linear",
     "Checkpoint",
 ]

@@ -34,6 +34,13 @@ hf_quant_config.json), following upstream vLLM's readers:
 Block-scaled weights are parsed (``weight_strategy`` "block", ``activation_scheme`` "per_group") and
 then refused per layer by ``linear_method`` ("not supported yet"), so a model whose quantized layers
 are all block-scaled still loads its unquantized ones.
+
+Mixture-of-experts layers: the same config quantizes the experts (every format above names them
+like dense layers), but how they are stored is told by the checkpoint's tensor names, not the config:
+``experts_layout(checkpoint, prefix)`` says 'per_expert', 'fused' (transformers' FP8Experts) or None,
+and ``load_experts(checkpoint, prefix)`` reads either into ``seam.Fp8Experts`` with this config's
+scheme (``seam.load_fp8_experts``). The router (``mlp.gate``) is a dense float layer, usually in
+``ignore``.
 """
 
 import fnmatch
@@ -47,6 +54,8 @@ import numpy as np
 
 from .._arrays import Array
 from .._format import MX_BLOCK
+from .checkpoint import Checkpoint
+from .experts import Fp8Experts
 from .linear import LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .weights import Fp8Weight, ResidentFp8
 
@@ -440,6 +449,40 @@ class Fp8Config:
         return self.linear_method(prefix, load_fp8_linear(
             path, prefix, activation_scheme=self.activation_scheme, block_size=self.weight_block_size,
             scale_ue8m0=self.activation_scale_ue8m0, activation_scale_format=self.activation_scale_format))
+
+    # -- mixture-of-experts layers -------------------------------------------------------------
+    @staticmethod
+    def experts_layout(checkpoint: str | os.PathLike | Checkpoint, prefix: str) -> str | None:
+        """How a checkpoint stores the MoE experts under ``prefix`` (e.g. 'model.layers.3.mlp.experts'):
+        'per_expert' (``{prefix}.{e}.gate_proj.weight`` ...: Qwen3-*-FP8, DeepSeek-V3, ModelOpt,
+        compressed-tensors), 'fused' (transformers' ``{prefix}.gate_up_proj`` / ``{prefix}.down_proj``)
+        or None (no experts there: a dense layer). The quantization config does not say this, the
+        tensor names do; either layout is read by ``load_experts``. ``checkpoint``: a path or a
+        ``seam.Checkpoint``."""
+        from .experts_checkpoint import experts_layout
+
+        return experts_layout(checkpoint, prefix)
+
+    def load_experts(self, checkpoint: str | os.PathLike | Checkpoint, prefix: str, *,
+                     num_experts: int | None = None) -> tuple[Fp8Experts, Fp8Experts]:
+        """``(gate_up, down)`` ``seam.Fp8Experts`` of the MoE layer ``prefix``, read by
+        ``seam.load_fp8_experts`` with this config's activation scheme and block size (for
+        ``seam.moe_fp8``). ``num_experts``: the model config's expert count, so a missing last expert
+        is named. Experts the config leaves unquantized (an ``ignore`` entry matching ``prefix`` or
+        one expert's projection) are refused: ``moe_fp8`` takes FP8 experts only."""
+        from .experts_checkpoint import _checkpoint, _expert_indices, load_fp8_experts
+
+        ckpt = _checkpoint(checkpoint, prefix)
+        layers = [prefix] + [f"{prefix}.{e}.{p}" for e in sorted(_expert_indices(ckpt, prefix))
+                             for p in ("gate_proj", "up_proj", "down_proj")]
+        for layer in layers:
+            pattern = self.ignored_by(layer)
+            if pattern is not None:
+                raise ValueError(f"experts {prefix!r} must be FP8-quantized to load as seam.Fp8Experts, got {layer!r} "
+                                 f"left unquantized by the ignore entry {pattern!r}")
+        return load_fp8_experts(ckpt, prefix, num_experts=num_experts, activation_scheme=self.activation_scheme,
+                                block_size=self.weight_block_size, scale_ue8m0=self.activation_scale_ue8m0,
+                                activation_scale_format=self.activation_scale_format)
 
 
 def _float_weight(path, prefix):
