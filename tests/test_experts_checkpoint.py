@@ -2,6 +2,7 @@
 
 - per expert, block-scaled ``weight_scale_inv`` F32 / BF16 [ceil(N/128), ceil(K/128)] (Qwen3-30B-A3B-FP8,
   DeepSeek-V3), or UE8M0 bytes F8_E8M0 / U8 (DeepSeek's later releases);
+- per expert, MXFP8 (E8M0 ``weight_scale_inv`` per 1 x 32, transformers' "mxfp8");
 - per expert, per-tensor ``weight_scale`` F32 [] with an ``input_scale`` per projection (ModelOpt FP8;
   gate and up with different scales and input scales);
 - per expert, per-channel ``weight_scale`` BF16 [N, 1] (compressed-tensors FP8_DYNAMIC);
@@ -73,6 +74,9 @@ def _per_expert_tensors(kind, prefix=P, floats=None):
                 fw = seam.Fp8Weight.from_float(w[e], block_size=BLOCK, scale_format="e8m0", scale_ue8m0=True)
                 scale = fw.weight_scale if kind == "ue8m0_u8" else fw.weight_scale.view(ml_dtypes.float8_e8m0fnu)
                 tensors[f"{name}.weight_scale_inv"] = scale
+            elif kind == "mxfp8":
+                fw = seam.Fp8Weight.from_float(w[e], block_size=(1, 32), scale_format="e8m0")
+                tensors[f"{name}.weight_scale_inv"] = fw.weight_scale.view(ml_dtypes.float8_e8m0fnu)
             elif kind == "tensor":
                 fw = seam.Fp8Weight.from_float(w[e])
                 tensors[f"{name}.weight_scale"] = fw.weight_scale.reshape(())
@@ -83,7 +87,7 @@ def _per_expert_tensors(kind, prefix=P, floats=None):
             tensors[f"{name}.weight"] = _f8(fw.data)
     kw = {"block": dict(block_size=BLOCK), "block_bf16": dict(block_size=BLOCK),
           "ue8m0": dict(block_size=BLOCK, scale_ue8m0=True), "ue8m0_u8": dict(block_size=BLOCK, scale_ue8m0=True),
-          "tensor": {}, "channel": dict(activation_scheme="per_token")}[kind]
+          "mxfp8": dict(block_size=(1, 32)), "tensor": {}, "channel": dict(activation_scheme="per_token")}[kind]
     return tensors, kw
 
 
@@ -132,7 +136,7 @@ def _assert_moe_close(gate_up, down, floats, tokens=7, k=2):
 
 # -- per-expert layouts ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["block", "block_bf16", "ue8m0", "ue8m0_u8", "tensor", "channel"])
+@pytest.mark.parametrize("kind", ["block", "block_bf16", "ue8m0", "ue8m0_u8", "mxfp8", "tensor", "channel"])
 def test_per_expert_layouts_load_as_load_fp8_linear_reads_them(tmp_path, kind):
     floats = _float_experts()
     tensors, kw = _per_expert_tensors(kind, floats=floats)
@@ -333,8 +337,8 @@ def test_config_tells_the_layout_and_loads_with_its_scheme(tmp_path):
         _assert_same_weight(down.expert(e), want_dn.expert(e))
 
     modelopt = seam.Fp8Config.from_hf({"quant_method": "modelopt", "quant_algo": "FP8"})
-    with pytest.raises(ValueError, match=r"activation_scheme must be 'per_group' for the block-scaled layer|"
-                                         r"a block-scaled layer; pass block_size"):
+    with pytest.raises(ValueError, match=rf"tensor '{P}.0.gate_proj.weight_scale_inv' has shape \[2, 3\] for a weight "
+                                         r"of shape \[256, 384\]: a block-scaled layer; pass block_size"):
         modelopt.load_experts(ckpt, P)  # a per-tensor config does not read block-scaled experts
     skip_one = seam.Fp8Config.from_hf({"quant_method": "fp8", "activation_scheme": "dynamic",
                                        "weight_block_size": [128, 128], "ignored_layers": [f"{P}.1.down_proj"]})
