@@ -94,6 +94,7 @@ _F32_448 = np.float32(448.0)
 _F32_GROUP_EPS = np.float32(1e-10)  # upstream per_token_group_quant_fp8's eps
 _U32_16 = np.uint32(16)
 _FULL_MASK = 0xFFFFFFFF
+I32_1D = types.int32[::1]
 
 
 def fused_shared_bytes(m, k):
@@ -143,11 +144,15 @@ def _block_max_rows_fn(threads, rows):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False):
     """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
     hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
     gemm_kernel). ``unit``: the mma is the block-scaled instruction with every scale 2^0 (sm_120a /
-    sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate."""
+    sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate.
+    ``grouped``: the grouped GEMV of E experts (codes in only; see "the grouped GEMV" below): the
+    same pass over one expert's rows, 8 * nb at a time, on grid (blocks of N, E)."""
+    if grouped and mode != MODE_CODES:
+        raise ValueError(f"the grouped GEMV takes codes (MODE_CODES), got mode {mode}")
     if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
         raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
     if mode == MODE_PER_GROUP and not block_scaled:
@@ -199,6 +204,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
                     ring[q + 3] = w3 if ok else _U32_ZERO
         if not fused:
             for i in range(nb):
+                if grouped and 8 * i >= m_total:
+                    continue  # a grouped slice of <= 8 rows: mma_chunk skips this tile too
                 row = 8 * i + g
                 for s in range(2):
                     col = CHUNK * c + 64 * s + 16 * t
@@ -336,11 +343,13 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
         c[q + 3] += d3
 
     @cuda.jit(**_DEVICE)
-    def mma_chunk(acc, part, ring, xw, base, scratch, warp, lane):
+    def mma_chunk(acc, part, ring, xw, base, m_total, scratch, warp, lane):
         """The chunk's mmas: weight tile r x activation tile i, two per segment, into the K block's
         partial (block scales) or the accumulator, chained through C or promoted per mma."""
         for r in range(rt):
             for i in range(nb):
+                if grouped and 8 * i >= m_total:
+                    continue  # (an ungrouped launch has nb = 2 only for 9..16 rows)
                 q = 4 * (r * nb + i)
                 for s in range(2):
                     for hh in range(2):
@@ -365,6 +374,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
         """The chunk is the K block: acc += (P * sa[m, kb]) * sb[n // 128, kb], then P = 0."""
         kb = min(c, nchunks - 1)
         for i in range(nb):
+            if grouped and 8 * i >= m_total:
+                continue
             m0 = min(8 * i + 2 * t, m_total - 1)
             m1 = min(8 * i + 2 * t + 1, m_total - 1)
             if mode == MODE_PER_GROUP:
@@ -420,7 +431,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
 
     def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         """y[:M] = round_out(scaled (a or quantize(x)) @ b^T + bias); the arguments of
-        gemm_kernels' GEMV (scale_a / scale_b [M, KB] / [NB, KB] when block-scaled)."""
+        gemm_kernels' GEMV (scale_a / scale_b [M, KB] / [NB, KB] when block-scaled). The kernel, or
+        the grouped kernel's pass (a device function: every thread must call)."""
         n_total, k_total = b.shape
         m_total = y.shape[0]
         nchunks = (k_total + CHUNK - 1) // CHUNK
@@ -471,7 +483,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
                     c = warp + it * warps
                     base = d * n_slot
                     activation_words(xw, ring, xs, base, c, nchunks, m_total, row_words, g, t)
-                    mma_chunk(acc, part, ring, xw, base, scratch, warp, lane)
+                    mma_chunk(acc, part, ring, xw, base, m_total, scratch, warp, lane)
                     if block_scaled:
                         promote(acc, part, scale_a, scale_b, gs, gbase, c, nchunks, m_total, n0, n_total, g, t)
                     # load: refill this slot with the chunk depth steps ahead
@@ -480,21 +492,80 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False):
         reduce_and_store(acc, red, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, row_deq, n0,
                          n_total, m_total, warp, lane, tid)
 
-    return gemv
+    if not grouped:
+        return gemv
 
+    # -- the grouped GEMV: block (i, e) runs the pass on expert e's rows, as views ----------------
+    # The views make the pass the ungrouped one: an expert's rows give the bits tc_gemv gives for
+    # them alone with the same configuration.
+    rows_scale_a, expert_scale_b = _grouped_scale_views(block_scaled)
+    gemv_pass = cuda.jit(**_DEVICE)(gemv)
+
+    def gemv_grouped(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind,
+                     offsets):
+        """y[offsets[e]:offsets[e + 1]] of expert e = blockIdx.y: b [E * N, K] holds the experts'
+        weights one after another, scale_b is per expert ([E], sb_step 0) or per channel ([E * N],
+        sb_step 1), or the block scales [E * NB, KB]; rows past offsets[E] are neither read nor
+        written."""
+        e = cuda.blockIdx.y
+        row0 = offsets[e]
+        rows = offsets[e + 1] - row0
+        if rows <= 0:
+            return  # the whole block at once: no barrier is left waiting
+        n_total = y.shape[1]
+        w0 = e * n_total
+        we = b[w0:w0 + n_total]
+        sbe = expert_scale_b(scale_b, sb_step, e, n_total)
+        for s0 in range(0, rows, x_rows):
+            if s0 > 0:
+                cuda.syncthreads()  # the previous slice's sums are still being read from shared memory
+            r0 = row0 + s0
+            r1 = row0 + min(rows, s0 + x_rows)
+            gemv_pass(a[r0:r1], x, x_kind, qscale, we, rows_scale_a(scale_a, sa_step, r0, r1), sa_step, sbe, sb_step,
+                      bias, bias_kind, y[r0:r1], out_kind)
+
+    return gemv_grouped
+
+
+def _grouped_scale_views(block_scaled):
+    """(rows_scale_a(scale, step, r0, r1), expert_scale_b(scale, step, e, n)) device functions: the
+    views of the scales the pass over rows r0..r1 of expert e reads."""
+    if block_scaled:
+        @cuda.jit(**_DEVICE)
+        def rows_scale_a(scale, step, r0, r1):
+            return scale[r0:r1]
+
+        @cuda.jit(**_DEVICE)
+        def expert_scale_b(scale, step, e, n):
+            blocks = (n + 127) // 128  # the weight's 128-row blocks
+            return scale[e * blocks:(e + 1) * blocks]
+    else:
+        @cuda.jit(**_DEVICE)
+        def rows_scale_a(scale, step, r0, r1):
+            return scale[r0 * step:]
+
+        @cuda.jit(**_DEVICE)
+        def expert_scale_b(scale, step, e, n):
+            return scale[e * n if step else e:]
+    return rows_scale_a, expert_scale_b
 
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False):
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False):
     """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
-    32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a)."""
+    32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a). ``grouped``: the
+    grouped GEMV, M the rows of one pass (8 or 16), on grid (ceil(N / (16 rt)), E), with the int32
+    offsets [E + 1] as a last argument."""
     if not 1 <= m <= GEMV_MAX_M:
         raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
     nb = 1 if m <= 8 else 2
     scale = types.float32[:, :] if block_scaled else F32_1D
     sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32,
            out_type(out_is_float32), I32)
+    if grouped:
+        return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True), sig + (I32_1D,),
+                              arch="a" if unit and not SIMULATOR else "")
     return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig,
                           arch="a" if unit and not SIMULATOR else "")
 
@@ -642,7 +713,126 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
                             bias, mode, False, dev)
 
 
+# ------------------------------------------------------------------------------------------------
+# the grouped GEMV (mixture of experts at decode): E experts' weights, the activation rows sorted by
+# expert, the row counts known only on the device
+#
+# Block (i, e) of grid (ceil(N / (16 rt)), E) reads offsets[e], offsets[e + 1]; an expert with no
+# rows costs its blocks that one read and no weight byte. Otherwise the block runs the ungrouped
+# pass on views of expert e: its weight rows e N .. e N + N, its activation, output and scale rows
+# offsets[e] .. offsets[e + 1], 8 * nb rows a pass. A pass of <= 8 rows in a 16-row kernel (nb = 2)
+# skips the second activation tile's loads and mmas, so 1..8 rows cost about what the 8-row kernel
+# costs, up to its larger register file (fewer blocks a multiprocessor). More rows than one pass
+# take: passes over the same weight rows, each re-read (from L2 when the block's rows are still
+# there) and each paying the full mma and conversion cost.
+
+# Above this many rows an expert no longer suits the GEMV (estimate, not measured): past 16 rows the
+# kernel streams the expert's weight once per 16 rows, and already at 16 the ungrouped GEMV ran at
+# 0.55-0.63x cuBLASLt (module docstring) -- a tiled grouped GEMM (tensor-core tiles of 64-128 rows)
+# should win from here on. benchmarks/bench_grouped_tc.py measures 1 / 8 / 16 rows (and 32, 64).
+grouped_rows_hint = GEMV_MAX_M
+
+
+def _experts_reason(b):
+    """Why b [E, N, K] cannot be read as the 2-D [E * N, K] with 16-byte rows (None when it can)."""
+    if SIMULATOR:
+        return None
+    if b.strides[2] != 1 or b.strides[1] % 16 or b.strides[0] != b.shape[1] * b.strides[1] or b.data.ptr % 16:
+        return ("the grouped tensor-core GEMV reads b [E, N, K] as [E * N, K] 16 bytes at a time: it needs "
+                "contiguous K, 16-byte aligned rows and the experts one after another")
+    return None
+
+
+def _f32_reason(arr, name, shapes):
+    if np.dtype(arr.dtype) == np.uint8:
+        return (f"the grouped tensor-core GEMV takes float32 scales: E8M0 (uint8) {name} is not supported "
+                "(decode it to float32, or run the grouped GEMM of another kernel)")
+    if np.dtype(arr.dtype) != np.float32:
+        return f"the grouped tensor-core GEMV takes float32 scales, got {name} of {np.dtype(arr.dtype)}"
+    if tuple(arr.shape) not in shapes:
+        return f"{name} must have shape {' or '.join(map(str, shapes))}, got {tuple(arr.shape)}"
+    return None
+
+
+def grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev, simulate=False):
+    """Why the grouped tensor-core GEMV cannot take a grouped GEMM (None when it can): a uint8 [P, K]
+    codes, b uint8 [E, N, K]; scale_a float32 [1] / [P], scale_b float32 [E] / [E, N]; with
+    ``block_size`` (128, 128): scale_a float32 [P, ceil(K / 128)], scale_b float32
+    [E, ceil(N / 128), ceil(K / 128)]. ``simulate``: under the CUDA simulator, run the emulation."""
+    reason = unavailable_reason(dev, simulate)
+    if reason:
+        return reason
+    if len(a.shape) != 2 or len(b.shape) != 3:
+        return f"the grouped tensor-core GEMV takes a [P, K] and b [E, N, K], got {tuple(a.shape)} and {tuple(b.shape)}"
+    if np.dtype(a.dtype) != np.uint8 or np.dtype(b.dtype) != np.uint8:
+        return f"the grouped tensor-core GEMV takes e4m3 codes (uint8), got {np.dtype(a.dtype)} and {np.dtype(b.dtype)}"
+    p, k = a.shape
+    e, n, kb = b.shape
+    if kb != k:
+        return f"a's K ({k}) and b's K ({kb}) differ"
+    if k == 0 or k % 16:
+        return f"the tensor-core kernels need K to be a positive multiple of 16, got K = {k}"
+    if block_size is None:
+        reason = _f32_reason(scale_a, "scale_a", {(1,), (p,)}) or _f32_reason(scale_b, "scale_b", {(e,), (e, n)})
+        if reason is None and any(len(s.shape) == 1 and s.shape[0] > 1 and s.strides[0] != 4
+                                  for s in (scale_a, scale_b)):
+            reason = "the grouped tensor-core GEMV reads contiguous scale vectors"
+        if reason is None and len(scale_b.shape) == 2 and not scale_b.flags.c_contiguous:
+            reason = "the grouped tensor-core GEMV reads scale_b [E, N] as one contiguous vector"
+    else:
+        if tuple(block_size) != (128, 128):
+            return f"the grouped tensor-core GEMV takes 128 x 128 blocks, got block_size {tuple(block_size)}"
+        kblocks, nblocks = -(-k // 128), -(-n // 128)
+        reason = (_f32_reason(scale_a, "scale_a", {(p, kblocks)})
+                  or _f32_reason(scale_b, "scale_b", {(e, nblocks, kblocks)}))
+        if reason is None and not scale_b.flags.c_contiguous:
+            reason = "the grouped tensor-core GEMV reads scale_b [E, NB, KB] as [E * NB, KB]: it must be contiguous"
+    return reason or rows_reason(a, "a") or _experts_reason(b)
+
+
+def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None,
+                        config=None):
+    """(kernel, grid, block, args) of the grouped GEMV (arguments as ``grouped_gemv``).
+    ``rows_hint``: the most rows one expert can have (top-k routing of T tokens: T), None for P;
+    at most 8 runs the 8-row kernel. ``config``: a GemvConfig (by default gemv_config's)."""
+    p, k = a.shape
+    e, n, _ = b.shape
+    block_scaled = block_size is not None
+    hardware, chain, unit = _device_flags(dev)
+    pass_rows = 8 if min(p, p if rows_hint is None else rows_hint) <= 8 else GEMV_MAX_M
+    cfg = config or gemv_config(pass_rows, k)
+    out_dtype = np.dtype(out_dtype)
+    kernel = gemv_launcher(pass_rows, cfg, MODE_CODES, block_scaled, hardware, chain, out_dtype == np.float32, unit,
+                           True)
+    if block_scaled:
+        sa, sa_step, sb, sb_step = scale_a, 0, scale_b.reshape(e * scale_b.shape[1], scale_b.shape[2]), 0
+    else:
+        sa, sa_step = scale_a, 0 if scale_a.shape[0] == 1 else 1
+        sb, sb_step = (scale_b, 0) if len(scale_b.shape) == 1 else (scale_b.reshape(-1), 1)
+    return (kernel, (-(-n // (16 * cfg.rt)), e), 32 * cfg.warps,
+            (a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), b.reshape(e * n, k), sa, sa_step, sb, sb_step,
+             dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets))
+
+
+def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None, config=None):
+    """The grouped GEMM y[rows of e] = scaled a[rows of e] @ b[e]^T for every expert e, as
+    ``vtnumba.cpu.experts.grouped_scaled_mm`` (callers check ``grouped_gemv_reason``): a uint8
+    [P, K] codes sorted by expert, b uint8 [E, N, K], offsets int32 device [E + 1] (expert e's rows
+    are offsets[e]:offsets[e + 1]; offsets[E] <= P), y_bits [P, N] the output's bits (float32, or
+    uint16 for float16 / bfloat16 ``out_dtype``), C-contiguous. One launch on cupy's current stream:
+    nothing synchronizes, nothing is read back (CUDA-graph capturable once warm). Rows past
+    offsets[E] (padding) keep what y held."""
+    p, k = a.shape
+    e, n, _ = b.shape
+    if p == 0 or e == 0 or n == 0:
+        return
+    kernel, grid, block, args = grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
+                                                    dev, rows_hint, config)
+    kernel(grid, block, *args)
+
+
 __all__ = ["GemvConfig", "GEMV_CONFIGS", "GEMV_MAX_M", "CHUNK", "gemv_config", "gemv_kernel", "gemv_launcher",
            "gemv_launch", "gemv_codes_launch", "gemv_reason", "fused_linear", "fused_linear_reason",
            "fused_shared_bytes", "gemv_static_shared_bytes", "MODE_CODES", "MODE_STATIC", "MODE_DYNAMIC",
-           "MODE_PER_TOKEN", "MODE_PER_GROUP"]
+           "MODE_PER_TOKEN", "MODE_PER_GROUP", "grouped_gemv", "grouped_gemv_launch", "grouped_gemv_reason",
+           "grouped_rows_hint"]
