@@ -396,9 +396,12 @@ def _quantize_tokens(x, ex):
                         scale_format=ex.activation_scale_format, scale_rounding=ex.activation_scale_rounding)
 
 
-def _row_scale(scale):
-    """A per-token scale [M, 1] as [M]; every other scale as it is."""
-    return scale.reshape(-1) if scale.ndim == 2 and scale.shape[1] == 1 else scale
+def _row_scale(scale, ex):
+    """A per-token scale [M, 1] as [M]; every other scale as it is (a per-group scale [M, 1], one
+    group spanning K, stays 2-D: the scheme says which it is, not the shape)."""
+    if ex.activation_scheme == ActivationScheme.PER_TOKEN and scale.ndim == 2:
+        return scale.reshape(-1)
+    return scale
 
 
 # -- the grouped GEMM ------------------------------------------------------------------------------
@@ -429,7 +432,7 @@ def grouped_matmul_fp8(x: Array, experts: "Fp8Experts | ResidentFp8", offsets: A
         return xp.zeros((0, n), dtype=out_dt)
     backend = _backend(device)
     codes, scale = _quantize_rows(x, ex, offs, backend)
-    return backend.grouped_scaled_mm(codes, _row_scale(scale), ex.data, ex.weight_scale, offs, out_dt,
+    return backend.grouped_scaled_mm(codes, _row_scale(scale, ex), ex.data, ex.weight_scale, offs, out_dt,
                                      ex.block_size)
 
 
@@ -518,10 +521,11 @@ class MoeCall:
                 return
             q = _quantize_tokens(x, gu)
             st["a"] = backend.gather_rows(q.data, st["row_token"])
-            st["sa"] = q.scale if q.scale.size == 1 else backend.gather_rows(_row_scale(q.scale), st["row_token"])
+            st["sa"] = (q.scale if gu.activation_scheme == ActivationScheme.DYNAMIC
+                        else backend.gather_rows(_row_scale(q.scale, gu), st["row_token"]))
 
         def gemm_gate_up():
-            st["hidden"] = backend.grouped_scaled_mm(st["a"], _row_scale(st["sa"]), gu.data, gu.weight_scale,
+            st["hidden"] = backend.grouped_scaled_mm(st["a"], _row_scale(st["sa"], gu), gu.data, gu.weight_scale,
                                                      st["offsets"], np.dtype(np.float32), gu.block_size)
 
         def act_quantize():
@@ -532,7 +536,7 @@ class MoeCall:
                                                        st["offsets"], backend)
 
         def gemm_down():
-            st["y"] = backend.grouped_scaled_mm(st["act"], _row_scale(st["sact"]), dn.data, dn.weight_scale,
+            st["y"] = backend.grouped_scaled_mm(st["act"], _row_scale(st["sact"], dn), dn.data, dn.weight_scale,
                                                 st["offsets"], np.dtype(np.float32), dn.block_size)
 
         def combine():
