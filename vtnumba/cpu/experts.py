@@ -340,9 +340,8 @@ def _grouped_tensor(a, scale_a, b, scale_b, offs, counts, routed, out):
         lo, hi = offs[e], offs[e + 1]
         out[lo:hi] = gemm.scaled_mm(a[lo:hi], b[e], sa if sa.size == 1 else sa[lo:hi], sb[e], np.float32, None, None)
     if small.size:
-        rows = int(offs[small[-1] + 1])
-        x = np.empty((rows, k), dtype=np.float32)
-        gemm.decode_rows(a[:rows], x)
+        x = np.empty((p, k), dtype=np.float32)
+        gemm.decode_rows(a, x)
         items = _items(small, n, _tile_rows(1))[:, :3].copy()
         _driver("tensor")(_macs(small, counts, n, k), x, b, items, offs, sa, sb, gemm.bias_vector(None), out)
 
@@ -373,9 +372,8 @@ def _grouped_block(a, scale_a, b, scale_b, offs, counts, routed, block_size, out
         where = (lo_of_row * nkb + within)[:, None] + np.arange(nkb)[None, :] * counts[row_expert][:, None]
         sat = np.empty(routed_rows * nkb, dtype=np.float32)
         sat[where] = sa
-        rows = int(offs[small[-1] + 1])
-        x = np.empty((rows, k), dtype=np.float32)
-        gemm.decode_rows(a[:rows], x)
+        x = np.empty((p, k), dtype=np.float32)
+        gemm.decode_rows(a, x)
         items = _items(small, n, _tile_rows(bn))
         items[:, 3] = slot[items[:, 0]]
         _driver("block")(_macs(small, counts, n, k), x, b, items, offs, sat, sb, bn, bk, gemm.bias_vector(None), out)
@@ -402,9 +400,8 @@ def _grouped_mx(a, scale_a, b, scale_b, offs, counts, routed, block_size, out):
     dense = list(large) + [e for e in small if not shortcut[e]]
     small = small[shortcut[small]]
     if small.size:
-        rows = int(offs[small[-1] + 1])
-        x = np.empty((rows, k), dtype=np.float32)
-        mx.decode_scaled_rows(a[:rows], sa[:rows], bk, x)
+        x = np.empty((p, k), dtype=np.float32)
+        mx.decode_scaled_rows(a, np.ascontiguousarray(scale_a, dtype=np.uint8), bk, x)
         items = _items(small, n, _tile_rows(bn))[:, :3].copy()
         bad = np.zeros(e_count, dtype=np.uint8)
         _driver("mx")(_macs(small, counts, n, k), x, b, items, offs, sb, bn, bk, mx._chunk_bounds(k, bk), windows,
