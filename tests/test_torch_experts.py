@@ -10,8 +10,10 @@ per row along both K dimensions (H for gate_up, I for down)."""
 import copy
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from vtnumba import seam
 
@@ -360,22 +362,31 @@ def test_conversion_report():
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
-def test_convert_reads_experts_through_the_seams_loader(monkeypatch):
-    """convert(..., checkpoint=path) asks seam.load_fp8_experts(path, prefix, ...) for each experts
-    module's (gate_up, down), as it asks seam.load_fp8_linear for each Linear."""
+def test_convert_reads_experts_from_a_checkpoint(tmp_path):
+    """convert(..., checkpoint=path) reads each experts module's FP8 tensors under its name
+    (seam.load_fp8_experts: here the per-expert layout of ModelOpt / compressed-tensors FP8), as it reads each Linear's."""
     module = _experts_module()
-    want = _seam_reference(module, "dynamic")
-    calls = []
-
-    def load(path, prefix, **kw):
-        calls.append((path, prefix, kw))
-        return tuple(want)
-
-    monkeypatch.setattr(seam, "load_fp8_experts", load, raising=False)
-    holder = nn.ModuleDict({"experts": module})
-    vtt.convert(holder, seam.Fp8Config("fp8", "tensor", "dynamic"), checkpoint="ckpt")
-    assert calls == [("ckpt", "experts", dict(activation_scheme="dynamic", block_size=None, scale_ue8m0=False))]
-    np.testing.assert_array_equal(holder["experts"].fp8_experts[0].data, want[0].data)
-    monkeypatch.delattr(seam, "load_fp8_experts")
-    with pytest.raises(NotImplementedError, match="needs seam.load_fp8_experts"):
-        vtt.convert(nn.ModuleDict({"experts": _experts_module()}), "dynamic", checkpoint="ckpt")
+    prefix = "model.layers.0.mlp.experts"
+    tensors = {}
+    for e in range(E):
+        gate, up = module.gate_up_proj[e].detach().numpy()[:I], module.gate_up_proj[e].detach().numpy()[I:]
+        for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", module.down_proj[e].detach().numpy())):
+            fw = seam.Fp8Weight.from_float(np.ascontiguousarray(w))
+            tensors[f"{prefix}.{e}.{proj}.weight"] = fw.data.view(ml_dtypes.float8_e4m3fn)
+            tensors[f"{prefix}.{e}.{proj}.weight_scale"] = fw.weight_scale.reshape(())
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = nn.ModuleList([nn.Module()])
+    model.model.layers[0].mlp = nn.Module()
+    model.model.layers[0].mlp.experts = module
+    vtt.convert(model, seam.Fp8Config("fp8", "tensor", "dynamic"), checkpoint=tmp_path)
+    layer = model.get_submodule(prefix)
+    want = seam.load_fp8_experts(tmp_path, prefix, activation_scheme="dynamic")
+    assert isinstance(layer, vtt.Fp8Experts) and layer.activation_scheme == "dynamic"
+    for mine, theirs in zip(layer.fp8_experts, want):
+        np.testing.assert_array_equal(mine.data, theirs.data)
+        np.testing.assert_array_equal(mine.weight_scale, theirs.weight_scale)
+    x, ids, weights = _routing(5)
+    with torch.no_grad():
+        assert torch.equal(layer(x, ids, weights), seam.moe_fp8(x, *want, ids, weights))

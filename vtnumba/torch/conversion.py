@@ -10,7 +10,7 @@ from torch import nn
 
 from .._format import E4M3_MAX
 from ..ops import ActivationScheme
-from ..seam import Fp8Config
+from ..seam import Checkpoint, Fp8Config
 from ._common import _scheme
 from .experts import _FLOAT_DTYPES, _FORWARD_ARGS, _WEIGHTS, Fp8Experts, _unsupported_reason
 from .linear import Fp8Linear
@@ -171,12 +171,15 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
                                  f"{'none' if input_scales is None else 'no entry for them'}; measure them with "
                                  f"vtnumba.torch.calibrate(model, run)")
     converted = None
+    if checkpoint is not None and experts and not isinstance(checkpoint, Checkpoint):
+        checkpoint = Checkpoint(checkpoint)  # every experts layer reads its tensors by the headers parsed once
     for name in experts:
         module = model.get_submodule(name)
         if checkpoint is not None:
-            layer = Fp8Experts.from_checkpoint(checkpoint, name, activation_scheme=scheme,
-                                               block_size=rules.weight_block_size,
-                                               scale_ue8m0=block["scale_ue8m0"]).to(module.gate_up_proj.device)
+            layer = Fp8Experts.from_checkpoint(
+                checkpoint, name, num_experts=module.gate_up_proj.shape[0], activation_scheme=scheme,
+                block_size=rules.weight_block_size, scale_ue8m0=block["scale_ue8m0"],
+                activation_scale_format=getattr(rules, "activation_scale_format", None)).to(module.gate_up_proj.device)
         else:
             scales = {w: input_scales[f"{name}.{w}"] for w in _WEIGHTS} if static else None
             layer = Fp8Experts.from_experts(module, scheme, input_scales=scales, block_size=rules.weight_block_size,

@@ -34,7 +34,7 @@ from torch import nn
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
-from ..seam import Fp8Weight, ResidentFp8
+from ..seam import Fp8Weight, ResidentFp8, load_fp8_experts
 from ._common import _is_compiling, _on_device, _scheme, _tensor, _view
 from .custom_ops import _experts_pair, _moe_forward, _versions, moe_fp8
 from .linear import _quantize_blocks_on_gpu
@@ -268,20 +268,15 @@ class Fp8Experts(nn.Module):
         return cls(*pair)
 
     @classmethod
-    def from_checkpoint(cls, path, prefix, *, activation_scheme=None, block_size=None, scale_ue8m0=False):
+    def from_checkpoint(cls, path, prefix, *, num_experts=None, activation_scheme=None, block_size=None,
+                        scale_ue8m0=False, activation_scale_format=None):
         """The FP8 experts ``prefix`` (e.g. 'model.layers.0.mlp.experts') of a safetensors
-        checkpoint, read by ``seam.load_fp8_experts(path, prefix, ...)`` as the pair (gate_up, down)
-        of ``seam.Fp8Experts``."""
-        from .. import seam
-
-        load = getattr(seam, "load_fp8_experts", None)
-        if load is None:
-            raise NotImplementedError(f"reading FP8 experts from a checkpoint needs seam.load_fp8_experts "
-                                      f"(vtnumba/seam/experts_checkpoint.py), which this vtnumba lacks; got "
-                                      f"checkpoint {str(path)!r} for experts {prefix!r}. Convert the float "
-                                      f"experts instead: convert(model, config) without checkpoint=")
-        gate_up, down = load(path, prefix, activation_scheme=activation_scheme, block_size=block_size,
-                             scale_ue8m0=scale_ue8m0)
+        checkpoint (a path or a ``seam.Checkpoint``), stored per expert ('{prefix}.{e}.gate_proj.weight'
+        ...: Qwen3-FP8, DeepSeek-V3, ModelOpt, compressed-tensors) or fused (transformers'
+        '{prefix}.gate_up_proj'): ``seam.load_fp8_experts``, whose keywords these are."""
+        gate_up, down = load_fp8_experts(path, prefix, num_experts=num_experts, activation_scheme=activation_scheme,
+                                         block_size=block_size, scale_ue8m0=scale_ue8m0,
+                                         activation_scale_format=activation_scale_format)
         return cls(gate_up, down)
 
     # -- what the layer is ---------------------------------------------------------------------------
