@@ -484,35 +484,50 @@ def test_cuda_table_every_scheme(tmp_path, capsys):
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = README.parent / "docs" / "GUIDE.md"
 
 
 def test_readme_describes_what_the_command_prints(small_report):
-    text = " ".join(README.read_text().split())  # the paragraph, its line breaks folded
+    """The guide's account of the main command names its columns, the CPU's n/a cells and the
+    schemes; the README points to it."""
+    text = " ".join(GUIDE.read_text().split())  # the paragraphs, their line breaks folded
     heads, _, _ = cli.table_cells(small_report)
     for word in ("device us", "host us", "graph us", "n/a (cpu)", "--all-schemes", "vtnumba.cuda.capabilities()",
                  "float16 GEMM", "float32 sgemm", "|".join(cli.SCHEMES)):
         assert word in text, word
     assert {"device us", "host us", "graph us"} <= set(heads)
+    assert "docs/GUIDE.md" in README.read_text()
 
 
-def test_readme_commands_and_tour_run():
-    """The README's two commands are exactly CI's, and its tour's Python blocks run as written
-    (the GPU blocks only where a GPU is)."""
-    text = README.read_text()
-    assert 'python3 -m pip install . && python3 -m vtnumba ' in text
-    assert 'python3 -m pip install ".[test]" && python3 -m pytest -q ' in text
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) >= 5
-    namespace = {}
+def _run_blocks(path, namespace):
+    """Exec every Python block of ``path`` in ``namespace``, in order (the GPU blocks only where a
+    GPU is); the number that ran."""
     ran = 0
-    for block in blocks:
+    for block in re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S):
         needs_gpu = "import cupy" in block or 'device="cuda"' in block or ".cuda()" in block
         if needs_gpu and cli.gpu_unavailable_reason() is not None:
             continue
-        exec(compile(block, "<README.md>", "exec"), namespace)  # not the file: hypothesis would read its prose as source
+        # compiled from a string, not the file: hypothesis would read the prose around it as source
+        exec(compile(block, f"<{path.name}>", "exec"), namespace)
         ran += 1
-    namespace["test_my_quantizer"]()  # the hypothesis example is a working property test
-    assert ran >= 4 and namespace["y"].shape == (4, 32) and len(namespace["res"]) == 2
+    return ran
+
+
+def test_readme_commands_and_tour_run():
+    """The README's two commands are exactly CI's, and the Python blocks of the README's tour and
+    of docs/GUIDE.md run as written (the GPU blocks only where a GPU is)."""
+    text = README.read_text()
+    assert 'python3 -m pip install . && python3 -m vtnumba ' in text
+    assert 'python3 -m pip install ".[test]" && python3 -m pytest -q ' in text
+    tour = {}
+    assert _run_blocks(README, tour) >= 3
+    tour["test_my_quantizer"]()  # the hypothesis example is a working property test
+    assert tour["y"].shape == (4, 32) and tour["out"].shape == (4, 64) and tour["logits"].shape == (1, 4, 128)
+    guide = {}
+    assert _run_blocks(GUIDE, guide) >= 9
+    guide["test_my_quantizer"]()
+    assert guide["y"].shape == (4, 32) and len(guide["res"]) == 2
+    assert guide["out"].shape == (4, 64) and guide["yg"].shape[1] == 64 and guide["logits"].shape == (1, 4, 128)
 
 
 def test_moe_model_runs_the_experts_layer_and_checks_it(capsys):
