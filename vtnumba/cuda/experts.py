@@ -1,0 +1,518 @@
+"""The GPU backend of the mixture-of-experts steps (``vtnumba.seam.experts`` calls them): cupy in,
+cupy out (numpy under the CUDA simulator), the signatures of ``vtnumba/cpu/experts.py``, whose
+results are the reference.
+
+- ``moe_align``, ``gather_rows``, ``quantize_rows_static``, ``silu_mul``, ``silu_mul_quantize``,
+  ``moe_combine``: one launch each (dynamic per-tensor ``silu_mul_quantize``: two), the kernels of
+  ``kernels/moe.py``. Align gives the CPU's order exactly; the rest give the CPU's bytes (the SiLU's
+  ``expf`` aside, see kernels/moe.py).
+- ``grouped_scaled_mm``: the first kernel of ``KERNELS`` that can run the call (each says why not;
+  "nothing fits" lists every reason, as ``gemm.select``), or the one named by ``kernel=``:
+
+  ``tensorcore_grouped_gemv``  the tensor-core grouped GEMV of ``kernels/tc_gemv.py``
+                               (``grouped_gemv_launch``; it says why not in ``grouped_gemv_reason``):
+                               float32 scales, decode row counts
+  ``per_expert``               large prefill: ONE device-to-host read of ``offsets`` (a
+                               synchronization), then ``vt.scaled_mm`` of each expert's rows
+                               (cuBLASLt where it takes them), written into the output. Only where
+                               the call has ``PER_EXPERT_MIN_ROWS`` rows per expert on average,
+                               never while the stream is being captured into a CUDA graph
+  ``grouped``                  the CUDA-core grouped kernel (kernels/grouped_gemm.py): the
+                               expert's rows counted on the device, one launch, exact (G3)
+  ``grouped_general``          the same on any K, block size and alignment, slower
+
+  ``grouped_kernel_for(...)`` names the kernel a call would run; ``VT_DISABLE_KERNELS`` (read at
+  every call) takes kernels out by name, as for ``scaled_mm``.
+
+Nothing here synchronizes but the ``per_expert`` path. Host scales (a static ``input_scale``) are
+uploaded once per device and value, so graph capture needs a warm-up call first, as ``scaled_mm``.
+"""
+
+import numpy as np
+
+from .. import _arrays, _config
+from . import quantize
+from .ptx.target import SIMULATOR
+
+# From this many rows per expert on average (P / E, known on the host) the per-expert path runs:
+# cuBLASLt's GEMMs beat the CUDA-core grouped kernel, which reads each weight tile once per 4 rows,
+# long before that. Not measured yet (no GPU when written): the lead's H200 run sets it.
+PER_EXPERT_MIN_ROWS = 128
+
+_moe = _grouped = _device = _gemm = _block = _epilogue = None
+
+
+def _backend():
+    """Import what the GPU path needs, once (quantize._backend raises the one clear error)."""
+    global _moe, _grouped, _device, _gemm, _block, _epilogue
+    if _moe is None:
+        quantize._backend()
+        from . import block, gemm
+        from .kernels import epilogue, grouped_gemm, moe
+        from .runtime import device
+
+        _grouped, _device, _gemm, _block, _epilogue = grouped_gemm, device, gemm, block, epilogue
+        _moe = moe
+    return _moe
+
+
+def _array(x):
+    """x on the device as a C-contiguous array (numpy under the simulator)."""
+    x = quantize._as_device_array(x)
+    return x if x.flags.c_contiguous else _device.xp.ascontiguousarray(x)
+
+
+def _empty(shape, dtype):
+    """A fresh device array; 16-bit float types allocated as uint16 and viewed (cupy makes no bfloat16)."""
+    dtype = np.dtype(dtype)
+    if SIMULATOR or dtype != _arrays.BFLOAT16:
+        return _device.xp.empty(shape, dtype=dtype)
+    return _device.xp.empty(shape, dtype=np.uint16).view(dtype)
+
+
+def _aligned(a):
+    return SIMULATOR or a.data.ptr % 16 == 0
+
+
+def _run(launch, shared_mem=0):
+    kernel, grid, block, args = launch
+    kernel(grid, block, *args, shared_mem=shared_mem)
+
+
+_TABLES = {}  # (device ordinal, bytes) -> float32 device vector: static input scales, uploaded once
+_MAX_TABLES = 1024
+_F32_2D = {}  # device ordinal -> a float32 [1, 1] placeholder
+
+
+def _scale_table(values):
+    """Per-expert float32 scales as a device vector: a device array as it is, host values uploaded
+    once per device and value (from cupy's own pool, as runtime/device.py's scalars), so that a
+    call never transfers once warm."""
+    if not isinstance(values, (np.ndarray, list, tuple)) and not SIMULATOR:
+        return _array(values).astype(np.float32, copy=False).reshape(-1)
+    host = np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
+    if SIMULATOR:
+        return host
+    dev = _device.current()
+    key = (dev.ordinal, host.tobytes())
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.clear()
+        xp = _device.xp
+        with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+            table = _TABLES[key] = xp.asarray(host)
+    return table
+
+
+def _f32_2d_placeholder(dev):
+    arr = _F32_2D.get(dev.ordinal)
+    if arr is None:
+        if SIMULATOR:
+            arr = np.zeros((1, 1), np.float32)
+        else:
+            xp = _device.xp
+            with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+                arr = xp.zeros((1, 1), np.float32)
+        _F32_2D[dev.ordinal] = arr
+    return arr
+
+
+# -- routing -----------------------------------------------------------------------------------------
+
+def moe_align(topk_ids, num_experts):
+    """(offsets int32 [E + 1], pair_row int32 [T, k], row_token int32 [P]) as the CPU's, in one
+    launch (kernels/moe.py: the CPU's stable order, ids outside [0, E) skipped)."""
+    moe = _backend()
+    ids = _array(topk_ids)
+    t, k = (int(d) for d in ids.shape)
+    e = int(num_experts)
+    if e > moe.MAX_ALIGN_EXPERTS:
+        raise ValueError(f"num_experts must be <= {moe.MAX_ALIGN_EXPERTS} for the GPU align (its counters live in "
+                         f"shared memory), got {e}")
+    flat = ids.reshape(-1)
+    if np.dtype(flat.dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
+        flat = flat.astype(np.int64)  # every other integer type widens exactly
+    xp = _device.xp
+    offsets = xp.empty(e + 1, dtype=np.int32)
+    pair_row = xp.empty((t, k), dtype=np.int32)
+    row_token = xp.empty(t * k, dtype=np.int32)
+    *launch, shared = moe.align_launch(flat, offsets, pair_row.reshape(-1), row_token, e, k)
+    _run(launch, shared)
+    return offsets, pair_row, row_token
+
+
+def gather_rows(src, row_token):
+    """``src[row_token]``: [P, ...] rows of ``src`` [T, ...] (any dtype), C-contiguous."""
+    moe = _backend()
+    src = _array(src)
+    p = int(row_token.shape[0])
+    out = _empty((p,) + tuple(src.shape[1:]), src.dtype)
+    row_bytes = src.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
+    if p == 0 or row_bytes == 0:
+        return out
+    unit = next(u for u in (16, 4, 2, 1) if row_bytes % u == 0 and (u < 16 or (_aligned(src) and _aligned(out))))
+    view = moe.UNIT_DTYPES[unit]
+    _run(moe.gather_launch(src.reshape(-1).view(np.uint8).view(view), out.reshape(-1).view(np.uint8).view(view),
+                           _array(row_token), unit, row_bytes // unit))
+    return out
+
+
+def quantize_rows_static(x, offsets, input_scales):
+    """(codes uint8 [P, K], scale float32 [P]): expert e's rows by ``input_scales[e]`` as
+    ``vt.quantize_fp8(rows, input_scales[e])``; padding rows code 0, scale 1."""
+    moe = _backend()
+    x = _array(x)
+    p, k = (int(d) for d in x.shape)
+    xp = _device.xp
+    codes = xp.empty((p, k), dtype=np.uint8)
+    scales = xp.empty(p, dtype=np.float32)
+    if p == 0 or k == 0:
+        scales[...] = 1
+        return codes, scales
+    kind = quantize._KINDS[np.dtype(x.dtype)]
+    table = _scale_table(input_scales)
+    _run(moe.static_rows_launch(quantize._flat(x), kind, quantize.encoder_in_use(), quantize._flat(codes), scales,
+                                _array(offsets), table, int(table.shape[0]), p, k, _aligned(x)))
+    return codes, scales
+
+
+def _silu(h, offsets, mode, codes, scales, scale_bytes, partials, table, group_size, blocks, act=None, ue8m0=False,
+          e8m0=None):
+    moe = _moe
+    dev = _device.current()
+    f32 = dev.placeholder("f32")
+    _run(moe.silu_launch(mode, quantize.encoder_in_use(), h, _f32_2d_placeholder(dev) if act is None else act,
+                         dev.placeholder("u8_2d") if codes is None else codes,
+                         f32 if scales is None else scales.reshape(-1),
+                         dev.placeholder("u8_2d").reshape(-1) if scale_bytes is None else scale_bytes.reshape(-1),
+                         f32 if partials is None else partials, offsets, f32 if table is None else table,
+                         int(offsets.shape[0]) - 1, group_size, blocks, ue8m0, e8m0))
+
+
+def _hidden(h):
+    h = _array(h)
+    return h if np.dtype(h.dtype) == np.float32 else h.astype(np.float32)
+
+
+def silu_mul(h, offsets):
+    """act [P, I] float32 = ``g / (1 + exp(-g)) * u`` of h [P, 2I]; padding rows 0."""
+    moe = _backend()
+    h = _hidden(h)
+    p, half = int(h.shape[0]), int(h.shape[1]) // 2
+    act = _device.xp.empty((p, half), dtype=np.float32)
+    if p and half:
+        _silu(h, _array(offsets), moe.SiluMode.PLAIN, None, None, None, None, None, 1,
+              moe.silu_blocks(p, moe.SiluMode.PLAIN, 1), act=act)
+    return act
+
+
+def silu_mul_quantize(h, offsets, down_experts):
+    """(codes [P, I], scale) = the down experts' activation quantization of ``silu_mul(h, offsets)``,
+    in one launch (dynamic per-tensor: two), the scale as the seam's ``_act_quantize`` returns it:
+    static [P], dynamic [1], per-token [P, 1], per-group [P, ceil(I / g)] row-major (float32, or
+    E8M0 bytes for MXFP8)."""
+    moe = _backend()
+    dn = down_experts
+    h = _hidden(h)
+    offsets = _array(offsets)
+    p, half = int(h.shape[0]), int(h.shape[1]) // 2
+    xp = _device.xp
+    codes = xp.empty((p, half), dtype=np.uint8)
+    scheme = str(dn.activation_scheme)
+    mode = moe.SiluMode
+    blocks = moe.silu_blocks(p, mode.PER_TOKEN, 1)
+    if scheme == "static":
+        scales = xp.empty(p, dtype=np.float32)
+        if p and half:
+            _silu(h, offsets, mode.STATIC, codes, scales, None, None, _scale_table(dn.input_scale), 1, blocks)
+        elif p:
+            scales[...] = 1
+        return codes, scales
+    if scheme == "dynamic":
+        parts = moe.silu_blocks(p, mode.DYNAMIC, _device.current().sm_count)
+        buf = xp.empty(1 + parts, dtype=np.float32)  # the scale and, after it, the amax partials
+        if p and half:
+            _silu(h, offsets, mode.DYNAMIC_AMAX, None, None, None, buf[1:], None, 1, parts)
+            _silu(h, offsets, mode.DYNAMIC, codes, buf[:1], None, buf[1:], None, 1, parts)
+        else:
+            buf[...] = np.float32(np.float32(1.0) / (np.float32(448.0) * np.float32(512.0)))
+        return codes, buf[:1]
+    if scheme == "per_token":
+        scales = xp.empty((p, 1), dtype=np.float32)
+        if p and half:
+            _silu(h, offsets, mode.PER_TOKEN, codes, scales, None, None, None, 1, blocks)
+        return codes, scales
+    if scheme != "per_group":
+        raise ValueError(f"down_experts.activation_scheme must be static, dynamic, per_token or per_group, got "
+                         f"{dn.activation_scheme!r}")
+    g = int(dn.block_size[1])
+    groups = -(-half // g)
+    if dn.activation_scale_format == "e8m0":
+        scales = xp.empty((p, groups), dtype=np.uint8)
+        if p and half:
+            _silu(h, offsets, mode.PER_GROUP, codes, None, scales, None, None, g, blocks,
+                  e8m0=dn.activation_scale_rounding or "rceil")
+        return codes, scales
+    scales = xp.empty((p, groups), dtype=np.float32)
+    if p and half:
+        _silu(h, offsets, mode.PER_GROUP, codes, scales, None, None, None, g, blocks, ue8m0=bool(dn.scale_ue8m0))
+    return codes, scales
+
+
+def moe_combine(y, pair_row, topk_weights, out_dtype):
+    """out [T, H] = sum over j of ``topk_weights[t, j] * y[pair_row[t, j]]`` in float32, slot order,
+    skipped pairs adding nothing, rounded once to ``out_dtype``: the CPU's bytes for the same y."""
+    moe = _backend()
+    y = _array(y)
+    if np.dtype(y.dtype) != np.float32:
+        y = y.astype(np.float32)
+    w = _array(topk_weights)
+    t, k = (int(d) for d in pair_row.shape)
+    out = _empty((t, int(y.shape[1])), out_dtype)
+    if t == 0 or out.size == 0:
+        return out
+    wdt = np.dtype(w.dtype)
+    if wdt == np.float32:
+        w_flat, w_kind = w.reshape(-1), moe.WeightKind.FLOAT32
+    else:
+        w_kind = moe.WeightKind.FLOAT16 if wdt == np.float16 else moe.WeightKind.BFLOAT16
+        w_flat = w.reshape(-1).view(np.uint16)
+    out_kind = _epilogue.OUT_KIND[np.dtype(out_dtype)]
+    _run(moe.combine_launch(y, _array(pair_row).reshape(-1), w_flat, w_kind, _epilogue.out_bits(out), out_kind, k))
+    return out
+
+
+# -- the grouped GEMM ----------------------------------------------------------------------------------
+
+class GroupedCall:
+    """One grouped_scaled_mm call, normalized once for every kernel's reason / run.
+
+    ``a`` [P, K] codes, ``b`` [E, N, K] (``b2d``: the [E * N, K] view), ``offsets`` int32 [E + 1],
+    ``p, n, k, e``; the scales flat: ``sa`` read at ``row * sa_row + kb * sa_kb``, ``sb`` at
+    ``e * sb_e + (n // block_n) * sb_nb + kb * sb_kb``, float32 or E8M0 bytes (``sa_e8m0``,
+    ``sb_e8m0``); ``blocked`` with K-blocks of ``block_k`` (else one K-block, ``block_k`` = K);
+    ``scale_a`` / ``scale_b`` as given but float32 (or uint8) and contiguous; ``block_size`` as given;
+    ``out_dtype``; ``device``."""
+
+    __slots__ = ("a", "b", "b2d", "offsets", "p", "n", "k", "e", "sa", "sa_e8m0", "sa_row", "sa_kb", "sb", "sb_e8m0",
+                 "sb_e", "sb_nb", "sb_kb", "blocked", "block_n", "block_k", "block_size", "scale_a", "scale_b",
+                 "out_dtype", "device")
+
+    def __init__(self, a, scale_a, b, scale_b, offsets, out_dtype, block_size):
+        self.device = _device.current()
+        self.a = a = _array(a)
+        self.b = b = _array(b)
+        self.p, self.k = (int(d) for d in a.shape)
+        self.e, self.n = int(b.shape[0]), int(b.shape[1])
+        self.b2d = b.reshape(self.e * self.n, self.k)
+        self.offsets = _array(offsets)
+        self.out_dtype = np.dtype(out_dtype)
+        self.block_size = None if block_size is None else tuple(int(v) for v in block_size)
+        self.blocked = block_size is not None
+        self.block_n, self.block_k = self.block_size if self.blocked else (1, self.k)
+        sa = _array(scale_a)
+        sb = _array(scale_b)
+        self.sa_e8m0 = np.dtype(sa.dtype) == np.uint8
+        if not self.sa_e8m0 and np.dtype(sa.dtype) != np.float32:
+            sa = sa.astype(np.float32)
+        if sa.ndim == 2 and sa.shape[1] > 1:
+            self.sa_row, self.sa_kb = int(sa.shape[1]), 1
+        else:
+            self.sa_row, self.sa_kb = (0 if sa.size == 1 else 1), 0
+        self.sa = sa.reshape(-1)
+        self.sb_e8m0 = np.dtype(sb.dtype) == np.uint8
+        if not self.sb_e8m0 and np.dtype(sb.dtype) != np.float32:
+            sb = sb.astype(np.float32)
+        self.scale_a, self.scale_b = sa, sb
+        if sb.ndim == 3:
+            self.sb_e, self.sb_nb, self.sb_kb = int(sb.shape[1] * sb.shape[2]), int(sb.shape[2]), 1
+        elif sb.ndim == 2:
+            self.sb_e, self.sb_nb, self.sb_kb = int(sb.shape[1]), 1, 0
+            self.block_n = 1
+        else:
+            self.sb_e, self.sb_nb, self.sb_kb = 1, 0, 0
+        self.sb = sb.reshape(-1)
+
+
+def _capturing():
+    """Whether cupy's current stream is being captured into a CUDA graph (a failed query counts as
+    capturing: the per-expert path's read-back must never run inside a capture)."""
+    if SIMULATOR:
+        return False
+    cupy = _device.xp
+    try:
+        return cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr) != 0
+    except Exception:  # e.g. the legacy stream queried while another stream captures globally
+        return True
+
+
+class TensorCoreGroupedGemv:
+    """The tensor-core grouped GEMV (``kernels/tc_gemv.py``'s ``grouped_gemv_launch``, another
+    engineer's): float32 scales, per-tensor / per-row / per-channel or 128 x 128 blocks, its own
+    reasons (``grouped_gemv_reason``) for the rest. It leaves the padding rows as y held them, so y
+    is zeroed first (one memset on the stream). A call large enough for ``per_expert`` goes there
+    instead: past ``tc_gemv.grouped_rows_hint`` rows an expert re-reads its weight every pass."""
+
+    name = "tensorcore_grouped_gemv"
+
+    def reason(self, call, forced):
+        from .kernels import tc_gemv
+
+        if getattr(tc_gemv, "grouped_gemv_launch", None) is None:
+            return "kernels/tc_gemv.py has no grouped_gemv_launch (the tensor-core grouped GEMV)"
+        why = tc_gemv.grouped_gemv_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
+        if why is None and not forced and PerExpert().reason(call, False) is None:
+            why = (f"a prefill-sized call ({call.p} rows over {call.e} experts): per_expert takes it, past "
+                   f"{PER_EXPERT_MIN_ROWS} rows per expert on average")
+        return why
+
+    def run(self, call, y):
+        from .kernels import tc_gemv
+
+        y_bits = _epilogue.out_bits(y)
+        y_bits.fill(0)  # the padding rows: the GEMV writes the experts' rows only
+        _run(tc_gemv.grouped_gemv_launch(call.a, call.scale_a, call.b, call.scale_b, call.offsets, y_bits,
+                                         call.out_dtype, call.block_size, call.device))
+
+
+class PerExpert:
+    """Large prefill: the offsets read back once (a synchronization), then ``vt.scaled_mm`` (or the
+    block-scaled GEMM) of each expert's rows, written into y; padding rows 0."""
+
+    name = "per_expert"
+
+    def reason(self, call, forced):
+        if _capturing():
+            return "the stream is being captured into a CUDA graph: the per-expert path reads offsets on the host"
+        if call.blocked and call.scale_a.ndim != 2:
+            return "the per-expert path takes group activation scales [P, KB] with block-scaled weights"
+        if forced:
+            return None
+        if SIMULATOR:
+            return "the per-expert path is for cuBLASLt, which needs a real GPU (running under the CUDA simulator)"
+        if not _config.dense_cublaslt_fp8_enabled():
+            return "turned off by the lever VT_DENSE_CUBLASLT_FP8 (its point is cuBLASLt)"
+        if call.p < PER_EXPERT_MIN_ROWS * call.e:
+            return (f"it reads offsets back (a synchronization), taken from {PER_EXPERT_MIN_ROWS} rows per expert on "
+                    f"average, got P = {call.p} rows over E = {call.e} experts")
+        return None
+
+    def run(self, call, y):
+        offs = np.asarray(call.offsets) if SIMULATOR else _device.xp.asnumpy(call.offsets)  # the one read-back
+        per_row_a = call.sa_row != 0
+        for e in range(call.e):
+            lo, hi = int(offs[e]), int(offs[e + 1])
+            if hi <= lo:
+                continue
+            sa = call.scale_a[lo:hi] if per_row_a else call.scale_a
+            if call.blocked:
+                part = _block.block_scaled_mm(call.a[lo:hi], call.b[e], sa, call.scale_b[e], call.block_size,
+                                              call.out_dtype, None, None)
+            else:
+                sb = call.scale_b[e] if call.scale_b.ndim == 2 else call.scale_b[e:e + 1]
+                part = _gemm.scaled_mm(call.a[lo:hi], call.b[e], sa, sb, call.out_dtype, None, None)
+            y[lo:hi] = part
+        y[max(0, int(offs[call.e])):] = 0
+
+
+class GroupedCudaCore:
+    """The CUDA-core grouped kernel (kernels/grouped_gemm.py's ``grouped_kernel``)."""
+
+    name = "grouped"
+
+    def reason(self, call, forced):
+        return _grouped.grouped_reason(call)
+
+    def run(self, call, y):
+        _run(_grouped.grouped_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype]))
+
+
+class GroupedGeneral:
+    """The general CUDA-core grouped kernel: any K, block size and alignment."""
+
+    name = "grouped_general"
+
+    def reason(self, call, forced):
+        return None
+
+    def run(self, call, y):
+        _run(_grouped.general_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype]))
+
+
+# the order they are tried in:
+KERNELS = (
+    TensorCoreGroupedGemv(),  # the tensor-core grouped GEMV (kernels/tc_gemv.py), once it exists
+    PerExpert(),  # large prefill on cuBLASLt, expert by expert (one read-back)
+    GroupedCudaCore(),  # decode and the rest: one launch, the counts on the device
+    GroupedGeneral(),  # what the grouped kernel refuses
+)
+KERNELS_BY_NAME = {k.name: k for k in KERNELS}
+
+
+def select(call, kernel=None):
+    """The kernel that runs ``call``: the one named ``kernel``, else the first of ``KERNELS`` that
+    can; ValueError listing every reason when none can. VT_DISABLE_KERNELS leaves kernels out."""
+    disabled = _gemm.disabled_kernels()
+    if kernel is not None:
+        chosen = KERNELS_BY_NAME.get(kernel)
+        if chosen is None:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None for a grouped GEMM call, got "
+                             f"{kernel!r}")
+        if chosen.name in disabled:
+            raise ValueError(f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS")
+        why = chosen.reason(call, True)
+        if why:
+            raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
+        return chosen
+    reasons = []
+    for candidate in KERNELS:
+        if candidate.name in disabled:
+            reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
+            continue
+        why = candidate.reason(call, False)
+        if why is None:
+            return candidate
+        reasons.append(f"{candidate.name}: {why}")
+    raise ValueError(f"no GPU grouped GEMM kernel can run a [{call.p}, {call.k}] x {call.e} experts of [{call.n}, "
+                     f"{call.k}]^T call:\n  " + "\n  ".join(reasons))
+
+
+def grouped_kernel_for(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, kernel=None):
+    """The name of the kernel ``grouped_scaled_mm`` with these arguments runs (nothing is launched)."""
+    _backend()
+    return select(GroupedCall(a, scale_a, b, scale_b, offsets, out_dtype, block_size), kernel).name
+
+
+def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, kernel=None):
+    """y [P, N]: rows offsets[e]:offsets[e + 1] are ``vt.scaled_mm`` of those rows of ``a`` with
+    expert e's weight ``b[e]``; padding rows 0 (arguments as the CPU's ``grouped_scaled_mm``, plus
+    ``kernel=`` to force one by name). Only ``per_expert`` synchronizes (module docstring)."""
+    _backend()
+    call = GroupedCall(a, scale_a, b, scale_b, offsets, out_dtype, block_size)
+    y = _empty((call.p, call.n), call.out_dtype)
+    if call.p == 0 or call.n == 0:
+        return y
+    select(call, kernel).run(call, y)
+    return y
+
+
+def moe_paths():
+    """For each MoE path of ``capabilities.MOE_PATHS``: None when it runs on this GPU, else why
+    not (``capabilities.moe_path_rules`` with what this machine knows)."""
+    from . import capabilities as caps
+
+    base = caps.capabilities()
+    if base.gpu is None:
+        return {key: f"no usable GPU here ({base.reason})" for key, _ in caps.MOE_PATHS}
+    _backend()
+    from .kernels import tc_gemv
+
+    hook = None if getattr(tc_gemv, "grouped_gemv_launch", None) is not None else (
+        "kernels/tc_gemv.py has no grouped_gemv_launch yet (the tensor-core grouped GEMV is to come)")
+    return caps.moe_path_rules(base.cc, base.paths["cublaslt_per_tensor"], SIMULATOR, hook)
+
+
+__all__ = ["moe_align", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "silu_mul_quantize",
+           "moe_combine", "grouped_kernel_for", "select", "GroupedCall", "KERNELS", "KERNELS_BY_NAME",
+           "PER_EXPERT_MIN_ROWS", "moe_paths"]

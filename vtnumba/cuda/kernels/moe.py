@@ -1,0 +1,473 @@
+"""The mixture-of-experts routing kernels (``vtnumba.cuda.experts`` launches them): align, gather,
+static per-expert quantization, SiLU-and-multiply (plain or fused with the down experts'
+quantization) and the weighted combine. The reference semantics are ``vtnumba/cpu/experts.py``'s.
+
+Every launch goes to cupy's current stream through ``runtime/launch``'s ``Kernel``; nothing here
+synchronizes or reads back to the host, so a whole ``moe_fp8`` call can be captured in a CUDA graph.
+The row counts stay on the device: each kernel reads ``offsets`` itself.
+
+- **align** (``align_launch``): ONE block. Per-warp per-expert counters in (dynamic) shared memory,
+  filled with shared atomics (counts are order-free), an exclusive scan over the experts, then the
+  scatter: each warp owns a contiguous run of pairs and walks it in batches of 32, ranking each pair
+  among the batch's earlier lanes with the same expert. So the sorted order is the CPU's stable one
+  (expert, then pair order) -- deterministic, bit for bit -- without a sort.
+- **gather** (``gather_launch``): rows of any dtype copied by row index, 16 bytes a thread where the
+  row's bytes allow it.
+- **static rows** (``static_rows_launch``): a block per row; the row's expert found by a binary
+  search of ``offsets``; ``encode(x * (1 / input_scale[e]))``, quant.py's static arithmetic.
+- **SiLU** (``silu_launches``): ``g / (1 + exp(-g)) * u`` in float32, then per mode: the float32
+  activation (padding rows 0), or its codes and scales by the down experts' scheme -- per token,
+  per group (float32 scales, UE8M0 rounding, or E8M0 bytes: MXFP8), static per expert, dynamic per
+  tensor (two launches: amax partials over the routed rows, then the quantization). Padding rows
+  quantize as zeros, which is what the CPU's zeroed padding gives.
+- **combine** (``combine_launch``): ``out[t] = sum_j w[t, j] * y[pair_row[t, j]]`` in float32, slot
+  order, each product rounded before its add (``fmul_rn``: the NVVM would fuse it into an FMA and
+  lose the CPU's bytes), rounded once to the output type.
+
+GPU ``expf`` is not numpy's: an activation may differ from the CPU's by an ulp or two, so a code
+next to a rounding boundary may differ by one step (tests/test_cudasim_experts.py states the
+tolerance). Everything else is the CPU's arithmetic, bit for bit.
+"""
+
+import enum
+import functools
+import math
+
+import numpy as np
+
+from ..._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
+from ..ptx import codec
+from ..ptx.codec import bfloat16_bits_to_float32, finite_abs, half_bits_to_float32, load_u32x4, store_u32x4
+from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, libdevice, types
+from ..runtime.launch import compile_kernel
+from .epilogue import OutKind, store_out, out_type
+from .quant import GROUP, _LOADERS, _group_ops, _group_scale_rule, _times, _warp_max, block_max_for
+
+# --- align -----------------------------------------------------------------------------------------
+# 16 warps: the scatter's batches are serial per warp, so more warps shorten it; the per-warp
+# counters ((warps + 1) * E int32) must fit the 48 KiB of shared memory a block gets without opt-in.
+ALIGN_WARPS = 2 if SIMULATOR else 16
+ALIGN_THREADS = 32 * ALIGN_WARPS
+_SHARED_INTS = 48 * 1024 // 4
+MAX_ALIGN_EXPERTS = _SHARED_INTS // 2 - 1  # one warp: (1 + 1) * E counters
+
+
+def align_warps(num_experts):
+    """Warps of the align block for E experts: ALIGN_WARPS, fewer where their counters would not fit."""
+    return max(1, min(ALIGN_WARPS, _SHARED_INTS // num_experts - 1))
+
+
+def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
+    counts = cuda.shared.array(0, types.int32)  # [warps * E] per-warp counters, then [E] expert starts
+    scan = cuda.shared.array(ALIGN_THREADS, types.int32)
+    batch = cuda.shared.array(ALIGN_THREADS, types.int32)
+    threads = cuda.blockDim.x
+    warps = threads // 32
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    warp = tid // 32
+    starts = warps * num_experts
+    for i in range(tid, starts + num_experts, threads):
+        counts[i] = 0
+    cuda.syncthreads()
+    per_warp = (pairs + warps - 1) // warps
+    lo = warp * per_warp
+    hi = min(pairs, lo + per_warp)
+    for i in range(lo + lane, hi, 32):
+        e = ids[i]
+        if e >= 0 and e < num_experts:
+            cuda.atomic.add(counts, warp * num_experts + e, 1)
+    cuda.syncthreads()
+    # counters -> each warp's exclusive prefix within its expert; the expert's total beside them
+    for e in range(tid, num_experts, threads):
+        run = 0
+        for w in range(warps):
+            c = counts[w * num_experts + e]
+            counts[w * num_experts + e] = run
+            run += c
+        counts[starts + e] = run
+    cuda.syncthreads()
+    # exclusive scan of the totals: each thread sums a contiguous run of experts, the runs are
+    # scanned across the block (Hillis-Steele), then each thread writes its experts' starts
+    per = (num_experts + threads - 1) // threads
+    first = tid * per
+    last = min(num_experts, first + per)
+    local = 0
+    for e in range(first, last):
+        local += counts[starts + e]
+    scan[tid] = local
+    cuda.syncthreads()
+    step = 1
+    while step < threads:
+        v = scan[tid]
+        if tid >= step:
+            v += scan[tid - step]
+        cuda.syncthreads()
+        scan[tid] = v
+        cuda.syncthreads()
+        step *= 2
+    routed = scan[threads - 1]
+    run = scan[tid] - local
+    for e in range(first, last):
+        total = counts[starts + e]
+        offsets[e] = run
+        counts[starts + e] = run
+        run += total
+    if tid == 0:
+        offsets[num_experts] = routed
+    cuda.syncthreads()
+    for i in range(tid, starts, threads):
+        counts[i] += counts[starts + i % num_experts]
+    cuda.syncthreads()
+    # the scatter, a batch of 32 pairs per warp at a time, every warp the same number of batches
+    for b in range((per_warp + 31) // 32):
+        i = lo + 32 * b + lane
+        e = -1
+        if i < hi:
+            v = ids[i]
+            if v >= 0 and v < num_experts:
+                e = v
+        batch[tid] = e
+        cuda.syncthreads()
+        rank = 0
+        later = 0
+        for j in range(32):
+            if batch[warp * 32 + j] == e:
+                if j < lane:
+                    rank += 1
+                elif j > lane:
+                    later += 1
+        if e >= 0:
+            row = counts[warp * num_experts + e] + rank
+            pair_row[i] = row
+            row_token[row] = i // k
+        elif i < hi:
+            pair_row[i] = -1
+        cuda.syncthreads()  # every lane has read its expert's cursor before the last one moves it
+        if e >= 0 and later == 0:
+            counts[warp * num_experts + e] += rank + 1
+    for r in range(routed + tid, pairs, threads):
+        row_token[r] = 0  # padding rows name token 0: a gather by them stays in bounds
+
+
+@functools.lru_cache(maxsize=None)
+def align_kernel(ids_int64):
+    ids_type = types.int64[::1] if ids_int64 else types.int32[::1]
+    i32 = types.int32[::1]
+    return compile_kernel(_align, (ids_type, i32, i32, i32, types.int64, types.int64, types.int64))
+
+
+def align_launch(ids, offsets, pair_row, row_token, num_experts, k):
+    """(kernel, grid, block, args, shared bytes) of the align for flat ids [P] (int32 or int64) into
+    offsets [E + 1], pair_row [P] (flat) and row_token [P]."""
+    warps = align_warps(num_experts)
+    shared = 4 * (warps + 1) * num_experts
+    pairs = int(ids.shape[0])
+    return (align_kernel(np.dtype(ids.dtype) == np.int64), 1, 32 * warps,
+            (ids, offsets, pair_row, row_token, num_experts, k, pairs), shared)
+
+
+# --- gather ----------------------------------------------------------------------------------------
+THREADS = 32 if SIMULATOR else 256
+MAX_BLOCKS = 1 << 16  # grid-stride beyond
+# the element type a row is copied in, by its width in bytes (16: four words through load_u32x4,
+# which takes float32 buffers on every target)
+_UNIT_TYPES = {16: types.float32, 4: types.uint32, 2: types.uint16, 1: types.uint8}
+UNIT_DTYPES = {16: np.float32, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+@functools.lru_cache(maxsize=None)
+def gather_kernel(unit):
+    """dst[r, :] = src[row_token[r], :] over flat buffers of ``unit``-byte elements (16: 16-byte
+    words), ``row_units`` of them a row."""
+    wide = unit == 16
+
+    def gather(src, dst, row_token, row_units, total):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < total:
+            r = i // row_units
+            s = row_token[r] * row_units + (i - r * row_units)
+            if wide:
+                w0, w1, w2, w3 = load_u32x4(src, s)
+                store_u32x4(dst, i, w0, w1, w2, w3)
+            else:
+                dst[i] = src[s]
+            i += stride
+
+    t = _UNIT_TYPES[unit][::1]
+    return compile_kernel(gather, (t, t, types.int32[::1], types.int64, types.int64))
+
+
+def _grid(units):
+    return max(1, min(-(-units // THREADS), MAX_BLOCKS))
+
+
+def gather_launch(src, dst, row_token, unit, row_units):
+    """The gather of flat ``src`` rows into flat ``dst`` (both viewed as ``UNIT_DTYPES[unit]``)."""
+    total = int(row_token.shape[0]) * row_units
+    return gather_kernel(unit), _grid(total), THREADS, (src, dst, row_token, row_units, total)
+
+
+# --- the row's expert ------------------------------------------------------------------------------
+@cuda.jit(**DEVICE_INLINE)
+def expert_of(offsets, num_experts, row):
+    """The expert whose rows hold ``row`` (< offsets[E]): the last e with offsets[e] <= row, which
+    skips empty experts."""
+    lo = 0
+    hi = num_experts
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offsets[mid] <= row:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# --- static per-expert quantization ----------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def static_rows_kernel(kind, encoder):
+    """codes[r] = encode(x[r] * (1 / input_scales[e])) for the rows of expert e, scales[r] =
+    input_scales[e]; padding rows (>= offsets[E]) get codes 0 and scale 1. A block per row, x flat,
+    16-element groups where the rows are made of them (``row_groups`` > 0), a scalar loop else."""
+    encode_group, _ = _group_ops(kind, codec.encode_pair(encoder), _times)
+    encode = codec.encode_one(encoder)
+    load = _LOADERS[kind]
+
+    def quantize_rows_static(x, out, scales, offsets, input_scales, num_experts, cols, row_groups, rows):
+        t = cuda.threadIdx.x
+        routed = offsets[num_experts]
+        for row in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            start = row * cols
+            first_group = start // GROUP  # exact when row_groups > 0
+            if row < routed:
+                s = input_scales[expert_of(offsets, num_experts, row)]
+                inv = F32_ONE / s  # float32, as the CPU's np.float32(1.0) / np.float32(scale)
+                if t == 0:
+                    scales[row] = s
+                for g in range(t, row_groups, THREADS):
+                    encode_group(x, out, first_group + g, inv)
+                for j in range(row_groups * GROUP + t, cols, THREADS):
+                    out[start + j] = encode(load(x, start + j) * inv)
+            else:
+                if t == 0:
+                    scales[row] = F32_ONE
+                for g in range(t, row_groups, THREADS):
+                    store_u32x4(out, first_group + g, np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))
+                for j in range(row_groups * GROUP + t, cols, THREADS):
+                    out[start + j] = 0
+
+    x_type = types.float32[::1] if kind == "float32" else types.uint16[::1]
+    return compile_kernel(quantize_rows_static, (x_type, types.uint8[::1], types.float32[::1], types.int32[::1],
+                                                 types.float32[::1], types.int64, types.int64, types.int64,
+                                                 types.int64))
+
+
+def static_rows_launch(x_flat, kind, encoder, out_flat, scales, offsets, input_scales, num_experts, rows, cols,
+                       aligned):
+    row_groups = cols // GROUP if aligned and cols % GROUP == 0 else 0
+    return (static_rows_kernel(kind, encoder), max(1, min(rows, MAX_BLOCKS)), THREADS,
+            (x_flat, out_flat, scales, offsets, input_scales, num_experts, cols, row_groups, rows))
+
+
+# --- SiLU-and-multiply, plain or fused with the quantization ----------------------------------------
+class SiluMode(enum.IntEnum):
+    """What the SiLU kernel writes (see the module docstring)."""
+
+    PLAIN = 0  # the float32 activation
+    PER_TOKEN = 1  # codes, one scale a row (max(amax / 448, floor), a divide)
+    PER_GROUP = 2  # codes, one scale a 1 x g group (float32, UE8M0 or E8M0 bytes), a divide
+    STATIC = 3  # codes by the row's expert's static scale (a multiply by its reciprocal)
+    DYNAMIC_AMAX = 4  # the amax partials of the routed rows, one a block
+    DYNAMIC = 5  # codes by the per-tensor scale those partials give (a multiply by its reciprocal)
+
+
+# exp's argument is capped where float32 exp is already inf: the simulator's math.exp raises
+# OverflowError past about 709, the GPU's expf gives inf from 88.7 on, as numpy does
+_F32_EXP_CAP = np.float32(100.0)
+
+
+@cuda.jit(**DEVICE_INLINE)
+def silu_mul_value(h, row, j, half):
+    """``g / (1 + exp(-g)) * u`` in float32 for column j of row ``row`` of h [P, 2I] (vLLM's
+    silu_and_mul, the CPU's expression operation by operation)."""
+    g = h[row, j]
+    u = h[row, half + j]
+    e = np.float32(math.exp(min(-g, _F32_EXP_CAP)))
+    return np.float32(np.float32(g / np.float32(F32_ONE + e)) * u)
+
+
+# blocks of the dynamic amax pass: few enough that every block of the quantize pass reduces all
+# partials cheaply (quant.py's AMAX_BLOCKS_PER_SM)
+SILU_AMAX_BLOCKS_PER_SM = 8
+_block_max = block_max_for(THREADS)
+_GROUP_WARPS = THREADS // 32
+
+
+@functools.lru_cache(maxsize=None)
+def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None):
+    """The SiLU kernel of ``mode`` (a ``SiluMode``): a block per row (grid-stride over rows); per
+    group, the block's warps take the row's groups in turn and each warp's lanes stride through its
+    group. ``ue8m0`` / ``e8m0`` ('rceil', 'floor'): the per-group scale rule (quant.py's
+    ``_group_scale_rule``). One signature for every mode; a mode ignores the arguments it does not
+    write or read."""
+    encode = codec.encode_one(encoder)
+    scale_of, _ = _group_scale_rule(ue8m0, e8m0)
+    e8m0_scales = e8m0 is not None
+
+    def silu(h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size, rows):
+        red = cuda.shared.array(THREADS, types.float32)
+        t = cuda.threadIdx.x
+        lane = t % 32
+        warp = t // 32
+        half = h.shape[1] // 2
+        routed = offsets[num_experts]
+        mult = F32_ONE
+        if mode == SiluMode.DYNAMIC:  # every block reduces the partials to the one scale
+            amax = F32_ZERO
+            for p in range(t, partials.shape[0], THREADS):
+                amax = max(amax, partials[p])
+            s = max(_block_max(amax, red) / F32_E4M3_MAX, F32_MIN_SCALE)
+            if cuda.grid(1) == 0:
+                scales[0] = s
+            mult = F32_ONE / s
+        local = F32_ZERO
+        for row in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            live = row < routed
+            if mode == SiluMode.PLAIN:
+                for j in range(t, half, THREADS):
+                    act[row, j] = silu_mul_value(h, row, j, half) if live else F32_ZERO
+            elif mode == SiluMode.DYNAMIC_AMAX:
+                if live:
+                    for j in range(t, half, THREADS):
+                        local = max(local, finite_abs(silu_mul_value(h, row, j, half)))
+            elif mode == SiluMode.DYNAMIC or mode == SiluMode.STATIC:
+                if mode == SiluMode.STATIC:
+                    if live:
+                        s = input_scales[expert_of(offsets, num_experts, row)]
+                        mult = F32_ONE / s
+                    else:
+                        s = F32_ONE
+                    if t == 0:
+                        scales[row] = s
+                for j in range(t, half, THREADS):
+                    codes[row, j] = encode(silu_mul_value(h, row, j, half) * mult) if live else 0
+            elif mode == SiluMode.PER_TOKEN:
+                amax = F32_ZERO
+                if live:
+                    for j in range(t, half, THREADS):
+                        amax = max(amax, finite_abs(silu_mul_value(h, row, j, half)))
+                s = max(_block_max(amax, red) / F32_E4M3_MAX, F32_MIN_SCALE)
+                if t == 0:
+                    scales[row] = s
+                for j in range(t, half, THREADS):
+                    codes[row, j] = encode(silu_mul_value(h, row, j, half) / s) if live else 0
+            else:  # PER_GROUP; every warp takes the same number of turns (the simulator's max syncs the block)
+                groups = (half + group_size - 1) // group_size
+                for base in range(0, groups, _GROUP_WARPS):
+                    gi = base + warp
+                    glo = gi * group_size if gi < groups else 0
+                    ghi = min(half, glo + group_size) if gi < groups else 0
+                    amax = F32_ZERO
+                    if live:
+                        for j in range(glo + lane, ghi, 32):
+                            amax = max(amax, finite_abs(silu_mul_value(h, row, j, half)))
+                    stored, s = scale_of(_warp_max(amax, red, lane, warp))
+                    if gi < groups:
+                        if lane == 0:
+                            if e8m0_scales:
+                                scale_bytes[row * groups + gi] = stored
+                            else:
+                                scales[row * groups + gi] = stored
+                        for j in range(glo + lane, ghi, 32):
+                            codes[row, j] = encode(silu_mul_value(h, row, j, half) / s) if live else 0
+        if mode == SiluMode.DYNAMIC_AMAX:
+            amax = _block_max(local, red)
+            if t == 0:
+                partials[cuda.blockIdx.x] = amax
+
+    f32 = types.float32[::1]
+    return compile_kernel(silu, (types.float32[:, ::1], types.float32[:, ::1], types.uint8[:, ::1], f32,
+                                 types.uint8[::1], f32, types.int32[::1], f32, types.int64, types.int64,
+                                 types.int64))
+
+
+def silu_launch(mode, encoder, h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts,
+                group_size, blocks, ue8m0=False, e8m0=None):
+    """(kernel, grid, block, args) of one SiLU launch (``SiluMode``), ``blocks`` blocks."""
+    return (silu_kernel(mode, encoder, bool(ue8m0), e8m0), blocks, THREADS,
+            (h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size,
+             int(h.shape[0])))
+
+
+def silu_blocks(rows, mode, sm_count):
+    """Blocks of a SiLU launch over ``rows`` rows: a block a row, capped (the amax pass and the
+    quantize pass of dynamic per-tensor share one count, the partials')."""
+    if mode in (SiluMode.DYNAMIC_AMAX, SiluMode.DYNAMIC):
+        return max(1, min(rows, sm_count * SILU_AMAX_BLOCKS_PER_SM))
+    return max(1, min(rows, MAX_BLOCKS))
+
+
+# --- combine ---------------------------------------------------------------------------------------
+if SIMULATOR:
+    @cuda.jit(**DEVICE_INLINE)
+    def mul_rn(a, b):
+        return np.float32(a * b)
+else:
+    @cuda.jit(**DEVICE_INLINE)
+    def mul_rn(a, b):
+        """a * b rounded on its own: NVVM contracts a multiply feeding an add into one FMA unless
+        the multiply is this intrinsic (mul.rn.f32), and the CPU rounds both."""
+        return libdevice.fmul_rn(a, b)
+
+
+class WeightKind(enum.IntEnum):
+    """The routing weights' dtype (float32 values, or float16 / bfloat16 bits)."""
+
+    FLOAT32 = 0
+    FLOAT16 = 1
+    BFLOAT16 = 2
+
+
+@functools.lru_cache(maxsize=None)
+def combine_kernel(w_kind, out_is_float32):
+    """out[t, c] = round_out(sum_j w[t, j] * y[pair_row[t, j], c]), a thread an output, grid-stride."""
+
+    def combine(y, pair_row, w, out, out_kind, k):
+        t_total = out.shape[0]
+        h = out.shape[1]
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < t_total * h:
+            t = i // h
+            c = i - t * h
+            acc = F32_ZERO
+            for j in range(k):
+                r = pair_row[t * k + j]
+                if r >= 0:
+                    if w_kind == WeightKind.FLOAT32:
+                        wv = w[t * k + j]
+                    elif w_kind == WeightKind.FLOAT16:
+                        wv = half_bits_to_float32(w[t * k + j])
+                    else:
+                        wv = bfloat16_bits_to_float32(w[t * k + j])
+                    acc = np.float32(acc + mul_rn(wv, y[r, c]))
+            store_out(out, t, c, acc, out_kind)
+            i += stride
+
+    w_type = types.float32[::1] if w_kind == WeightKind.FLOAT32 else types.uint16[::1]
+    return compile_kernel(combine, (types.float32[:, ::1], types.int32[::1], w_type, out_type(out_is_float32),
+                                    types.int32, types.int64))
+
+
+def combine_launch(y, pair_row, w_flat, w_kind, out_bits, out_kind, k):
+    total = int(out_bits.shape[0]) * int(out_bits.shape[1])
+    return (combine_kernel(int(w_kind), int(out_kind) == OutKind.FLOAT32), _grid(total), THREADS,
+            (y, pair_row, w_flat, out_bits, int(out_kind), k))
+
+
+__all__ = ["ALIGN_THREADS", "ALIGN_WARPS", "MAX_ALIGN_EXPERTS", "align_warps", "align_kernel", "align_launch",
+           "THREADS", "UNIT_DTYPES", "gather_kernel", "gather_launch", "expert_of", "static_rows_kernel",
+           "static_rows_launch", "SiluMode", "silu_mul_value", "silu_kernel", "silu_launch", "silu_blocks",
+           "WeightKind", "combine_kernel", "combine_launch", "mul_rn"]
