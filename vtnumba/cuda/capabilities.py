@@ -48,6 +48,14 @@ PATHS = (
     ("tensor_core_block_scaled_mma", "tensor-core block-scaled FP8 mma (kind::mxf8f6f4, sm_120a/121a)"),
     ("mxfp8_tensor_core", "MXFP8 GEMM (E8M0 scales per 1x32) on tensor cores"),
 )
+# The mixture-of-experts paths (vtnumba.cuda.experts.moe_paths()), reported apart from PATHS: which
+# kernels a grouped GEMM of seam.moe_fp8 / grouped_matmul_fp8 can take here.
+MOE_PATHS = (
+    ("moe_routing", "MoE align, gather, SiLU-and-quantize, combine (Numba, no host sync)"),
+    ("moe_grouped_cuda_core", "MoE grouped GEMM on CUDA cores (one launch, counts on the device)"),
+    ("moe_grouped_tensor_core", "MoE grouped GEMV on FP8 tensor cores"),
+    ("moe_per_expert_cublaslt", "MoE prefill: cuBLASLt expert by expert (one offsets read-back)"),
+)
 CUBLASLT_PATHS = ("cublaslt_per_tensor", "cublaslt_outer_vector", "cublaslt_block_128x128")
 
 # FP8 tensor cores arrived with Ada (sm_89); cuBLASLt's FP8 matmul runs on them and on Hopper and
@@ -119,6 +127,22 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
     rules["mxfp8_tensor_core"] = (None if cc >= FP8_TENSOR_CORE_MIN_CC else
                                   f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)} (the tiled CUDA-core kernel "
                                   f"reads the E8M0 scales)")
+    return rules
+
+
+def moe_path_rules(cc, cublaslt_reason, simulator=False, tensor_core_reason=None):
+    """For each path of ``MOE_PATHS``: None when it runs on compute capability ``cc``, else why not.
+    ``cublaslt_reason``: the ``cublaslt_per_tensor`` rule's answer here (None: cuBLASLt runs);
+    ``tensor_core_reason``: why the tensor-core grouped GEMV is missing (None: its kernel exists)."""
+    rules = {"moe_routing": None, "moe_grouped_cuda_core": None}
+    if simulator:
+        rules["moe_grouped_tensor_core"] = "the CUDA simulator runs no inline PTX"
+        rules["moe_per_expert_cublaslt"] = "the CUDA simulator has no cuBLASLt (the grouped CUDA-core kernel runs)"
+        return rules
+    cc = tuple(int(v) for v in cc)
+    rules["moe_grouped_tensor_core"] = tensor_core_reason or (
+        None if cc >= FP8_TENSOR_CORE_MIN_CC else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)}")
+    rules["moe_per_expert_cublaslt"] = cublaslt_reason
     return rules
 
 
@@ -209,4 +233,4 @@ def capabilities():
                         version_text(runtime.driverGetVersion(), 2), version_text(version), paths)
 
 
-__all__ = ["capabilities", "Capabilities", "path_rules", "PATHS", "version_text"]
+__all__ = ["capabilities", "Capabilities", "path_rules", "PATHS", "version_text", "MOE_PATHS", "moe_path_rules"]
