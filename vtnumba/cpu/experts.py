@@ -175,7 +175,9 @@ def _with_globals(fn, suffix, names):
 def _tensor_driver(macs, x, b, items, offsets, scale_a, scale_b, bias, out):
     """Item (e, n0, n1): rows offsets[e]:offsets[e + 1] of out, columns n0:n1, by the dense small-M
     kernel of that many rows (``_rows_kernel``, or ``_one_row_kernel`` at one row) on the same rows
-    of x = dec(a), the same weight rows, the same scale vectors."""
+    of x = dec(a), the same weight rows, the same scale vectors. Each item's result goes through a
+    C-contiguous tile: the dense kernels then run as the very specializations ``scaled_mm`` compiled
+    (a strided view of out would compile each kernel a second time)."""
     for it in prange(items.shape[0]):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
@@ -184,10 +186,14 @@ def _tensor_driver(macs, x, b, items, offsets, scale_a, scale_b, bias, out):
         sb = scale_b[e] if scale_b.shape[1] == 1 else scale_b[e, n0:n1]
         if rows > 1:
             sa = scale_a if scale_a.size == 1 else scale_a[lo:lo + rows]
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sa, sb, bias, out[lo:lo + rows, n0:n1])
+            tile = np.empty((rows, n1 - n0), dtype=np.float32)
+            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+            out[lo:lo + rows, n0:n1] = tile
         else:
             sa = scale_a if scale_a.size == 1 else scale_a[lo:lo + 1]
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sa, sb, bias, out[lo:lo + 1, n0:n1])
+            tile = np.empty((1, n1 - n0), dtype=np.float32)
+            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sa, sb, bias, tile)
+            out[lo:lo + 1, n0:n1] = tile
 
 
 def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
@@ -203,10 +209,14 @@ def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
         sb = scale_b[s, n0 // bn:(n1 + bn - 1) // bn]
         if rows > 1:
             sat_e = sat[lo * nkb:(lo + rows) * nkb].reshape((nkb, rows))
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, out[lo:lo + rows, n0:n1])
+            tile = np.empty((rows, n1 - n0), dtype=np.float32)
+            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            out[lo:lo + rows, n0:n1] = tile
         else:
             sat_e = sat[lo * nkb:(lo + 1) * nkb].reshape((nkb, 1))
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, out[lo:lo + 1, n0:n1])
+            tile = np.empty((1, n1 - n0), dtype=np.float32)
+            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            out[lo:lo + 1, n0:n1] = tile
 
 
 def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias, out, bad):
@@ -221,11 +231,13 @@ def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias
         sb = scale_b[e, n0 // bn:(n1 + bn - 1) // bn]
         w_lo, w_hi = windows[e, 0], windows[e, 1]
         if rows > 1:
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias,
-                         out[lo:lo + rows, n0:n1], bad[e:e + 1])
+            tile = np.empty((rows, n1 - n0), dtype=np.float32)
+            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e:e + 1])
+            out[lo:lo + rows, n0:n1] = tile
         else:
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias,
-                            out[lo:lo + 1, n0:n1], bad[e:e + 1])
+            tile = np.empty((1, n1 - n0), dtype=np.float32)
+            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e:e + 1])
+            out[lo:lo + 1, n0:n1] = tile
 
 
 def _mx_one_row(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
