@@ -9,7 +9,7 @@ Shapes (E experts, N, K; every expert routed the same number of rows):
 Per shape and rows per expert (1, 8, 16 by default) it prints the device time of
   - ours: grouped_gemv, per-row x per-channel float32 scales, bf16 out, in passes of 16 rows (the
     kernel a caller gets without rows_hint) and of 8 (rows_hint=8: 9..16 rows take two passes);
-    ``--configs``: every GEMV configuration, both pass sizes;
+    ``--configs``: every GEMV configuration, both pass sizes, with and without the register cap;
   - ours block-scaled (``--block``): 128 x 128 float32 weight scales, 1 x 128 activation scales;
   - torch._scaled_grouped_mm: rowwise (float32 scale per row of a and per output channel of b),
     a [P, K] float8_e4m3fn, b as the [E, K, N] column-major view of the [E, N, K] weight, offs the
@@ -172,18 +172,19 @@ def main(argv=None):
 
                 # rows_hint None: passes of 16 rows (what a caller without a bound gets); rows_hint 8:
                 # passes of 8 (fewer registers, more blocks a multiprocessor; 9..16 rows take two)
-                variants = [("ours, 16-row passes", None, None), ("ours, 8-row passes", 8, None)]
-                if args.configs:
-                    variants += [(f"ours, {cfg_name}, {pass_rows}-row passes", pass_rows, cfg)
+                variants = [("ours, 16-row passes", None, None, True), ("ours, 8-row passes", 8, None, True)]
+                if args.configs:  # + without the register cap (tc_gemv.GROUPED_REGISTER_CAP)
+                    variants += [(f"ours, {cfg_name}, {pass_rows}-row passes{'' if bounded else ', uncapped'}",
+                                  pass_rows, cfg, bounded)
                                  for cfg_name, cfg in tc_gemv.GEMV_CONFIGS.items() if not cfg_name.startswith("sim_")
-                                 for pass_rows in (8, 16)]
-                for label, hint, cfg in variants:
+                                 for pass_rows in (8, 16) for bounded in (True, False)]
+                for label, hint, cfg, bounded in variants:
                     reason = tc_gemv.grouped_gemv_reason(a, sa_c, b, sb_c, None, dev)
                     if reason:
                         print(f"| {rows} | {label} | - | - | - | - | cannot run: {reason} |", flush=True)
                         continue
                     kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(a, sa_c, b, sb_c, offsets, y_bits, _bf16(),
-                                                                             None, dev, hint, cfg)
+                                                                             None, dev, hint, cfg, bounded)
                     prepared = kernel.prepare(grid, block, *kargs)
                     stream_ptr = torch.cuda.current_stream().cuda_stream
 

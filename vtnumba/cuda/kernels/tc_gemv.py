@@ -9,6 +9,8 @@ their sums meet in shared memory in a fixed order. Fused modes quantize x into s
 (static, dynamic, per-token, 1 x 128 groups: codec.py's encoders), then read it per chunk; x too
 large for one launch runs in row slices, or is quantized once and the codes GEMV runs. Block scales
 (128 x 128 weights, 1 x 128 activation groups) are applied per 128-wide K block, upstream's order.
+The grouped mode (``grouped_gemv``: mixture of experts at decode) runs E experts' GEMVs in one
+launch, each block reading its expert's row range from the device.
 
 What limits speed (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30): 7.0 / 8.7 /
 40.3 / 21.3 us at M = 1 on 4096^2 / 6144x4096 / 28672x4096 / 4096x14336 (cuBLASLt 6.3 / 8.5 / 31.1 /
@@ -498,7 +500,6 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     # -- the grouped GEMV: block (i, e) runs the pass on expert e's rows, as views ----------------
     # The views make the pass the ungrouped one: an expert's rows give the bits tc_gemv gives for
     # them alone with the same configuration.
-    rows_scale_a, expert_scale_b = _grouped_scale_views(block_scaled)
     gemv_pass = cuda.jit(**_DEVICE)(gemv)
 
     def gemv_grouped(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind,
@@ -515,48 +516,54 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         n_total = y.shape[1]
         w0 = e * n_total
         we = b[w0:w0 + n_total]
-        sbe = expert_scale_b(scale_b, sb_step, e, n_total)
+        # the views are taken here: a CUDA device function cannot return one of its argument's
+        if block_scaled:
+            blocks = (n_total + 127) // 128  # the weight's 128-row blocks
+            sb0, sb1 = e * blocks, (e + 1) * blocks
+        else:
+            sb0, sb1 = (e * n_total if sb_step else e), scale_b.shape[0]
+        sbe = scale_b[sb0:sb1]
         for s0 in range(0, rows, x_rows):
             if s0 > 0:
                 cuda.syncthreads()  # the previous slice's sums are still being read from shared memory
             r0 = row0 + s0
             r1 = row0 + min(rows, s0 + x_rows)
-            gemv_pass(a[r0:r1], x, x_kind, qscale, we, rows_scale_a(scale_a, sa_step, r0, r1), sa_step, sbe, sb_step,
-                      bias, bias_kind, y[r0:r1], out_kind)
+            if block_scaled:
+                sa0, sa1 = r0, r1
+            else:
+                sa0, sa1 = r0 * sa_step, scale_a.shape[0]
+            gemv_pass(a[r0:r1], x, x_kind, qscale, we, scale_a[sa0:sa1], sa_step, sbe, sb_step, bias, bias_kind,
+                      y[r0:r1], out_kind)
 
     return gemv_grouped
 
 
-def _grouped_scale_views(block_scaled):
-    """(rows_scale_a(scale, step, r0, r1), expert_scale_b(scale, step, e, n)) device functions: the
-    views of the scales the pass over rows r0..r1 of expert e reads."""
-    if block_scaled:
-        @cuda.jit(**_DEVICE)
-        def rows_scale_a(scale, step, r0, r1):
-            return scale[r0:r1]
+# The grouped kernel's loop over passes keeps 25-35 more registers live than the ungrouped kernel
+# (ptxas, sm_90: 138-146 against 110-114 at 8 rows, 165-182 against 149-154 at 16), a block less a
+# multiprocessor, and the ungrouped kernel lost a third of its speed to that (the 4-deep ring, module
+# docstring). Capped at these counts by launch bounds (rt = 1, depth 2: the configurations whose
+# ungrouped kernels fit), ptxas spills 8 bytes (codes) to 52 (block scales) at 8 rows and 40-48 at
+# 16, and the occupancy is the ungrouped kernel's. Not yet measured against the uncapped kernel
+# (bench_grouped_tc.py --configs times both).
+GROUPED_REGISTER_CAP = {1: 128, 2: 168}  # by nb
+_REGISTERS_PER_SM = 65536
 
-        @cuda.jit(**_DEVICE)
-        def expert_scale_b(scale, step, e, n):
-            blocks = (n + 127) // 128  # the weight's 128-row blocks
-            return scale[e * blocks:(e + 1) * blocks]
-    else:
-        @cuda.jit(**_DEVICE)
-        def rows_scale_a(scale, step, r0, r1):
-            return scale[r0 * step:]
 
-        @cuda.jit(**_DEVICE)
-        def expert_scale_b(scale, step, e, n):
-            return scale[e * n if step else e:]
-    return rows_scale_a, expert_scale_b
-
+def _grouped_launch_bounds(nb, cfg, bounded):
+    if not bounded or cfg.rt != 1 or cfg.depth != 2:
+        return None
+    threads = 32 * cfg.warps
+    blocks = _REGISTERS_PER_SM // (threads * GROUPED_REGISTER_CAP[nb])
+    return (threads, blocks) if blocks > 1 else None
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False):
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False,
+                  bounded=True):
     """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
     32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a). ``grouped``: the
     grouped GEMV, M the rows of one pass (8 or 16), on grid (ceil(N / (16 rt)), E), with the int32
-    offsets [E + 1] as a last argument."""
+    offsets [E + 1] as a last argument; ``bounded``: with GROUPED_REGISTER_CAP's launch bounds."""
     if not 1 <= m <= GEMV_MAX_M:
         raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
     nb = 1 if m <= 8 else 2
@@ -564,8 +571,10 @@ def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, u
     sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32,
            out_type(out_is_float32), I32)
     if grouped:
+        bounds = None if SIMULATOR else _grouped_launch_bounds(nb, cfg, bounded)
+        options = {"launch_bounds": bounds} if bounds else {}
         return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True), sig + (I32_1D,),
-                              arch="a" if unit and not SIMULATOR else "")
+                              arch="a" if unit and not SIMULATOR else "", **options)
     return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig,
                           arch="a" if unit and not SIMULATOR else "")
 
@@ -744,6 +753,8 @@ def _experts_reason(b):
 
 
 def _f32_reason(arr, name, shapes):
+    if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+        return f"the grouped tensor-core GEMV takes {name} as a float32 device array, got {type(arr).__name__}"
     if np.dtype(arr.dtype) == np.uint8:
         return (f"the grouped tensor-core GEMV takes float32 scales: E8M0 (uint8) {name} is not supported "
                 "(decode it to float32, or run the grouped GEMM of another kernel)")
@@ -791,10 +802,12 @@ def grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev, simulate=False)
 
 
 def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None,
-                        config=None):
+                        config=None, bounded=True):
     """(kernel, grid, block, args) of the grouped GEMV (arguments as ``grouped_gemv``).
     ``rows_hint``: the most rows one expert can have (top-k routing of T tokens: T), None for P;
-    at most 8 runs the 8-row kernel. ``config``: a GemvConfig (by default gemv_config's)."""
+    at most 8 runs the 8-row kernel (any count stays correct: more rows take more passes).
+    ``config``: a GemvConfig (by default gemv_config's); ``bounded``: GROUPED_REGISTER_CAP's launch
+    bounds (gemv_launcher)."""
     p, k = a.shape
     e, n, _ = b.shape
     block_scaled = block_size is not None
@@ -803,7 +816,7 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
     cfg = config or gemv_config(pass_rows, k)
     out_dtype = np.dtype(out_dtype)
     kernel = gemv_launcher(pass_rows, cfg, MODE_CODES, block_scaled, hardware, chain, out_dtype == np.float32, unit,
-                           True)
+                           True, bounded)
     if block_scaled:
         sa, sa_step, sb, sb_step = scale_a, 0, scale_b.reshape(e * scale_b.shape[1], scale_b.shape[2]), 0
     else:
@@ -814,7 +827,8 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
              dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets))
 
 
-def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None, config=None):
+def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None, config=None,
+                 bounded=True):
     """The grouped GEMM y[rows of e] = scaled a[rows of e] @ b[e]^T for every expert e, as
     ``vtnumba.cpu.experts.grouped_scaled_mm`` (callers check ``grouped_gemv_reason``): a uint8
     [P, K] codes sorted by expert, b uint8 [E, N, K], offsets int32 device [E + 1] (expert e's rows
@@ -827,7 +841,7 @@ def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
     if p == 0 or e == 0 or n == 0:
         return
     kernel, grid, block, args = grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
-                                                    dev, rows_hint, config)
+                                                    dev, rows_hint, config, bounded)
     kernel(grid, block, *args)
 
 
