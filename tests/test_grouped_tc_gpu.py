@@ -93,6 +93,7 @@ def test_cuda_graph_replays_the_launch(tcv, cp):
     d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
     y = poisoned_bits(cp, a.shape[0], 512, F32)
     tcv.grouped_gemv(d[0], d[1], d[2], d[3], d[4], y, F32, None, dev)  # compile and load before capturing
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         y[...] = cp.nan
@@ -101,11 +102,10 @@ def test_cuda_graph_replays_the_launch(tcv, cp):
         graph = stream.end_capture()
         graph.launch(stream)
         stream.synchronize()
-    check_grouped(y.get(), a, sa, b, sb, offsets, F32, None)
-    moved = np.array([0, 7, 9, 13, 13], np.int32)  # other counts (7, 2, 4, 0), the same rows in all
-    d[4][...] = cp.asarray(moved)
-    with stream:
+        check_grouped(y.get(), a, sa, b, sb, offsets, F32, None)
+        moved = np.array([0, 7, 9, 13, 13], np.int32)  # other counts (7, 2, 4, 0), the same rows in all
+        d[4][...] = cp.asarray(moved)
         y[...] = cp.nan
         graph.launch(stream)
         stream.synchronize()
-    check_grouped(y.get(), a, sa, b, sb, moved, F32, None)
+        check_grouped(y.get(), a, sa, b, sb, moved, F32, None)
