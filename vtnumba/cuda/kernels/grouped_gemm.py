@@ -46,7 +46,7 @@ _U32_ZERO = np.uint32(0)
 _F32_2P60 = np.float32(2.0 ** 60)
 _F32_2P120 = np.float32(2.0 ** 120)
 
-GROUPED_THREADS = 64 if SIMULATOR else 128  # gemv.py's measured 128 (the simulator: two warps)
+GROUPED_THREADS = 128  # gemv.py's measured 128
 MAX_SEGMENT = 32  # lanes of one K-block: bk <= 16 * 32 bytes
 GENERAL_THREADS = 32 if SIMULATOR else 128
 
@@ -90,14 +90,17 @@ def m_tile_for(rows):
 
 
 def rows_for(m_tile):
-    """Weight rows a block owns: 4, 2 at m_tile 4 (gemv.py's register budget)."""
+    """Weight rows a block owns: 4, 2 at m_tile 4 (gemv.py's register budget); under the simulator,
+    whose cost is per block, 8."""
+    if SIMULATOR:
+        return 8
     return 4 if m_tile <= 2 else 2
 
 
 def threads_for(k):
     """Threads a block: 128 split K in 16-byte steps; 64 or 32 where K has fewer steps than that."""
     k16 = k // 16
-    if SIMULATOR or k16 >= 128:
+    if k16 >= 128 and not SIMULATOR:  # (the simulator runs a Python thread a thread: at most two warps)
         return GROUPED_THREADS
     return 64 if k16 > 32 else 32
 
@@ -112,7 +115,28 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
     n_acc = rows * m_tile
     warps = threads // 32
     n_partial = warps * n_acc
-    scratch_size = threads if SIMULATOR else 1
+    scratch_size = threads * n_acc if SIMULATOR else 1
+
+    if SIMULATOR:  # no shuffles: every sum through shared memory at once, two barriers (each costs)
+        @cuda.jit(**DEVICE_INLINE)
+        def segment_sums(vals, sums, scratch, lane, warp, width):
+            """sums[i] = the sum of vals[i] over this lane's run of ``width`` lanes, for every i."""
+            tid = warp * 32 + lane
+            for i in range(n_acc):
+                scratch[tid * n_acc + i] = vals[i]
+            cuda.syncthreads()
+            first = warp * 32 + (lane // width) * width
+            for i in range(n_acc):
+                total = np.float32(0.0)
+                for j in range(width):
+                    total += scratch[(first + j) * n_acc + i]
+                sums[i] = total
+            cuda.syncthreads()
+    else:
+        @cuda.jit(**DEVICE_INLINE)
+        def segment_sums(vals, sums, scratch, lane, warp, width):
+            for i in range(n_acc):
+                sums[i] = segment_sum(vals[i], scratch, lane, warp, width)
 
     @cuda.jit(**DEVICE_INLINE)
     def fma_rows(words, xv, part, w_nan):
@@ -153,6 +177,7 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
         scratch = cuda.shared.array(scratch_size, types.float32)
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_acc, types.float32)
+        sums = cuda.local.array(n_acc, types.float32)
         xv = cuda.local.array(16 * m_tile, types.float32)
         qw = cuda.local.array(4, types.uint32)
         words = cuda.local.array(4 * rows, types.uint32)
@@ -168,53 +193,51 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
             for step in range(steps):  # every thread the same count (the block-scale shuffles need them all)
                 c = tid + step * threads
                 valid = c < k16
-                for r in range(rows):  # all loads first; rows past N reread the last one (dropped)
-                    if valid:
-                        w0, w1, w2, w3 = load_words(b, w_first + min(n_base + r, n_total - 1), 16 * c)
-                    else:
-                        w0 = w1 = w2 = w3 = _U32_ZERO
-                    words[4 * r] = w0
-                    words[4 * r + 1] = w1
-                    words[4 * r + 2] = w2
-                    words[4 * r + 3] = w3
-                for m in range(m_tile):
-                    if m < live and valid:
-                        qw[0], qw[1], qw[2], qw[3] = load_words(a, r0 + m, 16 * c)
-                        for i in range(4):
-                            x_nan[m] |= nan_code_bits(qw[i])
-                            f0, f1, f2, f3 = e4m3x4_scaled(qw[i])  # times 2^-120, then times 2^60
-                            xv[16 * m + 4 * i] = np.float32(np.float32(f0 * _F32_2P120) * _F32_2P60)
-                            xv[16 * m + 4 * i + 1] = np.float32(np.float32(f1 * _F32_2P120) * _F32_2P60)
-                            xv[16 * m + 4 * i + 2] = np.float32(np.float32(f2 * _F32_2P120) * _F32_2P60)
-                            xv[16 * m + 4 * i + 3] = np.float32(np.float32(f3 * _F32_2P120) * _F32_2P60)
-                    else:
-                        for j in range(16):
-                            xv[16 * m + j] = _F32_ZERO
                 if blocked:
                     fill(part, _F32_ZERO)
-                    fma_rows(words, xv, part, w_nan)
+                if valid:  # (only the last step leaves threads out)
+                    for r in range(rows):  # all loads first; rows past N reread the last one (dropped)
+                        w0, w1, w2, w3 = load_words(b, w_first + min(n_base + r, n_total - 1), 16 * c)
+                        words[4 * r] = w0
+                        words[4 * r + 1] = w1
+                        words[4 * r + 2] = w2
+                        words[4 * r + 3] = w3
+                    for m in range(m_tile):
+                        if m < live:
+                            qw[0], qw[1], qw[2], qw[3] = load_words(a, r0 + m, 16 * c)
+                            for i in range(4):
+                                x_nan[m] |= nan_code_bits(qw[i])
+                                f0, f1, f2, f3 = e4m3x4_scaled(qw[i])  # times 2^-120, then times 2^60
+                                xv[16 * m + 4 * i] = np.float32(np.float32(f0 * _F32_2P120) * _F32_2P60)
+                                xv[16 * m + 4 * i + 1] = np.float32(np.float32(f1 * _F32_2P120) * _F32_2P60)
+                                xv[16 * m + 4 * i + 2] = np.float32(np.float32(f2 * _F32_2P120) * _F32_2P60)
+                                xv[16 * m + 4 * i + 3] = np.float32(np.float32(f3 * _F32_2P120) * _F32_2P60)
+                        else:
+                            for j in range(16):
+                                xv[16 * m + j] = _F32_ZERO
+                    fma_rows(words, xv, part if blocked else acc, w_nan)
+                if blocked:
                     kb = (16 * c) // block_k
                     lead = valid and lane % segment == 0
+                    segment_sums(part, sums, scratch, lane, warp, segment)
                     for r in range(rows):
                         sb = _F32_ZERO
                         if lead:
                             sb = _scale_at(sb_f, sb_u, sb_e8m0, e * sb_e + (min(n_base + r, n_total - 1) // block_n)
                                            * sb_nb + kb * sb_kb)
                         for m in range(m_tile):
-                            p = segment_sum(part[r * m_tile + m], scratch, lane, warp, segment)
+                            p = sums[r * m_tile + m]
                             if lead and m < live:
                                 sa = _scale_at(sa_f, sa_u, sa_e8m0, (r0 + m) * sa_row + kb * sa_kb)
                                 acc[r * m_tile + m] += np.float32(np.float32(np.float32(p * _F32_2P60) * sa) * sb)
-                else:
-                    fma_rows(words, xv, acc, w_nan)
             for r in range(rows):
                 for m in range(m_tile):
                     if w_nan[r] != _U32_ZERO or x_nan[m] != _U32_ZERO:
                         acc[r * m_tile + m] = _F32_NAN
-            for i in range(n_acc):
-                v = segment_sum(acc[i], scratch, lane, warp, 32)
-                if lane == 0:
-                    partial[warp * n_acc + i] = v
+            segment_sums(acc, sums, scratch, lane, warp, 32)
+            if lane == 0:
+                for i in range(n_acc):
+                    partial[warp * n_acc + i] = sums[i]
             cuda.syncthreads()
             out_r = tid // m_tile
             out_m = tid - out_r * m_tile
