@@ -6,7 +6,8 @@ Shapes (E experts, N, K; every expert routed the same number of rows):
   qwen3_down        128 x 2048 x 768
   deepseek_gate_up   16 x 4096 x 7168   DeepSeek-V3's experts (the 16 a rank holds at EP = 16)
 
-Per shape and rows per expert (1, 8, 16 by default) it prints the device time of
+Per shape and routing (``--rows``: 1, 8 and 16 rows in every expert, and 1 row in each of 8 experts
+with the rest empty -- decode at one token, top-8 -- by default) it prints the device time of
   - ours: grouped_gemv, per-row x per-channel float32 scales, bf16 out, in passes of 16 rows (the
     kernel a caller gets without rows_hint) and of 8 (rows_hint=8: 9..16 rows take two passes);
     ``--configs``: every GEMV configuration, both pass sizes, with and without the register cap;
@@ -49,7 +50,8 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="gate_up shapes, 8 rows, fewer repeats: a smoke run")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
-    p.add_argument("--rows", default="1,8,16", help="rows per expert, comma-separated")
+    p.add_argument("--rows", default="1,8,16,1x8",
+                   help="rows per expert, comma-separated; RxA: R rows in each of A experts, the rest empty")
     p.add_argument("--configs", action="store_true", help="also time every GEMV configuration (GEMV_CONFIGS)")
     p.add_argument("--block", action="store_true", help="also time the block-scaled (128 x 128) grouped GEMV")
     p.add_argument("--no-torch", action="store_true", help="skip torch's grouped GEMMs")
@@ -62,8 +64,14 @@ def parse(argv):
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
         p.error(f"unknown shapes {unknown}; known: {list(SHAPES)}")
-    args.rows = [int(r) for r in args.rows.split(",") if r]
+    args.rows = [_routing(r) for r in args.rows.split(",") if r]
     return args
+
+
+def _routing(spec):
+    """(rows per routed expert, routed experts or None for all) of "8" or "1x8"."""
+    rows, _, active = spec.partition("x")
+    return int(rows), (int(active) if active else None)
 
 
 def device_us(torch, fn, repeats, rounds):
@@ -129,15 +137,21 @@ def main(argv=None):
             sb_block = torch.rand(e, -(-n // 128), -(-k // 128), device="cuda") * 0.05 + 0.01
             print(f"\n## {name}: E = {e}, N = {n}, K = {k}; FP8 weights {wbytes / 1e6:.0f} MB, "
                   f"{wbytes / FLOOR_TBS / 1e6:.1f} us at {FLOOR_TBS:g} TB/s")
-            print("| rows/expert | kernel | us | TB/s (weights) | torch FP8 / this | max diff vs torch FP8 | note |")
+            print("| rows/expert | kernel | us | TB/s (routed weights) | torch FP8 / this | max diff vs torch FP8 "
+                  "| note |")
             print("|---|---|---|---|---|---|---|", flush=True)
-            for rows in args.rows:
-                p = e * rows
+            for rows, active in args.rows:
+                active = e if active is None else min(active, e)
+                counts = np.zeros(e, dtype=np.int32)
+                counts[np.linspace(0, e - 1, active).astype(int)] = rows  # spread over the experts
+                p = rows * active
+                routed_bytes = active * n * k
+                rows_label = f"{rows}" if active == e else f"{rows} in {active} experts"
                 x_fp8 = (torch.randn(p, k, device="cuda") * 2).to(torch.float8_e4m3fn)
                 a = cp.asarray(x_fp8.view(torch.uint8))
                 sa = torch.rand(p, device="cuda") * 0.02 + 0.001
                 sa_block = torch.rand(p, -(-k // 128), device="cuda") * 0.02 + 0.001
-                offsets_t = torch.arange(0, p + 1, rows, device="cuda", dtype=torch.int32)
+                offsets_t = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), device="cuda", dtype=torch.int32)
                 offsets = cp.asarray(offsets_t)
                 y = torch.empty(p, n, device="cuda", dtype=torch.bfloat16)
                 y_bits = cp.asarray(y.view(torch.int16)).view(cp.uint16)
@@ -153,9 +167,9 @@ def main(argv=None):
                                                             out_dtype=torch.bfloat16)
                         reference = torch_fp8()
                         ref_us, note = device_us(torch, torch_fp8, args.repeats, args.rounds)
-                        results.append(("torch._scaled_grouped_mm (rowwise)", ref_us, None, note, wbytes))
+                        results.append(("torch._scaled_grouped_mm (rowwise)", ref_us, None, note, routed_bytes))
                     except Exception as exc:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
-                        print(f"| {rows} | torch._scaled_grouped_mm | - | - | - | - | failed: "
+                        print(f"| {rows_label} | torch._scaled_grouped_mm | - | - | - | - | failed: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |", flush=True)
                     try:
                         x_bf16 = x_fp8.to(torch.bfloat16)
@@ -165,9 +179,9 @@ def main(argv=None):
                                                      out_dtype=torch.bfloat16)
                         torch_bf16()
                         us, note = device_us(torch, torch_bf16, args.repeats, args.rounds)
-                        results.append(("torch._grouped_mm (bf16 weights)", us, None, note, 2 * wbytes))
+                        results.append(("torch._grouped_mm (bf16 weights)", us, None, note, 2 * routed_bytes))
                     except Exception as exc:  # noqa: BLE001
-                        print(f"| {rows} | torch._grouped_mm | - | - | - | - | failed: "
+                        print(f"| {rows_label} | torch._grouped_mm | - | - | - | - | failed: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |", flush=True)
 
                 # rows_hint None: passes of 16 rows (what a caller without a bound gets); rows_hint 8:
@@ -181,7 +195,7 @@ def main(argv=None):
                 for label, hint, cfg, bounded in variants:
                     reason = tc_gemv.grouped_gemv_reason(a, sa_c, b, sb_c, None, dev)
                     if reason:
-                        print(f"| {rows} | {label} | - | - | - | - | cannot run: {reason} |", flush=True)
+                        print(f"| {rows_label} | {label} | - | - | - | - | cannot run: {reason} |", flush=True)
                         continue
                     kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(a, sa_c, b, sb_c, offsets, y_bits, _bf16(),
                                                                              None, dev, hint, cfg, bounded)
@@ -193,19 +207,21 @@ def main(argv=None):
                     ours()
                     out = y.clone()
                     us, note = device_us(torch, ours, args.repeats, args.rounds)
-                    results.append((f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note, wbytes))
+                    results.append((f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note,
+                                    routed_bytes))
                 if args.block:
                     sa_b, sb_b = cp.asarray(sa_block), cp.asarray(sb_block)
                     reason = tc_gemv.grouped_gemv_reason(a, sa_b, b, sb_b, (128, 128), dev)
                     if reason:
-                        print(f"| {rows} | ours block-scaled | - | - | - | - | cannot run: {reason} |", flush=True)
+                        print(f"| {rows_label} | ours block-scaled | - | - | - | - | cannot run: {reason} |",
+                              flush=True)
                     else:
                         kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(
                             a, sa_b, b, sb_b, offsets, y_bits, _bf16(), (128, 128), dev)
                         prepared = kernel.prepare(grid, block, *kargs)
                         stream_ptr = torch.cuda.current_stream().cuda_stream
                         us, note = device_us(torch, lambda: prepared.launch(stream_ptr), args.repeats, args.rounds)
-                        results.append(("ours block-scaled 128 x 128, 16-row passes", us, None, note, wbytes))
+                        results.append(("ours block-scaled 128 x 128, 16-row passes", us, None, note, routed_bytes))
 
                 for label, us, out, note, nbytes in results:
                     ratio = f"{ref_us / us:.2f}x" if ref_us else "-"
@@ -213,8 +229,8 @@ def main(argv=None):
                     if out is not None and reference is not None:
                         r = reference.float()
                         diff = f"{((out.float() - r).abs().max() / r.abs().max()).item():.1e}"
-                    print(f"| {rows} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} | {note} |",
-                          flush=True)
+                    print(f"| {rows_label} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} "
+                          f"| {note} |", flush=True)
             del w_bf16
             torch.cuda.empty_cache()
 
