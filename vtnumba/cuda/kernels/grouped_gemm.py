@@ -115,6 +115,8 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
     n_acc = rows * m_tile
     warps = threads // 32
     n_partial = warps * n_acc
+    n_x = 16 * m_tile  # (local array sizes must be constants of the factory, not expressions)
+    n_words = 4 * rows
     scratch_size = threads * n_acc if SIMULATOR else 1
 
     if SIMULATOR:  # no shuffles: every sum through shared memory at once, two barriers (each costs)
@@ -178,9 +180,9 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
         acc = cuda.local.array(n_acc, types.float32)
         part = cuda.local.array(n_acc, types.float32)
         sums = cuda.local.array(n_acc, types.float32)
-        xv = cuda.local.array(16 * m_tile, types.float32)
+        xv = cuda.local.array(n_x, types.float32)
         qw = cuda.local.array(4, types.uint32)
-        words = cuda.local.array(4 * rows, types.uint32)
+        words = cuda.local.array(n_words, types.uint32)
         w_nan = cuda.local.array(rows, types.uint32)
         x_nan = cuda.local.array(m_tile, types.uint32)
         steps = (k16 + threads - 1) // threads

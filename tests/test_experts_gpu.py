@@ -1,0 +1,320 @@
+"""Mixture-of-experts on a real GPU (vtnumba.cuda.experts through the seam): grouped_matmul_fp8 and
+moe_fp8 on cupy against the CPU backend for every scheme (dynamic, static per expert, per-token x
+per-channel, 128 x 128 blocks, UE8M0 blocks, MXFP8) -- quantization and routing byte for byte, the
+GEMMs within G3 per expert (the tensor-core bound where cuBLASLt runs), the SiLU within the exp
+tolerance of tests/test_cudasim_experts.py, the combine byte for byte; which grouped kernel runs per
+scheme and rows per expert (1, 8, 64, 512); the CUDA-core grouped kernels forced on every scheme;
+a whole moe_fp8 captured into a CUDA graph (vtnumba.cuda.capture, and torch.cuda.graph in its
+default mode) replaying the eager bytes; no host synchronization at decode (a raw stream capture,
+which any synchronization breaks); the per-expert path's read-back refused while capturing; empty
+experts and T = 0. Skipped without a GPU (marker ``gpu``)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from vtnumba import seam
+from vtnumba.cpu import experts as cpu
+from vtnumba.seam import experts as se
+from vtnumba.testing.gates import assert_block_g3, assert_g3
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+E, H, I = 8, 256, 256
+
+SCHEMES = {
+    "dynamic": dict(),
+    "static": dict(input_scale=list(np.linspace(0.008, 0.012, E))),
+    "per_token": dict(activation_scheme="per_token", per_channel=True),
+    "per_group": dict(block_size=(128, 128)),
+    "ue8m0": dict(block_size=(128, 128), scale_ue8m0=True, scale_format="e8m0"),
+    "mxfp8": dict(block_size=(1, 32), scale_format="e8m0"),
+}
+FLOAT_SCALES = {"dynamic", "static", "per_token", "per_group"}  # what the tensor-core grouped GEMV takes
+
+
+def _device(cp, x):
+    """x on the GPU; bfloat16 travels as its bits (cupy has no bfloat16)."""
+    x = np.ascontiguousarray(x)
+    return cp.asarray(x.view(np.uint16)).view(BF16) if x.dtype == BF16 else cp.asarray(x)
+
+
+def _host(cp, x):
+    return x if isinstance(x, np.ndarray) else cp.asnumpy(x)
+
+
+_LAYERS = {}
+
+
+def _layer(name):
+    """(gate_up, down) host Fp8Experts of scheme ``name`` and their resident copies on cuda:0."""
+    if name not in _LAYERS:
+        rng = np.random.default_rng(len(name))
+        opts = SCHEMES[name]
+        gu = seam.Fp8Experts.from_float((rng.standard_normal((E, 2 * I, H)) / np.sqrt(H)).astype(np.float32), **opts)
+        dn_opts = dict(opts, input_scale=list(np.linspace(0.012, 0.02, E))) if "input_scale" in opts else opts
+        dn = seam.Fp8Experts.from_float((rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32), **dn_opts)
+        _LAYERS[name] = (gu, dn, seam.ResidentFp8(gu, "cuda:0"), seam.ResidentFp8(dn, "cuda:0"))
+    return _LAYERS[name]
+
+
+def _offsets(counts):
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
+def _assert_expert_g3(y, a, sa, ex, offsets, out_dtype=F32, tensor_core=False):
+    """y's rows of every expert within G3 (per block) of the float64 reference of a's codes and
+    scales against ex's weights; padding rows 0. Returns the count compared."""
+    b, sb = np.asarray(ex.data), np.asarray(ex.weight_scale)
+    y, a, sa = np.asarray(y), np.asarray(a), np.asarray(sa)
+    compared = 0
+    for e in range(b.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi <= lo:
+            continue
+        if ex.block_size is None:
+            sae = sa[lo:hi] if sa.size > 1 else sa.reshape(-1)[0]
+            compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sae, sb[e], None, out_dtype, tensor_core=tensor_core)
+        else:
+            compared += assert_block_g3(y[lo:hi], a[lo:hi], b[e], sa[lo:hi], sb[e], ex.block_size, None, out_dtype,
+                                        tensor_core=tensor_core)
+    assert (y[int(offsets[-1]):].astype(np.float64) == 0).all()
+    return compared
+
+
+def _codes_close(got, want):
+    """Equal codes but for the exp tolerance (tests/test_cudasim_experts.py)."""
+    diff = got != want
+    if diff.any():
+        g, w = got[diff].astype(int), want[diff].astype(int)
+        assert diff.mean() <= 0.02 and ((g & 0x80) == (w & 0x80)).all() and (np.abs(g - w) == 1).all()
+
+
+def _scales_close(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype == np.uint8:
+        assert (np.abs(got.astype(int) - want.astype(int)) <= 1).all()
+    else:
+        np.testing.assert_allclose(got, want, rtol=2.0 ** -20, atol=0)
+
+
+def _expected_kernel(name, rows_per_expert):
+    from vtnumba.cuda.experts import PER_EXPERT_MIN_ROWS
+
+    if rows_per_expert >= PER_EXPERT_MIN_ROWS:
+        return "per_expert"
+    return "tensorcore_grouped_gemv" if name in FLOAT_SCALES else "grouped"
+
+
+# -- the grouped GEMM ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, 8, 64, 512])
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_grouped_matmul_on_the_gpu_runs_the_expected_kernel_within_g3(cp, name, rows):
+    from vtnumba.cuda import experts as gpu
+
+    gu, _, gu_res, _ = _layer(name)
+    counts = [2 * rows, rows, rows, 0, rows, rows, rows, rows]  # expert 3 empty
+    offsets = _offsets(counts)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((int(offsets[-1]), H)).astype(np.float32)
+    xd, offs_d = _device(cp, x), cp.asarray(offsets)
+    # the activation's quantization: the CPU's bytes (G2)
+    codes_d, scale_d = se._quantize_rows(xd, gu_res.weight, offs_d, gpu)
+    codes, scale = se._quantize_rows(x, gu, offsets, cpu)
+    np.testing.assert_array_equal(_host(cp, codes_d), codes)
+    np.testing.assert_array_equal(_host(cp, scale_d).view(np.uint8), np.asarray(scale).view(np.uint8))
+    dev = gu_res.weight
+    kernel = gpu.grouped_kernel_for(codes_d, se._row_scale(scale_d, dev), dev.data, dev.weight_scale, offs_d, F32,
+                                    dev.block_size)
+    assert kernel == _expected_kernel(name, rows)
+    y = seam.grouped_matmul_fp8(xd, gu_res, offs_d, out_dtype=np.float32)
+    assert _assert_expert_g3(_host(cp, y), codes, se._row_scale(scale, gu), gu, offsets,
+                             tensor_core=kernel == "per_expert") > y.size // 2
+
+
+@pytest.mark.parametrize("kernel", ["grouped", "grouped_general"])
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_the_cuda_core_grouped_kernels_meet_g3_on_every_scheme(cp, name, rows, kernel):
+    from vtnumba.cuda import experts as gpu
+
+    gu, _, gu_res, _ = _layer(name)
+    counts = [rows, 0, 3 * rows, rows, 0, rows, rows, 1]
+    offsets = _offsets(counts)
+    p = int(offsets[-1]) + 3  # three padding rows
+    rng = np.random.default_rng(7 * rows)
+    x = rng.standard_normal((p, H)).astype(np.float32)
+    codes, scale = se._quantize_rows(x, gu, offsets, cpu)
+    scale = se._row_scale(scale, gu)
+    dev = gu_res.weight
+    for out_dtype in (F32, BF16):
+        y = gpu.grouped_scaled_mm(cp.asarray(codes), cp.asarray(scale), dev.data, dev.weight_scale, cp.asarray(offsets),
+                                  out_dtype, dev.block_size, kernel=kernel)
+        host = _host(cp, y.view(np.uint16)).view(BF16) if out_dtype == BF16 else _host(cp, y)
+        assert _assert_expert_g3(host, codes, scale, gu, offsets, out_dtype) > host.size // 2
+
+
+# -- the whole layer --------------------------------------------------------------------------------------
+
+def _routing(rng, t, k, empty=(3,)):
+    live = [e for e in range(E) if e not in empty]
+    ids = np.stack([rng.choice(live, size=k, replace=False) for _ in range(t)]).astype(np.int64)
+    if t * k >= 4:
+        ids.flat[1], ids.flat[-1] = -1, E  # the sentinels route nothing
+    w = rng.uniform(0.1, 1.0, size=(t, k)).astype(np.float32)
+    return ids, w
+
+
+@pytest.mark.parametrize("t", [4, 256])
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu(cp, name, t):
+    """Every step of MoeCall on the GPU against the CPU's: routing and the gate_up activation byte for
+    byte, both GEMMs within G3 of their own inputs, the SiLU-quantize within the exp tolerance of the
+    CPU's on the GPU's hidden rows, the combine the CPU's bytes on the GPU's y."""
+    gu, dn, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(t + len(name))
+    x = rng.standard_normal((t, H)).astype(BF16 if t == 4 else np.float32)
+    ids, w = _routing(rng, t, 2)
+    want = se.MoeCall(x, gu, dn, ids, w)
+    want.run()
+    call = se.MoeCall(_device(cp, x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w))
+    out = call.run()
+    got = {key: value for key, value in call.state.items()}
+    ref = want.state
+    for key in ("offsets", "pair_row", "row_token", "a"):
+        np.testing.assert_array_equal(_host(cp, got[key]), ref[key], err_msg=key)
+    np.testing.assert_array_equal(_host(cp, got["sa"]).view(np.uint8), np.asarray(ref["sa"]).view(np.uint8))
+    offsets = ref["offsets"]
+    hidden = _host(cp, got["hidden"])
+    _assert_expert_g3(hidden, ref["a"], se._row_scale(ref["sa"], gu), gu, offsets)
+    act_want, sact_want = se._quantize_rows(cpu.silu_mul(hidden, offsets), dn, offsets, cpu)
+    act, sact = _host(cp, got["act"]), _host(cp, got["sact"])
+    _codes_close(act, act_want)
+    _scales_close(sact, np.asarray(sact_want))
+    y = _host(cp, got["y"])
+    _assert_expert_g3(y, act, se._row_scale(sact, dn), dn, offsets)
+    host_out = _host(cp, out.view(np.uint16)).view(BF16) if x.dtype == BF16 else _host(cp, out)
+    np.testing.assert_array_equal(host_out.view(np.uint8), cpu.moe_combine(y, ref["pair_row"], w, x.dtype).view(np.uint8))
+    assert np.abs(host_out.astype(np.float32)).max() > 0
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_moe_fp8_captured_into_a_cuda_graph_replays_the_eager_bytes(cp, name):
+    """A decode step captured whole (vtnumba.cuda.capture): new tokens and a new routing copied in
+    replay to the eager bytes -- the row counts are read on the device, call after call."""
+    import vtnumba.cuda
+
+    _, _, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(11)
+    t = 4
+    x = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
+    ids, w = _routing(rng, t, 2)
+    step = vtnumba.cuda.capture(lambda a, b, c: seam.moe_fp8(a, gu_res, dn_res, b, c), x, cp.asarray(ids),
+                                cp.asarray(w))
+    for seed in range(3):
+        r = np.random.default_rng(100 + seed)
+        x2 = cp.asarray(r.standard_normal((t, H)).astype(np.float32))
+        ids2, w2 = _routing(r, t, 2, empty=(seed,))
+        eager = seam.moe_fp8(x2, gu_res, dn_res, cp.asarray(ids2), cp.asarray(w2))
+        replay = step(x2, cp.asarray(ids2), cp.asarray(w2))
+        np.testing.assert_array_equal(cp.asnumpy(replay).view(np.uint32), cp.asnumpy(eager).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["dynamic", "mxfp8", "static"])
+def test_a_decode_moe_fp8_never_synchronizes_with_the_host(cp, name):
+    """The whole call inside a raw stream capture (relaxed mode: allocations allowed): any
+    synchronization on the stream -- a read-back of the offsets, a .get() -- makes the capture
+    fail. The graph then replays the eager bytes."""
+    _, _, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(12)
+    x = cp.asarray(rng.standard_normal((2, H)).astype(np.float32))
+    ids, w = (cp.asarray(v) for v in _routing(rng, 2, 2))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = seam.moe_fp8(x, gu_res, dn_res, ids, w)  # warm: kernels compiled, scales uploaded
+        stream.synchronize()
+        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
+        stream.begin_capture() if mode is None else stream.begin_capture(mode)
+        try:
+            out = seam.moe_fp8(x, gu_res, dn_res, ids, w)
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), cp.asnumpy(eager).view(np.uint32))
+
+
+def test_the_per_expert_path_is_refused_while_capturing(cp):
+    """A prefill-sized call takes per_expert eagerly (its read-back synchronizes), never inside a
+    capture: there the next kernel runs, within the same bounds."""
+    import vtnumba.cuda
+    from vtnumba.cuda import experts as gpu
+
+    gu, _, gu_res, _ = _layer("dynamic")
+    counts = [256] * E
+    offsets = cp.asarray(_offsets(counts))
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((256 * E, H)).astype(np.float32)
+    xd = cp.asarray(x)
+    codes, scale = se._quantize_rows(xd, gu_res.weight, offsets, gpu)
+    dev = gu_res.weight
+    assert gpu.grouped_kernel_for(codes, scale, dev.data, dev.weight_scale, offsets, F32, None) == "per_expert"
+    eager = seam.grouped_matmul_fp8(xd, gu_res, offsets, out_dtype=np.float32)
+    step = vtnumba.cuda.capture(lambda a: seam.grouped_matmul_fp8(a, gu_res, offsets, out_dtype=np.float32), xd)
+    replay = step(xd)
+    host_codes, host_scale = se._quantize_rows(x, gu, _offsets(counts), cpu)
+    _assert_expert_g3(cp.asnumpy(replay), host_codes, host_scale, gu, _offsets(counts))
+    _assert_expert_g3(cp.asnumpy(eager), host_codes, host_scale, gu, _offsets(counts), tensor_core=True)
+
+
+@pytest.mark.parametrize("name", ["per_token", "per_group"])
+def test_moe_fp8_on_torch_tensors_in_a_torch_cuda_graph(cp, name):
+    torch = pytest.importorskip("torch")
+    _, _, gu_res, dn_res = _layer(name)
+    t = 4
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xs = [torch.randn(t, H, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+    rng = np.random.default_rng(14)
+    ids, w = _routing(rng, t, 2)
+    ids_t = torch.as_tensor(ids, device="cuda")
+    w_t = torch.as_tensor(w, device="cuda")
+    static_x = xs[0].clone()
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            seam.moe_fp8(static_x, gu_res, dn_res, ids_t, w_t)
+            seam.moe_fp8(static_x, gu_res, dn_res, ids_t, w_t)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_out = seam.moe_fp8(static_x, gu_res, dn_res, ids_t, w_t)
+        assert isinstance(static_out, torch.Tensor) and static_out.dtype == torch.bfloat16
+        for x in xs[1:] + xs[:1]:
+            eager = seam.moe_fp8(x, gu_res, dn_res, ids_t, w_t)
+            static_x.copy_(x)
+            graph.replay()
+            torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
+    assert int(torch.count_nonzero(eager)) > 0
+
+
+def test_empty_experts_and_no_tokens(cp):
+    gu, dn, gu_res, dn_res = _layer("dynamic")
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    ids = np.full((6, 2), 2, dtype=np.int64)  # every pair on expert 2 ...
+    ids[:, 1] = -1  # ... or on none
+    ids[0, 0] = E
+    w = rng.uniform(0.1, 1, size=(6, 2)).astype(np.float32)
+    got = cp.asnumpy(seam.moe_fp8(cp.asarray(x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w)))
+    want = seam.moe_fp8(x, gu, dn, ids, w)
+    assert (got[0] == 0).all() and (want[0] == 0).all()  # token 0 routes nothing
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * float(np.abs(want).max()))
+    none = seam.moe_fp8(cp.zeros((0, H), np.float32), gu_res, dn_res, cp.zeros((0, 2), np.int64),
+                        cp.zeros((0, 2), np.float32))
+    assert none.shape == (0, H)
+    ids[:] = -1  # nothing routed at all
+    out = cp.asnumpy(seam.moe_fp8(cp.asarray(x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w)))
+    assert (out == 0).all()
