@@ -401,6 +401,7 @@ class PerExpert:
     def run(self, call, y):
         offs = np.asarray(call.offsets) if SIMULATOR else _device.xp.asnumpy(call.offsets)  # the one read-back
         per_row_a = call.sa_row != 0
+        bits = _epilogue.out_bits(y)  # copies as float32 or 16-bit words: cupy has no bfloat16 arithmetic
         for e in range(call.e):
             lo, hi = int(offs[e]), int(offs[e + 1])
             if hi <= lo:
@@ -412,8 +413,8 @@ class PerExpert:
             else:
                 sb = call.scale_b[e] if call.scale_b.ndim == 2 else call.scale_b[e:e + 1]
                 part = _gemm.scaled_mm(call.a[lo:hi], call.b[e], sa, sb, call.out_dtype, None, None)
-            y[lo:hi] = part
-        y[max(0, int(offs[call.e])):] = 0
+            bits[lo:hi] = _epilogue.out_bits(part)
+        bits[max(0, int(offs[call.e])):] = 0
 
 
 class GroupedCudaCore:
