@@ -38,11 +38,14 @@ Experts with more rows (where the dense loop picks the ``blas`` kernel: M * K ov
 with block scales) are called one by one through the dense entry points -- sgemm already spreads
 them over the cores -- and so are MXFP8 experts whose scale bytes leave the exact shortcut's window
 (``mx.py``'s module docstring), whose dense call then runs the block-scaled kernels; bitwise too.
-Measured in tests/test_experts_cpu.py: bitwise against the per-expert loop at 1-40 rows per expert
-and for every kind above, serial or parallel on either side; within G3 (G3 per block) of the
-float64 reference by being that loop. Not bitwise against the per-*row* loop (``scaled_mm`` of one
-row at a time): a row's sum order depends on how many rows its expert has (the M = 1 kernel, a 4 x 4
-block or the 1 x 4 tail), which G3 allows.
+Measured in tests/test_experts_cpu.py: bitwise against the per-expert loop for every kind above at
+1-17 rows per expert (the M = 1 kernels, 4 x 4 blocks and their 1 x 4 tails), at 70 rows (block and
+MX experts past the small-M kernels) and 11000 (a per-tensor one), with float32 and bfloat16 out,
+the drivers' parallel twins too; within G3 (G3 per block) of the float64 reference, which the loop
+meets. Not bitwise against a per-*row* loop (``scaled_mm`` of one row at a time): a row's sum order
+depends on how many rows its expert has (the M = 1 kernel, a 4 x 4 block or its 1 x 4 tail), which
+G3 allows. So ``moe_fp8`` equals its composite of dense seam ops bit for bit when each expert's rows
+go through one dense call, and a pair-by-pair composite only where every expert has one row.
 
 Kernels never validate (the seam does).
 """
