@@ -40,11 +40,12 @@ def random_codes(cp, rng, shape):
 
 
 def copy_tb_s(cp, best_device_us):
-    """The device's copy rate (bytes read per second) on a 1 GiB buffer."""
+    """The device's copy rate on a 1 GiB buffer, bytes read + written per second: the rate at which
+    a kernel that only streams weights in can read them (the weight-read floor)."""
     src = cp.ones(1 << 28, dtype=cp.float32)
     dst = cp.empty_like(src)
     us = best_device_us(lambda: cp.copyto(dst, src), 10, 3)
-    return src.nbytes / (us * 1e-6) / 1e12
+    return 2 * src.nbytes / (us * 1e-6) / 1e12
 
 
 def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
@@ -98,7 +99,7 @@ def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
 
 def decode_layer_table(args, cp, torch, rng, us, tb_s):
     import vtnumba.cuda as vtcuda
-    from vtnumba import seam
+    from vtnumba import profile, seam
 
     cfg = QWEN3_MOE
     e, h, inter, top_k = cfg["experts"], cfg["hidden"], cfg["intermediate"], cfg["top_k"]
@@ -108,6 +109,7 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
     print("|---|---|---|---|---|")
     schemes = [("per_token", dict(activation_scheme="per_token"), None),
                ("per_group 128x128", dict(), (128, 128))]
+    profiles = []
     for name, kw, block in schemes if not args.quick else schemes[:1]:
         if block is None:
             sgu = cp.asarray(rng.uniform(0.5, 1.5, size=(e, 2 * inter)).astype(np.float32) * 1e-2)
@@ -133,6 +135,9 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
         floor_us = top_k * (2 * inter * h + h * inter) / (tb_s * 1e12) * 1e6
         row(name, f"{t_eager:.1f}", "n/a" if t_graph is None else f"{t_graph:.1f}" + ("" if same else " (differs!)"),
             f"{floor_us:.1f}", "n/a" if t_graph is None else f"{t_graph / floor_us:.2f}x")
+        profiles.append((name, profile.profile_moe(x, gu, dn, ids, weights, repeats=50)))
+    for name, rec in profiles:  # where a decode step's time goes, step by step (device time, queued)
+        print(f"\n{name}: " + rec.table() + "\n")
 
 
 def main():
@@ -153,7 +158,7 @@ def main():
           f"{torch.__version__}")
     rng = np.random.default_rng(0)
     tb_s = copy_tb_s(cp, best_device_us)
-    print(f"copy rate: {tb_s:.2f} TB/s read")
+    print(f"copy rate: {tb_s:.2f} TB/s read + write (the floors below read the weights at this rate)")
     grouped_gemm_table(args, cp, torch, rng, us, tb_s)
     decode_layer_table(args, cp, torch, rng, us, tb_s)
 

@@ -406,15 +406,24 @@ class PerExpert:
             lo, hi = int(offs[e]), int(offs[e + 1])
             if hi <= lo:
                 continue
-            sa = call.scale_a[lo:hi] if per_row_a else call.scale_a
+            sa = _aligned(call.scale_a[lo:hi]) if per_row_a else call.scale_a
             if call.blocked:
-                part = _block.block_scaled_mm(call.a[lo:hi], call.b[e], sa, call.scale_b[e], call.block_size,
-                                              call.out_dtype, None, None)
+                part = _block.block_scaled_mm(call.a[lo:hi], call.b[e], sa, _aligned(call.scale_b[e]),
+                                              call.block_size, call.out_dtype, None, None)
             else:
                 sb = call.scale_b[e] if call.scale_b.ndim == 2 else call.scale_b[e:e + 1]
-                part = _gemm.scaled_mm(call.a[lo:hi], call.b[e], sa, sb, call.out_dtype, None, None)
+                part = _gemm.scaled_mm(call.a[lo:hi], call.b[e], sa, _aligned(sb), call.out_dtype, None, None)
             bits[lo:hi] = _epilogue.out_bits(part)
         bits[max(0, int(offs[call.e])):] = 0
+
+
+def _aligned(view):
+    """``view``, or a copy of it where its address is not 16-byte aligned: cuBLASLt refused an expert's
+    per-tensor scale read in place from the [E] array (CUBLAS_STATUS_NOT_SUPPORTED on the H200 for
+    expert e at a 4 e byte offset), and so may any scale vector it reads through a pointer."""
+    if SIMULATOR or view.data.ptr % 16 == 0:
+        return view
+    return view.copy()
 
 
 class GroupedCudaCore:
