@@ -516,7 +516,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         n_total = y.shape[1]
         w0 = e * n_total
         we = b[w0:w0 + n_total]
-        # the views are taken here: a CUDA device function cannot return one of its argument's
+        # the views are taken here: a CUDA device function cannot return a view of an argument
         if block_scaled:
             blocks = (n_total + 127) // 128  # the weight's 128-row blocks
             sb0, sb1 = e * blocks, (e + 1) * blocks
