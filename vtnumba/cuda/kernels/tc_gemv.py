@@ -538,8 +538,8 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     return gemv_grouped
 
 
-# The grouped kernel's loop over passes keeps 25-35 more registers live than the ungrouped kernel
-# (ptxas, sm_90: 138-146 against 110-114 at 8 rows, 165-182 against 149-154 at 16), a block less a
+# The grouped kernel's loop over passes keeps more registers live than the ungrouped kernel (ptxas,
+# sm_90, r16_w4_d2: 138-146 against 110-112 at 8 rows, 178-234 against 149-154 at 16), a block less a
 # multiprocessor, and the ungrouped kernel lost a third of its speed to that (the 4-deep ring, module
 # docstring). Capped at these counts by launch bounds (rt = 1, depth 2: the configurations whose
 # ungrouped kernels fit), ptxas spills 8 bytes (codes) to 52 (block scales) at 8 rows and 40-48 at
