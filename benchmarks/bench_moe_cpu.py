@@ -16,9 +16,19 @@ dequantized weights, which it reads at 4 bytes a value where the FP8 layer reads
 per-token activations with per-channel weights (vLLM's PTPC / compressed-tensors' channel-wise
 checkpoints) and 128 x 128 block-scaled weights with per-group activations (Qwen3-30B-A3B-FP8).
 
-Each trial runs both sides back to back, alternating which goes first; a time is the minimum over
-the trials (the machine is shared: the minimum is the run the least disturbed). Targets: the layer
+Each call takes the next of four routings (and inputs) drawn for its token count, so the routed
+experts' weights come from memory as in a model, where each layer has experts of its own (four
+routings of 8 experts are 150 MB of FP8 codes, past the 32 MiB L3; the peer's float32, 600 MB).
+A trial runs each side after a pause and one untimed call (OpenBLAS's workers busy-wait ~80 ms
+after each call, and on two cores a side timed right after the other shares a core with them; see
+``bench_cpu_gemm.SETTLE_S``), alternating which side goes first; a time is the minimum over the
+trials (the machine is shared: the minimum is the run the least disturbed). Targets: the layer
 >= 2.0x the numpy loop at 1 token, >= 1.5x at 16.
+
+Threads: vtnumba's parallel twins take as many threads as CPUs are free when a call starts
+(``vtnumba._config.free_cpus``), OpenBLAS always takes its own; on a machine shared with other jobs
+the FP8 side then often runs on one thread. ``VT_CPU_PARALLEL_MIN_WORK=0`` makes every parallel-sized
+call take every Numba thread, which is the comparison with both cores free.
 
 ``--cpu-time`` times each call by the process's CPU time instead of the wall clock. On a machine
 shared with other jobs a two-thread call's wall time swings with the load (one thread waits at the
@@ -87,21 +97,25 @@ def per_expert_scaled_mm(a, scale, gu, offsets):
 
 
 CLOCK = time.perf_counter
+SETTLE_S = 0.25
+ROUTINGS = 4
 
 
 def best_of(trials, first, second):
-    """(min time of first, min time of second, last results), the two run back to back per trial,
-    alternating which goes first."""
+    """(min time of first, min time of second, each side's result for the first routing): a trial
+    times each side's sweep over the ROUTINGS routings (``fn(i)``), after a pause and an untimed
+    call, alternating which side goes first; a time is the sweep's mean per call."""
     times = [[], []]
-    results = [None, None]
     fns = (first, second)
     for i in range(trials):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        for j in order:
+        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+            time.sleep(SETTLE_S)
+            fns[j](ROUTINGS - 1)
             t0 = CLOCK()
-            results[j] = fns[j]()
-            times[j].append(CLOCK() - t0)
-    return min(times[0]), min(times[1]), results
+            for r in range(ROUTINGS):
+                fns[j](r)
+            times[j].append((CLOCK() - t0) / ROUTINGS)
+    return min(times[0]), min(times[1]), (first(0), second(0))
 
 
 def build(scheme, rng):
@@ -134,21 +148,18 @@ def main():
     for scheme in args.schemes:
         gu, w_gu, dn, w_dn = build(scheme, rng)
         for tokens in args.tokens:
-            x = rng.standard_normal((tokens, H), dtype=F32)
-            ids, weights = routing(tokens, rng)
-            seam.moe_fp8(x, gu, dn, ids, weights)  # compile / warm
-            numpy_moe(x, w_gu, w_dn, ids, weights)
-            t_vt, t_np, (y, ref) = best_of(args.trials, lambda: seam.moe_fp8(x, gu, dn, ids, weights),
-                                           lambda: numpy_moe(x, w_gu, w_dn, ids, weights))
+            xs = [rng.standard_normal((tokens, H), dtype=F32) for _ in range(ROUTINGS)]
+            routes = [routing(tokens, rng) for _ in range(ROUTINGS)]
+            seam.moe_fp8(xs[0], gu, dn, *routes[0])  # compile / warm
+            t_vt, t_np, (y, ref) = best_of(args.trials, lambda r: seam.moe_fp8(xs[r], gu, dn, *routes[r]),
+                                           lambda r: numpy_moe(xs[r], w_gu, w_dn, *routes[r]))
             rel = float(np.abs(y - ref).max() / np.abs(ref).max())
-            routed = len(np.unique(ids))
+            routed = len(np.unique(routes[0][0]))
             layer_rows.append((scheme, tokens, routed, t_np, t_vt, rel))
-            a, scale, offsets = grouped_operands(x, gu, ids)
-            grouped = lambda: cx.grouped_scaled_mm(a, scale, gu.data, gu.weight_scale, offsets, np.dtype(F32),  # noqa: E731
-                                                   gu.block_size)
-            loop = lambda: per_expert_scaled_mm(a, scale, gu, offsets)  # noqa: E731
-            grouped()
-            loop()
+            ops = [grouped_operands(xs[r], gu, routes[r][0]) for r in range(ROUTINGS)]
+            grouped = lambda r: cx.grouped_scaled_mm(ops[r][0], ops[r][1], gu.data, gu.weight_scale, ops[r][2],  # noqa: E731
+                                                     np.dtype(F32), gu.block_size)
+            loop = lambda r: per_expert_scaled_mm(*ops[r][:2], gu, ops[r][2])  # noqa: E731
             t_g, t_l, (yg, yl) = best_of(args.trials, grouped, loop)
             gemm_rows.append((scheme, tokens, routed, t_l, t_g, bool(np.array_equal(yg.view(np.uint32), yl.view(np.uint32)))))
         del gu, w_gu, dn, w_dn
