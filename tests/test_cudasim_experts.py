@@ -347,3 +347,19 @@ def test_moe_fp8_on_the_gpu_steps_is_near_the_cpu(gpu, name, monkeypatch):
         assert g.dtype == wv.dtype and g.shape == wv.shape
         np.testing.assert_allclose(g, wv, rtol=0, atol=0.03 * float(np.abs(wv).max()))
         assert np.abs(wv).max() > 0
+
+
+def test_sparse_routing_runs_a_grid_row_per_routed_expert(gpu):
+    """Fewer rows than experts (decode): the active-experts map lists just the experts with rows, -1
+    after them and E last, and both CUDA-core kernels give each routed expert its G3 result on that
+    smaller grid (every other expert's rows, none, untouched)."""
+    rng = np.random.default_rng(12)
+    counts = [0, 0, 2, 0, 0, 1, 0, 0, 0, 0, 1, 0]  # 3 of 12 experts, P = 4 + 1 padding row
+    a, sa, b, sb, offsets, bs = _operands(rng, "per_channel", counts, 16, 32)
+    gpu._backend()
+    call = gpu.GroupedCall(a, sa, b, sb, offsets, F32, bs)
+    active = np.asarray(gpu.active_map(call))
+    assert active.shape == (6,) and sorted(active[:3]) == [2, 5, 10] and list(active[3:]) == [-1, -1, 12]
+    for kernel in ("grouped", "grouped_general"):
+        y = gpu.grouped_scaled_mm(a, sa, b, sb, offsets, F32, bs, kernel=kernel)
+        assert _assert_expert_g3(y, a, sa, b, sb, offsets, bs) == 4 * 16

@@ -9,9 +9,11 @@ Scales are read as ``s[row * row_step + kb * kb_step]`` (activation: [1], [P], [
 ``s[e * e_step + (n // bn) * nb_step + kb * kb_step]`` (weight: [E], [E, N], [E, NB, KB]), float32 or
 E8M0 bytes (decoded exactly, ``codec.decode_e8m0``).
 
-The grid is (N-tiles, E + 1). A block reads ``offsets[e]`` and ``offsets[e + 1]`` itself and returns
-at once when its expert is empty, so an empty expert costs a launch's worth of nothing and the host
-never learns the counts; the last grid row (e = E) writes the padding rows (offsets[E] .. P) as 0.
+The grid is (N-tiles, G + 1): grid row i runs expert ``active[i]`` (kernels/moe.py's map of the
+experts with rows, G = min(E, P) entries, -1 past the count; every expert in order when that saves
+nothing). A block reads ``offsets[e]`` and ``offsets[e + 1]`` itself and returns at once when its
+expert is empty, so the host never learns the counts; the last grid row (e = E) writes the padding
+rows (offsets[E] .. P) as 0.
 
 ``grouped_kernel`` (the decode kernel; K % 16 == 0, 16-byte rows, K-blocks of 16 * 2^i <= 512 bytes):
 gemv.py's layout per expert. A block owns ``rows`` weight rows; its threads split K, each loading 16
@@ -156,8 +158,10 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
                     part[r * m_tile + m] = s
 
     def grouped(a, b, offsets, sa_f, sa_u, sa_row, sa_kb, sb_f, sb_u, sb_e, sb_nb, sb_kb, block_n, block_k,
-                num_experts, y, out_kind):
-        e = cuda.blockIdx.y
+                num_experts, y, out_kind, active):
+        e = active[cuda.blockIdx.y]
+        if e < 0:
+            return
         n_total = y.shape[1]
         k16 = a.shape[1] // 16
         tid = cuda.threadIdx.x
@@ -264,7 +268,7 @@ def _signature(out_is_float32):
     f32 = types.float32[::1]
     i64 = types.int64
     return (types.uint8[:, :], types.uint8[:, :], types.int32[::1], f32, u8, i64, i64, f32, u8, i64, i64, i64, i64,
-            i64, i64, out_type(out_is_float32), types.int32)
+            i64, i64, out_type(out_is_float32), types.int32, types.int32[::1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -278,8 +282,10 @@ def general_kernel(sa_e8m0, sb_e8m0):
     """The general grouped kernel (module docstring) for float32 or E8M0 scales on either side."""
 
     def general(a, b, offsets, sa_f, sa_u, sa_row, sa_kb, sb_f, sb_u, sb_e, sb_nb, sb_kb, block_n, block_k,
-                num_experts, y, out_kind):
-        e = cuda.blockIdx.y
+                num_experts, y, out_kind, active):
+        e = active[cuda.blockIdx.y]
+        if e < 0:
+            return
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         n_total = y.shape[1]
         k_total = a.shape[1]
@@ -344,23 +350,24 @@ def _scale_args(call, dev):
             call.block_k, call.e)
 
 
-def grouped_launch(call, y_bits, out_kind):
-    """(kernel, grid, block, args) of the decode grouped kernel."""
+def grouped_launch(call, y_bits, out_kind, active):
+    """(kernel, grid, block, args) of the decode grouped kernel; ``active`` int32 [G + 1]: the expert of
+    each grid row (kernels/moe.py's map; its last entry E is the padding rows' row)."""
     m_tile = m_tile_for(call.p)
     rows = rows_for(m_tile)
     threads = threads_for(call.k)
     segment = segment_for(call.block_k) if call.blocked else 1
     kernel = grouped_launcher(m_tile, rows, threads, segment, call.blocked, call.sa_e8m0, call.sb_e8m0,
                               codec.hardware_available(call.device.cc), call.out_dtype == np.float32)
-    return (kernel, (-(-call.n // rows), call.e + 1), threads,
-            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind)))
+    return (kernel, (-(-call.n // rows), int(active.shape[0])), threads,
+            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active))
 
 
-def general_launch(call, y_bits, out_kind):
-    """(kernel, grid, block, args) of the general grouped kernel."""
+def general_launch(call, y_bits, out_kind, active):
+    """(kernel, grid, block, args) of the general grouped kernel (``active`` as grouped_launch's)."""
     kernel = general_launcher(call.sa_e8m0, call.sb_e8m0, call.out_dtype == np.float32)
-    return (kernel, (-(-call.n // GENERAL_THREADS), call.e + 1), GENERAL_THREADS,
-            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind)))
+    return (kernel, (-(-call.n // GENERAL_THREADS), int(active.shape[0])), GENERAL_THREADS,
+            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active))
 
 
 __all__ = ["GROUPED_THREADS", "GENERAL_THREADS", "segment_sum", "m_tile_for", "rows_for", "threads_for",

@@ -167,6 +167,45 @@ def align_launch(ids, offsets, pair_row, row_token, num_experts, k):
             (ids, offsets, pair_row, row_token, num_experts, k, pairs), shared)
 
 
+# --- the active experts ------------------------------------------------------------------------------
+# A grouped GEMM's grid has a row of blocks per expert; at decode (top-8 of 128 experts at one token)
+# 120 of those rows would only read their empty range and return, ~12 thousand blocks for gate_up.
+# The map lists the experts that have rows (at most min(E, P) of them), so the grid has that many
+# rows instead; a row past the count reads -1 and returns. Their order is the atomics', not fixed:
+# each expert writes only its own rows, so the GEMM's bytes do not depend on it.
+MAP_THREADS = 32 if SIMULATOR else 256
+
+
+def _active_experts(offsets, num_experts, active, slots):
+    count = cuda.shared.array(1, types.int32)
+    tid = cuda.threadIdx.x
+    if tid == 0:
+        count[0] = 0
+    cuda.syncthreads()
+    for e in range(tid, num_experts, cuda.blockDim.x):
+        if offsets[e + 1] > offsets[e]:
+            i = cuda.atomic.add(count, 0, 1)
+            if i < slots:
+                active[i] = e
+    cuda.syncthreads()
+    for i in range(count[0] + tid, slots, cuda.blockDim.x):
+        active[i] = -1
+    if tid == 0:
+        active[slots] = num_experts  # the grid row after the experts' (the padding rows, where a kernel has one)
+
+
+@functools.lru_cache(maxsize=None)
+def active_experts_kernel():
+    i32 = types.int32[::1]
+    return compile_kernel(_active_experts, (i32, types.int64, i32, types.int64))
+
+
+def active_experts_launch(offsets, num_experts, active):
+    """(kernel, grid, block, args) writing ``active`` [slots + 1]: the experts with rows (in no fixed
+    order), -1 after them up to ``slots``, then E."""
+    return active_experts_kernel(), 1, MAP_THREADS, (offsets, num_experts, active, int(active.shape[0]) - 1)
+
+
 # --- gather ----------------------------------------------------------------------------------------
 THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 1 << 16  # grid-stride beyond

@@ -503,12 +503,14 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     gemv_pass = cuda.jit(**_DEVICE)(gemv)
 
     def gemv_grouped(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind,
-                     offsets):
-        """y[offsets[e]:offsets[e + 1]] of expert e = blockIdx.y: b [E * N, K] holds the experts'
-        weights one after another, scale_b is per expert ([E], sb_step 0) or per channel ([E * N],
-        sb_step 1), or the block scales [E * NB, KB]; rows past offsets[E] are neither read nor
-        written."""
-        e = cuda.blockIdx.y
+                     offsets, active):
+        """y[offsets[e]:offsets[e + 1]] of expert e = active[blockIdx.y] (-1: no expert, the block
+        returns): b [E * N, K] holds the experts' weights one after another, scale_b is per expert
+        ([E], sb_step 0) or per channel ([E * N], sb_step 1), or the block scales [E * NB, KB]; rows
+        past offsets[E] are neither read nor written."""
+        e = active[cuda.blockIdx.y]
+        if e < 0:
+            return
         row0 = offsets[e]
         rows = offsets[e + 1] - row0
         if rows <= 0:
@@ -573,7 +575,8 @@ def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, u
     if grouped:
         bounds = None if SIMULATOR else _grouped_launch_bounds(nb, cfg, bounded)
         options = {"launch_bounds": bounds} if bounds else {}
-        return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True), sig + (I32_1D,),
+        return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True),
+                              sig + (I32_1D, I32_1D),
                               arch="a" if unit and not SIMULATOR else "", **options)
     return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig,
                           arch="a" if unit and not SIMULATOR else "")
@@ -802,8 +805,10 @@ def grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev, simulate=False)
 
 
 def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None,
-                        config=None, bounded=True):
+                        config=None, bounded=True, active=None):
     """(kernel, grid, block, args) of the grouped GEMV (arguments as ``grouped_gemv``).
+    ``active``: int32 [G + 1], the experts each grid row runs (kernels/moe.py's active-experts map:
+    -1 for none; the last entry is not read here); None: every expert, in order (G = E).
     ``rows_hint``: the most rows one expert can have (top-k routing of T tokens: T), None for P;
     at most 8 runs the 8-row kernel (any count stays correct: more rows take more passes).
     ``config``: a GemvConfig (by default gemv_config's); ``bounded``: GROUPED_REGISTER_CAP's launch
@@ -822,13 +827,35 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
     else:
         sa, sa_step = scale_a, 0 if scale_a.shape[0] == 1 else 1
         sb, sb_step = (scale_b, 0) if len(scale_b.shape) == 1 else (scale_b.reshape(-1), 1)
-    return (kernel, (-(-n // (16 * cfg.rt)), e), 32 * cfg.warps,
+    if active is None:
+        active = identity_map(dev, e)
+    return (kernel, (-(-n // (16 * cfg.rt)), int(active.shape[0]) - 1), 32 * cfg.warps,
             (a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), b.reshape(e * n, k), sa, sa_step, sb, sb_step,
-             dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets))
+             dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets, active))
+
+
+_IDENTITY = {}  # (device ordinal, E) -> int32 [0, 1, ..., E - 1, E] on that device
+
+
+def identity_map(dev, e):
+    """The active-experts map that runs every expert in order: int32 [E + 1] (E last), made once per
+    device and E, from cupy's own pool (a capture may not allocate)."""
+    key = (dev.ordinal, e)
+    arr = _IDENTITY.get(key)
+    if arr is None:
+        host = np.arange(e + 1, dtype=np.int32)
+        if SIMULATOR:
+            arr = host
+        else:
+            xp = device.xp
+            with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+                arr = xp.asarray(host)
+        _IDENTITY[key] = arr
+    return arr
 
 
 def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None, config=None,
-                 bounded=True):
+                 bounded=True, active=None):
     """The grouped GEMM y[rows of e] = scaled a[rows of e] @ b[e]^T for every expert e, as
     ``vtnumba.cpu.experts.grouped_scaled_mm`` (callers check ``grouped_gemv_reason``): a uint8
     [P, K] codes sorted by expert, b uint8 [E, N, K], offsets int32 device [E + 1] (expert e's rows
@@ -841,7 +868,7 @@ def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
     if p == 0 or e == 0 or n == 0:
         return
     kernel, grid, block, args = grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
-                                                    dev, rows_hint, config, bounded)
+                                                    dev, rows_hint, config, bounded, active)
     kernel(grid, block, *args)
 
 
