@@ -1,35 +1,12 @@
 """The quantization configs of real FP8 checkpoints, read into one ``Fp8Config``.
 
-Formats read (the ``quantization_config`` of a Hugging Face config.json, or ModelOpt's
-hf_quant_config.json), following upstream vLLM's readers:
-
-- ModelOpt (``quant_method`` "modelopt"; vLLM ``quantization/modelopt.py``): ``quant_algo`` "FP8"
-  (per-tensor weight scale, static per-tensor activation scale), "FP8_PER_CHANNEL_PER_TOKEN"
-  (per-channel weight scale, dynamic per-token activations) or "MXFP8" (vLLM's ModelOptMxFp8Config:
-  ``weight_scale`` E8M0 bytes, U8 [N, K / 32]; activations quantized MXFP8 at run time); skipped
-  layers in ``exclude_modules`` (hf_quant_config.json) or ``ignore`` (config.json), ModelOpt wildcards.
-- compressed-tensors (``quant_method`` "compressed-tensors"; vLLM
-  ``quantization/compressed_tensors/compressed_tensors.py``): ``config_groups`` whose ``weights`` are
-  8-bit float with strategy "tensor" or "channel" and whose ``input_activations`` are static
-  "tensor" or dynamic "token" / "tensor"; skipped layers in ``ignore`` (names, or "re:" regexes).
-  The FP8_BLOCK preset: weights strategy "block" with ``block_structure`` [bn, bk], input
-  activations dynamic strategy "group" with ``group_size`` bk (per-token groups of 1 x bk). MXFP8
-  (the "mxfp8-pack-quantized" format; vLLM's CompressedTensorsW8A8Mxfp8): weights strategy "group"
-  with ``group_size`` 32, ``weight_scale`` E8M0 bytes U8 [N, K / 32]; activations, dynamic group-32 or
-  absent, are quantized MXFP8 at run time, as vLLM does.
-- vLLM's own "fp8" (``quantization/fp8.py``; AutoFP8 checkpoints): ``activation_scheme`` "static" or
-  "dynamic" (per-tensor), per-tensor weight scales, skipped layers in ``ignored_layers`` (else
-  ``modules_to_not_convert``, as vLLM falls back).
-- the same "fp8" key with ``weight_block_size`` [bn, bk]: DeepSeek-V3/R1, Qwen3-*-FP8, and
-  transformers' ``FineGrainedFP8Config`` (``activation_scheme``, ``weight_block_size``,
-  ``modules_to_not_convert``). Weights are block-scaled and "dynamic" activations mean per-token groups
-  of 1 x bk (vLLM's block path quantizes them so; static activations are refused with block weights, as
-  vLLM refuses them). ``scale_fmt`` "ue8m0" (DeepSeek-V3.1 and later) asks for power-of-two activation
-  scales; the weight's block scales may then be stored as E8M0 bytes (F8_E8M0 or U8, DeepSeek's later
-  releases), which the loader keeps as bytes.
-- "mxfp8" (transformers' MXFP8 checkpoints, read by vLLM through its ModelOpt MXFP8 path): E8M0
-  ``weight_scale_inv`` (or ``weight_scale``) U8 / F8_E8M0 [N, K / 32]; a checkpoint whose weights are
-  not FP8 (vLLM's online "mxfp8") is quantized MXFP8 as it is read.
+The formats read (the ``quantization_config`` of a Hugging Face config.json, or ModelOpt's
+hf_quant_config.json) follow upstream vLLM's readers and are a registry, one module per format in
+``seam/formats/`` (as vLLM's ``get_quantization_config(name)``): ModelOpt ("modelopt", ``modelopt.py``),
+compressed-tensors (``compressed_tensors.py``), vLLM's own "fp8" per-tensor and block-wise (DeepSeek-V3,
+Qwen3-*-FP8, transformers' FineGrainedFP8Config; ``fp8.py``) and "mxfp8" (``mxfp8.py``). This module
+finds the quantization section in a config (or its file) and hands it to ``formats.parse``; a new
+format is a new module there, registered with ``formats.register(name)``.
 
 Block-scaled weights are parsed (``weight_strategy`` "block", ``activation_scheme`` "per_group") and
 then refused per layer by ``linear_method`` ("not supported yet"), so a model whose quantized layers
@@ -61,15 +38,7 @@ from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["Fp8Config"]
 
-_METHODS = ("modelopt", "compressed-tensors", "fp8", "mxfp8")
 _ACTIVATION_SCHEMES = ("static", "dynamic", "per_token", "per_group")
-_MODELOPT_ALGOS = {
-    # quant_algo -> (weight strategy, activation scheme), per vLLM's ModelOptFp8LinearMethod and
-    # ModelOptFp8PcPtLinearMethod
-    "FP8": ("tensor", "static"),
-    "FP8_PER_CHANNEL_PER_TOKEN": ("channel", "per_token"),
-    "MXFP8": ("block", "per_group"),  # vLLM's ModelOptMxFp8Config: E8M0 scales per 1 x 32
-}
 
 
 def _read_json(path, name):
@@ -121,7 +90,8 @@ def _quantization_section(config, where=""):
 class Fp8Config:
     """How a checkpoint's linear layers are quantized.
 
-    - ``quant_method``: 'modelopt', 'compressed-tensors' or 'fp8' (the format it was read from).
+    - ``quant_method``: the format it was read from, a name registered in ``seam.formats``
+      ('modelopt', 'compressed-tensors', 'fp8', 'mxfp8', and any registered since).
     - ``weight_strategy``: 'tensor' (one weight scale per layer or shard), 'channel' (one per row) or
       'block' (one per bn x bk block); None picks 'block' when ``weight_block_size`` is given, else
       'tensor'.
@@ -150,8 +120,9 @@ class Fp8Config:
     activation_scale_format: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.quant_method not in _METHODS:
-            raise ValueError(f"quant_method must be one of {', '.join(_METHODS)}, got {self.quant_method!r}")
+        methods = _formats().names()
+        if self.quant_method not in methods:
+            raise ValueError(f"quant_method must be one of {', '.join(methods)}, got {self.quant_method!r}")
         if self.weight_strategy is None:
             object.__setattr__(self, "weight_strategy", "tensor" if self.weight_block_size is None else "block")
         if self.weight_strategy not in ("tensor", "channel", "block"):
@@ -226,166 +197,7 @@ class Fp8Config:
                              "is not quantized")
         if not isinstance(section, dict):
             raise TypeError(f"quantization_config must be a dict, got {type(section).__name__}")
-        method = str(section.get("quant_method", "")).lower()
-        if method.startswith("modelopt"):
-            return cls._from_modelopt(section)
-        if method == "compressed-tensors":
-            return cls._from_compressed_tensors(section)
-        if method == "fp8":
-            return cls._from_vllm_fp8(section)
-        if method == "mxfp8":
-            return cls._from_mxfp8(section)
-        raise ValueError(f"quant_method must be one of {', '.join(_METHODS)} (the FP8 formats vtnumba reads), "
-                         f"got {section.get('quant_method')!r}")
-
-    @classmethod
-    def _from_modelopt(cls, section):
-        algo = section.get("quant_algo")
-        if algo is None:
-            raise ValueError("quant_algo must be given in a ModelOpt quantization config, got none")
-        key = str(algo).upper()  # ModelOpt may emit lowercase (vLLM normalizes the same way)
-        if key not in _MODELOPT_ALGOS:
-            raise ValueError(f"quant_algo must be one of {', '.join(_MODELOPT_ALGOS)}, got {algo!r}")
-        strategy, scheme = _MODELOPT_ALGOS[key]
-        # "exclude_modules" in hf_quant_config.json, "ignore" in config.json (vLLM reads both)
-        ignore = section.get("exclude_modules", section.get("ignore")) or ()
-        if key == "MXFP8":
-            group = section.get("group_size", MX_BLOCK[1])
-            if group != MX_BLOCK[1]:
-                raise ValueError(f"group_size must be {MX_BLOCK[1]} for ModelOpt MXFP8, got {group!r}")
-            return cls("modelopt", strategy, scheme, tuple(ignore), MX_BLOCK, activation_scale_format="e8m0")
-        return cls("modelopt", strategy, scheme, tuple(ignore))
-
-    @classmethod
-    def _from_compressed_tensors(cls, section):
-        groups = section.get("config_groups")
-        if not isinstance(groups, dict) or not groups:
-            raise ValueError(f"config_groups must be a non-empty dict in a compressed-tensors config, got {groups!r}")
-        found = set()
-        for gname, group in groups.items():
-            weights = group.get("weights") or {}
-            acts = group.get("input_activations")
-            if weights.get("type") != "float" or weights.get("num_bits") != 8:
-                raise ValueError(f"config_groups.{gname}.weights must be 8-bit float (FP8), got "
-                                 f"type={weights.get('type')!r} num_bits={weights.get('num_bits')!r}")
-            w_strategy = weights.get("strategy")
-            block = None
-            if w_strategy == "group":
-                found.add(cls._mxfp8_group(f"config_groups.{gname}", weights, acts))
-                continue
-            if w_strategy == "block":
-                block = weights.get("block_structure")
-                if not isinstance(block, (list, tuple)) or len(block) != 2:
-                    raise ValueError(f"config_groups.{gname}.weights.block_structure must be [bn, bk] for "
-                                     f"strategy 'block', got {block!r}")
-                block = tuple(block)
-            elif w_strategy not in ("tensor", "channel"):
-                raise ValueError(f"config_groups.{gname}.weights.strategy must be 'tensor', 'channel' or "
-                                 f"'block', got {w_strategy!r}")
-            if not acts:
-                raise ValueError(f"config_groups.{gname}.input_activations must be given (W8A8); weight-only "
-                                 f"FP8 (W8A16) is not supported yet")
-            if acts.get("type") != "float" or acts.get("num_bits") != 8:
-                raise ValueError(f"config_groups.{gname}.input_activations must be 8-bit float, got "
-                                 f"type={acts.get('type')!r} num_bits={acts.get('num_bits')!r}")
-            a_key = (acts.get("strategy"), bool(acts.get("dynamic")))
-            if block is not None:
-                scheme = cls._block_activations(f"config_groups.{gname}.input_activations", acts, a_key, block)
-            else:
-                schemes = {("tensor", False): "static", ("tensor", True): "dynamic", ("token", True): "per_token"}
-                if a_key not in schemes:
-                    hint = (" (per-group activations come with block-scaled weights, strategy 'block')"
-                            if a_key[0] == "group" else "")
-                    raise ValueError(f"config_groups.{gname}.input_activations must be static 'tensor', dynamic "
-                                     f"'tensor' or dynamic 'token', got strategy={a_key[0]!r} dynamic={a_key[1]}{hint}")
-                scheme = schemes[a_key]
-            found.add((w_strategy, scheme, block))
-        if len(found) != 1:
-            raise ValueError(f"config_groups must share one FP8 scheme (mixed schemes are not supported yet), "
-                             f"got {sorted(found, key=str)}")
-        (strategy, scheme, block), = found
-        fmt = "e8m0" if block == MX_BLOCK and strategy == "block" and scheme == "per_group_e8m0" else "float32"
-        if fmt == "e8m0":
-            scheme = "per_group"
-        return cls("compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block,
-                   activation_scale_format=fmt)
-
-    @staticmethod
-    def _mxfp8_group(name, weights, acts):
-        """compressed-tensors' MXFP8 (vLLM ``_is_mxfp8``: float 8-bit weights, strategy 'group', group_size
-        32; CompressedTensorsW8A8Mxfp8 quantizes the activations MXFP8 whatever the config says of them,
-        so only a contradicting input_activations is refused)."""
-        if weights.get("group_size") != MX_BLOCK[1]:
-            raise ValueError(f"{name}.weights.group_size must be {MX_BLOCK[1]} for FP8 group weights (MXFP8), got "
-                             f"{weights.get('group_size')!r}")
-        if acts and (acts.get("type") != "float" or acts.get("num_bits") != 8 or not acts.get("dynamic")
-                     or acts.get("strategy") not in ("group", "token", "tensor")):
-            raise ValueError(f"{name}.input_activations must be dynamic 8-bit float (MXFP8 activations are quantized "
-                             f"per group of 32 at run time), got {acts!r}")
-        return ("block", "per_group_e8m0", MX_BLOCK)
-
-    @staticmethod
-    def _block_activations(name, acts, a_key, block):
-        """The activation scheme beside block-scaled weights: dynamic, quantized per token in groups of bk.
-
-        vLLM's block path quantizes the activations of a block-scaled layer in 1 x bk groups whatever
-        dynamic strategy the config names ('group' in the FP8_BLOCK preset; 'token' and 'tensor' mean
-        the same there), and refuses static ones (compressed_tensors_w8a8_fp8.py asserts it)."""
-        strategy, dynamic = a_key
-        if not dynamic:
-            raise ValueError(f"{name} must be dynamic with block-scaled weights (block_structure {list(block)}), "
-                             f"got static strategy={strategy!r}")
-        if strategy not in ("group", "token", "tensor"):
-            raise ValueError(f"{name}.strategy must be 'group' with block-scaled weights, got {strategy!r}")
-        if strategy == "group" and acts.get("group_size") != block[1]:
-            raise ValueError(f"{name}.group_size must equal the weights' bk = {block[1]} (block_structure "
-                             f"{list(block)}), got {acts.get('group_size')!r}")
-        return "per_group"
-
-    @classmethod
-    def _from_vllm_fp8(cls, section):
-        """vLLM's "fp8" (fp8.py ``Fp8Config.from_config``), which also reads DeepSeek-V3/R1, Qwen3-FP8
-        and transformers' FineGrainedFP8Config: the same keys."""
-        scheme = section.get("activation_scheme")
-        scheme = scheme.lower() if isinstance(scheme, str) else scheme  # transformers lower-cases it
-        if scheme not in ("static", "dynamic"):
-            raise ValueError(f"activation_scheme must be 'static' or 'dynamic' in an 'fp8' config, got {scheme!r}")
-        fmt = section.get("fmt", "e4m3")
-        if fmt != "e4m3":
-            raise ValueError(f"fmt must be 'e4m3' (vtnumba's FP8 format is e4m3fn), got {fmt!r}")
-        # vLLM reads ignored_layers, and modules_to_not_convert (transformers' key) when that is empty
-        ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
-        block = section.get("weight_block_size")
-        scale_fmt = section.get("scale_fmt")
-        if scale_fmt not in (None, "float", "ue8m0"):
-            raise ValueError(f"scale_fmt must be 'float' or 'ue8m0', got {scale_fmt!r}")
-        if block is None:
-            if scale_fmt == "ue8m0":
-                raise ValueError("scale_fmt 'ue8m0' needs block-scaled weights: weight_block_size must be given, "
-                                 "got none")
-            return cls("fp8", "tensor", scheme, ignore)
-        if not isinstance(block, (list, tuple)) or len(block) != 2:
-            raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {block!r}")
-        if scheme != "dynamic":
-            # vLLM's Fp8Config: "The block-wise quantization only supports dynamic activation scheme for now"
-            raise ValueError(f"activation_scheme must be 'dynamic' with weight_block_size {list(block)} (block-scaled "
-                             f"weights take dynamic per-token-group activations), got {scheme!r}")
-        return cls("fp8", "block", "per_group", ignore, block,
-                   activation_scale_ue8m0=scale_fmt == "ue8m0")
-
-    @classmethod
-    def _from_mxfp8(cls, section):
-        """``quant_method`` "mxfp8": transformers' MXFP8 checkpoints (E8M0 ``weight_scale_inv`` per 1 x 32)
-        and vLLM's online "mxfp8" (``activation_scheme`` dynamic only, skipped layers in ``ignored_layers``
-        or ``modules_to_not_convert``; vllm/model_executor/layers/quantization/mxfp8.py)."""
-        scheme = section.get("activation_scheme", "dynamic")
-        if str(scheme).lower() != "dynamic":
-            raise ValueError(f"activation_scheme must be 'dynamic' for mxfp8 (as vLLM's Mxfp8Config requires), got {scheme!r}")
-        block = section.get("weight_block_size", list(MX_BLOCK))
-        if block is not None and tuple(block) != MX_BLOCK:
-            raise ValueError(f"weight_block_size must be {list(MX_BLOCK)} for mxfp8, got {block!r}")
-        ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
-        return cls("mxfp8", "block", "per_group", ignore, MX_BLOCK, activation_scale_format="e8m0")
+        return _formats().parse(section)
 
     # -- per layer ---------------------------------------------------------------------------
     def ignored_by(self, prefix: str) -> str | None:
@@ -492,3 +304,11 @@ def _float_weight(path, prefix):
     ckpt = _checkpoint(path, prefix)
     name = f"{prefix}.weight"
     return name in ckpt and ckpt.dtype(name) in _FLOAT_DTYPES
+
+
+def _formats():
+    """The format registry, imported when first used: its modules build ``Fp8Config`` objects, so they
+    import this module and it cannot import them at its top."""
+    from . import formats
+
+    return formats
