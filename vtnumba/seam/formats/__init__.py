@@ -13,6 +13,7 @@ under the ``quant_method`` it reads, as vLLM keeps one file per method behind
 
     formats.names()                  # ('modelopt', 'compressed-tensors', 'fp8', 'mxfp8', 'my-fp8')
     formats.parse({"quant_method": "my-fp8"})          # what Fp8Config.from_hf calls
+    formats.parser("fp8")                              # one format's parser
     formats.unregister("my-fp8")
 
 A new checkpoint format is a new module here and its name in the import line at the end of this file. The registered
@@ -22,7 +23,7 @@ names are also the ``quant_method`` values an ``Fp8Config`` accepts.
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["names", "parse", "register", "unregister"]
+__all__ = ["names", "parse", "parser", "register", "unregister"]
 
 # name -> (matches(method) -> bool, parser(section) -> Fp8Config), in registration order
 _REGISTRY: dict[str, tuple[Callable[[str], bool], Callable[[dict[str, Any]], Any]]] = {}
@@ -62,6 +63,13 @@ def unregister(name: str) -> None:
 def names() -> tuple[str, ...]:
     """The registered format names, in registration order: the ``quant_method`` values read."""
     return tuple(_REGISTRY)
+
+
+def parser(name: str) -> Callable[[dict[str, Any]], Any]:
+    """The parser registered as ``name`` (vLLM's ``get_quantization_config(name)``)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"format name must be one of {', '.join(_REGISTRY)}, got {name!r}")
+    return _REGISTRY[name][1]
 
 
 def parse(section: dict[str, Any]):
