@@ -62,7 +62,7 @@ from . import _kernel_input, block, gemm, mx, paths
 from .paths import CpuKernel, cpu_kernel, vector_width_hint
 from .quant import _encode_times
 
-__all__ = ["moe_align", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "moe_combine"]
+__all__ = ["moe_align", "active_experts", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "moe_combine"]
 
 # Weight rows per work item of the grouped GEMM: a multiple of the 4-row register block (and of 64,
 # the M = 1 MX kernel's rows per item) that gives a 1536 x 2048 gate_up expert 24 items, enough for
@@ -305,7 +305,13 @@ def _tile_rows(bn):
     return step * max(1, -(-_TILE_ROWS // step))
 
 
-def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None):
+def active_experts(offsets, num_experts, rows):
+    """The GPU's grid map of the experts with rows (``vtnumba.cuda.experts.active_experts``); the CPU's
+    work items skip empty experts by themselves, so it has none."""
+    return None
+
+
+def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, active=None):
     """y [P, N]: rows offsets[e]:offsets[e + 1] of y are ``vt.scaled_mm`` of the same rows of ``a``
     (codes [P, K]) with expert e's weight ``b[e]`` (codes [E, N, K]); padding rows are 0.
 

@@ -367,17 +367,16 @@ class TensorCoreGroupedGemv:
                    f"{PER_EXPERT_MIN_ROWS} rows per expert on average")
         return why
 
-    def run(self, call, y):
+    def run(self, call, y, active):
         from .kernels import tc_gemv
 
-        y_bits = _epilogue.out_bits(y)
-        y_bits.fill(0)  # the padding rows: the GEMV writes the experts' rows only
+        y_bits = _epilogue.out_bits(y)  # (the map's last grid row writes the padding rows as 0)
         # at most 8 rows per expert on average (decode: T <= 8 tokens of top-k): the 8-row passes, which
         # ran 171 against 236 us at 8 rows over 128 experts (H200); an expert with more takes more passes
         hint = 8 if call.p <= 8 * call.e else None
         _run(tc_gemv.grouped_gemv_launch(call.a, call.scale_a, call.b, call.scale_b, call.offsets, y_bits,
                                          call.out_dtype, call.block_size, call.device, rows_hint=hint,
-                                         active=active_map(call)))
+                                         active=active))
 
 
 class PerExpert:
@@ -402,7 +401,7 @@ class PerExpert:
                     f"average, got P = {call.p} rows over E = {call.e} experts")
         return None
 
-    def run(self, call, y):
+    def run(self, call, y, active):
         offs = np.asarray(call.offsets) if SIMULATOR else _device.xp.asnumpy(call.offsets)  # the one read-back
         per_row_a = call.sa_row != 0
         bits = _epilogue.out_bits(y)  # copies as float32 or 16-bit words: cupy has no bfloat16 arithmetic
@@ -438,9 +437,8 @@ class GroupedCudaCore:
     def reason(self, call, forced):
         return _grouped.grouped_reason(call)
 
-    def run(self, call, y):
-        _run(_grouped.grouped_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype],
-                                     active_map(call)))
+    def run(self, call, y, active):
+        _run(_grouped.grouped_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype], active))
 
 
 class GroupedGeneral:
@@ -451,9 +449,8 @@ class GroupedGeneral:
     def reason(self, call, forced):
         return None
 
-    def run(self, call, y):
-        _run(_grouped.general_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype],
-                                     active_map(call)))
+    def run(self, call, y, active):
+        _run(_grouped.general_launch(call, _epilogue.out_bits(y), _epilogue.OUT_KIND[call.out_dtype], active))
 
 
 def active_map(call):
@@ -467,6 +464,23 @@ def active_map(call):
         return tc_gemv.identity_map(call.device, call.e)
     active = _device.xp.empty(slots + 1, dtype=np.int32)
     _run(_moe.active_experts_launch(call.offsets, call.e, active))
+    return active
+
+
+def active_experts(offsets, num_experts, rows):
+    """The active-experts map of ``offsets`` for a grouped GEMM of ``rows`` rows (``active_map``), made
+    once by a caller whose GEMMs share the offsets (``moe_fp8``'s gate_up and down) and passed to
+    each as ``active=``. Made from the offsets on the device every time it is called, so a captured
+    graph remakes it on each replay."""
+    _backend()
+    e, p = int(num_experts), int(rows)
+    dev = _device.current()
+    from .kernels import tc_gemv
+
+    if min(e, p) >= e:
+        return tc_gemv.identity_map(dev, e)
+    active = _device.xp.empty(min(e, p) + 1, dtype=np.int32)
+    _run(_moe.active_experts_launch(_array(offsets), e, active))
     return active
 
 
@@ -514,16 +528,20 @@ def grouped_kernel_for(a, scale_a, b, scale_b, offsets, out_dtype, block_size=No
     return select(GroupedCall(a, scale_a, b, scale_b, offsets, out_dtype, block_size), kernel).name
 
 
-def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, kernel=None):
+def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, kernel=None, active=None):
     """y [P, N]: rows offsets[e]:offsets[e + 1] are ``vt.scaled_mm`` of those rows of ``a`` with
     expert e's weight ``b[e]``; padding rows 0 (arguments as the CPU's ``grouped_scaled_mm``, plus
-    ``kernel=`` to force one by name). Only ``per_expert`` synchronizes (module docstring)."""
+    ``kernel=`` to force one by name, and ``active``: the map ``active_experts`` made for these
+    offsets, else one is made here). Only ``per_expert`` synchronizes (module docstring)."""
     _backend()
     call = GroupedCall(a, scale_a, b, scale_b, offsets, out_dtype, block_size)
     y = _empty((call.p, call.n), call.out_dtype)
     if call.p == 0 or call.n == 0:
         return y
-    select(call, kernel).run(call, y)
+    chosen = select(call, kernel)
+    if chosen.name != "per_expert" and active is None:
+        active = active_map(call)
+    chosen.run(call, y, active)
     return y
 
 
@@ -543,6 +561,6 @@ def moe_paths():
     return caps.moe_path_rules(base.cc, base.paths["cublaslt_per_tensor"], SIMULATOR, hook)
 
 
-__all__ = ["moe_align", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "silu_mul_quantize",
+__all__ = ["moe_align", "active_experts", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "silu_mul_quantize",
            "moe_combine", "grouped_kernel_for", "select", "GroupedCall", "KERNELS", "KERNELS_BY_NAME",
            "PER_EXPERT_MIN_ROWS", "moe_paths"]

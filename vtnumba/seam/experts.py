@@ -513,6 +513,8 @@ class MoeCall:
 
         def align():
             st["offsets"], st["pair_row"], st["row_token"] = backend.moe_align(topk_ids, e)
+            # which experts the two GEMMs' grids run (the GPU's: at decode, the 8 of 128 that have rows)
+            st["active"] = backend.active_experts(st["offsets"], e, int(st["row_token"].shape[0]))
 
         def quantize():
             if gu.activation_scheme == ActivationScheme.STATIC:
@@ -526,7 +528,8 @@ class MoeCall:
 
         def gemm_gate_up():
             st["hidden"] = backend.grouped_scaled_mm(st["a"], _row_scale(st["sa"], gu), gu.data, gu.weight_scale,
-                                                     st["offsets"], np.dtype(np.float32), gu.block_size)
+                                                     st["offsets"], np.dtype(np.float32), gu.block_size,
+                                                     active=st["active"])
 
         def act_quantize():
             if fused is not None:
@@ -537,7 +540,8 @@ class MoeCall:
 
         def gemm_down():
             st["y"] = backend.grouped_scaled_mm(st["act"], _row_scale(st["sact"], dn), dn.data, dn.weight_scale,
-                                                st["offsets"], np.dtype(np.float32), dn.block_size)
+                                                st["offsets"], np.dtype(np.float32), dn.block_size,
+                                                active=st["active"])
 
         def combine():
             st["out"] = backend.moe_combine(st["y"], st["pair_row"], topk_weights, x.dtype)

@@ -52,9 +52,13 @@ _SHARED_INTS = 48 * 1024 // 4
 MAX_ALIGN_EXPERTS = _SHARED_INTS // 2 - 1  # one warp: (1 + 1) * E counters
 
 
-def align_warps(num_experts):
-    """Warps of the align block for E experts: ALIGN_WARPS, fewer where their counters would not fit."""
-    return max(1, min(ALIGN_WARPS, _SHARED_INTS // num_experts - 1))
+def align_warps(num_experts, pairs=None):
+    """Warps of the align block for E experts: ALIGN_WARPS, fewer where their counters would not fit,
+    and no more than the pairs fill (a warp per 32): at decode (8 pairs) one warp's scan takes 5 of
+    the block's barriers where 16 warps' took 9, and its counters a sixteenth of the zeroing and
+    prefix work (the align took 10 us of a 63 us decode layer on the H200 with 16 warps)."""
+    warps = max(1, min(ALIGN_WARPS, _SHARED_INTS // num_experts - 1))
+    return warps if pairs is None else max(1, min(warps, -(-int(pairs) // 32)))
 
 
 def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
@@ -160,9 +164,9 @@ def align_kernel(ids_int64):
 def align_launch(ids, offsets, pair_row, row_token, num_experts, k):
     """(kernel, grid, block, args, shared bytes) of the align for flat ids [P] (int32 or int64) into
     offsets [E + 1], pair_row [P] (flat) and row_token [P]."""
-    warps = align_warps(num_experts)
-    shared = 4 * (warps + 1) * num_experts
     pairs = int(ids.shape[0])
+    warps = align_warps(num_experts, pairs)
+    shared = 4 * (warps + 1) * num_experts
     return (align_kernel(np.dtype(ids.dtype) == np.int64), 1, 32 * warps,
             (ids, offsets, pair_row, row_token, num_experts, k, pairs), shared)
 

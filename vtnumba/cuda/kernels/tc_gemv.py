@@ -511,11 +511,21 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         e = active[cuda.blockIdx.y]
         if e < 0:
             return
+        n_total = y.shape[1]
+        experts = offsets.shape[0] - 1
+        if e == experts:  # the map's last row: the padding rows (offsets[E] ..) written as 0 here, not by a memset
+            width = 16 * rt
+            col0 = cuda.blockIdx.x * width
+            first = offsets[experts]
+            for i in range(cuda.threadIdx.x, (y.shape[0] - first) * width, cuda.blockDim.x):
+                col = col0 + i % width
+                if col < n_total:
+                    store(y, first + i // width, col, _F32_ZERO, out_kind)
+            return
         row0 = offsets[e]
         rows = offsets[e + 1] - row0
         if rows <= 0:
             return  # the whole block at once: no barrier is left waiting
-        n_total = y.shape[1]
         w0 = e * n_total
         we = b[w0:w0 + n_total]
         # the views are taken here: a CUDA device function cannot return a view of an argument
@@ -808,7 +818,8 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
                         config=None, bounded=True, active=None):
     """(kernel, grid, block, args) of the grouped GEMV (arguments as ``grouped_gemv``).
     ``active``: int32 [G + 1], the experts each grid row runs (kernels/moe.py's active-experts map:
-    -1 for none; the last entry is not read here); None: every expert, in order (G = E).
+    -1 for none; the last entry, E, is the row of blocks that writes the padding rows as 0); None:
+    every expert, in order (G = E).
     ``rows_hint``: the most rows one expert can have (top-k routing of T tokens: T), None for P;
     at most 8 runs the 8-row kernel (any count stays correct: more rows take more passes).
     ``config``: a GemvConfig (by default gemv_config's); ``bounded``: GROUPED_REGISTER_CAP's launch
@@ -829,7 +840,7 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
         sb, sb_step = (scale_b, 0) if len(scale_b.shape) == 1 else (scale_b.reshape(-1), 1)
     if active is None:
         active = identity_map(dev, e)
-    return (kernel, (-(-n // (16 * cfg.rt)), int(active.shape[0]) - 1), 32 * cfg.warps,
+    return (kernel, (-(-n // (16 * cfg.rt)), int(active.shape[0])), 32 * cfg.warps,
             (a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), b.reshape(e * n, k), sa, sa_step, sb, sb_step,
              dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets, active))
 
@@ -862,7 +873,7 @@ def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
     are offsets[e]:offsets[e + 1]; offsets[E] <= P), y_bits [P, N] the output's bits (float32, or
     uint16 for float16 / bfloat16 ``out_dtype``), C-contiguous. One launch on cupy's current stream:
     nothing synchronizes, nothing is read back (CUDA-graph capturable once warm). Rows past
-    offsets[E] (padding) keep what y held."""
+    offsets[E] (padding) are written as 0."""
     p, k = a.shape
     e, n, _ = b.shape
     if p == 0 or e == 0 or n == 0:
