@@ -209,15 +209,30 @@ class Fp8Linear(nn.Module):
         return ActivationScheme.STATIC, cached[2]
 
     def kernels(self, x):
-        """The kernels a GPU forward on inputs like ``x`` runs, in order: the activation
-        quantization's, then the GEMM's name (e.g. ``('quantize_per_token', 'cublaslt')``); the
-        signature is bound by the call if it was not. For profiling and for tests that pin which
-        kernel runs."""
+        """The kernels a forward on inputs like ``x`` runs, in order: the activation quantization's,
+        then the GEMM's name. On a GPU, e.g. ``('quantize_per_token', 'cublaslt')`` (the signature is
+        bound by the call if it was not); on the CPU, the CPU backend's quantizer and the kernel its
+        shape rule picks, e.g. ``('cpu quantize_dynamic', 'cpu small_m')``. For profiling and for
+        tests that pin which kernel runs."""
         with torch.no_grad():
-            self(x)
+            self(x)  # validates x (device, shape, dtype) as a forward would, and binds a GPU call
+        if x.get_device() < 0:
+            return self._cpu_kernels(x)
         state = self._states[x.get_device()]
         out = self.out_dtype or x.dtype
         return state.bound[(x.shape, x.dtype, out, kernel_settings())][0].kernels
+
+    def _cpu_kernels(self, x):
+        # The CPU runs no bound call to read the names from: they follow from the same rules its
+        # forward applies (cpu.quantize_* by scheme, then the GEMM module's choose_kernel by shape).
+        # Fp8Linear refuses E8M0 scale formats, so per-group weights are float32-scaled blocks (UE8M0
+        # ones too: powers of two held as float32) and take the block GEMM, never the MX one.
+        from ..cpu import block, gemm
+
+        k = self.in_features
+        m = x.numel() // k
+        chooser = block if self.activation_scheme == ActivationScheme.PER_GROUP else gemm
+        return f"cpu quantize_{self.activation_scheme.value}", f"cpu {chooser.choose_kernel(m, self.out_features, k)}"
 
     def extra_repr(self):
         if self.block_size is not None:
