@@ -6,15 +6,20 @@ The default job, on the CPU:
    ``vtnumba.testing.reference``, byte for byte;
 2. the FP8 W8A8 linear path (``seam.matmul_fp8``: quantize the activation, then the FP8 GEMM) over
    the seven linear layers of one Llama-3-8B decoder block (q/k/v/o, gate/up/down: hidden 4096,
-   intermediate 14336, kv 1024), with N and K divided by ``--reduce`` so the CPU finishes in
-   seconds, at a decode batch and a prefill batch of tokens, for one activation scheme (``--scheme``,
-   dynamic per-tensor by default) or all of them (``--all-schemes``);
+   intermediate 14336, kv 1024) at three token counts: decode (M = 1 and 16) at the real shapes, and
+   a prefill batch (M = 256) with N and K divided by 4 on the CPU so it finishes in seconds
+   (``--reduce`` divides every M's shapes instead), for one activation scheme (``--scheme``, dynamic
+   per-tensor by default) or all of them (``--all-schemes``);
 3. for each layer: the GEMM's error against a float64 reference of the same lossy pipeline (G3:
    within ``4 K eps32 |sa sb| sum|terms|`` plus the final rounding), the FP8 error against the
    float64 product of the unquantized operands, the time per call, the quantization's share of it,
    GFLOP/s and GB/s, and the speedup over the GEMM a user would run instead, measured in the same
    run: numpy's float32 sgemm on the CPU; on the GPU cuBLAS's float16 GEMM (cupy's matmul, on
-   tensor cores), with float16 activations and outputs for both.
+   tensor cores), with float16 activations and outputs for both. On the CPU the FP8 layer, its
+   quantization and the baseline are timed in turn, trial after trial, and the fastest trial of each
+   is kept; a row whose trials spread wide, or whose FP8 layer or baseline ran far slower than the
+   ceilings measured at the start allow, is marked noisy (!). The footer says in which regime FP8
+   wins and why.
 
 ``--device cuda`` runs it on the GPU (cupy arrays). There the table adds the host's cost per call
 and the time per call replayed from a CUDA graph, and a header says what this GPU can run
@@ -57,6 +62,29 @@ SCHEMES = ("static", "dynamic", "per_token", "block", "mxfp8")
 MODELS = ("llama3-8b", "qwen3-moe")
 BLOCK_SIZE = (128, 128)
 
+# The token counts (GEMM M) of the default job: decode, one token and a small batch of them, and a
+# prefill batch. Up to DECODE_MAX_M tokens a layer is decode: its weight is the traffic, so it runs at
+# Llama-3-8B's real shapes, whose float32 weights (16-235 MB) do not fit in cache as they do not in a
+# model; divided by 4 they would (1-15 MB), and sgemm would read them from cache, hiding the byte
+# saving FP8 is for. Prefill is flops: on the CPU it runs at N and K / CPU_PREFILL_REDUCE (the same
+# GEMM rates, a sixteenth of the work), so the default job stays near a minute on two cores.
+DEFAULT_TOKENS = (1, 16, 256)
+DECODE_MAX_M = 16
+CPU_PREFILL_REDUCE = 4
+
+# A row is also noisy when one side's fastest trial took far longer than the ceilings measured at the
+# start of this run allow its work: SLOW_FACTOR times its roof time, max(flops / BLAS peak, bytes /
+# copy bandwidth), plus CALL_FLOOR_S, what any call costs however small (numpy's dispatch; the FP8
+# path's checks and its two kernel calls, 40-60 us; waking threads). This catches what the spread
+# cannot: a side slow on every trial (sgemm at 1.4 GFLOP/s against a 190 GFLOP/s peak on a loaded
+# 2-core machine, 24 ms where 0.5 ms is usual, 130x its roof time: its p90 / median was 1.1). On a
+# quiet 2-core EPYC the fastest trial stayed within 3.2x of its roof time at every shape of the
+# default job (sgemm at M = 16 and the real shapes, the worst: small-M sgemm is far from the BLAS
+# peak), the FP8 layer's within 2.7x; the floor covers --reduce 32's tiny shapes, where a call is
+# mostly its fixed cost.
+SLOW_FACTOR = 8.0
+CALL_FLOOR_S = 200e-6
+
 
 class UsageError(Exception):
     """An expected error: printed as one line, exit status 2."""
@@ -89,11 +117,15 @@ def _parser():
                    help="llama3-8b (default): the seven linear layers of a Llama-3-8B decoder block; qwen3-moe: "
                         "one FP8 mixture-of-experts layer of Qwen3-30B-A3B (128 experts, top-8)")
     p.add_argument("--reduce", type=_positive_int, default=None,
-                   help="divide Llama-3-8B's N and K by this (default: 4 on the CPU, 1 on the GPU)")
+                   help="divide Llama-3-8B's N and K by this at every token count (default: on the CPU the "
+                        f"real shapes up to M = {DECODE_MAX_M}, decode, and N and K / {CPU_PREFILL_REDUCE} "
+                        "above, prefill; on the GPU the real shapes)")
     p.add_argument("--tokens", type=_positive_int, nargs="+", default=None, metavar="M",
-                   help="token counts (GEMM M) to run (default: 16 256, a decode and a prefill batch)")
+                   help="token counts (GEMM M) to run (default: " + " ".join(map(str, DEFAULT_TOKENS))
+                        + ", decode and a prefill batch)")
     p.add_argument("--repeats", type=_positive_int, default=None,
-                   help="timed calls per measurement (median kept; default 5 on the CPU, 50 on the GPU)")
+                   help="timed trials per measurement (CPU: of the FP8 layer and its baseline in turn, the "
+                        "fastest kept, default 5; GPU: calls, the median kept, default 50)")
     schemes = p.add_mutually_exclusive_group()
     schemes.add_argument("--scheme", choices=SCHEMES, default=None,
                          help="activation scheme: static (calibrated per-tensor scale), dynamic (per-tensor, "
@@ -257,8 +289,37 @@ def g3_reference(scheme, codes, scale, weight):
     if scheme in ("block", "mxfp8"):  # E8M0 scales (uint8) are decoded by the reference itself
         return reference.block_scaled_mm(codes, weight.data, scale, weight.weight_scale,
                                          getattr(weight, "block_size", BLOCK_SIZE))
-    return reference.scaled_mm(codes, weight.data, np.asarray(scale).reshape(-1),
+    return scaled_mm_reference(codes, weight.data, np.asarray(scale).reshape(-1),
                                np.asarray(weight.weight_scale).reshape(-1))
+
+
+_DECODE64 = []  # the oracle's float64 value of each of the 256 codes, built at first use
+
+
+def decode64(codes):
+    """``reference.decode(codes)`` by a table of the oracle's own 256 values: the same float64s (NaN
+    for 0x7F / 0xFF included) in one pass. The oracle's element-wise decode took 4 s for one
+    full-size gate_proj weight, most of a decode job's time."""
+    from vtnumba.testing import reference
+
+    if not _DECODE64:
+        _DECODE64.append(reference.decode(np.arange(256, dtype=np.uint8)))
+    return np.take(_DECODE64[0], np.asarray(codes).view(np.uint8))
+
+
+def scaled_mm_reference(a, b, scale_a, scale_b):
+    """``reference.scaled_mm(a, b, scale_a, scale_b)`` (float64 reference, G3 bound), its formula
+    term for term, with the codes decoded by ``decode64`` (tests hold the two equal bitwise)."""
+    from vtnumba.testing.reference import EPS32
+
+    da, db = decode64(a), decode64(b)
+    k = da.shape[1]
+    sa = np.asarray(scale_a, dtype=np.float64).reshape(-1, 1) if np.ndim(scale_a) else float(scale_a)
+    sb = np.asarray(scale_b, dtype=np.float64).reshape(1, -1) if np.ndim(scale_b) else float(scale_b)
+    acc = da @ db.T
+    np.abs(db, out=db)  # in place: a full-size weight's float64 copy is 470 MB
+    absacc = np.abs(da) @ db.T
+    return acc * sa * sb, 4.0 * k * EPS32 * np.abs(sa * sb) * absacc
 
 
 # --------------------------------------------------------------------------------------- progress
@@ -334,6 +395,35 @@ def layer_shapes(reduce):
         yield name, n // reduce, k // reduce
 
 
+def job_plan(device, tokens=None, reduce=None):
+    """[(M, reduce)]: each token count of the job with the divisor of its shapes. ``reduce`` (the
+    --reduce option) applies to every M; without it the GPU runs the real shapes, and the CPU the
+    real shapes at decode (M <= DECODE_MAX_M) and N and K / CPU_PREFILL_REDUCE above."""
+    tokens = list(tokens or DEFAULT_TOKENS)
+    if reduce is not None:
+        return [(m, reduce) for m in tokens]
+    if device != "cpu":
+        return [(m, 1) for m in tokens]
+    return [(m, 1 if m <= DECODE_MAX_M else CPU_PREFILL_REDUCE) for m in tokens]
+
+
+def _size_words(reduce):
+    if reduce == 1:
+        return "full size"
+    return (f"N and K divided by {reduce} (hidden {4096 // reduce}, intermediate {14336 // reduce}, "
+            f"kv {1024 // reduce})")
+
+
+def describe_plan(plan):
+    """The shapes of a plan in words: 'N and K divided by 4 (...)' when one divisor serves every M,
+    else each divisor with its token counts."""
+    reduces = list(dict.fromkeys(r for _, r in plan))
+    if len(reduces) == 1:
+        return _size_words(reduces[0])
+    return "; ".join("M = " + ", ".join(str(m) for m, r in plan if r == reduce) + " at " + _size_words(reduce)
+                     for reduce in reduces)
+
+
 def _kernel_label(dev, scheme, q, weight):
     """Which GEMM implementation the backend picks for this call (informational: 'auto' when the
     backend does not say)."""
@@ -358,14 +448,24 @@ def _kernel_label(dev, scheme, q, weight):
         return "auto"
 
 
-def layer_data(rng, m, n, k, dtype):
-    """(x [M, K], w [N, K] float32): activations of unit variance with a few outlier channels, as
-    real activations have (a realistic amax for the dynamic scales), in the device's activation
-    dtype; a weight of nn.Linear's init scale (1/sqrt(K))."""
+def layer_activation(rng, m, k, dtype):
+    """x [M, K]: activations of unit variance with a few outlier channels, as real activations have
+    (a realistic amax for the dynamic scales), in the device's activation dtype."""
     x = rng.standard_normal((m, k), dtype=np.float32)
     x[:, rng.integers(0, k, size=max(1, k // 256))] *= 8
-    w = (rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k))).astype(np.float32)
-    return x.astype(dtype), w
+    return x.astype(dtype)
+
+
+def layer_weight(rng, n, k):
+    """w [N, K] float32 of nn.Linear's init scale (1/sqrt(K))."""
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    w *= np.float32(1.0 / np.sqrt(k))
+    return w
+
+
+def layer_data(rng, m, n, k, dtype):
+    """(x [M, K], w [N, K] float32): ``layer_activation`` and ``layer_weight``."""
+    return layer_activation(rng, m, k, dtype), layer_weight(rng, n, k)
 
 
 def _graph_us(dev, wd, xd, repeats, name):
@@ -381,18 +481,56 @@ def _graph_us(dev, wd, xd, repeats, name):
     return rec.time_s * 1e6, None
 
 
-def run_layer(dev, scheme, name, x, w, repeats):
+def roof_time(flops, nbytes, ceilings):
+    """Seconds the measured ceilings allow one call's ``flops`` and ``bytes``: the roofline's bound,
+    max(flops / peak, bytes / copy bandwidth)."""
+    return max(flops / (ceilings.peak_gflops * 1e9), nbytes / (ceilings.copy_gbytes_per_s * 1e9))
+
+
+def below_ceiling(time_s, flops, nbytes, ceilings, factor=None):
+    """Whether a call of ``time_s`` seconds ran far below what ``ceilings`` allow its work: slower
+    than ``factor`` (default SLOW_FACTOR) times its roof time plus CALL_FLOOR_S (see SLOW_FACTOR)."""
+    factor = SLOW_FACTOR if factor is None else factor
+    return time_s > factor * roof_time(flops, nbytes, ceilings) + CALL_FLOOR_S
+
+
+def _spread(times):
+    from vtnumba.timing import p90
+
+    return p90(times) / float(np.median(times))
+
+
+def _time_cpu(name, fp8_call, quant_call, base_call, repeats, flops, fp8_bytes, shape):
+    """The CPU's three timings of one row, interleaved (timing.interleaved_cpu_samples): the FP8
+    layer first (the quiet pause before it lets the previous baseline's BLAS workers stop spinning),
+    its quantization, the baseline. Returns {side: (fastest, median, spread)} and the FP8 layer's
+    ProfileRecord (its fastest call: the roofline's point)."""
+    from vtnumba import profile, timing
+
+    times = timing.interleaved_cpu_samples([fp8_call, quant_call, base_call], repeats)
+    sides = {side: (min(t), float(np.median(t)), _spread(t)) for side, t in zip(("fp8", "quant", "base"), times)}
+    best = sides["fp8"][0]
+    record = profile.ProfileRecord(name, "cpu", f"fastest of {repeats} interleaved trials", best, best, repeats,
+                                   flops=flops, bytes=fp8_bytes, shape=shape, p90_s=timing.p90(times[0]))
+    return sides, record
+
+
+def run_layer(dev, scheme, name, x, w, repeats, ceilings=None, weight=None):
     """One layer in one scheme: accuracy against float64, then the FP8 layer's timings (device,
-    host, graph, its quantization alone) and the baseline's. Returns (row, FP8 ProfileRecord)."""
+    host, graph, its quantization alone) and the baseline's. On the CPU the FP8 layer, its
+    quantization and the baseline are timed in turn, trial after trial, the fastest of each kept;
+    on the GPU each is a median of its own. ``ceilings`` (profile.Ceilings of this run) mark a side
+    that ran far below them noisy; ``weight`` is ``make_weight(scheme, w, x)`` when the caller holds
+    it already. Returns (row, FP8 ProfileRecord)."""
     from vtnumba import profile, seam
     from vtnumba.testing import reference
 
     m, k = x.shape
     n = w.shape[0]
-    weight = make_weight(scheme, w, x)
+    weight = weight if weight is not None else make_weight(scheme, w, x)
     xd = dev.put(x)
     wd = weight if dev.name == "cpu" else seam.ResidentFp8(weight, dev.name).weight
-    w_base = dev.put(w.astype(dev.dtype))
+    w_base = dev.put(w.astype(dev.dtype, copy=False))
 
     # G3 judges the GEMM alone: the reference takes the codes and scales this device's quantizer
     # made (the call matmul_fp8 makes; the self-check holds the quantizer to the oracle).
@@ -401,38 +539,65 @@ def run_layer(dev, scheme, name, x, w, repeats):
     ref, bound = g3_reference(scheme, dev.get(qd.data), dev.get(qd.scale), weight)
     allowed = bound + reference.out_rounding(ref, y.dtype)
     g3 = float(np.max(np.abs(y.astype(np.float64) - ref) / allowed))
+    del ref, bound, allowed
     exact = x.astype(np.float64) @ w.astype(np.float64).T
     fp8_rel = float(np.linalg.norm(y.astype(np.float64) - exact) / np.linalg.norm(exact))
+    del exact
 
-    fp8 = profile.profile_linear(wd, xd, name=name, repeats=repeats)
-    graph_us, graph_why = _graph_us(dev, wd, xd, repeats, name)
-    quant = profile.profile_op(lambda a: seam.quantize_activation(a, wd), xd, repeats=repeats,
-                               name=f"{name} (quantize)")
     itemsize = dev.dtype.itemsize
-    base = profile.profile_op(lambda a, b: a @ b.T, xd, w_base, repeats=repeats, name=f"{name} (baseline)",
-                              flops=fp8.flops, bytes=float(itemsize * (m * k + n * k + m * n)), shape=fp8.shape)
+    flops, fp8_bytes = profile.linear_cost(m, n, k, itemsize, 1, np.dtype(y.dtype).itemsize)
+    base_bytes = float(itemsize * (m * k + n * k + m * n))
+    shape = f"{m}x{n}x{k}"
     unavailable = {}
     if dev.name == "cpu":
+        sides, fp8 = _time_cpu(name, lambda: seam.matmul_fp8(xd, wd), lambda: seam.quantize_activation(xd, wd),
+                               lambda: xd @ w_base.T, repeats, flops, fp8_bytes, shape)
+        (fp8_s, fp8_median, fp8_spread), (quant_s, quant_median, quant_spread), (base_s, base_median, base_spread) = (
+            sides["fp8"], sides["quant"], sides["base"])
+        fp8_host = base_host = graph_us = None
         unavailable.update({key: dict(label=label, reason=why) for key, (label, why) in CPU_NOT_APPLICABLE.items()})
     else:
+        fp8 = profile.profile_linear(wd, xd, name=name, repeats=repeats)
+        graph_us, graph_why = _graph_us(dev, wd, xd, repeats, name)
+        quant = profile.profile_op(lambda a: seam.quantize_activation(a, wd), xd, repeats=repeats,
+                                   name=f"{name} (quantize)")
+        base = profile.profile_op(lambda a, b: a @ b.T, xd, w_base, repeats=repeats, name=f"{name} (baseline)",
+                                  flops=flops, bytes=base_bytes, shape=shape)
+        # events time all repeats as one interval: its mean is the figure, there is no fastest call
+        fp8_s = fp8_median = fp8.time_s
+        quant_s = quant_median = quant.time_s
+        base_s = base_median = base.time_s
+        fp8_spread, quant_spread, base_spread = fp8.spread, quant.spread, base.spread
+        fp8_host, base_host = fp8.host_s, base.host_s
         unavailable["spread"] = dict(label="one interval", reason=GPU_SPREAD_REASON)
         if graph_why is not None:
             unavailable["graph_us"] = dict(label=graph_why[0], reason=graph_why[1])
+    spreads = [s for s in (fp8_spread, quant_spread, base_spread) if s is not None]
+    slow = []
+    if ceilings is not None:
+        if below_ceiling(base_s, flops, base_bytes, ceilings):
+            slow.append("baseline")
+        if below_ceiling(fp8_s, flops, fp8_bytes, ceilings):
+            slow.append("fp8")
     # The quantization is part of the layer, so its share comes from the least-disturbed call of each
     # (the minimums): two medians taken apart, on a loaded machine, gave shares above 100%.
-    share = min(quant.min_s, fp8.min_s) / fp8.min_s
+    share = min(quant_s, fp8_s) / fp8_s
     row = dict(layer=name, scheme=scheme, m=m, n=n, k=k, kernel=_kernel_label(dev, scheme, qd, wd),
-               device_us=fp8.time_s * 1e6,
-               host_us=None if fp8.host_s is None else fp8.host_s * 1e6,
+               device_us=fp8_s * 1e6,
+               host_us=None if fp8_host is None else fp8_host * 1e6,
                graph_us=graph_us,
-               quant_us=quant.time_s * 1e6, quant_share=share,
-               device_min_us=fp8.min_s * 1e6, quant_min_us=quant.min_s * 1e6,
-               spread=fp8.spread, baseline_spread=base.spread,
-               noisy=bool(fp8.noisy or base.noisy or quant.noisy),
-               gflops=fp8.gflops, gbytes_per_s=fp8.gbytes_per_s,
-               baseline_us=base.time_s * 1e6,
-               baseline_host_us=None if base.host_s is None else base.host_s * 1e6,
-               speedup=base.time_s / fp8.time_s, g3_ratio=g3, g3_ok=bool(g3 <= 1.0), fp8_rel_error=fp8_rel,
+               quant_us=quant_s * 1e6, quant_share=share,
+               device_min_us=fp8_s * 1e6, quant_min_us=quant_s * 1e6,
+               device_median_us=fp8_median * 1e6, baseline_median_us=base_median * 1e6,
+               spread=fp8_spread, baseline_spread=base_spread, quant_spread=quant_spread,
+               roof_us=roof_time(flops, fp8_bytes, ceilings) * 1e6 if ceilings is not None else None,
+               baseline_roof_us=roof_time(flops, base_bytes, ceilings) * 1e6 if ceilings is not None else None,
+               slow=slow,
+               noisy=bool(any(s > NOISY_SPREAD for s in spreads) or slow),
+               gflops=flops / fp8_s / 1e9, gbytes_per_s=fp8_bytes / fp8_s / 1e9,
+               baseline_us=base_s * 1e6,
+               baseline_host_us=None if base_host is None else base_host * 1e6,
+               speedup=base_s / fp8_s, g3_ratio=g3, g3_ok=bool(g3 <= 1.0), fp8_rel_error=fp8_rel,
                unavailable=unavailable)
     return row, fp8
 
@@ -518,17 +683,28 @@ def _print_tables(report, out, capabilities=None):
     p("-" * len(line(heads)))
     for row in rows:
         p(line(row))
-    p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run, median of "
-      f"{report['repeats']} calls")
-    p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; p90/median: its "
-      "spread; quant: the quantization alone, median, and its share of the layer from the fastest call of each")
+    if report["device"] == "cpu":
+        p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run: the FP8 layer, its "
+          f"quantization and the baseline timed in turn, {report['repeats']} trials each, the fastest of each kept")
+        p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), fastest trial; p90/median: "
+          "the spread of its trials; quant: the quantization alone, fastest trial, and its share of the layer")
+    else:
+        p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run, median of "
+          f"{report['repeats']} calls")
+        p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; quant: the "
+          "quantization alone, median, and its share of the layer")
     several = len(report["schemes"]) > 1
-    noisy = [f"{r['layer']} M={r['m']}" + (f" {r['scheme']}" if several else "") for r in report["layers"]
-             if r.get("noisy")]
+    noisy = [f"{r['layer']} M={r['m']}" + (f" {r['scheme']}" if several else "")
+             + (" (" + ", ".join(f"{'FP8 layer' if s == 'fp8' else 'baseline'} slow" for s in r["slow"]) + ")"
+                if r.get("slow") else "")
+             for r in report["layers"] if r.get("noisy")]
     if noisy:
         p(f"WARNING: noisy figures (p90 > {NOISY_SPREAD:.0f}x the median for the layer, its quantization or its "
-          f"baseline; marked !): {', '.join(noisy)}. Another process was using the CPU: rerun on a quiet "
-          f"machine before quoting them.")
+          f"baseline, or the FP8 layer or its baseline slower than {SLOW_FACTOR:.0f}x the time the ceilings "
+          f"measured in this run allow its flops and bytes, plus {CALL_FLOOR_S * 1e6:.0f} us a call; marked !): {', '.join(noisy)}. Another process was using "
+          f"the machine: rerun on a quiet one before quoting them.")
+    for line in regime_lines(report.get("regimes") or []):
+        p(line)
     if report["device"] == "cuda":
         p("host us: the host's cost to enqueue one call; graph us: device time per call replayed from a "
           "CUDA graph")
@@ -545,6 +721,62 @@ def _print_tables(report, out, capabilities=None):
     if report.get("plot"):
         p(f"roofline written to {report['plot']}")
     p("all checks passed" if report["ok"] else "CHECK FAILED: see mismatches / G3 above")
+
+
+# Why FP8 wins or not in each regime, per device: the footer's account of the speedup column.
+REGIME_REASONS = {
+    ("cpu", "decode"): "at a few tokens the weight is the traffic, and the FP8 layer reads a quarter of "
+                       "float32's weight bytes (1 byte a weight against 4)",
+    ("cpu", "prefill"): "at many tokens the work is flops, and a CPU has no FP8 arithmetic: the FP8 layer "
+                        "decodes its codes to float32 for the same FMAs sgemm runs, so at large M it is "
+                        "bound by the BLAS rate sgemm already reaches, plus the quantization",
+    ("cuda", "decode"): "at a few tokens the weight is the traffic, and the FP8 layer reads half of "
+                        "float16's weight bytes",
+    ("cuda", "prefill"): "at many tokens the work is flops, and FP8 tensor cores run at twice float16's rate",
+}
+
+
+def regime_summary(rows, device):
+    """Per regime (decode: M <= DECODE_MAX_M; prefill above): its token counts and divisors, the
+    range and median of its rows' speedups (noisy rows left out), whether FP8 wins there, and why."""
+    out = []
+    for regime, pick in (("decode", lambda r: r["m"] <= DECODE_MAX_M), ("prefill", lambda r: r["m"] > DECODE_MAX_M)):
+        picked = [r for r in rows if pick(r)]
+        if not picked:
+            continue
+        clean = sorted(r["speedup"] for r in picked if not r.get("noisy"))
+        median = float(np.median(clean)) if clean else None
+        verdict = (None if median is None else "wins" if median > 1.05 else "trails" if median < 0.95 else "ties")
+        out.append(dict(regime=regime, tokens=sorted({r["m"] for r in picked}),
+                        reduce=sorted({r.get("reduce", 1) for r in picked}), rows=len(picked),
+                        noisy_rows=len(picked) - len(clean), speedup_min=clean[0] if clean else None,
+                        speedup_max=clean[-1] if clean else None, speedup_median=median, fp8=verdict,
+                        reason=REGIME_REASONS[(device, regime)]))
+    return out
+
+
+def regime_lines(regimes):
+    """The footer's lines on where FP8 wins (from regime_summary)."""
+    lines = []
+    for g in regimes:
+        tokens = ", ".join(map(str, g["tokens"]))
+        sizes = " and ".join("full size" if r == 1 else f"N and K / {r}" for r in g["reduce"])
+        head = f"{g['regime']} (M = {tokens}, {sizes}): "
+        if g["fp8"] is None:
+            lines.append(head + f"no speedup to quote, all {g['rows']} rows noisy; " + g["reason"])
+            continue
+        span = (f"{g['speedup_min']:.2f}x" if g["speedup_min"] == g["speedup_max"]
+                else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x")
+        left = f" ({g['noisy_rows']} noisy rows left out)" if g["noisy_rows"] else ""
+        word = {"wins": "FP8 wins", "ties": "FP8 ties", "trails": "FP8 trails"}[g["fp8"]]
+        lines.append(head + f"{word}, {span}{left}: {g['reason']}")
+        if g["regime"] == "decode" and max(g["reduce"]) > 1:
+            lines.append("  (with N and K divided, a layer's float32 weight can sit in cache, where sgemm reads "
+                         "it faster than memory and the byte saving hardly shows: the default job runs decode "
+                         "at the real shapes)")
+    if lines:
+        lines.insert(0, "where FP8 wins:")
+    return lines
 
 
 def check_plot_path(path):
@@ -598,11 +830,15 @@ def run(args, out=None):
         if args.json:
             print(json.dumps(report, indent=2), file=out)
         return report
-    reduce = args.reduce or (4 if device == "cpu" else 1)
-    tokens = args.tokens or [16, 256]
+    plan = job_plan(device, args.tokens, args.reduce)
+    tokens = [m for m, _ in plan]
     repeats = args.repeats or (5 if device == "cpu" else 50)
-    shapes = list(layer_shapes(reduce))
-    schemes, skipped = choose_schemes(args, shapes, reduce)
+    groups = {}  # divisor -> its token counts, in the plan's order: each layer's weight made once per divisor
+    for m, r in plan:
+        groups.setdefault(r, []).append(m)
+    shapes_of = {r: list(layer_shapes(r)) for r in groups}
+    reduce = max(groups)
+    schemes, skipped = choose_schemes(args, [s for r in groups for s in shapes_of[r]], reduce)
     dev = _Device(device)
     capabilities = None
     if device == "cuda":
@@ -610,7 +846,7 @@ def run(args, out=None):
 
         capabilities = gpu_capabilities()
 
-    progress = Progress(len(shapes) * len(tokens) * len(schemes) + 2, enabled=not args.no_progress)
+    progress = Progress(len(plan) * len(LLAMA3_8B_LAYERS) * len(schemes) + 2, enabled=not args.no_progress)
     progress.begin("quantization self-check")
     checks = [] if args.skip_selfcheck else selfcheck(dev, block="block" in schemes, mx="mxfp8" in schemes)
     progress.end()
@@ -618,28 +854,39 @@ def run(args, out=None):
     ceilings = profile.measure_ceilings(device)
     progress.end()
     rng = np.random.default_rng(8)
-    rows, records = [], []
+    done = []  # (plan index, layer index, scheme index, row, record): the table's order is the plan's
     try:
-        for m in tokens:
-            for name, n, k in shapes:
-                x, w = layer_data(rng, m, n, k, dev.dtype)  # one input per layer, shared by the schemes
-                for scheme in schemes:
-                    progress.begin(f"{name} M={m} {scheme}")
-                    row, fp8 = run_layer(dev, scheme, name, x, w, repeats)
-                    rows.append(row)
-                    label = f"{name} M={m}" + (f" {scheme}" if len(schemes) > 1 else "")
-                    records.append(profile.ProfileRecord(label, fp8.device, fp8.method, fp8.time_s, fp8.min_s,
-                                                         fp8.repeats, fp8.host_s, fp8.flops, fp8.bytes, fp8.shape))
-                    progress.end()
+        for r, ms in groups.items():
+            for li, (name, n, k) in enumerate(shapes_of[r]):
+                w = layer_weight(rng, n, k)
+                weights = {}  # scheme -> Fp8Weight, shared by the token counts (static calibrates per batch)
+                for m in ms:
+                    x = layer_activation(rng, m, k, dev.dtype)  # shared by the schemes
+                    for si, scheme in enumerate(schemes):
+                        progress.begin(f"{name} M={m} {scheme}" + (f" /{r}" if r > 1 else ""))
+                        weight = make_weight(scheme, w, x) if scheme == "static" else weights.get(scheme)
+                        if weight is None:
+                            weight = weights[scheme] = make_weight(scheme, w, x)
+                        row, fp8 = run_layer(dev, scheme, name, x, w, repeats, ceilings=ceilings, weight=weight)
+                        row["reduce"] = r
+                        label = f"{name} M={m}" + (f" {scheme}" if len(schemes) > 1 else "")
+                        record = profile.ProfileRecord(label, fp8.device, fp8.method, fp8.time_s, fp8.min_s,
+                                                       fp8.repeats, fp8.host_s, fp8.flops, fp8.bytes, fp8.shape)
+                        done.append((plan.index((m, r)), li, si, row, record))
+                        progress.end()
+                del w, weights
     finally:
         progress.close()
+    done.sort(key=lambda d: d[:3])
+    rows, records = [d[3] for d in done], [d[4] for d in done]
     ok = all(r["mismatches"] == 0 for r in checks) and all(r["g3_ok"] for r in rows)
-    reduction = (f"N and K divided by {reduce} (hidden {4096 // reduce}, intermediate {14336 // reduce}, "
-                 f"kv {1024 // reduce})" if reduce > 1 else "full size")
-    report = dict(device=device, reduction=reduction, reduce=reduce, tokens=tokens, repeats=repeats,
+    reduction = describe_plan(plan)
+    # reduce: the one divisor of every M, or None when the plan mixes them (see plan)
+    report = dict(device=device, reduction=reduction, reduce=reduce if len(groups) == 1 else None,
+                  plan=[dict(m=m, reduce=r) for m, r in plan], tokens=tokens, repeats=repeats,
                   schemes=schemes, skipped_schemes=skipped, baseline=asdict(dev.baseline),
                   activation_dtype=str(dev.dtype), selfcheck=checks, ceilings=ceilings.as_dict(), layers=rows,
-                  ok=ok, plot=None)
+                  regimes=regime_summary(rows, device), ok=ok, plot=None)
     if capabilities is not None:
         report["gpu_capabilities"] = capabilities.as_dict()
     if device == "cpu":
@@ -649,7 +896,10 @@ def run(args, out=None):
     if args.plot is not None:
         try:
             profile.roofline_plot(records, ceilings, path=args.plot,
-                                  title=f"vtnumba FP8 W8A8 linear, Llama-3-8B layers /{reduce}, {device}")
+                                  title="vtnumba FP8 W8A8 linear, Llama-3-8B layers, " + (
+                                      f"/{reduce}" if len(groups) == 1 else
+                                      ", ".join(f"M={'/'.join(map(str, ms))} " + ("full" if r == 1 else f"/{r}")
+                                                for r, ms in groups.items())) + f", {device}")
         except OSError as exc:
             raise UsageError(f"--plot could not write {args.plot!r}: {exc.strerror or exc}") from None
         report["plot"] = args.plot

@@ -1,7 +1,8 @@
 """The timers of ``vtnumba.profile`` and of every benchmark, written once.
 
 - CPU: ``cpu_time`` -- a quiet pause (OpenBLAS's spinning workers), warm-up calls, then the median
-  and the minimum of timed calls.
+  and the minimum of timed calls; ``interleaved_cpu_samples`` -- several callables timed in turn,
+  round after round, so that load on the machine hits each alike (comparisons).
 - GPU device time: ``device_us`` -- a spin kernel is queued first, so the host has enqueued every
   timed call before the GPU reaches them; CUDA events around the calls then time the GPU alone
   (DEVICE.md's method, with a spin kernel of our own instead of torch's ``_sleep``). With method
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import _arrays
 
-__all__ = ["cpu_time", "cpu_samples", "NOISY_SPREAD", "device_us", "best_device_us", "host_us", "paired_host_time"]
+__all__ = ["cpu_time", "cpu_samples", "interleaved_cpu_samples", "NOISY_SPREAD", "device_us", "best_device_us", "host_us", "paired_host_time"]
 
 
 def _device_of(args):
@@ -50,6 +51,35 @@ def cpu_samples(call, repeats=9, warmup=1):
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def interleaved_cpu_samples(calls, trials=5, warmup=1):
+    """Seconds of each timed call of several callables taken in turn: ``warmup`` untimed rounds, then
+    ``trials`` rounds, each a quiet pause (see above) and then, for each of ``calls`` in order, one
+    untimed call and one timed call. Returns one list of ``trials`` seconds per callable.
+
+    For a comparison (a kernel against its baseline): a neighbour process that takes the cores for a
+    second slows the calls of both sides around that second, where timing all of one side's calls and
+    then the other's put the whole disturbance on one side and skewed the ratio (a 30x "speedup" on a
+    loaded machine that read 0.9x in the next run). The untimed call before each timed one leaves the
+    machine as a loop of that callable's own calls does, as in a model called layer after layer: the
+    first call after the pause paid ~300 us to wake the idle cores of a 2-core VM (on a 40 us call),
+    and a first BLAS call in a while wakes OpenBLAS's sleeping workers. The pause opens each round,
+    before the first callable: put the one a BLAS call's spinning workers would tax (a Numba kernel)
+    first, and the BLAS call last."""
+    calls = list(calls)
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    times = [[] for _ in calls]
+    for _ in range(trials):
+        time.sleep(_BLAS_SPIN_PAUSE_S)
+        for call, out in zip(calls, times):
+            call()
+            t0 = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - t0)
     return times
 
 
