@@ -404,6 +404,7 @@ def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     ``path`` when given; returns the Figure."""
     require("matplotlib", "plot", "the roofline plot")
     from matplotlib.figure import Figure  # no pyplot: works headless and inside Jupyter alike
+    from matplotlib.transforms import Bbox
 
     points = [r for r in records if r.intensity is not None]
     if not points:
@@ -429,14 +430,33 @@ def roofline_plot(records, ceilings, path=None, ax=None, title=None):
         ax.loglog(grid, np.minimum(value, grid * bw), color="gray", lw=1.0, ls="--")
         ax.annotate(f"{label}: {value:.0f} GFLOP/s", (hi, value), textcoords="offset points",
                     xytext=(-4, 4), ha="right", fontsize=8, color="dimgray")
+    labels = []
     for p in points:
-        ax.scatter([p.intensity], [p.gflops], s=24, zorder=3)
-        ax.annotate(p.name, (p.intensity, p.gflops), textcoords="offset points", xytext=(4, -10),
-                    fontsize=7)
+        dot = ax.scatter([p.intensity], [p.gflops], s=24, zorder=3)
+        # in its point's colour: a label moved off a crowded point (below) still says whose it is
+        labels.append(ax.annotate(p.name, (p.intensity, p.gflops), textcoords="offset points", xytext=(4, -10),
+                                  fontsize=7, color=dot.get_facecolor()[0]))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title or f"roofline, {ceilings.device} (measured ceilings)")
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    # Layers of one shape land on one point (k_proj and v_proj, q_proj and o_proj; at M = 256 all seven
+    # crowd near the peak): each label takes the first slot, right of its point then left, stepping
+    # below and above it, that covers no other label, no point and no roof's label.
+    fig.draw_without_rendering()  # lays the figure out, so each box is where it will be drawn
+    taken = [t.get_window_extent() for t in ax.texts if t not in labels]
+    for dot in ax.collections:
+        x, y = ax.transData.transform(dot.get_offsets()[0])
+        taken.append(Bbox.from_extents(x - 3, y - 3, x + 3, y + 3))
+    steps = [(i + 1) // 2 * (1 if i % 2 else -1) for i in range(2 * len(labels) + 1)]  # 0, +1, -1, +2, ...
+    for label in labels:
+        for step, side in ((step, side) for step in steps for side in ("left", "right")):
+            label.set_horizontalalignment(side)  # text left-aligned sits right of the point
+            label.xyann = (4 if side == "left" else -4, -10 - 9 * step)
+            box = label.get_window_extent()
+            if not any(box.overlaps(other) for other in taken):
+                break
+        taken.append(box)
     if path is not None:
         fig.savefig(path, dpi=120)
     _show_figures_in_ipython(Figure)
