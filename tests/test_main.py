@@ -545,3 +545,177 @@ def test_moe_model_runs_the_experts_layer_and_checks_it(capsys):
     assert all(r["composite_max_diff"] <= 1e-5 * r["composite_scale"] for r in rows)
     rc, out, err = run_cli(["--model", "qwen3-moe", "--reduce", "5"], capsys)
     assert rc == 2 and "--reduce must divide" in err
+
+
+# -- the timing: interleaved, fastest trial, and the noisy rules ----------------------------------
+
+def test_fp8_and_baseline_are_timed_in_turn(monkeypatch):
+    """Round after round, each side an untimed call then a timed one, FP8 first after the pause:
+    load on the machine hits both sides alike, and the fastest trial of each is kept."""
+    order, clock = [], [0.0]
+    monkeypatch.setattr(timing.time, "sleep", lambda s: order.append("pause"))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+
+    def side(name, seconds):
+        def call():
+            order.append(name)
+            clock[0] += seconds
+        return call
+
+    calls = [side("fp8", 1.0), side("quant", 0.25), side("base", 2.0)]
+    times = timing.interleaved_cpu_samples(calls, trials=3, warmup=1)
+    assert order == ["fp8", "quant", "base"] + ["pause", "fp8", "fp8", "quant", "quant", "base", "base"] * 3
+    assert times == [[1.0] * 3, [0.25] * 3, [2.0] * 3]
+    # the main job keeps the fastest trial of each side
+    seq = iter([5e-3, 1e-3, 3e-3, 9e-3, 2e-3, 4e-3])
+    monkeypatch.setattr(cli, "_spread", lambda t: 1.0)
+    monkeypatch.setattr(timing, "interleaved_cpu_samples",
+                        lambda calls, trials: [[next(seq), next(seq)] for _ in calls])
+    sides, record = cli._time_cpu("q", None, None, None, 2, 1.0, 1.0, "1x1x1")
+    assert {k: v[0] for k, v in sides.items()} == {"fp8": 1e-3, "quant": 3e-3, "base": 2e-3}
+    assert record.time_s == record.min_s == 1e-3
+
+
+CEILINGS = types.SimpleNamespace(peak_gflops=190.0, copy_gbytes_per_s=23.4)
+
+
+def test_a_baseline_far_below_its_ceiling_is_noisy():
+    """The newcomer's run: sgemm at 1.4 GFLOP/s on 16x1024x1024, slow on every call (its spread 1.1),
+    read as a 29.76x speedup. The ceiling rule flags it; a quiet run's figures are not flagged."""
+    m, n, k = 16, 1024, 1024
+    flops, base_bytes = 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n)
+    assert flops / 24011.2e-6 / 1e9 == pytest.approx(1.4, abs=0.05)
+    assert cli.below_ceiling(24011.2e-6, flops, base_bytes, CEILINGS)
+    assert not cli.below_ceiling(490e-6, flops, base_bytes, CEILINGS)  # a quiet run, same shape
+    # small shapes pay a call's fixed cost, far above their roof: the floor keeps them unflagged
+    assert not cli.below_ceiling(60e-6, 2.0 * 2 * 128 * 128, 4.0 * (2 * 128 + 128 * 128 + 2 * 128), CEILINGS)
+    # the quiet default job's worst case (sgemm at M = 16, real shapes: 3.2x its roof) is clear of it
+    flops16 = 2.0 * 16 * 14336 * 4096
+    assert not cli.below_ceiling(31.5e-3, flops16, 4.0 * 14336 * 4096, CEILINGS)
+
+
+def test_a_slow_side_marks_the_row_and_names_itself(monkeypatch, capsys):
+    """run_layer marks a row noisy when its baseline ran far below the ceilings, with its spread tight,
+    and the table flags it and says why."""
+    real = cli._time_cpu
+
+    def slow_baseline(*args):
+        sides, record = real(*args)
+        best, median, spread = sides["base"]
+        sides["base"] = (best * 200, median * 200, spread)  # slow on every trial: the spread stays tight
+        return sides, record
+
+    monkeypatch.setattr(cli, "_time_cpu", slow_baseline)
+    monkeypatch.setattr(timing, "_BLAS_SPIN_PAUSE_S", 0.0)
+    rng = np.random.default_rng(0)
+    x, w = cli.layer_data(rng, 16, 512, 512, np.float32)
+    ceilings = types.SimpleNamespace(peak_gflops=100.0, copy_gbytes_per_s=20.0)
+    row, _ = cli.run_layer(cli._Device("cpu"), "dynamic", "q_proj", x, w, 2, ceilings=ceilings)
+    assert row["slow"] == ["baseline"] and row["noisy"] and row["speedup"] > 20
+    report = dict(device="cpu", reduction="test", repeats=2, schemes=["dynamic"], skipped_schemes={},
+                  baseline=dataclasses.asdict(cli.baseline_for("cpu")), activation_dtype="float32", selfcheck=[],
+                  ceilings=dict(copy_gbytes_per_s=20.0, peak_gflops=100.0, peak_label="sgemm", extra={}),
+                  layers=[dict(row, reduce=1)], ok=True, regimes=cli.regime_summary([row], "cpu"))
+    cli._print_tables(report, sys.stdout)
+    out = capsys.readouterr().out
+    assert f"{row['speedup']:.2f}x!" in out and "q_proj M=16 (baseline slow)" in out
+    assert "all 1 rows noisy" in out  # no speedup quoted for the regime
+
+
+# -- the default job ------------------------------------------------------------------------------
+
+def test_default_job_runs_decode_at_the_real_shapes():
+    """Decode (M = 1 and 16) at Llama-3-8B's full N and K, where the float32 weights do not fit in
+    cache, and the prefill batch at / 4 on the CPU; --reduce divides every M; the GPU runs full size."""
+    assert cli.job_plan("cpu") == [(1, 1), (16, 1), (256, 4)]
+    assert cli.job_plan("cpu", [1, 64]) == [(1, 1), (64, 4)]
+    assert cli.job_plan("cpu", [2, 40], 32) == [(2, 32), (40, 32)]
+    assert cli.job_plan("cuda") == [(1, 1), (16, 1), (256, 1)]
+    assert dict(cli.job_plan("cpu"))[1] == 1 and list(cli.layer_shapes(1))[4] == ("gate_proj", 14336, 4096)
+    args = cli._parser().parse_args([])
+    assert args.tokens is None and args.reduce is None  # the plan above is what a bare run gets
+    assert cli.describe_plan(cli.job_plan("cpu")) == (
+        "M = 1, 16 at full size; M = 256 at N and K divided by 4 (hidden 1024, intermediate 3584, kv 256)")
+    assert cli.describe_plan([(2, 32), (40, 32)]).startswith("N and K divided by 32")
+
+
+def test_mixed_plan_runs_each_m_at_its_size(no_blas_pause, capsys):
+    """Without --reduce each M takes its regime's size (here a small stand-in for the real shapes)."""
+    import vtnumba.__main__ as main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(main, "job_plan", lambda device, tokens=None, reduce=None: [(1, 16), (3, 32)])
+        rc, out, err = run_cli(["--repeats", "1", "--no-progress", "--skip-selfcheck", "--json"], capsys)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert [(r["m"], r["k"], r["reduce"]) for r in report["layers"]][:2] == [(1, 4096 // 16, 16), (1, 4096 // 16, 16)]
+    assert {(r["m"], r["reduce"]) for r in report["layers"]} == {(1, 16), (3, 32)}
+    assert report["reduce"] is None and report["plan"] == [dict(m=1, reduce=16), dict(m=3, reduce=32)]
+    assert [r["m"] for r in report["layers"]] == [1] * 7 + [3] * 7  # the plan's order, layer by layer
+
+
+def test_footer_says_where_fp8_wins_and_why(small_report, capsys):
+    report = json.loads(json.dumps(small_report))
+    for r in report["layers"]:  # a quiet machine's figures at the default job's regimes
+        r.update(noisy=False, slow=[], speedup=2.0 if r["m"] == 2 else 0.8, reduce=1 if r["m"] == 2 else 4)
+    report["regimes"] = cli.regime_summary(report["layers"], "cpu")
+    assert [(g["regime"], g["fp8"]) for g in report["regimes"]] == [("decode", "wins"), ("prefill", "trails")]
+    cli._print_tables(report, sys.stdout)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "where FP8 wins:" in out
+    assert "decode (M = 2, full size): FP8 wins, 2.00x: " in out
+    assert "a quarter of float32's weight bytes" in out
+    assert "prefill (M = 40, N and K / 4): FP8 trails, 0.80x: " in out
+    assert "a CPU has no FP8 arithmetic" in out and "bound by the BLAS rate" in out
+    # the real run's footer comes from its own rows
+    assert [g["regime"] for g in small_report["regimes"]] == ["decode", "prefill"]
+
+
+def test_fast_reference_is_the_oracles(monkeypatch):
+    """The job's G3 reference decodes by a table of the oracle's values: bitwise the oracle's result."""
+    from vtnumba.testing import reference
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, size=(5, 96), dtype=np.uint8)
+    a[a & 0x7F == 0x7F] = 0  # no NaN codes: a NaN compares unequal to itself
+    b = rng.integers(0, 256, size=(24, 96), dtype=np.uint8)
+    b[b & 0x7F == 0x7F] = 1
+    assert np.array_equal(cli.decode64(np.arange(256, dtype=np.uint8)), reference.decode(np.arange(256, dtype=np.uint8)),
+                          equal_nan=True)
+    for sa, sb in ((np.float32(0.01), np.float32(0.02)), (rng.random(5, dtype=np.float32), rng.random(24, dtype=np.float32))):
+        ours, theirs = cli.scaled_mm_reference(a, b, sa, sb), reference.scaled_mm(a, b, sa, sb)
+        assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+# -- the two small fixes --------------------------------------------------------------------------
+
+def test_fp8linear_kernels_on_a_cpu_tensor_names_the_cpu_kernels():
+    torch = pytest.importorskip("torch")
+    import vtnumba.torch as vtt
+    from vtnumba.cpu import block, gemm
+
+    layer = vtt.Fp8Linear.from_linear(torch.nn.Linear(256, 128), "per_token")
+    assert layer.kernels(torch.randn(3, 5, 256)) == ("cpu quantize_per_token", f"cpu {gemm.choose_kernel(15, 128, 256)}")
+    grouped = vtt.Fp8Linear.from_linear(torch.nn.Linear(256, 128), "per_group")
+    assert grouped.kernels(torch.randn(2, 256)) == ("cpu quantize_per_group", f"cpu {block.choose_kernel(2, 128, 256)}")
+    with pytest.raises(ValueError, match="x must be"):
+        layer.kernels(torch.randn(2, 100))  # a bad input is the forward's own error, not a KeyError
+
+
+def test_roofline_labels_do_not_overlap_at_m256():
+    pytest.importorskip("matplotlib")
+    from vtnumba import profile
+
+    # the default job's M = 256 rows: k/v and q/o share a shape, all seven sit near the peak
+    shapes = [("q_proj", 1024, 1024), ("k_proj", 256, 1024), ("v_proj", 256, 1024), ("o_proj", 1024, 1024),
+              ("gate_proj", 3584, 1024), ("up_proj", 3584, 1024), ("down_proj", 1024, 3584)]
+    records = []
+    for i, (name, n, k) in enumerate(shapes):
+        flops, moved = profile.linear_cost(256, n, k, 4, 1, 4)
+        records.append(profile.ProfileRecord(f"{name} M=256", "cpu", "t", flops / (150e9 + 1e8 * i), 1.0, 1,
+                                             flops=flops, bytes=moved))
+    fig = profile.roofline_plot(records, profile.Ceilings("cpu", 24.0, 190.0, "numpy sgemm 1024^3"))
+    fig.draw_without_rendering()
+    boxes = [t.get_window_extent() for t in fig.axes[0].texts]
+    assert len(boxes) == 9  # 7 labels, the copy roof's and the peak's
+    assert not [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
