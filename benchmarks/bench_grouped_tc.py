@@ -21,7 +21,7 @@ with TB/s against the weight bytes each one must read (FP8: E N K; bf16: 2 E N K
 |difference| / max |torch|: a sanity check, not the accuracy gate, which is the tests').
 
 Device time: torch.cuda._sleep holds the GPU while every timed launch is enqueued behind it, then
-CUDA events around ``--repeats`` launches (DEVICE.md, "Timing"); the best of ``--rounds``. All work
+CUDA events around ``--repeats`` launches (docs/DEVICE.md, "Timing: device time and host cost, measured apart"); the best of ``--rounds``. All work
 runs on torch's current stream (vtnumba launches on cupy's current stream: the same stream here).
 
 Run: python3 benchmarks/bench_grouped_tc.py [--quick] [--shapes qwen3_gate_up,deepseek_gate_up]
