@@ -195,7 +195,7 @@ def test_resident_refuses_bad_devices_and_types():
     w = _weight()
     with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
         seam.ResidentFp8(w, "tpu")
-    with pytest.raises(TypeError, match="weight must be an Fp8Weight, got ndarray"):
+    with pytest.raises(TypeError, match="weight must be an Fp8Weight or a seam.Fp8Experts, got ndarray"):
         seam.ResidentFp8(np.zeros((2, 2), np.uint8), "cpu")
 
 

@@ -1,4 +1,4 @@
-"""The README's property tests, run as written, must catch every mutation DESIGN.md lists within
+"""The guide's property tests (docs/GUIDE.md), run as written, must catch every mutation DESIGN.md lists within
 hypothesis's default budget (100 examples, derandomized so CI is stable), and must pass on vtnumba.
 
 The mutants are plain numpy: a quantizer and a GEMM that follow DESIGN.md except for one change each
@@ -22,7 +22,9 @@ from vtnumba.testing import reference
 from vtnumba.testing import strategies as fst
 
 F32 = np.float32
-README = Path(__file__).resolve().parent.parent / "README.md"
+# the guide's property tests (docs/GUIDE.md, "Property tests with hypothesis"); the README's tour
+# shows the quantizer one of them
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "GUIDE.md"
 
 # hypothesis's default budget, a fixed seed, no shrinking (the first failure is the catch)
 BUDGET = settings(max_examples=100, derandomize=True, database=None, deadline=None,
@@ -31,12 +33,12 @@ settings.register_profile("vtnumba-mutation-budget", BUDGET)
 
 
 def readme_properties():
-    """The README's property-test snippet, executed: (its namespace, {test name: the @given test})."""
-    text = README.read_text()
-    section = text[text.index("**Property tests with hypothesis.**"):]
+    """The guide's property-test snippet, executed: (its namespace, {test name: the @given test})."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Property tests with hypothesis"):]
     source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace = {}
-    exec(compile(source, "README.md", "exec"), namespace)
+    exec(compile(source, "docs/GUIDE.md", "exec"), namespace)
     tests = {name: fn for name, fn in namespace.items() if name.startswith("test_")}
     assert set(tests) == {"test_my_quantizer", "test_my_gemm"}, f"README's property tests changed: {sorted(tests)}"
     return namespace, tests
