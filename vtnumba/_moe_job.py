@@ -35,20 +35,30 @@ def _route(rng, t, e, k):
     return ids, w / w.sum(axis=1, keepdims=True)
 
 
-def float_loop(xp, x, w_gate_up, w_down, ids, weights):
+def route_plan(xp, ids, weights, dtype):
+    """For each routed expert: (e, its tokens, their routing weights [rows, 1]) as ``xp`` arrays, from
+    the host ids -- the loop's bookkeeping, done once, so timing the loop times its arithmetic (on
+    the GPU a per-call look at the ids would synchronize with the host)."""
+    flat = np.asarray(ids).reshape(-1)
+    k = ids.shape[1]
+    w = np.asarray(weights).reshape(-1)
+    plan = []
+    for e in np.unique(flat):
+        pairs = np.flatnonzero(flat == e)
+        plan.append((int(e), xp.asarray(pairs // k), xp.asarray(w[pairs][:, None].astype(dtype))))
+    return plan
+
+
+def float_loop(xp, x, w_gate_up, w_down, plan):
     """The float layer a user writes: for each routed expert, its rows through gate_up, SiLU-and-
-    multiply, down, weighted and summed per token."""
-    t, k = ids.shape
+    multiply, down, weighted and summed per token (``plan``: ``route_plan``'s)."""
     half = w_gate_up.shape[1] // 2
-    out = xp.zeros((t, w_down.shape[1]), dtype=x.dtype)
-    flat = ids.reshape(-1)
-    for e in np.unique(flat if xp is np else flat.get()):
-        pairs = xp.nonzero(flat == int(e))[0]
-        rows = pairs // k
-        h = x[rows] @ w_gate_up[int(e)].T
+    out = xp.zeros((x.shape[0], w_down.shape[1]), dtype=x.dtype)
+    for e, rows, w in plan:
+        h = x[rows] @ w_gate_up[e].T
         g, u = h[:, :half], h[:, half:]
-        y = (g / (1 + xp.exp(-g)) * u) @ w_down[int(e)].T
-        out[rows] += weights.reshape(-1)[pairs][:, None].astype(x.dtype) * y
+        y = (g / (1 + xp.exp(-g)) * u) @ w_down[e].T
+        out[rows] += w * y  # a token meets an expert once (distinct top-k), so no two rows collide
     return out
 
 
@@ -124,13 +134,14 @@ def run(args, out, device, tokens, repeats, reduce):
         ref = composite(x.astype(np.float32) if dtype == np.float16 else x, gu, dn, ids, weights)
         diff = float(np.max(np.abs(y.astype(np.float64) - ref.astype(np.float64))))
         scale = float(np.max(np.abs(ref))) or 1.0
-        exact = float_loop(np, x.astype(np.float64), w_gu.astype(np.float64), w_dn.astype(np.float64), ids,
-                           weights.astype(np.float64))
+        exact = float_loop(np, x.astype(np.float64), w_gu.astype(np.float64), w_dn.astype(np.float64),
+                           route_plan(np, ids, weights, np.float64))
+        plan = route_plan(xp, ids, weights, dtype)
         rel = float(np.linalg.norm(y.astype(np.float64) - exact) / np.linalg.norm(exact))
         fp8_us, base_us = [], []
         for _ in range(3):  # interleaved rounds, the fastest of each side kept
             fp8_us.append(timer(lambda: seam.moe_fp8(xd, gu_d, dn_d, idsd, wd)))
-            base_us.append(timer(lambda: float_loop(xp, xd, base_w[0], base_w[1], idsd, wd)))
+            base_us.append(timer(lambda: float_loop(xp, xd, base_w[0], base_w[1], plan)))
         routed = len(np.unique(ids))
         bytes_fp8 = routed * (2 * inter * h + h * inter)
         # The composite multiplies one pair at a time (the M = 1 kernels), the grouped GEMM an expert's
