@@ -167,3 +167,21 @@ def test_under_the_simulator():
     assert caps.gpu == "CUDA simulator" and caps.reason is None
     assert not any(caps.available(key) for key in KEYS)
     assert all("simulator" in caps.paths[key] for key in KEYS)
+
+
+def test_the_report_names_the_moe_paths():
+    """The MoE paths (moe_path_rules) join the report's lines and its JSON: on sm_89+ the tensor-core
+    grouped GEMV runs, before it the CUDA-core grouped kernel does; the per-expert prefill path follows
+    cuBLASLt's per-tensor rule."""
+    from vtnumba.cuda.capabilities import MOE_PATHS, moe_path_rules
+
+    for cc, tensor_core in (((9, 0), True), ((8, 0), False)):
+        rules = path_rules(cc, CUBLASLT_13_1)
+        caps = Capabilities("GPU", cc, 132, "13.0", "13.0", "13.1.0", rules,
+                            moe_paths=moe_path_rules(cc, rules["cublaslt_per_tensor"]))
+        lines = str(caps).splitlines()
+        assert len(lines) == 1 + len(PATHS) + len(MOE_PATHS)
+        assert any("MoE grouped GEMM on CUDA cores" in line and line.endswith("yes") for line in lines)
+        d = json.loads(json.dumps(caps.as_dict()))
+        assert d["moe_paths"]["moe_grouped_tensor_core"]["available"] is tensor_core
+        assert d["moe_paths"]["moe_routing"] == {"available": True, "why_not": None}

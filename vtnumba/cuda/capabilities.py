@@ -159,6 +159,7 @@ class Capabilities:
     cublaslt: str | None
     paths: dict = field(default_factory=dict)
     reason: str | None = None
+    moe_paths: dict = field(default_factory=dict)  # MOE_PATHS' keys -> None (runs here) or why not
 
     def available(self, path):
         """Whether ``path`` (a key of ``PATHS``) runs here."""
@@ -171,7 +172,9 @@ class Capabilities:
                     cuda_runtime=self.cuda_runtime, cuda_driver=self.cuda_driver, cublaslt=self.cublaslt,
                     reason=self.reason,
                     paths={key: dict(available=self.paths[key] is None, why_not=self.paths[key])
-                           for key, _ in PATHS})
+                           for key, _ in PATHS},
+                    moe_paths={key: dict(available=self.moe_paths[key] is None, why_not=self.moe_paths[key])
+                               for key, _ in MOE_PATHS if key in self.moe_paths})
 
     def header(self):
         """One line: the GPU and the versions (or why there is no GPU)."""
@@ -185,12 +188,11 @@ class Capabilities:
         return f"{self.gpu}{arch}{sms}; {versions}"
 
     def lines(self):
-        width = max(len(label) for _, label in PATHS)
-        out = [self.header()]
-        for key, label in PATHS:
-            why = self.paths[key]
-            out.append(f"  {label:{width}s}  {'yes' if why is None else 'no: ' + why}")
-        return out
+        rows = [(label, self.paths[key]) for key, label in PATHS]
+        rows += [(label, self.moe_paths[key]) for key, label in MOE_PATHS if key in self.moe_paths]
+        width = max(len(label) for label, _ in rows)
+        return [self.header()] + [f"  {label:{width}s}  {'yes' if why is None else 'no: ' + why}"
+                                  for label, why in rows]
 
     def __str__(self):
         return "\n".join(self.lines())
@@ -221,7 +223,8 @@ def capabilities():
 
     dev = device.current()
     if SIMULATOR:
-        return Capabilities(dev.name, None, dev.sm_count, None, None, None, path_rules(None, None, simulator=True))
+        return Capabilities(dev.name, None, dev.sm_count, None, None, None, path_rules(None, None, simulator=True),
+                            moe_paths=moe_path_rules(None, None, simulator=True))
     runtime = device.xp.cuda.runtime
     version, why = _cublaslt_version(dev)
     paths = path_rules(dev.cc, version, cublaslt_reason=why)
@@ -230,7 +233,8 @@ def capabilities():
             if paths[key] is None:
                 paths[key] = "turned off by the lever VT_DENSE_CUBLASLT_FP8=0 (the Numba GEMM kernels run)"
     return Capabilities(dev.name, dev.cc, dev.sm_count, version_text(runtime.runtimeGetVersion(), 2),
-                        version_text(runtime.driverGetVersion(), 2), version_text(version), paths)
+                        version_text(runtime.driverGetVersion(), 2), version_text(version), paths,
+                        moe_paths=moe_path_rules(dev.cc, paths["cublaslt_per_tensor"]))
 
 
 __all__ = ["capabilities", "Capabilities", "path_rules", "PATHS", "version_text", "MOE_PATHS", "moe_path_rules"]
