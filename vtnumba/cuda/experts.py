@@ -454,32 +454,24 @@ class GroupedGeneral:
 
 
 def active_map(call):
-    """The experts a grouped kernel's grid rows run, int32 [G + 1] (kernels/moe.py's map): where fewer
-    experts can have rows than there are experts (G = P < E: decode), one small launch lists the ones
-    that do, so the grid has G rows of blocks instead of E; otherwise every expert in order."""
-    from .kernels import tc_gemv
-
-    slots = min(call.e, call.p)
-    if slots >= call.e:
-        return tc_gemv.identity_map(call.device, call.e)
-    active = _device.xp.empty(slots + 1, dtype=np.int32)
-    _run(_moe.active_experts_launch(call.offsets, call.e, active))
-    return active
+    """The experts a grouped kernel's grid rows run for ``call`` (``active_experts`` of its offsets)."""
+    return active_experts(call.offsets, call.e, call.p)
 
 
 def active_experts(offsets, num_experts, rows):
-    """The active-experts map of ``offsets`` for a grouped GEMM of ``rows`` rows (``active_map``), made
+    """The experts a grouped kernel's grid rows run, int32 [G + 1] (kernels/moe.py's map): where fewer
+    experts can have rows than there are experts (G = P < E: decode), one small launch lists the ones
+    that do, so the grid has G rows of blocks instead of E; otherwise every expert in order. Made
     once by a caller whose GEMMs share the offsets (``moe_fp8``'s gate_up and down) and passed to
-    each as ``active=``. Made from the offsets on the device every time it is called, so a captured
-    graph remakes it on each replay."""
+    each as ``active=``; made from the offsets on the device, so a captured graph remakes it on each
+    replay."""
     _backend()
-    e, p = int(num_experts), int(rows)
-    dev = _device.current()
     from .kernels import tc_gemv
 
-    if min(e, p) >= e:
-        return tc_gemv.identity_map(dev, e)
-    active = _device.xp.empty(min(e, p) + 1, dtype=np.int32)
+    e, slots = int(num_experts), min(int(num_experts), int(rows))
+    if slots >= e:
+        return tc_gemv.identity_map(_device.current(), e)
+    active = _device.xp.empty(slots + 1, dtype=np.int32)
     _run(_moe.active_experts_launch(_array(offsets), e, active))
     return active
 
