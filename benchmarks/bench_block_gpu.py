@@ -48,25 +48,58 @@ def main():
         return a, b, sa, sb
 
     def vt_args(a, b, sa, sb):
-        return (cp.asarray(a.view(torch.uint8)), cp.asarray(b.view(torch.uint8)),
-                cp.asarray(sa.t().contiguous()).T, cp.asarray(sb))  # scale_a m-contiguous, as cuBLASLt reads it
+        return (
+            cp.asarray(a.view(torch.uint8)),
+            cp.asarray(b.view(torch.uint8)),
+            cp.asarray(sa.t().contiguous()).T,
+            cp.asarray(sb),
+        )  # scale_a m-contiguous, as cuBLASLt reads it
 
-    table("1. cuBLASLt block path vs torch block _scaled_mm and vs per-tensor cuBLASLt (bf16 out, device us)",
-          ["M", "N x K", "torch block us", "vt block us", "torch/vt (>= 0.97)", "vt per-tensor us", "block/per-tensor (<= 1.10)"])
+    table(
+        "1. cuBLASLt block path vs torch block _scaled_mm and vs per-tensor cuBLASLt (bf16 out, device us)",
+        [
+            "M",
+            "N x K",
+            "torch block us",
+            "vt block us",
+            "torch/vt (>= 0.97)",
+            "vt per-tensor us",
+            "block/per-tensor (<= 1.10)",
+        ],
+    )
     for m in (16, 1024, 4096):
         for n, k in SHAPES:
             a, b, sa, sb = operands(m, n, k)
             sa_t = sa.t().contiguous().t()  # strides (1, M)
             t_torch = us(lambda: torch._scaled_mm(a, b.t(), scale_a=sa_t, scale_b=sb.t(), out_dtype=torch.bfloat16))
             ca, cb, csa, csb = vt_args(a, b, sa, sb)
-            t_vt = us(lambda: vt.scaled_mm(ca, cb, csa, csb, out_dtype=BF16, block_size=(128, 128), kernel="cublaslt_block"))
+            t_vt = us(
+                lambda: vt.scaled_mm(ca, cb, csa, csb, out_dtype=BF16, block_size=(128, 128), kernel="cublaslt_block")
+            )
             one = cp.ones(1, cp.float32)
             t_pt = us(lambda: vt.scaled_mm(ca, cb, one, one, out_dtype=BF16, kernel="cublaslt"))
-            row(m, f"{n} x {k}", f"{t_torch:.1f}", f"{t_vt:.1f}", f"{t_torch / t_vt:.3f}", f"{t_pt:.1f}", f"{t_vt / t_pt:.2f}")
+            row(
+                m,
+                f"{n} x {k}",
+                f"{t_torch:.1f}",
+                f"{t_vt:.1f}",
+                f"{t_torch / t_vt:.3f}",
+                f"{t_pt:.1f}",
+                f"{t_vt / t_pt:.2f}",
+            )
 
-    table("2. decode: block kernels at M = 1, 4, 16 (device us; weight-read floor at the copy rate)",
-          ["M", "N x K", "tensor-core block GEMV", "tiled block", "cuBLASLt block", "cuBLASLt block / GEMV (>= 1.3)",
-           "floor"])
+    table(
+        "2. decode: block kernels at M = 1, 4, 16 (device us; weight-read floor at the copy rate)",
+        [
+            "M",
+            "N x K",
+            "tensor-core block GEMV",
+            "tiled block",
+            "cuBLASLt block",
+            "cuBLASLt block / GEMV (>= 1.3)",
+            "floor",
+        ],
+    )
     for n, k in SHAPES[:2]:
         for m in (1, 4, 16):
             a, b, sa, sb = operands(m, n, k)
@@ -78,15 +111,26 @@ def main():
             t_gemv = run("tensorcore_block_gemv")
             t_tiled = run("tiled_block")
             t_lt = run("cublaslt_block") if m % 4 == 0 else float("nan")
-            row(m, f"{n} x {k}", f"{t_gemv:.1f}", f"{t_tiled:.1f}", f"{t_lt:.1f}",
-                f"{t_lt / t_gemv:.2f}" if m % 4 == 0 else "cuBLASLt refuses M = 1", f"{2 * n * k / copy_bw * 1e6:.1f}")
+            row(
+                m,
+                f"{n} x {k}",
+                f"{t_gemv:.1f}",
+                f"{t_tiled:.1f}",
+                f"{t_lt:.1f}",
+                f"{t_lt / t_gemv:.2f}" if m % 4 == 0 else "cuBLASLt refuses M = 1",
+                f"{2 * n * k / copy_bw * 1e6:.1f}",
+            )
 
-    table("2b. the whole block layer at M = 1 (bf16 x -> group quant -> block GEMM -> bf16 y) vs torch bf16 matmul",
-          ["N x K", "torch bf16 us", "vt block layer us", "bf16 / vt (>= 1.3)"])
+    table(
+        "2b. the whole block layer at M = 1 (bf16 x -> group quant -> block GEMM -> bf16 y) vs torch bf16 matmul",
+        ["N x K", "torch bf16 us", "vt block layer us", "bf16 / vt (>= 1.3)"],
+    )
     for n, k in SHAPES:
         rng = np.random.default_rng(n)
-        w = seam.ResidentFp8(seam.Fp8Weight.from_float((rng.standard_normal((n, k)) * 0.02).astype(np.float32),
-                                                       block_size=(128, 128)), "cuda")
+        w = seam.ResidentFp8(
+            seam.Fp8Weight.from_float((rng.standard_normal((n, k)) * 0.02).astype(np.float32), block_size=(128, 128)),
+            "cuda",
+        )
         layer = seam.make_linear_method(w)
         xh = rng.standard_normal((1, k)).astype(BF16)
         x = cp.asarray(xh.view(np.uint16)).view(BF16)
@@ -96,7 +140,10 @@ def main():
         t_layer = us(lambda: layer.apply(x))
         row(f"{n} x {k}", f"{t_bf16:.1f}", f"{t_layer:.1f}", f"{t_bf16 / t_layer:.2f}")
 
-    table("3. group quantization bf16 -> e4m3, g = 128 (device us)", ["M x K", "torch.compile us", "vt us", "compile / vt (>= 0.9)"])
+    table(
+        "3. group quantization bf16 -> e4m3, g = 128 (device us)",
+        ["M x K", "torch.compile us", "vt us", "compile / vt (>= 0.9)"],
+    )
 
     def torch_group_quant(x):
         g = x.float().view(x.shape[0], -1, 128)

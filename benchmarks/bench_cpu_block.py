@@ -34,13 +34,13 @@ import argparse
 import os
 import time
 
+import bench_cpu_gemm
 import numba
 import numpy as np
+from bench_cpu_gemm import random_codes, repeats_for
 from numba import njit, prange
 
 import vtnumba as vt
-import bench_cpu_gemm
-from bench_cpu_gemm import random_codes, repeats_for
 from vtnumba.cpu import block, mx, paths
 
 MS = (1, 16, 1024)
@@ -90,8 +90,10 @@ def gemm_table(rng, shapes):
     bandwidth = read_bandwidth()
     print(f"read bandwidth (256 MiB, all cores): {bandwidth / 1e9:.1f} GB/s")
     print("ms: best over rounds; ratio: median over rounds of per-tensor / block-scaled (low-high)")
-    print(f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'floor ms':>9s} {'per-tensor ms':>14s} "
-          f"{'block ms':>9s} {'ratio':>6s} {'(low-high)':>12s} {'target':>7s}")
+    print(
+        f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'floor ms':>9s} {'per-tensor ms':>14s} "
+        f"{'block ms':>9s} {'ratio':>6s} {'(low-high)':>12s} {'target':>7s}"
+    )
     for n, k in shapes:
         b = random_codes(rng, (n, k))
         sb = rng.uniform(1e-3, 1e-2, size=(-(-n // BLOCK[0]), -(-k // BLOCK[1]))).astype(np.float32)
@@ -99,81 +101,104 @@ def gemm_table(rng, shapes):
         for m in MS:
             a = random_codes(rng, (m, k))
             sa = rng.uniform(1e-2, 1.0, size=(m, -(-k // BLOCK[1]))).astype(np.float32)
-            times = round_times([lambda: vt.scaled_mm(a, b, np.float32(0.02), np.float32(0.003)),
-                                 lambda: block.block_scaled_mm(a, b, sa, sb, BLOCK, np.dtype(np.float32), None)],
-                                repeats_for(m, k))
+            times = round_times(
+                [
+                    lambda: vt.scaled_mm(a, b, np.float32(0.02), np.float32(0.003)),
+                    lambda: block.block_scaled_mm(a, b, sa, sb, BLOCK, np.dtype(np.float32), None),
+                ],
+                repeats_for(m, k),
+            )
             per_tensor, blocked = times.min(axis=0)
             ratios = times[:, 0] / times[:, 1]
             ratio = float(np.median(ratios))
             flag = "" if ratio >= TARGET else "  MISSED"
-            print(f"{m:5d} {n:6d} {k:6d} {block.choose_kernel(m, n, k):>8s} {floor * 1e3:9.2f} "
-                  f"{per_tensor * 1e3:14.2f} {blocked * 1e3:9.2f} {ratio:6.2f} "
-                  f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}", flush=True)
+            print(
+                f"{m:5d} {n:6d} {k:6d} {block.choose_kernel(m, n, k):>8s} {floor * 1e3:9.2f} "
+                f"{per_tensor * 1e3:14.2f} {blocked * 1e3:9.2f} {ratio:6.2f} "
+                f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}",
+                flush=True,
+            )
 
 
 def mx_table(rng, shapes, rounds):
     """The MXFP8 GEMM against the per-tensor GEMM on the same codes, both through vt.scaled_mm."""
-    print(f"MXFP8 (E8M0 scales per 1 x 32, both operands) vs per-tensor; ratio: median over {rounds} rounds of "
-          f"per-tensor / MXFP8 (low-high)")
-    print(f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'per-tensor ms':>14s} {'mx ms':>9s} {'ratio':>6s} "
-          f"{'(low-high)':>12s} {'target':>7s}")
+    print(
+        f"MXFP8 (E8M0 scales per 1 x 32, both operands) vs per-tensor; ratio: median over {rounds} rounds of "
+        f"per-tensor / MXFP8 (low-high)"
+    )
+    print(
+        f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'per-tensor ms':>14s} {'mx ms':>9s} {'ratio':>6s} "
+        f"{'(low-high)':>12s} {'target':>7s}"
+    )
     for n, k in shapes:
         b = random_codes(rng, (n, k))
         sb = rng.integers(112, 124, size=(n, -(-k // 32)), dtype=np.uint8)  # weight-like: 2^-15 .. 2^-4
         for m in MS:
             a = random_codes(rng, (m, k))
             sa = rng.integers(118, 132, size=(m, -(-k // 32)), dtype=np.uint8)
-            times = round_times([lambda: vt.scaled_mm(a, b, np.float32(0.02), np.float32(0.003)),
-                                 lambda: vt.scaled_mm(a, b, sa, sb, block_size=(1, 32))],
-                                repeats_for(m, k), rounds=rounds)
+            times = round_times(
+                [
+                    lambda: vt.scaled_mm(a, b, np.float32(0.02), np.float32(0.003)),
+                    lambda: vt.scaled_mm(a, b, sa, sb, block_size=(1, 32)),
+                ],
+                repeats_for(m, k),
+                rounds=rounds,
+            )
             per_tensor, blocked = times.min(axis=0)
             ratios = times[:, 0] / times[:, 1]
             ratio = float(np.median(ratios))
             flag = "" if ratio >= TARGET else "  MISSED"
             kernel = mx.choose_kernel(m, n, k)
             kernel = "lookup" if m == 1 and kernel == "small_m" and mx._lookup_path() else kernel
-            print(f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {per_tensor * 1e3:14.2f} {blocked * 1e3:9.2f} {ratio:6.2f} "
-                  f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}", flush=True)
+            print(
+                f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {per_tensor * 1e3:14.2f} {blocked * 1e3:9.2f} {ratio:6.2f} "
+                f"{f'({ratios.min():.2f}-{ratios.max():.2f})':>12s} {TARGET:7.2f}{flag}",
+                flush=True,
+            )
 
 
 def mx_quant_table(rng):
     print(f"\n{'x':>12s} {'dtype':>9s} {'static GB/s':>12s} {'mx GB/s':>11s} {'mx/static':>13s}")
     for m, k in ((1, 4096), (16, 4096), (1024, 4096)):
-        x32 = (rng.standard_normal((m, k), dtype=np.float32) * 10)
+        x32 = rng.standard_normal((m, k), dtype=np.float32) * 10
         for dtype in (np.dtype(np.float32), np.dtype(vt._arrays.BFLOAT16)):
             x = x32.astype(dtype)
             static_bytes = x.nbytes + x.size
             mx_bytes = x.nbytes + x.size + m * -(-k // 32)
             reps = 200 if m * k <= 16 * 4096 else 5
-            times = round_times([lambda: vt.quantize_fp8(x, 0.37),
-                                 lambda: vt.quantize_fp8(x, group_size=32, scale_format="e8m0")], reps)
+            times = round_times(
+                [lambda: vt.quantize_fp8(x, 0.37), lambda: vt.quantize_fp8(x, group_size=32, scale_format="e8m0")], reps
+            )
             static, grouped = times.min(axis=0)
-            print(f"{f'{m}x{k}':>12s} {str(dtype):>9s} {static_bytes / static / 1e9:12.1f} "
-                  f"{mx_bytes / grouped / 1e9:11.1f} {float(np.median(times[:, 0] / times[:, 1])):13.2f}", flush=True)
+            print(
+                f"{f'{m}x{k}':>12s} {str(dtype):>9s} {static_bytes / static / 1e9:12.1f} "
+                f"{mx_bytes / grouped / 1e9:11.1f} {float(np.median(times[:, 0] / times[:, 1])):13.2f}",
+                flush=True,
+            )
 
 
 def quant_table(rng):
     print(f"\n{'x':>12s} {'dtype':>9s} {'static GB/s':>12s} {'group GB/s':>11s} {'group/static':>13s}")
     for m, k in ((1, 4096), (16, 4096), (1024, 4096), (4096, 4096)):
-        x32 = (rng.standard_normal((m, k), dtype=np.float32) * 10)
+        x32 = rng.standard_normal((m, k), dtype=np.float32) * 10
         for dtype in (np.dtype(np.float32), np.dtype(vt._arrays.BFLOAT16)):
             x = x32.astype(dtype)
             groups = m * -(-k // BLOCK[1])
             static_bytes = x.nbytes + x.size
             group_bytes = x.nbytes + x.size + 4 * groups
             reps = 200 if m * k <= 16 * 4096 else 5  # tiny calls: many, so the best escapes load from other processes
-            times = round_times([lambda: vt.quantize_fp8(x, 0.37), lambda: block.quantize_per_group(x, BLOCK[1])],
-                                reps)
+            times = round_times([lambda: vt.quantize_fp8(x, 0.37), lambda: block.quantize_per_group(x, BLOCK[1])], reps)
             static, grouped = times.min(axis=0)
-            print(f"{f'{m}x{k}':>12s} {str(dtype):>9s} {static_bytes / static / 1e9:12.1f} "
-                  f"{group_bytes / grouped / 1e9:11.1f} {float(np.median(times[:, 0] / times[:, 1])):13.2f}",
-                  flush=True)
+            print(
+                f"{f'{m}x{k}':>12s} {str(dtype):>9s} {static_bytes / static / 1e9:12.1f} "
+                f"{group_bytes / grouped / 1e9:11.1f} {float(np.median(times[:, 0] / times[:, 1])):13.2f}",
+                flush=True,
+            )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, action="append", default=[],
-                        help="also run N = 4096 with this K (repeatable)")
+    parser.add_argument("--k", type=int, action="append", default=[], help="also run N = 4096 with this K (repeatable)")
     parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time (see above)")
     parser.add_argument("--mx", action="store_true", help="MXFP8 against per-tensor instead (see above)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per shape")
@@ -181,8 +206,10 @@ def main():
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time
-    print(f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, "
-          f"clock={'process CPU time' if args.cpu_time else 'wall'}")
+    print(
+        f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, "
+        f"clock={'process CPU time' if args.cpu_time else 'wall'}"
+    )
     rng = np.random.default_rng(0)
     if args.mx:
         print(f"CPU path: {paths.active().name}")

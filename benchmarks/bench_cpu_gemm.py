@@ -88,8 +88,10 @@ def torch_scaled_mm(a, b, sa, sb):
 def issue_table(rng):
     sa, sb = np.float32(0.02), np.float32(0.003)
     print("ms: best over all rounds; ratio: median over rounds of peer / vtnumba (low-high in brackets)")
-    print(f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'peer ms':>9s} {'vt ms':>9s} {'vt GFLOP/s':>11s} "
-          f"{'ratio':>6s} {'(low-high)':>12s} {'target':>7s} {'torch ms':>9s}")
+    print(
+        f"{'M':>5s} {'N':>6s} {'K':>6s} {'kernel':>8s} {'peer ms':>9s} {'vt ms':>9s} {'vt GFLOP/s':>11s} "
+        f"{'ratio':>6s} {'(low-high)':>12s} {'target':>7s} {'torch ms':>9s}"
+    )
     for n, k in SHAPES:
         b = random_codes(rng, (n, k))
         w = vt.decode_e4m3(b) * sb  # the peer's resident float32 weight, dequantized once, untimed
@@ -106,9 +108,11 @@ def issue_table(rng):
             ratio = float(np.median(ratios))
             flag = "" if ratio >= TARGETS[m] else "  MISSED"
             spread = f"({ratios.min():.2f}-{ratios.max():.2f})"
-            print(f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {peer * 1e3:9.2f} {ours * 1e3:9.2f} "
-                  f"{2 * m * n * k / ours / 1e9:11.1f} {ratio:6.2f} {spread:>12s} {TARGETS[m]:7.2f} {torch_ms}{flag}",
-                  flush=True)
+            print(
+                f"{m:5d} {n:6d} {k:6d} {kernel:>8s} {peer * 1e3:9.2f} {ours * 1e3:9.2f} "
+                f"{2 * m * n * k / ours / 1e9:11.1f} {ratio:6.2f} {spread:>12s} {TARGETS[m]:7.2f} {torch_ms}{flag}",
+                flush=True,
+            )
 
 
 def crossover_table(rng):
@@ -123,12 +127,20 @@ def crossover_table(rng):
         for m in (16, 128, 256, 512, 1024):
             a = random_codes(rng, (m, k))
             x = vt.decode_e4m3(a)
-            times = interleaved_best([lambda: x @ w.T,
-                                      lambda: vt.scaled_mm(a, b, one, one, kernel="small_m"),
-                                      lambda: vt.scaled_mm(a, b, one, one, kernel="blas")],
-                                     repeats_for(m, k), rounds=2)
-            print(f"{k:6d} {m:5d} {times[0] * 1e3:9.2f} {times[1] * 1e3:11.2f} {times[2] * 1e3:9.2f}  "
-                  f"{'small_m' if times[1] < times[2] else 'blas':>7s}  {gemm.choose_kernel(m, n, k)}", flush=True)
+            times = interleaved_best(
+                [
+                    lambda: x @ w.T,
+                    lambda: vt.scaled_mm(a, b, one, one, kernel="small_m"),
+                    lambda: vt.scaled_mm(a, b, one, one, kernel="blas"),
+                ],
+                repeats_for(m, k),
+                rounds=2,
+            )
+            print(
+                f"{k:6d} {m:5d} {times[0] * 1e3:9.2f} {times[1] * 1e3:11.2f} {times[2] * 1e3:9.2f}  "
+                f"{'small_m' if times[1] < times[2] else 'blas':>7s}  {gemm.choose_kernel(m, n, k)}",
+                flush=True,
+            )
 
 
 def m1_paths_table(rng):
@@ -148,11 +160,14 @@ def m1_paths_table(rng):
             def call():
                 with paths.use(name):
                     vt.scaled_mm(a, b, sa, sb)
+
             return call
 
         times = round_times([lambda: x @ w.T] + [on(name) for name in names], 6)
-        cells = [f"{name} {times[:, i + 1].min() * 1e3:.3f} ms ({np.median(times[:, 0] / times[:, i + 1]):.2f}x)"
-                 for i, name in enumerate(names)]
+        cells = [
+            f"{name} {times[:, i + 1].min() * 1e3:.3f} ms ({np.median(times[:, 0] / times[:, i + 1]):.2f}x)"
+            for i, name in enumerate(names)
+        ]
         print(f"  N={n} K={k}: sgemv {times[:, 0].min() * 1e3:.3f} ms; " + "; ".join(cells), flush=True)
 
 
@@ -184,9 +199,10 @@ def _peak_rss_child(m):
 def memory_table():
     print(f"{'M':>5s} {'extra MiB at N = K = 4096':>26s} {'target':>7s}")
     for m in (1, 16, 128, 1024):
-        out = subprocess.run([sys.executable, __file__, "--rss-child", str(m)], check=True,
-                             capture_output=True, text=True)
-        extra = int(out.stdout.strip()) / 2 ** 20
+        out = subprocess.run(
+            [sys.executable, __file__, "--rss-child", str(m)], check=True, capture_output=True, text=True
+        )
+        extra = int(out.stdout.strip()) / 2**20
         print(f"{m:5d} {extra:26.1f} {'< 64':>7s}{'' if extra < 64 else '  MISSED'}")
 
 
@@ -197,8 +213,10 @@ def blas_name():
 
         info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
         if info:
-            return f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')}), " \
-                   f"{info[0].get('num_threads')} threads"
+            return (
+                f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')}), "
+                f"{info[0].get('num_threads')} threads"
+            )
     except ImportError:
         pass
     config = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
@@ -219,8 +237,9 @@ def main():
     from vtnumba.cpu import paths
 
     print(paths.header_line())
-    print(f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, "
-          f"BLAS: {blas_name()}")
+    print(
+        f"numba threads={numba.get_num_threads()}, cores={os.cpu_count()}, numpy {np.__version__}, BLAS: {blas_name()}"
+    )
     rng = np.random.default_rng(0)
     if args.crossover:
         crossover_table(rng)

@@ -24,10 +24,12 @@ def median_time(fn, repeats=9):
 
 def first_call_seconds():
     """A fresh process, warm on-disk cache: import + first quantize call."""
-    code = ("import time; t0 = time.perf_counter(); import numpy as np, vtnumba as vt; "
-            "vt.quantize_fp8(np.ones((4, 8), np.float32), 0.5); "
-            "vt.quantize_fp8(np.ones((4, 8), np.float32), per_token=True); "
-            "print(time.perf_counter() - t0)")
+    code = (
+        "import time; t0 = time.perf_counter(); import numpy as np, vtnumba as vt; "
+        "vt.quantize_fp8(np.ones((4, 8), np.float32), 0.5); "
+        "vt.quantize_fp8(np.ones((4, 8), np.float32), per_token=True); "
+        "print(time.perf_counter() - t0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)  # warm the cache
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     return float(out.stdout.strip())
@@ -58,6 +60,7 @@ def main():
     rows.append(("vtnumba dynamic per-token, bf16", t_tok_b, 3 * N))
 
     import numba
+
     print(f"16M values, numba threads={numba.get_num_threads()}, cores={os.cpu_count()}")
     print(f"{'op':36s} {'ms':>8s} {'GB/s':>8s} {'vs ml_dtypes':>13s}")
     for name, t, nbytes in rows:

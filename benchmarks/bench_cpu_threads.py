@@ -58,23 +58,39 @@ def _codes(rng, shape):
 
 
 def gemm_table(rng, busy):
-    print(f"GEMM (small_m kernels), {'one busy process beside' if busy else 'quiet'}: serial / parallel "
-          f"median us (p90)")
+    print(
+        f"GEMM (small_m kernels), {'one busy process beside' if busy else 'quiet'}: serial / parallel median us (p90)"
+    )
     print(f"{'M':>4s} {'N':>5s} {'K':>5s} {'MACs':>10s} {'serial':>18s} {'parallel':>18s} {'par/ser':>8s}")
     one = np.ones(1, np.float32)
     bias = np.zeros(0, np.float32)
-    for m, n, k in ((1, 256, 256), (1, 512, 512), (1, 1024, 1024), (1, 2048, 2048), (1, 4096, 4096),
-                    (16, 128, 128), (16, 256, 256), (16, 512, 512), (16, 1024, 1024), (16, 2048, 2048)):
+    for m, n, k in (
+        (1, 256, 256),
+        (1, 512, 512),
+        (1, 1024, 1024),
+        (1, 2048, 2048),
+        (1, 4096, 4096),
+        (16, 128, 128),
+        (16, 256, 256),
+        (16, 512, 512),
+        (16, 1024, 1024),
+        (16, 2048, 2048),
+    ):
         x = vt.decode_e4m3(_codes(rng, (m, k)))
         b = _codes(rng, (n, k))
         out = np.empty((m, n), np.float32)
         kern = gemm.gemv_kernel if m == 1 else gemm.small_m_kernel
         calls = max(5, min(200, int(2e8 // (m * n * k))))
         with busy_process(busy):
-            (s, sp), (p, pp) = paired([lambda: kern.serial(x, b, one, one, bias, out),
-                                       lambda: kern.parallel(x, b, one, one, bias, out)], calls)
-        print(f"{m:4d} {n:5d} {k:5d} {m * n * k:10d} {s * 1e6:9.1f} ({sp * 1e6:6.0f}) {p * 1e6:9.1f} ({pp * 1e6:6.0f}) "
-              f"{p / s:8.2f}", flush=True)
+            (s, sp), (p, pp) = paired(
+                [lambda: kern.serial(x, b, one, one, bias, out), lambda: kern.parallel(x, b, one, one, bias, out)],
+                calls,
+            )
+        print(
+            f"{m:4d} {n:5d} {k:5d} {m * n * k:10d} {s * 1e6:9.1f} ({sp * 1e6:6.0f}) {p * 1e6:9.1f} ({pp * 1e6:6.0f}) "
+            f"{p / s:8.2f}",
+            flush=True,
+        )
 
 
 def quant_table(rng, busy):
@@ -86,8 +102,10 @@ def quant_table(rng, busy):
         out = np.empty(size, np.uint8)
         kern = quant.quantize_static
         with busy_process(busy):
-            (s, sp), (p, pp) = paired([lambda: kern.serial(x, inv, out), lambda: kern.parallel(x, inv, out)],
-                                      max(10, min(300, int(3e8 // size))))
+            (s, sp), (p, pp) = paired(
+                [lambda: kern.serial(x, inv, out), lambda: kern.parallel(x, inv, out)],
+                max(10, min(300, int(3e8 // size))),
+            )
         print(f"{size:10d} {s * 1e6:9.1f} ({sp * 1e6:6.0f}) {p * 1e6:9.1f} ({pp * 1e6:6.0f}) {p / s:8.2f}", flush=True)
 
 
@@ -105,9 +123,12 @@ def busy_layer(rng):
                 t0 = time.perf_counter()
                 seam.matmul_fp8(x, w)
                 times.append(time.perf_counter() - t0)
-        print(f"16x32x64 layer after a numpy matmul, {'one busy process beside' if busy else 'quiet'}: "
-              f"median {statistics.median(times) * 1e6:.1f} us, p90 {np.percentile(times, 90) * 1e6:.1f} us "
-              f"(target: median <= 200 us)", flush=True)
+        print(
+            f"16x32x64 layer after a numpy matmul, {'one busy process beside' if busy else 'quiet'}: "
+            f"median {statistics.median(times) * 1e6:.1f} us, p90 {np.percentile(times, 90) * 1e6:.1f} us "
+            f"(target: median <= 200 us)",
+            flush=True,
+        )
 
 
 def main_command_under_load(argv=("--skip-selfcheck",)):
@@ -118,16 +139,22 @@ def main_command_under_load(argv=("--skip-selfcheck",)):
     import json
 
     def run():
-        out = subprocess.run([sys.executable, "-m", "vtnumba", "--json", "--no-progress", *argv],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "vtnumba", "--json", "--no-progress", *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return {(r["layer"], r["m"]): r for r in json.loads(out)["layers"]}
 
     idle = run()
     with busy_process():
         busy = run()
     idle_again = run()
-    print(f"main command (python -m vtnumba {' '.join(argv)}), device us per layer: idle (best of two runs) vs "
-          f"one busy process beside")
+    print(
+        f"main command (python -m vtnumba {' '.join(argv)}), device us per layer: idle (best of two runs) vs "
+        f"one busy process beside"
+    )
     print(f"{'layer':>10s} {'M':>4s} {'idle us':>10s} {'busy us':>10s} {'busy/idle':>10s} {'p90/med busy':>13s}")
     worst = 0.0
     for key, row in busy.items():

@@ -20,8 +20,15 @@ import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]  # (N, K)
-LLAMA_8B = {"q": (4096, 4096), "k": (1024, 4096), "v": (1024, 4096), "o": (4096, 4096),
-            "gate": (14336, 4096), "up": (14336, 4096), "down": (4096, 14336)}
+LLAMA_8B = {
+    "q": (4096, 4096),
+    "k": (1024, 4096),
+    "v": (1024, 4096),
+    "o": (4096, 4096),
+    "gate": (14336, 4096),
+    "up": (14336, 4096),
+    "down": (4096, 14336),
+}
 
 
 def table(title, header):
@@ -64,26 +71,41 @@ def main():
 
     def bf16_gpu(shape, scale=1.0):
         host = (rng.standard_normal(shape) * scale).astype(BF16)
-        return cp.asarray(host.view(np.uint16)).view(BF16), torch.from_numpy(host.view(np.int16)).cuda().view(torch.bfloat16)
+        return cp.asarray(host.view(np.uint16)).view(BF16), torch.from_numpy(host.view(np.int16)).cuda().view(
+            torch.bfloat16
+        )
 
     def fp8_weight(n, k, scheme):
         w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-        return seam.ResidentFp8(seam.Fp8Weight.from_float(
-            w, input_scale=np.float32(4.0 / 448) if scheme == "static" else None, activation_scheme=scheme), "cuda")
+        return seam.ResidentFp8(
+            seam.Fp8Weight.from_float(
+                w, input_scale=np.float32(4.0 / 448) if scheme == "static" else None, activation_scheme=scheme
+            ),
+            "cuda",
+        )
 
-    table("host us per call at M = 1 (bf16 x): the FP8 layer vs torch bf16 x @ w.t()",
-          ["N x K", "scheme", "vtnumba host", "torch bf16 host", "host ratio", "vtnumba device", "torch device"])
+    table(
+        "host us per call at M = 1 (bf16 x): the FP8 layer vs torch bf16 x @ w.t()",
+        ["N x K", "scheme", "vtnumba host", "torch bf16 host", "host ratio", "vtnumba device", "torch device"],
+    )
     for n, k in SHAPES:
         x, tx = bf16_gpu((1, k))
-        tw = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        tw = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
         t_host = host_us(lambda: tx @ tw.t(), args.calls)
         t_dev = best_device_us(lambda: tx @ tw.t())
         for scheme in ("static", "dynamic", "per_token"):
             layer = seam.make_linear_method(fp8_weight(n, k, scheme))
             v_host = host_us(lambda: layer.apply(x), args.calls)
             v_dev = best_device_us(lambda: layer.apply(x))
-            row(f"{n}x{k}", scheme, f"{v_host:.1f}", f"{t_host:.1f}", f"{t_host / v_host:.2f}x",
-                f"{v_dev:.1f}", f"{t_dev:.1f}")
+            row(
+                f"{n}x{k}",
+                scheme,
+                f"{v_host:.1f}",
+                f"{t_host:.1f}",
+                f"{t_host / v_host:.2f}x",
+                f"{v_dev:.1f}",
+                f"{t_dev:.1f}",
+            )
 
     table("host us per call of the public ops (4096^2, M = 1)", ["call", "host us", "peer", "peer host us", "ratio"])
     x, tx = bf16_gpu((1, 4096))
@@ -103,15 +125,28 @@ def main():
 
     # -- the Llama-3-8B block -------------------------------------------------------------------
     silu_mul_bits = cp.ElementwiseKernel(
-        "uint16 g, uint16 u", "uint16 y",
+        "uint16 g, uint16 u",
+        "uint16 y",
         """float gf = __uint_as_float(((unsigned int)g) << 16), uf = __uint_as_float(((unsigned int)u) << 16);
         unsigned int r = __float_as_uint(gf / (1.0f + expf(-gf)) * uf);
-        y = (unsigned short)((r + 0x7FFFu + ((r >> 16) & 1u)) >> 16);""", "vt_silu_mul_bf16")
-    table("Llama-3-8B decoder block (7 linear layers + SiLU), M = 1, bf16 activations: us per block",
-          ["scheme", "vtnumba eager", "vtnumba graph", "torch bf16 eager", "torch bf16 graph",
-           "eager ratio", "graph ratio"])
-    torch_w = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-               for name, (n, k) in LLAMA_8B.items()}
+        y = (unsigned short)((r + 0x7FFFu + ((r >> 16) & 1u)) >> 16);""",
+        "vt_silu_mul_bf16",
+    )
+    table(
+        "Llama-3-8B decoder block (7 linear layers + SiLU), M = 1, bf16 activations: us per block",
+        [
+            "scheme",
+            "vtnumba eager",
+            "vtnumba graph",
+            "torch bf16 eager",
+            "torch bf16 graph",
+            "eager ratio",
+            "graph ratio",
+        ],
+    )
+    torch_w = {
+        name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for name, (n, k) in LLAMA_8B.items()
+    }
 
     def torch_block(h):
         q = h @ torch_w["q"].t()
@@ -147,10 +182,20 @@ def main():
         v_eager = wall_us(lambda: block(x), args.blocks, sync)
         step = vcuda.capture(block, x)
         v_graph = wall_us(lambda: step(x), args.blocks, sync)
-        row(scheme, f"{v_eager:.1f}", f"{v_graph:.1f}", f"{t_eager:.1f}", f"{t_graph:.1f}",
-            f"{t_eager / v_eager:.2f}x", f"{t_graph / v_graph:.2f}x")
-    print("\nratio = torch time / vtnumba time (above 1: vtnumba faster); eager = wall time per block of a loop "
-          "synchronized once; graph = wall time per replay of the captured block", flush=True)
+        row(
+            scheme,
+            f"{v_eager:.1f}",
+            f"{v_graph:.1f}",
+            f"{t_eager:.1f}",
+            f"{t_graph:.1f}",
+            f"{t_eager / v_eager:.2f}x",
+            f"{t_graph / v_graph:.2f}x",
+        )
+    print(
+        "\nratio = torch time / vtnumba time (above 1: vtnumba faster); eager = wall time per block of a loop "
+        "synchronized once; graph = wall time per replay of the captured block",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

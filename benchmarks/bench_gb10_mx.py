@@ -30,9 +30,9 @@ import datetime
 import subprocess
 import sys
 
+import cupy as cp
 import numpy as np
 
-import cupy as cp
 from vtnumba.cuda.kernels import tc_gemm as tc
 from vtnumba.cuda.kernels import tc_gemv
 from vtnumba.cuda.ptx import sm120_mma
@@ -74,8 +74,9 @@ def gemv_fn(unit, a, b, sa, sb):
 
 
 def codes(rng, rows, cols):
-    c = rng.integers(0, 0x7E, size=(rows, cols), dtype=np.uint8) | (rng.integers(0, 2, size=(rows, cols),
-                                                                                 dtype=np.uint8) << 7)
+    c = rng.integers(0, 0x7E, size=(rows, cols), dtype=np.uint8) | (
+        rng.integers(0, 2, size=(rows, cols), dtype=np.uint8) << 7
+    )
     return cp.asarray(c)
 
 
@@ -89,16 +90,23 @@ def timed(fn, repeats):
 def main():
     cc = device.current().cc
     has_sf = sm120_mma.available(cc)
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    print(f"# bench_gb10_mx {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}; "
-          f"sm_{cc[0]}{cc[1]}; block-scaled mma here: {has_sf}")
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(
+        f"# bench_gb10_mx {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} on {smi}; "
+        f"sm_{cc[0]}{cc[1]}; block-scaled mma here: {has_sf}"
+    )
     kinds = ["plain", "unit", "mx", "mx_explicit"] if has_sf else ["plain", "mx_explicit"]
     rng = np.random.default_rng(0)
     sa = cp.asarray([0.5], dtype=cp.float32)
     sb = cp.asarray([0.25], dtype=cp.float32)
-    print("\n## tiled tensor-core GEMM, bf16 out (ratio: plain / this)\n| M x N x K | mma | us | TFLOP/s | ratio |"
-          "\n|---|---|---|---|---|")
+    print(
+        "\n## tiled tensor-core GEMM, bf16 out (ratio: plain / this)\n| M x N x K | mma | us | TFLOP/s | ratio |"
+        "\n|---|---|---|---|---|"
+    )
     for m, n, k in GEMM_SHAPES:
         a, b = codes(rng, m, k), codes(rng, n, k)
         sa8 = cp.asarray(rng.integers(120, 130, size=(m, k // 32), dtype=np.uint8))
@@ -111,16 +119,17 @@ def main():
                 row(f"{m}x{n}x{k}", kind, "failed", why, "")
                 continue
             t_plain = t if kind == "plain" else t_plain
-            row(f"{m}x{n}x{k}", kind, f"{t:.0f}", f"{flops / t / 1e6:.0f}",
-                f"{t_plain / t:.2f}" if t_plain else "")
-    print("\n## decode GEMV (codes in), bf16 out (ratio: plain / unit)\n| M | N x K | mma | us | GB/s of weight "
-          "| ratio |\n|---|---|---|---|---|---|")
+            row(f"{m}x{n}x{k}", kind, f"{t:.0f}", f"{flops / t / 1e6:.0f}", f"{t_plain / t:.2f}" if t_plain else "")
+    print(
+        "\n## decode GEMV (codes in), bf16 out (ratio: plain / unit)\n| M | N x K | mma | us | GB/s of weight "
+        "| ratio |\n|---|---|---|---|---|---|"
+    )
     for n, k in GEMV_SHAPES:
         b = codes(rng, n, k)
         for m in (1, 16):
             a = codes(rng, m, k)
             t_plain = None
-            for unit in ((False, True) if has_sf else (False,)):
+            for unit in (False, True) if has_sf else (False,):
                 t, why = timed(gemv_fn(unit, a, b, sa, sb), 50)
                 label = "unit" if unit else "plain"
                 if t is None:

@@ -28,9 +28,8 @@ import torch  # noqa: E402
 
 import vtnumba as vt  # noqa: E402
 import vtnumba.cuda as backend  # noqa: E402
-from vtnumba.cuda.kernels import quant  # noqa: E402
-
 from vtnumba import profile  # noqa: E402
+from vtnumba.cuda.kernels import quant  # noqa: E402
 
 # 8192^2 float32 quantizations take ~80 us each: 30 calls behind the spin per measurement
 gpu_us = functools.partial(profile.device_us, repeats=30)
@@ -65,8 +64,10 @@ def main():
     n = args.size
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
-    print(f"# {dev}, numba-cuda quant vs torch {torch.__version__} torch.compile, {n}x{n}, "
-          f"encoder {backend.encoder_in_use()}")
+    print(
+        f"# {dev}, numba-cuda quant vs torch {torch.__version__} torch.compile, {n}x{n}, "
+        f"encoder {backend.encoder_in_use()}"
+    )
 
     x32 = torch.randn(n, n, device="cuda") * 3
     xb = x32.to(torch.bfloat16)
@@ -108,17 +109,31 @@ def main():
         except Exception as exc:  # report and go on: one failing row must not hide the others
             row(label, f"failed: {exc.__class__.__name__}: {exc}"[:200], "", "", "", "")
             return
-        row(label, f"{t_ours:.1f}", f"{nbytes / t_ours / 1e3:.0f}", f"{t_peer:.1f}", f"{nbytes / t_peer / 1e3:.0f}",
-            f"{t_peer / t_ours:.2f}x")
+        row(
+            label,
+            f"{t_ours:.1f}",
+            f"{nbytes / t_ours / 1e3:.0f}",
+            f"{t_peer:.1f}",
+            f"{nbytes / t_peer / 1e3:.0f}",
+            f"{t_peer / t_ours:.2f}x",
+        )
 
     elems = xb.numel()
     bench("static bf16 -> e4m3", lambda: vt.quantize_fp8(cxb, scale), lambda: c_static(xb), 3 * elems)
     bench("static f32 -> e4m3", lambda: vt.quantize_fp8(cx32, scale), lambda: c_static(x32), 5 * elems)
-    bench("static bf16, portable encoder", lambda: backend.quantize_static(cxb, np.float32(scale), encoder="portable"),
-          lambda: c_static(xb), 3 * elems)
+    bench(
+        "static bf16, portable encoder",
+        lambda: backend.quantize_static(cxb, np.float32(scale), encoder="portable"),
+        lambda: c_static(xb),
+        3 * elems,
+    )
     bench("dynamic per-tensor bf16", lambda: vt.quantize_fp8(cxb), lambda: c_dynamic(xb), 3 * elems)
-    bench("dynamic per-token bf16 (ub)", lambda: vt.quantize_fp8(cxb, per_token=True, scale_ub=0.5),
-          lambda: c_per_token(xb), 3 * elems)
+    bench(
+        "dynamic per-token bf16 (ub)",
+        lambda: vt.quantize_fp8(cxb, per_token=True, scale_ub=0.5),
+        lambda: c_per_token(xb),
+        3 * elems,
+    )
 
     # host cost per call, decode-sized activation
     small = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
@@ -133,18 +148,42 @@ def main():
     row("vt.quantize_fp8 static", f"{host_us(lambda: vt.quantize_fp8(cs, scale)):.2f}", "", "", "", "")
     row("vt.quantize_fp8 dynamic", f"{host_us(lambda: vt.quantize_fp8(cs)):.2f}", "", "", "", "")
     row("vt.quantize_fp8 per-token", f"{host_us(lambda: vt.quantize_fp8(cs, per_token=True)):.2f}", "", "", "", "")
-    row("launch only (Kernel.__call__)",
-        f"{host_us(lambda: kernel(1, quant.THREADS, xin, o, np.float32(scale), 256)):.2f}", "", "", "", "")
-    row("backend only (no ops boundary)", f"{host_us(lambda: backend.quantize_static(cs, np.float32(scale))):.2f}",
-        "", "", "", "")
+    row(
+        "launch only (Kernel.__call__)",
+        f"{host_us(lambda: kernel(1, quant.THREADS, xin, o, np.float32(scale), 256)):.2f}",
+        "",
+        "",
+        "",
+        "",
+    )
+    row(
+        "backend only (no ops boundary)",
+        f"{host_us(lambda: backend.quantize_static(cs, np.float32(scale))):.2f}",
+        "",
+        "",
+        "",
+        "",
+    )
     # where the host time goes (for the boundary in vtnumba/ops.py and _arrays.py)
     row("  cupy.empty((1, 4096), uint8)", f"{host_us(lambda: cp.empty((1, 4096), dtype=cp.uint8)):.2f}", "", "", "", "")
-    row("  hasattr(x, '__cuda_array_interface__')", f"{host_us(lambda: hasattr(cs, '__cuda_array_interface__')):.2f}",
-        "", "", "", "")
+    row(
+        "  hasattr(x, '__cuda_array_interface__')",
+        f"{host_us(lambda: hasattr(cs, '__cuda_array_interface__')):.2f}",
+        "",
+        "",
+        "",
+        "",
+    )
     row("  np.dtype(x.dtype)", f"{host_us(lambda: np.dtype(cs.dtype)):.2f}", "", "", "", "")
     row("  x.flags.c_contiguous", f"{host_us(lambda: cs.flags.c_contiguous):.2f}", "", "", "", "")
-    row("  cupy.cuda.get_current_stream().ptr", f"{host_us(lambda: cp.cuda.get_current_stream().ptr):.2f}",
-        "", "", "", "")
+    row(
+        "  cupy.cuda.get_current_stream().ptr",
+        f"{host_us(lambda: cp.cuda.get_current_stream().ptr):.2f}",
+        "",
+        "",
+        "",
+        "",
+    )
     row("  cupy elementwise x + x (cupy's own launch)", f"{host_us(lambda: cs + cs):.2f}", "", "", "", "")
     row("torch eager static formula", f"{host_us(lambda: t_static(small)):.2f}", "", "", "", "")
     row("torch.compile static formula", f"{host_us(lambda: c_static(small)):.2f}", "", "", "", "")

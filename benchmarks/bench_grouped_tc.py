@@ -50,8 +50,11 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="gate_up shapes, 8 rows, fewer repeats: a smoke run")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
-    p.add_argument("--rows", default="1,8,16,1x8",
-                   help="rows per expert, comma-separated; RxA: R rows in each of A experts, the rest empty")
+    p.add_argument(
+        "--rows",
+        default="1,8,16,1x8",
+        help="rows per expert, comma-separated; RxA: R rows in each of A experts, the rest empty",
+    )
     p.add_argument("--configs", action="store_true", help="also time every GEMV configuration (GEMV_CONFIGS)")
     p.add_argument("--block", action="store_true", help="also time the block-scaled (128 x 128) grouped GEMV")
     p.add_argument("--no-torch", action="store_true", help="skip torch's grouped GEMMs")
@@ -110,9 +113,11 @@ def header(torch):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = "?"
-    print(f"# grouped tensor-core GEMV, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    print(f"{props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, cupy {cp.__version__}, "
-          f"commit {commit or '?'}")
+    print(f"# grouped tensor-core GEMV, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}")
+    print(
+        f"{props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, cupy {cp.__version__}, "
+        f"commit {commit or '?'}"
+    )
 
 
 def main(argv=None):
@@ -135,10 +140,14 @@ def main(argv=None):
             wbytes = e * n * k
             sb = torch.rand(e, n, device="cuda") * 0.01 + 0.001
             sb_block = torch.rand(e, -(-n // 128), -(-k // 128), device="cuda") * 0.05 + 0.01
-            print(f"\n## {name}: E = {e}, N = {n}, K = {k}; FP8 weights {wbytes / 1e6:.0f} MB, "
-                  f"{wbytes / FLOOR_TBS / 1e6:.1f} us at {FLOOR_TBS:g} TB/s")
-            print("| rows/expert | kernel | us | TB/s (routed weights) | torch FP8 / this | max diff vs torch FP8 "
-                  "| note |")
+            print(
+                f"\n## {name}: E = {e}, N = {n}, K = {k}; FP8 weights {wbytes / 1e6:.0f} MB, "
+                f"{wbytes / FLOOR_TBS / 1e6:.1f} us at {FLOOR_TBS:g} TB/s"
+            )
+            print(
+                "| rows/expert | kernel | us | TB/s (routed weights) | torch FP8 / this | max diff vs torch FP8 "
+                "| note |"
+            )
             print("|---|---|---|---|---|---|---|", flush=True)
             for rows, active in args.rows:
                 active = e if active is None else min(active, e)
@@ -162,62 +171,84 @@ def main(argv=None):
                 if not args.no_torch:
                     offs = offsets_t[1:].contiguous()
                     try:
+
                         def torch_fp8():
-                            return torch._scaled_grouped_mm(x_fp8, w_fp8.transpose(-2, -1), sa, sb, offs=offs,
-                                                            out_dtype=torch.bfloat16)
+                            return torch._scaled_grouped_mm(
+                                x_fp8, w_fp8.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16
+                            )
+
                         reference = torch_fp8()
                         ref_us, note = device_us(torch, torch_fp8, args.repeats, args.rounds)
                         results.append(("torch._scaled_grouped_mm (rowwise)", ref_us, None, note, routed_bytes))
                     except Exception as exc:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
-                        print(f"| {rows_label} | torch._scaled_grouped_mm | - | - | - | - | failed: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |", flush=True)
+                        print(
+                            f"| {rows_label} | torch._scaled_grouped_mm | - | - | - | - | failed: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |",
+                            flush=True,
+                        )
                     try:
                         x_bf16 = x_fp8.to(torch.bfloat16)
 
                         def torch_bf16():
-                            return torch._grouped_mm(x_bf16, w_bf16.transpose(-2, -1), offs=offs,
-                                                     out_dtype=torch.bfloat16)
+                            return torch._grouped_mm(
+                                x_bf16, w_bf16.transpose(-2, -1), offs=offs, out_dtype=torch.bfloat16
+                            )
+
                         torch_bf16()
                         us, note = device_us(torch, torch_bf16, args.repeats, args.rounds)
                         results.append(("torch._grouped_mm (bf16 weights)", us, None, note, 2 * routed_bytes))
                     except Exception as exc:  # noqa: BLE001
-                        print(f"| {rows_label} | torch._grouped_mm | - | - | - | - | failed: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |", flush=True)
+                        print(
+                            f"| {rows_label} | torch._grouped_mm | - | - | - | - | failed: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]} |",
+                            flush=True,
+                        )
 
                 # rows_hint None: passes of 16 rows (what a caller without a bound gets); rows_hint 8:
                 # passes of 8 (fewer registers, more blocks a multiprocessor; 9..16 rows take two)
                 variants = [("ours, 16-row passes", None, None, True), ("ours, 8-row passes", 8, None, True)]
                 if args.configs:  # + without the register cap (tc_gemv.GROUPED_REGISTER_CAP)
-                    variants += [(f"ours, {cfg_name}, {pass_rows}-row passes{'' if bounded else ', uncapped'}",
-                                  pass_rows, cfg, bounded)
-                                 for cfg_name, cfg in tc_gemv.GEMV_CONFIGS.items() if not cfg_name.startswith("sim_")
-                                 for pass_rows in (8, 16) for bounded in (True, False)]
+                    variants += [
+                        (
+                            f"ours, {cfg_name}, {pass_rows}-row passes{'' if bounded else ', uncapped'}",
+                            pass_rows,
+                            cfg,
+                            bounded,
+                        )
+                        for cfg_name, cfg in tc_gemv.GEMV_CONFIGS.items()
+                        if not cfg_name.startswith("sim_")
+                        for pass_rows in (8, 16)
+                        for bounded in (True, False)
+                    ]
                 for label, hint, cfg, bounded in variants:
                     reason = tc_gemv.grouped_gemv_reason(a, sa_c, b, sb_c, None, dev)
                     if reason:
                         print(f"| {rows_label} | {label} | - | - | - | - | cannot run: {reason} |", flush=True)
                         continue
-                    kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(a, sa_c, b, sb_c, offsets, y_bits, _bf16(),
-                                                                             None, dev, hint, cfg, bounded)
+                    kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(
+                        a, sa_c, b, sb_c, offsets, y_bits, _bf16(), None, dev, hint, cfg, bounded
+                    )
                     prepared = kernel.prepare(grid, block, *kargs)
                     stream_ptr = torch.cuda.current_stream().cuda_stream
 
                     def ours(prepared=prepared, stream_ptr=stream_ptr):
                         prepared.launch(stream_ptr)
+
                     ours()
                     out = y.clone()
                     us, note = device_us(torch, ours, args.repeats, args.rounds)
-                    results.append((f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note,
-                                    routed_bytes))
+                    results.append((f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note, routed_bytes))
                 if args.block:
                     sa_b, sb_b = cp.asarray(sa_block), cp.asarray(sb_block)
                     reason = tc_gemv.grouped_gemv_reason(a, sa_b, b, sb_b, (128, 128), dev)
                     if reason:
-                        print(f"| {rows_label} | ours block-scaled | - | - | - | - | cannot run: {reason} |",
-                              flush=True)
+                        print(
+                            f"| {rows_label} | ours block-scaled | - | - | - | - | cannot run: {reason} |", flush=True
+                        )
                     else:
                         kernel, grid, block, kargs = tc_gemv.grouped_gemv_launch(
-                            a, sa_b, b, sb_b, offsets, y_bits, _bf16(), (128, 128), dev)
+                            a, sa_b, b, sb_b, offsets, y_bits, _bf16(), (128, 128), dev
+                        )
                         prepared = kernel.prepare(grid, block, *kargs)
                         stream_ptr = torch.cuda.current_stream().cuda_stream
                         us, note = device_us(torch, lambda: prepared.launch(stream_ptr), args.repeats, args.rounds)
@@ -229,9 +260,11 @@ def main(argv=None):
                     if out is not None and reference is not None:
                         r = reference.float()
                         diff = f"{((out.float() - r).abs().max() / r.abs().max()).item():.1e}"
-                    print(f"| {rows_label} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} "
-                          f"| {note} |", flush=True)
-            del w_bf16
+                    print(
+                        f"| {rows_label} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} | {note} |",
+                        flush=True,
+                    )
+            w_bf16 = None  # free it before the next shape's
             torch.cuda.empty_cache()
 
 

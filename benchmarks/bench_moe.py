@@ -53,8 +53,18 @@ def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
 
     kernel_of = getattr(gpu_experts, "grouped_kernel_for", None)
     print("\n## 1. gate_up grouped GEMM, codes in, bf16 out (device us)\n")
-    row("shape", "rows / expert", "vtnumba scheme", "vtnumba us", "kernel", "torch FP8 rowwise us", "bf16 us",
-        "vs torch FP8", "vs bf16", "weight bytes at copy rate us")
+    row(
+        "shape",
+        "rows / expert",
+        "vtnumba scheme",
+        "vtnumba us",
+        "kernel",
+        "torch FP8 rowwise us",
+        "bf16 us",
+        "vs torch FP8",
+        "vs bf16",
+        "weight bytes at copy rate us",
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, e, n, k, rows_each in GATE_UP_SHAPES:
         b = random_codes(cp, rng, (e, n, k))
@@ -75,8 +85,11 @@ def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
             sb_torch = torch.as_tensor(sb_channel, device="cuda")
             a_bf16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             try:
-                t_torch = us(lambda: torch._scaled_grouped_mm(a_torch, b_torch, sa_torch, sb_torch, offs=ends,
-                                                              out_dtype=torch.bfloat16))
+                t_torch = us(
+                    lambda: torch._scaled_grouped_mm(
+                        a_torch, b_torch, sa_torch, sb_torch, offs=ends, out_dtype=torch.bfloat16
+                    )
+                )
             except Exception as exc:  # the peer runs on sm_90 / sm_100 only
                 t_torch, why = None, f"{type(exc).__name__}: {exc}"
                 print(f"torch._scaled_grouped_mm failed: {why[:200]}")
@@ -85,16 +98,26 @@ def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
             except Exception as exc:
                 t_bf16 = None
                 print(f"torch._grouped_mm failed: {type(exc).__name__}: {str(exc)[:200]}")
-            for scheme, sa, sb, block in (("per-token x per-channel", sa_row, sb_channel, None),
-                                          ("1x128 groups x 128x128 blocks", sa_group, sb_block, (128, 128))):
+            for scheme, sa, sb, block in (
+                ("per-token x per-channel", sa_row, sb_channel, None),
+                ("1x128 groups x 128x128 blocks", sa_group, sb_block, (128, 128)),
+            ):
                 call = (a, sa, b, sb, offsets, BF16, block)
                 t_vt = us(lambda: gpu_experts.grouped_scaled_mm(*call))
                 kernel = kernel_of(*call) if kernel_of is not None else "?"
-                row(label, r, scheme, f"{t_vt:.1f}", kernel, "n/a" if t_torch is None else f"{t_torch:.1f}",
+                row(
+                    label,
+                    r,
+                    scheme,
+                    f"{t_vt:.1f}",
+                    kernel,
+                    "n/a" if t_torch is None else f"{t_torch:.1f}",
                     "n/a" if t_bf16 is None else f"{t_bf16:.1f}",
                     "n/a" if t_torch is None else f"{t_torch / t_vt:.2f}x",
-                    "n/a" if t_bf16 is None else f"{t_bf16 / t_vt:.2f}x", f"{floor_us:.1f}")
-        del b, b_torch, b_bf16
+                    "n/a" if t_bf16 is None else f"{t_bf16 / t_vt:.2f}x",
+                    f"{floor_us:.1f}",
+                )
+        b = b_torch = b_bf16 = None  # free this shape's weights before the next is built
 
 
 def decode_layer_table(args, cp, torch, rng, us, tb_s):
@@ -103,12 +126,13 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
 
     cfg = QWEN3_MOE
     e, h, inter, top_k = cfg["experts"], cfg["hidden"], cfg["intermediate"], cfg["top_k"]
-    print(f"\n## 2. the whole moe_fp8 layer at batch-1 decode (Qwen3-30B-A3B: {e} experts, H {h}, I {inter}, "
-          f"top-{top_k} distinct) (device us)\n")
+    print(
+        f"\n## 2. the whole moe_fp8 layer at batch-1 decode (Qwen3-30B-A3B: {e} experts, H {h}, I {inter}, "
+        f"top-{top_k} distinct) (device us)\n"
+    )
     row("scheme", "eager us", "graph replay us", "8 experts' FP8 bytes at copy rate us", "graph / floor")
     print("|---|---|---|---|---|")
-    schemes = [("per_token", dict(activation_scheme="per_token"), None),
-               ("per_group 128x128", dict(), (128, 128))]
+    schemes = [("per_token", dict(activation_scheme="per_token"), None), ("per_group 128x128", dict(), (128, 128))]
     profiles = []
     for name, kw, block in schemes if not args.quick else schemes[:1]:
         if block is None:
@@ -133,8 +157,13 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
             t_graph, same = None, False
             print(f"capture failed: {type(exc).__name__}: {str(exc)[:300]}")
         floor_us = top_k * (2 * inter * h + h * inter) / (tb_s * 1e12) * 1e6
-        row(name, f"{t_eager:.1f}", "n/a" if t_graph is None else f"{t_graph:.1f}" + ("" if same else " (differs!)"),
-            f"{floor_us:.1f}", "n/a" if t_graph is None else f"{t_graph / floor_us:.2f}x")
+        row(
+            name,
+            f"{t_eager:.1f}",
+            "n/a" if t_graph is None else f"{t_graph:.1f}" + ("" if same else " (differs!)"),
+            f"{floor_us:.1f}",
+            "n/a" if t_graph is None else f"{t_graph / floor_us:.2f}x",
+        )
         profiles.append((name, profile.profile_moe(x, gu, dn, ids, weights, repeats=50)))
     for name, rec in profiles:  # where a decode step's time goes, step by step (device time, queued)
         print(f"\n{name}: " + rec.table() + "\n")
@@ -152,10 +181,10 @@ def main():
     def us(fn):
         return best_device_us(fn, 20, 3)
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    print(f"# bench_moe {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}, torch "
-          f"{torch.__version__}")
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"# bench_moe {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} on {smi}, torch {torch.__version__}")
     rng = np.random.default_rng(0)
     tb_s = copy_tb_s(cp, best_device_us)
     print(f"copy rate: {tb_s:.2f} TB/s read + write (the floors below read the weights at this rate)")

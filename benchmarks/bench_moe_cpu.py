@@ -108,7 +108,7 @@ def best_of(trials, first, second):
     times = [[], []]
     fns = (first, second)
     for i in range(trials):
-        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+        for j in (0, 1) if i % 2 == 0 else (1, 0):
             time.sleep(SETTLE_S)
             fns[j](ROUTINGS - 1)
             t0 = CLOCK()
@@ -151,35 +151,51 @@ def main():
             xs = [rng.standard_normal((tokens, H), dtype=F32) for _ in range(ROUTINGS)]
             routes = [routing(tokens, rng) for _ in range(ROUTINGS)]
             seam.moe_fp8(xs[0], gu, dn, *routes[0])  # compile / warm
-            t_vt, t_np, (y, ref) = best_of(args.trials, lambda r: seam.moe_fp8(xs[r], gu, dn, *routes[r]),
-                                           lambda r: numpy_moe(xs[r], w_gu, w_dn, *routes[r]))
+            t_vt, t_np, (y, ref) = best_of(
+                args.trials,
+                lambda r: seam.moe_fp8(xs[r], gu, dn, *routes[r]),
+                lambda r: numpy_moe(xs[r], w_gu, w_dn, *routes[r]),
+            )
             rel = float(np.abs(y - ref).max() / np.abs(ref).max())
             routed = len(np.unique(routes[0][0]))
             layer_rows.append((scheme, tokens, routed, t_np, t_vt, rel))
             ops = [grouped_operands(xs[r], gu, routes[r][0]) for r in range(ROUTINGS)]
-            grouped = lambda r: cx.grouped_scaled_mm(ops[r][0], ops[r][1], gu.data, gu.weight_scale, ops[r][2],  # noqa: E731
-                                                     np.dtype(F32), gu.block_size)
-            loop = lambda r: per_expert_scaled_mm(*ops[r][:2], gu, ops[r][2])  # noqa: E731
+
+            def grouped(r, ops=ops, gu=gu):
+                return cx.grouped_scaled_mm(
+                    ops[r][0], ops[r][1], gu.data, gu.weight_scale, ops[r][2], np.dtype(F32), gu.block_size
+                )
+
+            def loop(r, ops=ops, gu=gu):
+                return per_expert_scaled_mm(*ops[r][:2], gu, ops[r][2])
+
             t_g, t_l, (yg, yl) = best_of(args.trials, grouped, loop)
-            gemm_rows.append((scheme, tokens, routed, t_l, t_g, bool(np.array_equal(yg.view(np.uint32), yl.view(np.uint32)))))
-        del gu, w_gu, dn, w_dn
+            gemm_rows.append(
+                (scheme, tokens, routed, t_l, t_g, bool(np.array_equal(yg.view(np.uint32), yl.view(np.uint32))))
+            )
+        gu = w_gu = dn = w_dn = None  # free this scheme's weights before the next is built
     clock = "CPU time" if args.cpu_time else "wall clock"
-    print(f"\nseam.moe_fp8, Qwen3-30B-A3B MoE layer (E = {E}, H = {H}, I = {INTER}, top-{TOP_K}), "
-          f"min of {args.trials} trials, {clock}, ms")
+    print(
+        f"\nseam.moe_fp8, Qwen3-30B-A3B MoE layer (E = {E}, H = {H}, I = {INTER}, top-{TOP_K}), "
+        f"min of {args.trials} trials, {clock}, ms"
+    )
     print("| scheme | tokens | experts routed | numpy float32 loop | moe_fp8 | ratio | target | max rel diff |")
     print("|---|---|---|---|---|---|---|---|")
     for scheme, tokens, routed, t_np, t_vt, rel in layer_rows:
         target = TARGETS.get(tokens)
         mark = "" if target is None else f">= {target}x {'ok' if t_np / t_vt >= target else 'MISSED'}"
-        print(f"| {scheme} | {tokens} | {routed} | {t_np * 1e3:.2f} | {t_vt * 1e3:.2f} | {t_np / t_vt:.2f}x | {mark} "
-              f"| {rel:.3f} |")
-    print(f"\ngate_up grouped GEMM alone ([R, 2048] x 128 experts [1536, 2048]) vs the per-expert vt.scaled_mm "
-          f"loop, ms")
+        print(
+            f"| {scheme} | {tokens} | {routed} | {t_np * 1e3:.2f} | {t_vt * 1e3:.2f} | {t_np / t_vt:.2f}x | {mark} "
+            f"| {rel:.3f} |"
+        )
+    print("\ngate_up grouped GEMM alone ([R, 2048] x 128 experts [1536, 2048]) vs the per-expert vt.scaled_mm loop, ms")
     print("| scheme | tokens | experts routed | per-expert loop | grouped | ratio | bitwise |")
     print("|---|---|---|---|---|---|---|")
     for scheme, tokens, routed, t_l, t_g, same in gemm_rows:
-        print(f"| {scheme} | {tokens} | {routed} | {t_l * 1e3:.2f} | {t_g * 1e3:.2f} | {t_l / t_g:.2f}x | "
-              f"{'yes' if same else 'NO'} |")
+        print(
+            f"| {scheme} | {tokens} | {routed} | {t_l * 1e3:.2f} | {t_g * 1e3:.2f} | {t_l / t_g:.2f}x | "
+            f"{'yes' if same else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -38,14 +38,17 @@ def main():
     def us(fn):
         return best_device_us(fn, 20, 3)
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    print(f"# bench_mx_gpu {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}")
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"# bench_mx_gpu {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} on {smi}")
     rng = np.random.default_rng(0)
     bf16 = torch.bfloat16
 
-    print("\n## 1. GEMM, bf16 out (device us; ratio per-tensor / MX, >= 1 means MX is as fast)\n"
-          "| M | N x K | per-tensor us | MX us | ratio | MX kernel | MX on tiled_block us |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n## 1. GEMM, bf16 out (device us; ratio per-tensor / MX, >= 1 means MX is as fast)\n"
+        "| M | N x K | per-tensor us | MX us | ratio | MX kernel | MX on tiled_block us |\n|---|---|---|---|---|---|---|"
+    )
     for n, k in SHAPES:
         b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
         sb = cp.asarray([0.01], dtype=cp.float32)
@@ -57,20 +60,34 @@ def main():
             t_pt = us(lambda: vt.scaled_mm(a, b, sa, sb, out_dtype=bf16))
             t_mx = us(lambda: vt.scaled_mm(a, b, sa8, sb8, out_dtype=bf16, block_size=(1, 32)))
             name = block.select(block.BlockCall(a, b, sa8, sb8, (1, 32), np.dtype(np.float32), None)).name
-            t_tiled = us(lambda: vt.scaled_mm(a, b, sa8, sb8, out_dtype=bf16, block_size=(1, 32),
-                                              kernel="tiled_block")) if m <= 256 else None
-            row(m, f"{n}x{k}", f"{t_pt:.1f}", f"{t_mx:.1f}", f"{t_pt / t_mx:.2f}", name,
-                "" if t_tiled is None else f"{t_tiled:.1f}")
+            t_tiled = (
+                us(lambda: vt.scaled_mm(a, b, sa8, sb8, out_dtype=bf16, block_size=(1, 32), kernel="tiled_block"))
+                if m <= 256
+                else None
+            )
+            row(
+                m,
+                f"{n}x{k}",
+                f"{t_pt:.1f}",
+                f"{t_mx:.1f}",
+                f"{t_pt / t_mx:.2f}",
+                name,
+                "" if t_tiled is None else f"{t_tiled:.1f}",
+            )
 
-    print("\n## 2. Layer through the seam, bf16 x in, bf16 out (device us; ratios bf16 / this)\n"
-          "| M | N x K | bf16 us | per-tensor dynamic us | MX us | bf16/per-tensor | bf16/MX |\n"
-          "|---|---|---|---|---|---|---|")
+    print(
+        "\n## 2. Layer through the seam, bf16 x in, bf16 out (device us; ratios bf16 / this)\n"
+        "| M | N x K | bf16 us | per-tensor dynamic us | MX us | bf16/per-tensor | bf16/MX |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for n, k in SHAPES:
         wh = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
-        per_tensor = seam.make_linear_method(seam.ResidentFp8(
-            seam.Fp8Weight.from_float(wh, activation_scheme="dynamic"), "cuda"))
-        mx = seam.make_linear_method(seam.ResidentFp8(
-            seam.Fp8Weight.from_float(wh, block_size=(1, 32), scale_format="e8m0"), "cuda"))
+        per_tensor = seam.make_linear_method(
+            seam.ResidentFp8(seam.Fp8Weight.from_float(wh, activation_scheme="dynamic"), "cuda")
+        )
+        mx = seam.make_linear_method(
+            seam.ResidentFp8(seam.Fp8Weight.from_float(wh, block_size=(1, 32), scale_format="e8m0"), "cuda")
+        )
         tw = torch.as_tensor(wh, device="cuda").to(torch.bfloat16)
         for m in MS:
             xh = rng.standard_normal((m, k)).astype(BF16)
@@ -78,6 +95,7 @@ def main():
             tx = torch.as_tensor(xh.astype(np.float32), device="cuda").to(torch.bfloat16)
             t_bf, t_pt, t_mx = us(lambda: tx @ tw.T), us(lambda: per_tensor.apply(x)), us(lambda: mx.apply(x))
             row(m, f"{n}x{k}", f"{t_bf:.1f}", f"{t_pt:.1f}", f"{t_mx:.1f}", f"{t_bf / t_pt:.2f}", f"{t_bf / t_mx:.2f}")
+
 
 # Tile shapes tried for MXFP8 at small M (--configs): the default 128 x 128 tile gives N / 128 blocks
 # at M = 1 (32 for N = 4096, a quarter of the H200's SMs) and runs 8 m16 tiles of which one is real.
@@ -103,8 +121,10 @@ def configs():
     differs = []
     names = ["default"] + list(SMALL_M_CONFIGS)
     cfgs = [tc_gemm.GEMM_DEFAULT] + [tc_gemm.TileConfig(**c) for c in SMALL_M_CONFIGS.values()]
-    print("\n## 3. tensorcore_mx by tile shape (device us, bf16 out; 'same' = bits equal the default's)\n"
-          "| M | N x K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    print(
+        "\n## 3. tensorcore_mx by tile shape (device us, bf16 out; 'same' = bits equal the default's)\n"
+        "| M | N x K | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names)
+    )
     for n, k in SHAPES:
         b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
         sb8 = cp.asarray(rng.integers(115, 125, size=(n, k // 32), dtype=np.uint8))

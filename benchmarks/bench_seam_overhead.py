@@ -61,9 +61,13 @@ def parse_arguments(doc, *extra):
     ap.add_argument("--k", type=int, default=64)
     for names, options in extra:
         ap.add_argument(*names, **options)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="Numba CPU threads (default 1: the measured cost is pure Python, and a parallel "
-                         "region's wake-up jitter on a shared machine would drown it)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="Numba CPU threads (default 1: the measured cost is pure Python, and a parallel "
+        "region's wake-up jitter on a shared machine would drown it)",
+    )
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=101)
     return ap.parse_args()
@@ -88,29 +92,43 @@ def main():
     x = xp.asarray(x_host)
     x3 = x.reshape(1, args.m, args.k)
 
-    print(f"seam.matmul_fp8 host overhead, device={args.device}"
-          + (f" ({args.threads} Numba thread(s))" if args.device == "cpu" else "")
-          + f", M={args.m} N={args.n} K={args.k}, "
-          f"{args.rounds} alternating rounds x {args.calls} calls per side")
-    print(f"{'case':<28}{'ops us':>10}{'seam us':>10}{'added(min)':>12}{'added(paired)':>15}{'seam/ops':>10}  target <= 2 us")
+    print(
+        f"seam.matmul_fp8 host overhead, device={args.device}"
+        + (f" ({args.threads} Numba thread(s))" if args.device == "cpu" else "")
+        + f", M={args.m} N={args.n} K={args.k}, "
+        f"{args.rounds} alternating rounds x {args.calls} calls per side"
+    )
+    print(
+        f"{'case':<28}{'ops us':>10}{'seam us':>10}{'added(min)':>12}{'added(paired)':>15}{'seam/ops':>10}  target <= 2 us"
+    )
     worst = 0.0
     for scheme in ("static", "dynamic", "per_token"):
-        host_w = seam.Fp8Weight.from_float(w_float, input_scale=0.01 if scheme == "static" else None,
-                                           per_channel=scheme == "per_token", activation_scheme=scheme, bias=bias)
+        host_w = seam.Fp8Weight.from_float(
+            w_float,
+            input_scale=0.01 if scheme == "static" else None,
+            per_channel=scheme == "per_token",
+            activation_scheme=scheme,
+            bias=bias,
+        )
         w = seam.ResidentFp8(host_w, "cpu" if args.device == "cpu" else "cuda").weight
         method = seam.make_linear_method(w)
         cases = [
             (f"matmul_fp8 {scheme}", lambda: _ops_call(x, w), lambda: seam.matmul_fp8(x, w)),
             (f"linear.apply {scheme}", lambda: _ops_call(x, w), lambda: method.apply(x)),
-            (f"matmul_fp8 3-D {scheme}", lambda: _ops_call(x3.reshape(-1, args.k), w).reshape(1, args.m, args.n),
-             lambda: seam.matmul_fp8(x3, w)),
+            (
+                f"matmul_fp8 3-D {scheme}",
+                lambda: _ops_call(x3.reshape(-1, args.k), w).reshape(1, args.m, args.n),
+                lambda: seam.matmul_fp8(x3, w),
+            ),
         ]
         for name, ops_fn, seam_fn in cases:
             t_ops, t_seam, added_min, added_paired = time_pair(name, ops_fn, seam_fn, args, sync)
             added = max(added_min, added_paired)
             worst = max(worst, added)
-            print(f"{name:<28}{t_ops * 1e6:>10.2f}{t_seam * 1e6:>10.2f}{added_min:>12.2f}{added_paired:>15.2f}"
-                  f"{t_seam / t_ops:>10.3f}  {'ok' if added <= 2.0 else 'MISSED'}")
+            print(
+                f"{name:<28}{t_ops * 1e6:>10.2f}{t_seam * 1e6:>10.2f}{added_min:>12.2f}{added_paired:>15.2f}"
+                f"{t_seam / t_ops:>10.3f}  {'ok' if added <= 2.0 else 'MISSED'}"
+            )
     print(f"worst added host time: {worst:.2f} us per call ({'meets' if worst <= 2.0 else 'misses'} the 2 us target)")
 
 

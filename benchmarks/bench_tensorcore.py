@@ -22,23 +22,24 @@ import datetime
 import subprocess
 import sys
 
+import cupy as cp
 import ml_dtypes
 import numpy as np
-
-import cupy as cp
 import torch
+
 import vtnumba as vt
 from vtnumba.cuda import gemm
-from vtnumba.cuda.runtime import device
 from vtnumba.cuda.kernels import tc_gemm as tc
 from vtnumba.cuda.kernels import tc_gemv
 from vtnumba.cuda.ptx.codec import hardware_available
+from vtnumba.cuda.runtime import device
 from vtnumba.profile import best_device_us
 from vtnumba.testing import reference
 
 
 def best_of(fn, repeats=50, rounds=3):
     return best_device_us(fn, repeats, rounds)
+
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
@@ -94,10 +95,15 @@ def main(sections):
     cc = device.current().cc
     chain = tc.chains_in_float32(cc)
     hardware = hardware_available(cc)
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    print(f"# bench_tensorcore {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} on {smi}; "
-          f"sm_{cc[0]}{cc[1]}, chained C = promotion per mma: {chain}")
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(
+        f"# bench_tensorcore {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} on {smi}; "
+        f"sm_{cc[0]}{cc[1]}, chained C = promotion per mma: {chain}"
+    )
     bandwidth = copy_bandwidth()
     print(f"device copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write)")
     sa = cp.asarray([0.5], dtype=cp.float32)
@@ -105,8 +111,16 @@ def main(sections):
     ta_s, tb_s = torch.as_tensor(sa, device="cuda").reshape(()), torch.as_tensor(sb, device="cuda").reshape(())
 
     if "gemm" in sections or "gemm1" in sections or "gemm_all" in sections:
-        gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first="gemm1" in sections and "gemm" not in sections,
-                    all_e4m3="gemm_all" in sections)
+        gemm_tables(
+            gen,
+            sa,
+            sb,
+            ta_s,
+            tb_s,
+            chain,
+            only_first="gemm1" in sections and "gemm" not in sections,
+            all_e4m3="gemm_all" in sections,
+        )
     if "decode" in sections:
         decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth)
     if "accuracy" in sections:
@@ -136,15 +150,18 @@ def block_table(gen, ta, tb, s, flops):
     weight blocks) and torch's block-scaled _scaled_mm on them. Returns the scales as the kernels take
     them -- [M, KB] m-contiguous (torch's and cuBLASLt's layout) and [NB, KB] -- and torch's time
     (NaN when torch refuses)."""
-    table("3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
-          ["kernel", "us", "TFLOP/s", "torch block / this"])
+    table(
+        "3. block-scaled GEMM 4096^3 (1 x 128 activation groups, 128 x 128 weight blocks), bf16 out",
+        ["kernel", "us", "TFLOP/s", "torch block / this"],
+    )
     kb = s // 128
     sa_blk = torch.rand(kb, s, device="cuda", generator=gen) * 0.01 + 0.001
     sb_blk = torch.rand(s // 128, kb, device="cuda", generator=gen) * 0.01 + 0.001
     t_tblk = float("nan")
     try:
-        t_tblk = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa_blk.t(), scale_b=sb_blk.t(),
-                                                  out_dtype=torch.bfloat16), 10)
+        t_tblk = best_of(
+            lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa_blk.t(), scale_b=sb_blk.t(), out_dtype=torch.bfloat16), 10
+        )
         row("torch block _scaled_mm", f"{t_tblk:.0f}", f"{flops / t_tblk / 1e6:.0f}", "1.00")
     except Exception as exc:
         row("torch block _scaled_mm", f"failed: {exc.__class__.__name__}: {exc}"[:120], "", "")
@@ -158,12 +175,14 @@ def block_capable(cfg):
 
 def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False):
     # 1. 4096^3 -------------------------------------------------------------------------------------
-    table("1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
-          ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"])
+    table(
+        "1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
+        ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"],
+    )
     s = 4096
     a, ta = codes(gen, s, s)
     b, tb = codes(gen, s, s)
-    flops = 2 * s ** 3
+    flops = 2 * s**3
     t_lt = best_of(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "cublaslt"), 20)
     t_torch = best_of(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 20)
     row("cuBLASLt (vtnumba)", f"{t_lt:.0f}", f"{flops / t_lt / 1e6:.0f}", "1.00")
@@ -188,8 +207,7 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False
     best, best_block = (float("inf"), None), (float("inf"), None)
     for name, cfg, promotion, ch, default in variants:
         form = ", chained C" if ch and promotion == tc.PER_MMA and not cfg.f16 else ""
-        t = timed_row(f"vt {name} ({promotion}{form})", lambda: gemm_fn(a, b, sa, sb, cfg, promotion, ch), flops,
-                      t_lt)
+        t = timed_row(f"vt {name} ({promotion}{form})", lambda: gemm_fn(a, b, sa, sb, cfg, promotion, ch), flops, t_lt)
         if t is None:
             continue
         if default and t < best[0]:
@@ -203,8 +221,9 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False
         return
 
     # 2. 28672 x 4096 at M = 4096 ------------------------------------------------------------------
-    table("2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out",
-          ["kernel", "us", "TFLOP/s", "cuBLASLt / this"])
+    table(
+        "2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out", ["kernel", "us", "TFLOP/s", "cuBLASLt / this"]
+    )
     n, k = 28672, 4096
     b2, tb2 = codes(gen, n, k)
     flops2 = 2 * s * n * k
@@ -214,49 +233,87 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s, chain, only_first=False, all_e4m3=False
     row("torch._scaled_mm", f"{t_torch2:.0f}", f"{flops2 / t_torch2 / 1e6:.0f}", f"{t_lt2 / t_torch2:.2f}")
     for name in dict.fromkeys((BEST["gemm"], e4m3_default)):
         cfg = tc.GEMM_CONFIGS[name]
-        timed_row(f"vt {name}", lambda: gemm_fn(a, b2, sa, sb, cfg, tc.PER_MMA, chain and not cfg.f16), flops2, t_lt2,
-                  repeats=5)
+        timed_row(
+            f"vt {name}",
+            lambda: gemm_fn(a, b2, sa, sb, cfg, tc.PER_MMA, chain and not cfg.f16),
+            flops2,
+            t_lt2,
+            repeats=5,
+        )
 
     # 3. block-scaled 4096^3 ------------------------------------------------------------------------
     sa_c, sb_c, t_tblk = block_table(gen, ta, tb, s, flops)
-    block_names = [e4m3_default] + [name for name in tc.GEMM_CONFIGS if tc.GEMM_CONFIGS[name].f16
-                                    and block_capable(tc.GEMM_CONFIGS[name]) and not name.startswith("sim")]
+    block_names = [e4m3_default] + [
+        name
+        for name in tc.GEMM_CONFIGS
+        if tc.GEMM_CONFIGS[name].f16 and block_capable(tc.GEMM_CONFIGS[name]) and not name.startswith("sim")
+    ]
     for name in block_names:
         cfg = tc.GEMM_CONFIGS[name]
         for promotion in (tc.PER_MMA, tc.PER_128):
-            timed_row(f"vt {name} block ({promotion})",
-                      lambda: gemm_fn(a, b, sa_c, sb_c, cfg, promotion, chain and not cfg.f16, block=True), flops,
-                      t_tblk)
+            timed_row(
+                f"vt {name} block ({promotion})",
+                lambda: gemm_fn(a, b, sa_c, sb_c, cfg, promotion, chain and not cfg.f16, block=True),
+                flops,
+                t_tblk,
+            )
 
 
 def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
     # 4. decode GEMV ----------------------------------------------------------------------------------
-    table("4. decode GEMV, codes in, per-tensor, bf16 out: device us",
-          ["M", "N x K", "torch _scaled_mm", "cuBLASLt", "CUDA-core GEMV", "vt tensor-core GEMV",
-           "weight-read floor", "cuBLASLt / vt (>= 1.3 at 4096^2, >= 1.0)"])
+    table(
+        "4. decode GEMV, codes in, per-tensor, bf16 out: device us",
+        [
+            "M",
+            "N x K",
+            "torch _scaled_mm",
+            "cuBLASLt",
+            "CUDA-core GEMV",
+            "vt tensor-core GEMV",
+            "weight-read floor",
+            "cuBLASLt / vt (>= 1.3 at 4096^2, >= 1.0)",
+        ],
+    )
     for m in (1, 4, 16):
         for n, k in SHAPES:
             am, tam = codes(gen, m, k)
             bm_, tbm = codes(gen, n, k)
             t_t = best_of(lambda: torch._scaled_mm(tam, tbm.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16))
             t_l = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "cublaslt"))
-            t_c = best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "decode_gemv")) if m <= 4 else float("nan")
+            t_c = (
+                best_of(lambda: gemm.scaled_mm(am, bm_, sa, sb, BF16, None, "decode_gemv")) if m <= 4 else float("nan")
+            )
             t_v = best_of(gemv_fn(am, bm_, sa, sb, tc_gemv.gemv_config(m, k), hardware, chain))
             floor = n * k / bandwidth * 1e6  # the weight's bytes at the device copy's rate
-            row(m, f"{n} x {k}", f"{t_t:.1f}", f"{t_l:.1f}", f"{t_c:.1f}", f"{t_v:.1f}", f"{floor:.1f}",
-                f"{t_l / t_v:.2f}")
+            row(
+                m,
+                f"{n} x {k}",
+                f"{t_t:.1f}",
+                f"{t_l:.1f}",
+                f"{t_c:.1f}",
+                f"{t_v:.1f}",
+                f"{floor:.1f}",
+                f"{t_l / t_v:.2f}",
+            )
     for m in (1, 16):
         names = [name for name in tc_gemv.GEMV_CONFIGS if "sim" not in name and (m <= 8 or "d4" not in name)]
         table(f"4b. the GEMV's configurations at M = {m}: device us", ["N x K"] + names)
         for n, k in SHAPES:
             am, _ = codes(gen, m, k)
             bm_, _ = codes(gen, n, k)
-            row(f"{n} x {k}", *(f"{best_of(gemv_fn(am, bm_, sa, sb, tc_gemv.GEMV_CONFIGS[name], hardware, chain)):.1f}"
-                                for name in names))
+            row(
+                f"{n} x {k}",
+                *(
+                    f"{best_of(gemv_fn(am, bm_, sa, sb, tc_gemv.GEMV_CONFIGS[name], hardware, chain)):.1f}"
+                    for name in names
+                ),
+            )
 
     # 5. the fused static layer at M = 1 -----------------------------------------------------------------
-    table("5. FP8 linear layer at M = 1, static per-tensor (bf16 x -> quantize -> GEMM -> bf16 y), one launch",
-          ["N x K", "torch bf16 matmul us", "vt fused static us", "vt fused per-token us", "bf16 / vt static (>= 1.8)"])
+    table(
+        "5. FP8 linear layer at M = 1, static per-tensor (bf16 x -> quantize -> GEMM -> bf16 y), one launch",
+        ["N x K", "torch bf16 matmul us", "vt fused static us", "vt fused per-token us", "bf16 / vt static (>= 1.8)"],
+    )
     in_scale = cp.asarray([0.02], dtype=cp.float32)
     for n, k in SHAPES:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -269,7 +326,6 @@ def decode_tables(gen, sa, sb, ta_s, tb_s, chain, hardware, bandwidth):
         row(f"{n} x {k}", f"{t_bf16:.1f}", f"{t_static:.1f}", f"{t_token:.1f}", f"{t_bf16 / t_static:.2f}")
 
 
-
 def accuracy_table(chain):
     # 6. accuracy -----------------------------------------------------------------------------------
     def f16_pick(key):  # table 1's fastest f16-staged configuration, if it ran
@@ -277,10 +333,21 @@ def accuracy_table(chain):
         return name if name and tc.GEMM_CONFIGS[name].f16 else "f16ab_128x128_w8_32x64"
 
     f16_name, f16_split = f16_pick("gemm"), f16_pick("block")
-    table("6. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
-          ["K", "vt per_mma", "vt per_mma explicit", "vt per_128", f"vt {f16_name} per_mma",
-           f"vt {f16_name} tensor-core accumulation", f"vt {f16_split} per_128", "vt GEMV M=16", "cuBLASLt",
-           "torch._scaled_mm"])
+    table(
+        "6. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
+        [
+            "K",
+            "vt per_mma",
+            "vt per_mma explicit",
+            "vt per_128",
+            f"vt {f16_name} per_mma",
+            f"vt {f16_name} tensor-core accumulation",
+            f"vt {f16_split} per_128",
+            "vt GEMV M=16",
+            "cuBLASLt",
+            "torch._scaled_mm",
+        ],
+    )
     rng = np.random.default_rng(0)
     one = cp.ones(1, dtype=cp.float32)
     e4m3 = tc.GEMM_CONFIGS[E4M3_DEFAULT]
@@ -299,13 +366,29 @@ def accuracy_table(chain):
             bm, bn = tc.tile_shape(cfg)
             y = cp.full((512, 512), cp.nan, dtype=cp.float32)
             tc.gemm_launcher(cfg, promotion, False, ch, True)(
-                (-(-512 // bn), -(-512 // bm)), 32 * cfg.wm * cfg.wn, ad, bd, one, 0, one, 0,
-                cp.zeros(1, cp.uint16), 0, y, 0)
+                (-(-512 // bn), -(-512 // bm)),
+                32 * cfg.wm * cfg.wn,
+                ad,
+                bd,
+                one,
+                0,
+                one,
+                0,
+                cp.zeros(1, cp.uint16),
+                0,
+                y,
+                0,
+            )
             return y.get()
 
-        outs = [run(e4m3, tc.PER_MMA, chain), run(e4m3, tc.PER_MMA, False), run(e4m3, tc.PER_128, chain),
-                run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, False), run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, True),
-                run(tc.GEMM_CONFIGS[f16_split], tc.PER_128, False)]
+        outs = [
+            run(e4m3, tc.PER_MMA, chain),
+            run(e4m3, tc.PER_MMA, False),
+            run(e4m3, tc.PER_128, chain),
+            run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, False),
+            run(tc.GEMM_CONFIGS[f16_name], tc.PER_MMA, True),
+            run(tc.GEMM_CONFIGS[f16_split], tc.PER_128, False),
+        ]
         cells = [ratio(y) for y in outs]
         y16 = gemm.TensorCoreGemv().run(gemm.GemmCall(ad[:16], bd, np.float32(1), np.float32(1), F32, None)).get()
         ref16, bound16 = ref[:16], bound[:16]
@@ -317,8 +400,11 @@ def accuracy_table(chain):
         y_t = torch._scaled_mm(ta_u, tb_u.t(), scale_a=one_t, scale_b=one_t, out_dtype=torch.float32).cpu().numpy()
         row(k, *cells, ratio(y_lt), ratio(y_t))
         same = int((outs[3] == outs[0]).sum())
-        print(f"K = {k}: {f16_name} per_mma equals the e4m3 kernel's per_mma (chained C = {chain}) in "
-              f"{same} of {outs[0].size} elements", flush=True)
+        print(
+            f"K = {k}: {f16_name} per_mma equals the e4m3 kernel's per_mma (chained C = {chain}) in "
+            f"{same} of {outs[0].size} elements",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,15 @@ import time
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
 LLAMA_8B = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
-LINEARS_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "v_proj": (1024, 4096), "o_proj": (4096, 4096),
-              "gate_proj": (14336, 4096), "up_proj": (14336, 4096), "down_proj": (4096, 14336)}
+LINEARS_8B = {
+    "q_proj": (4096, 4096),
+    "k_proj": (1024, 4096),
+    "v_proj": (1024, 4096),
+    "o_proj": (4096, 4096),
+    "gate_proj": (14336, 4096),
+    "up_proj": (14336, 4096),
+    "down_proj": (4096, 14336),
+}
 
 
 def table(title, header):
@@ -42,8 +49,12 @@ def table(title, header):
 
 
 def row(*cells):
-    print("| " + " | ".join(c if isinstance(c, str) else f"{c:.2f}" if isinstance(c, float) else str(c)
-                            for c in cells) + " |", flush=True)
+    print(
+        "| "
+        + " | ".join(c if isinstance(c, str) else f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells)
+        + " |",
+        flush=True,
+    )
 
 
 def ratio(a, b):
@@ -51,6 +62,7 @@ def ratio(a, b):
 
 
 # -- timing ----------------------------------------------------------------------------------------
+
 
 def device_us(torch, fn, calls=20, graph=False, sleep_cycles=int(2e7)):
     """GPU microseconds per call of fn(): eager calls behind a queued sleep (long enough that the
@@ -107,6 +119,7 @@ def host_us(torch, fn, calls=200):
 
 
 # -- the models ------------------------------------------------------------------------------------
+
 
 def mlp_module(torch, hidden, intermediate, dtype):
     nn = torch.nn
@@ -171,8 +184,9 @@ class TorchFp8Peer:
             q = (g / s).clamp(-448, 448).to(f8).view(m, k)
             return q, s.view(m, k // 128).t().contiguous().t()  # [M, K/128], m contiguous
 
-        fn = {"static": quant_static, "dynamic": quant_dynamic, "per_token": quant_token,
-              "per_group": quant_group}[scheme]
+        fn = {"static": quant_static, "dynamic": quant_dynamic, "per_token": quant_token, "per_group": quant_group}[
+            scheme
+        ]
         self.quant = torch.compile(fn, dynamic=False)
 
     def __call__(self, x):
@@ -188,25 +202,44 @@ class TorchFp8Peer:
 
 def peer_mlp(torch, vtt, model, scheme, sample):
     scales = vtt.calibrate(model, lambda: model(sample)) if scheme == "static" else {}
-    gate, up, down = (TorchFp8Peer(torch, vtt, getattr(model, n), scheme, scales.get(n))
-                      for n in ("gate_proj", "up_proj", "down_proj"))
+    gate, up, down = (
+        TorchFp8Peer(torch, vtt, getattr(model, n), scheme, scales.get(n))
+        for n in ("gate_proj", "up_proj", "down_proj")
+    )
     silu = torch.nn.functional.silu
     return lambda x: down(silu(gate(x)) * up(x))
 
 
 # -- the parts ---------------------------------------------------------------------------------------
 
+
 def part_mlp(torch, vtt, ms, f32_staged_row=False):
     h, i = LLAMA_8B["hidden"], LLAMA_8B["intermediate"]
     model = mlp_module(torch, h, i, torch.bfloat16)
     sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
-    table("Llama-3-8B MLP (gate/up 14336x4096, down 4096x14336, bf16): device us per forward "
-          "(M <= 16 replayed from a CUDA graph, larger M eager)",
-          ["scheme", "M", "bf16 us", "vtnumba us", "vtnumba vs bf16", "torch fp8 us", "torch fp8 vs bf16",
-           "vtnumba vs torch fp8"])
+    table(
+        "Llama-3-8B MLP (gate/up 14336x4096, down 4096x14336, bf16): device us per forward "
+        "(M <= 16 replayed from a CUDA graph, larger M eager)",
+        [
+            "scheme",
+            "M",
+            "bf16 us",
+            "vtnumba us",
+            "vtnumba vs bf16",
+            "torch fp8 us",
+            "torch fp8 vs bf16",
+            "vtnumba vs torch fp8",
+        ],
+    )
     with torch.no_grad():
-        bf16_us = {m: device_us(torch, lambda x=torch.randn(m, h, device="cuda", dtype=torch.bfloat16): model(x),
-                                graph=m <= 16) for m in ms}
+        bf16_us = {
+            m: device_us(
+                torch,
+                lambda x=torch.randn(m, h, device="cuda", dtype=torch.bfloat16): model(x),  # noqa: B008 (one input per m)
+                graph=m <= 16,
+            )
+            for m in ms
+        }
         for scheme in SCHEMES + (["per_token f32-staged"] if f32_staged_row else []):
             # the optional last row: per-token with cuBLASLt's OUTER_VEC plans refused at every M, so
             # its GEMMs run cuBLASLt into float32 and the 8-wide Numba epilogue (gemm.OUTER_VEC_MIN_M)
@@ -224,8 +257,16 @@ def part_mlp(torch, vtt, ms, f32_staged_row=False):
                 except Exception as exc:  # torch refuses some shapes (block scales at M = 1)
                     peer_us = None
                     print(f"  torch fp8 {scheme} M={m}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-                row(scheme + (" f32-staged" if staged else ""), m, bf16_us[m], vt_us, ratio(bf16_us[m], vt_us),
-                    "n/a" if peer_us is None else peer_us, ratio(bf16_us[m], peer_us), ratio(peer_us, vt_us))
+                row(
+                    scheme + (" f32-staged" if staged else ""),
+                    m,
+                    bf16_us[m],
+                    vt_us,
+                    ratio(bf16_us[m], vt_us),
+                    "n/a" if peer_us is None else peer_us,
+                    ratio(bf16_us[m], peer_us),
+                    ratio(peer_us, vt_us),
+                )
             os.environ.pop("VT_DISABLE_KERNELS", None)
             ours = peer = None
             torch.cuda.empty_cache()
@@ -252,12 +293,16 @@ def part_profile(torch, vtt, ms):
     h, i = LLAMA_8B["hidden"], LLAMA_8B["intermediate"]
     model = mlp_module(torch, h, i, torch.bfloat16)
     sample = torch.randn(64, h, device="cuda", dtype=torch.bfloat16)
-    table("torch.profiler: where one MLP forward's GPU time goes (us; eager, after warm-up)",
-          ["side", "scheme", "M", "quant", "GEMM", "epilogue", "other", "total", "kernels"])
+    table(
+        "torch.profiler: where one MLP forward's GPU time goes (us; eager, after warm-up)",
+        ["side", "scheme", "M", "quant", "GEMM", "epilogue", "other", "total", "kernels"],
+    )
     with torch.no_grad():
         for scheme in SCHEMES:
-            sides = [("vtnumba", converted(torch, vtt, model, scheme, sample)),
-                     ("torch fp8", peer_mlp(torch, vtt, model, scheme, sample))]
+            sides = [
+                ("vtnumba", converted(torch, vtt, model, scheme, sample)),
+                ("torch fp8", peer_mlp(torch, vtt, model, scheme, sample)),
+            ]
             for side, fn in sides:
                 for m in ms:
                     x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
@@ -276,8 +321,17 @@ def part_profile(torch, vtt, ms):
                         if e.device_type == torch.autograd.DeviceType.CUDA:
                             spent[_category(e.name)] += getattr(e, "device_time", None) or e.cuda_time
                             count += 1
-                    row(side, scheme, m, spent["quant"], spent["GEMM"], spent["epilogue"], spent["other"],
-                        sum(spent.values()), count)
+                    row(
+                        side,
+                        scheme,
+                        m,
+                        spent["quant"],
+                        spent["GEMM"],
+                        spent["epilogue"],
+                        spent["other"],
+                        sum(spent.values()),
+                        count,
+                    )
 
 
 def part_host(torch, vtt):
@@ -285,8 +339,10 @@ def part_host(torch, vtt):
     torch.manual_seed(0)
     linear = nn.Linear(4096, 4096, bias=False).to("cuda", torch.bfloat16)
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    table("host us per eager forward, 4096 x 4096, M = 1, bf16 x (loop behind a queued sleep)",
-          ["layer", "host us", "vs nn.Linear (<= 1.3x)", "device us"])
+    table(
+        "host us per eager forward, 4096 x 4096, M = 1, bf16 x (loop behind a queued sleep)",
+        ["layer", "host us", "vs nn.Linear (<= 1.3x)", "device us"],
+    )
     with torch.no_grad():
         base = host_us(torch, lambda: linear(x))
         row("nn.Linear bf16", base, "1.00x", device_us(torch, lambda: linear(x)))
@@ -301,13 +357,15 @@ def part_kernels(torch):
     import cupy
     import numpy as np
 
-    from vtnumba.cuda import quantize as backend
     from vtnumba._interop import to_native
+    from vtnumba.cuda import quantize as backend
     from vtnumba.cuda.kernels import epilogue, quant
 
     backend._backend()
-    table("quantization kernels, bf16 x: device us and TB/s (bytes read + written); copy = torch clone of x",
-          ["kernel", "M x K", "us", "TB/s", "copy TB/s", "vs copy"])
+    table(
+        "quantization kernels, bf16 x: device us and TB/s (bytes read + written); copy = torch clone of x",
+        ["kernel", "M x K", "us", "TB/s", "copy TB/s", "vs copy"],
+    )
     for m, k in [(256, 4096), (256, 14336), (4096, 4096), (4096, 14336)]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xc = to_native(x)
@@ -316,9 +374,11 @@ def part_kernels(torch):
         xin, kind, shape, n, aligned, _ = backend._input(xc)
         out, scales = cupy.empty(shape, np.uint8), backend._group_scales(m, k // 128, True)
         encoder = backend.encoder_in_use()
-        forms = {"per-group 128, a chunk a lane": quant.per_group_vector_kernel(kind, encoder, False, 8, True),
-                 "per-group 128, 16-wide loop": quant.per_group_vector_kernel(kind, encoder, False, 8, False),
-                 "per-group 128, element per lane": quant.per_group_kernel(kind, encoder, False) + (quant.GROUP_WARPS,)}
+        forms = {
+            "per-group 128, a chunk a lane": quant.per_group_vector_kernel(kind, encoder, False, 8, True),
+            "per-group 128, 16-wide loop": quant.per_group_vector_kernel(kind, encoder, False, 8, False),
+            "per-group 128, element per lane": quant.per_group_kernel(kind, encoder, False) + (quant.GROUP_WARPS,),
+        }
         for label, (kernel, threads, per_block) in forms.items():
             blocks = max(1, min(-(-m * (k // 128) // per_block), quant.MAX_BLOCKS))
             args = (xin, backend._flat(out), backend._flat(scales.T), m, k, 128, 1, m)
@@ -327,8 +387,10 @@ def part_kernels(torch):
         us = device_us(torch, lambda: backend.quantize_per_token(xc, None))
         nbytes = 3 * m * k + 4 * m
         row("per-token", f"{m} x {k}", us, nbytes / us / 1e6, copy_rate, f"{nbytes / us / 1e6 / copy_rate:.2f}")
-    table("dynamic per-tensor quantization, bf16 x: device us per call (eager, queued behind a sleep)",
-          ["M x K", "one launch (one block)", "two launches (amax partials, quantize)"])
+    table(
+        "dynamic per-tensor quantization, bf16 x: device us per call (eager, queued behind a sleep)",
+        ["M x K", "one launch (one block)", "two launches (amax partials, quantize)"],
+    )
     for m, k in [(1, 4096), (1, 14336), (16, 4096), (4, 16384), (64, 16384)]:
         xc = to_native(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
         saved = quant.SMALL_DYNAMIC_MAX
@@ -338,15 +400,27 @@ def part_kernels(torch):
         two = device_us(torch, lambda: backend.quantize_dynamic(xc))
         quant.SMALL_DYNAMIC_MAX = saved
         row(f"{m} x {k}", one, two)
-    table("f32-staged epilogue, float32 accumulator -> bf16 y, per-row x per-channel scales: TB/s (read 4 + "
-          "write 2 bytes an element) against torch's copy of the accumulator",
-          ["M x N", "8-wide us", "8-wide TB/s", "element-per-thread us", "element TB/s", "copy TB/s",
-           "8-wide vs copy (>= 0.8)"])
+    table(
+        "f32-staged epilogue, float32 accumulator -> bf16 y, per-row x per-channel scales: TB/s (read 4 + "
+        "write 2 bytes an element) against torch's copy of the accumulator",
+        [
+            "M x N",
+            "8-wide us",
+            "8-wide TB/s",
+            "element-per-thread us",
+            "element TB/s",
+            "copy TB/s",
+            "8-wide vs copy (>= 0.8)",
+        ],
+    )
     for m, n in [(256, 14336), (4096, 4096), (4096, 14336)]:
         acc = torch.randn(m, n, device="cuda")
         copy_rate = 2 * acc.nbytes / device_us(torch, lambda: acc.clone()) / 1e6
         accc, y = to_native(acc), cupy.empty((m, n), np.uint16)
-        sa, sb = cupy.random.uniform(0.01, 0.1, m).astype(np.float32), cupy.random.uniform(0.01, 0.1, n).astype(np.float32)
+        sa, sb = (
+            cupy.random.uniform(0.01, 0.1, m).astype(np.float32),
+            cupy.random.uniform(0.01, 0.1, n).astype(np.float32),
+        )
         bias = cupy.zeros(1, np.uint16)
         launch = epilogue.epilogue_launch(accc, y, sa, 1, sb, 1, bias, 0, epilogue.OutKind.BFLOAT16)
         wide = device_us(torch, lambda: launch[0](launch[1], launch[2], *launch[3]))
@@ -354,17 +428,30 @@ def part_kernels(torch):
         blocks = max(1, min((m * n + 255) // 256, 4096))
         one = device_us(torch, lambda: one_kernel(blocks, 256, accc, y, sa, 1, sb, 1, bias, 0, 2))
         nbytes = 6 * m * n
-        row(f"{m} x {n}", wide, nbytes / wide / 1e6, one, nbytes / one / 1e6, copy_rate,
-            f"{nbytes / wide / 1e6 / copy_rate:.2f}")
+        row(
+            f"{m} x {n}",
+            wide,
+            nbytes / wide / 1e6,
+            one,
+            nbytes / one / 1e6,
+            copy_rate,
+            f"{nbytes / wide / 1e6 / copy_rate:.2f}",
+        )
 
 
 def llama(torch, layers):
     import transformers
 
-    cfg = transformers.LlamaConfig(hidden_size=LLAMA_8B["hidden"], intermediate_size=LLAMA_8B["intermediate"],
-                                   num_attention_heads=LLAMA_8B["heads"], num_key_value_heads=LLAMA_8B["kv_heads"],
-                                   num_hidden_layers=layers, vocab_size=LLAMA_8B["vocab"],
-                                   max_position_embeddings=4096, rope_theta=500000.0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=LLAMA_8B["hidden"],
+        intermediate_size=LLAMA_8B["intermediate"],
+        num_attention_heads=LLAMA_8B["heads"],
+        num_key_value_heads=LLAMA_8B["kv_heads"],
+        num_hidden_layers=layers,
+        vocab_size=LLAMA_8B["vocab"],
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -374,8 +461,10 @@ def llama(torch, layers):
 def _static_cache(cfg, length, torch):
     from transformers import StaticCache
 
-    for kwargs in (dict(config=cfg, max_batch_size=1, max_cache_len=length, device="cuda", dtype=torch.bfloat16),
-                   dict(config=cfg, max_cache_len=length)):
+    for kwargs in (
+        dict(config=cfg, max_batch_size=1, max_cache_len=length, device="cuda", dtype=torch.bfloat16),
+        dict(config=cfg, max_cache_len=length),
+    ):
         try:
             return StaticCache(**kwargs)
         except TypeError:
@@ -471,10 +560,19 @@ def generate_tokens_per_s(torch, model, prompt, tokens):
 def part_decode(torch, vtt, layers, tokens, eager=True, graphs=True):
     model, cfg = llama(torch, layers)
     prompt = torch.randint(0, LLAMA_8B["vocab"], (1, 16), device="cuda")
-    table(f"transformers LlamaForCausalLM, Llama-3-8B shapes, {layers} layers, random weights: greedy decode "
-          f"of {tokens} tokens (lm_head bf16)",
-          ["model", "eager generate tok/s", "vs bf16", "eager step wall us", "eager step device us",
-           "device-bound tok/s (1e6 / step device us)", "vs bf16"])
+    table(
+        f"transformers LlamaForCausalLM, Llama-3-8B shapes, {layers} layers, random weights: greedy decode "
+        f"of {tokens} tokens (lm_head bf16)",
+        [
+            "model",
+            "eager generate tok/s",
+            "vs bf16",
+            "eager step wall us",
+            "eager step device us",
+            "device-bound tok/s (1e6 / step device us)",
+            "vs bf16",
+        ],
+    )
     sample = torch.randint(0, LLAMA_8B["vocab"], (1, 32), device="cuda")
     base = {}
     converted_models = {}
@@ -496,8 +594,10 @@ def part_decode(torch, vtt, layers, tokens, eager=True, graphs=True):
     if not graphs:
         return
     # each side's best path: one decode step with a static KV cache captured in a CUDA graph
-    table("the same, one decode step with a static KV cache captured in a CUDA graph and replayed",
-          ["model", "graph step tok/s", "vs bf16"])
+    table(
+        "the same, one decode step with a static KV cache captured in a CUDA graph and replayed",
+        ["model", "graph step tok/s", "vs bf16"],
+    )
     base_graph = None
     for scheme, m in converted_models.items():
         try:
@@ -511,13 +611,21 @@ def part_decode(torch, vtt, layers, tokens, eager=True, graphs=True):
 
 def part_convert(torch, vtt, layers=32):
     nn = torch.nn
-    table(f"convert of a model on the GPU with Llama-3-8B linear shapes ({layers} layers x 7 linears, bf16)",
-          ["scheme", "convert s", "GPU GB before", "GPU GB after", "peak GB during", "bf16 weights freed"])
+    table(
+        f"convert of a model on the GPU with Llama-3-8B linear shapes ({layers} layers x 7 linears, bf16)",
+        ["scheme", "convert s", "GPU GB before", "GPU GB after", "peak GB during", "bf16 weights freed"],
+    )
     for scheme in SCHEMES:
         torch.manual_seed(0)
         with torch.device("cuda"):
-            model = nn.ModuleList([nn.ModuleDict({name: nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
-                                                  for name, (n, k) in LINEARS_8B.items()}) for _ in range(layers)])
+            model = nn.ModuleList(
+                [
+                    nn.ModuleDict(
+                        {name: nn.Linear(k, n, bias=False, dtype=torch.bfloat16) for name, (n, k) in LINEARS_8B.items()}
+                    )
+                    for _ in range(layers)
+                ]
+            )
         scales = {f"{i}.{name}": 0.02 for i in range(layers) for name in LINEARS_8B} if scheme == "static" else None
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -535,8 +643,11 @@ def part_convert(torch, vtt, layers=32):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="mlp,profile,host,kernels,convert,decode,graph",
-                    help="also 'staged': the MLP's per-token row with OUTER_VEC refused at every M")
+    ap.add_argument(
+        "--parts",
+        default="mlp,profile,host,kernels,convert,decode,graph",
+        help="also 'staged': the MLP's per-token row with OUTER_VEC refused at every M",
+    )
     ap.add_argument("--ms", default="1,16,256,4096")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)

@@ -26,9 +26,17 @@ import copy
 import time
 import traceback
 
-QWEN3_30B = dict(hidden_size=2048, moe_intermediate_size=768, intermediate_size=6144, num_experts=128,
-                 num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                 vocab_size=151936)
+QWEN3_30B = dict(
+    hidden_size=2048,
+    moe_intermediate_size=768,
+    intermediate_size=6144,
+    num_experts=128,
+    num_experts_per_tok=8,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+)
 
 
 def table(title, header):
@@ -36,15 +44,20 @@ def table(title, header):
 
 
 def row(*cells):
-    print("| " + " | ".join(c if isinstance(c, str) else f"{c:.2f}" if isinstance(c, float) else str(c)
-                            for c in cells) + " |", flush=True)
+    print(
+        "| "
+        + " | ".join(c if isinstance(c, str) else f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells)
+        + " |",
+        flush=True,
+    )
 
 
 def build(torch, layers, bf16_experts):
     import transformers
 
-    cfg = transformers.Qwen3MoeConfig(num_hidden_layers=layers, max_position_embeddings=8192,
-                                      tie_word_embeddings=False, **QWEN3_30B)
+    cfg = transformers.Qwen3MoeConfig(
+        num_hidden_layers=layers, max_position_embeddings=8192, tie_word_embeddings=False, **QWEN3_30B
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -75,8 +88,10 @@ def sides(torch, vtt, seam, model, schemes, prompt):
             t0 = time.perf_counter()
             fp8 = convert(torch, vtt, seam, model, scheme, prompt)
             torch.cuda.synchronize()
-            print(f"converted {scheme} in {time.perf_counter() - t0:.1f} s; "
-                  f"{vtt.conversion_report(fp8).converted}", flush=True)
+            print(
+                f"converted {scheme} in {time.perf_counter() - t0:.1f} s; {vtt.conversion_report(fp8).converted}",
+                flush=True,
+            )
             out.append((scheme, fp8))
         except Exception as exc:  # a scheme the GPU path cannot run yet: say so, time the others
             print(f"convert {scheme} failed: {type(exc).__name__}: {exc}", flush=True)
@@ -84,6 +99,7 @@ def sides(torch, vtt, seam, model, schemes, prompt):
 
 
 # -- parts ---------------------------------------------------------------------------------------
+
 
 def generate_rate(torch, model, prompt, tokens):
     kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
@@ -95,11 +111,14 @@ def generate_rate(torch, model, prompt, tokens):
 
 
 def part_decode(torch, models, prompt, tokens, rounds):
-    table(f"eager generate, {tokens} tokens after a {prompt.shape[1]}-token prompt (tokens/s; best of {rounds} "
-          f"interleaved rounds)", ["side", "tokens/s", "vs bf16", "rounds"])
+    table(
+        f"eager generate, {tokens} tokens after a {prompt.shape[1]}-token prompt (tokens/s; best of {rounds} "
+        f"interleaved rounds)",
+        ["side", "tokens/s", "vs bf16", "rounds"],
+    )
     best = {name: [] for name, _ in models}
     with torch.no_grad():
-        for name, model in models:  # warm-up: binds, compiles, allocator
+        for _, model in models:  # warm-up: binds, compiles, allocator
             generate_rate(torch, model, prompt, min(tokens, 8))
         for _ in range(rounds):
             for name, model in models:
@@ -112,8 +131,10 @@ def part_decode(torch, models, prompt, tokens, rounds):
 def _static_cache(cfg, length, torch):
     from transformers import StaticCache
 
-    for kwargs in (dict(config=cfg, max_batch_size=1, max_cache_len=length, device="cuda", dtype=torch.bfloat16),
-                   dict(config=cfg, max_cache_len=length)):
+    for kwargs in (
+        dict(config=cfg, max_batch_size=1, max_cache_len=length, device="cuda", dtype=torch.bfloat16),
+        dict(config=cfg, max_cache_len=length),
+    ):
         try:
             return StaticCache(**kwargs)
         except TypeError:
@@ -132,8 +153,9 @@ def graph_rate(torch, model, cfg, prompt, tokens, rounds):
 
     def prefill():
         cache.reset()
-        logits = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(start, device="cuda"),
-                       use_cache=True).logits
+        logits = model(
+            input_ids=prompt, past_key_values=cache, cache_position=torch.arange(start, device="cuda"), use_cache=True
+        ).logits
         ids.copy_(logits[:, -1:].argmax(-1))
         position.fill_(start)
 
@@ -176,8 +198,10 @@ def device_ms(torch, fn, calls):
 
 
 def part_graph(torch, models, cfg, prompt, tokens, rounds):
-    table(f"decode step in a CUDA graph (static cache), {tokens} tokens (tokens/s, best of {rounds})",
-          ["side", "tokens/s", "vs bf16"])
+    table(
+        f"decode step in a CUDA graph (static cache), {tokens} tokens (tokens/s, best of {rounds})",
+        ["side", "tokens/s", "vs bf16"],
+    )
     base = None
     for name, model in models:
         try:
@@ -187,8 +211,10 @@ def part_graph(torch, models, cfg, prompt, tokens, rounds):
             continue
         base = rate if name == "bf16" else base
         row(name, rate, f"{rate / base:.2f}x" if base else "n/a")
-    table("MoE block (router + experts) under torch.compile(fullgraph=True) (device us per call)",
-          ["side", "T", "eager us", "compiled us", "bitwise equal", "graph breaks"])
+    table(
+        "MoE block (router + experts) under torch.compile(fullgraph=True) (device us per call)",
+        ["side", "T", "eager us", "compiled us", "bitwise equal", "graph breaks"],
+    )
     for name, model in models:
         block = model.model.layers[0].mlp
         for t in (1, 64):
@@ -207,8 +233,10 @@ def part_graph(torch, models, cfg, prompt, tokens, rounds):
 
 
 def part_prefill(torch, models, length, rounds):
-    table(f"prefill of a {length}-token prompt (device ms per forward, best of {rounds} interleaved rounds)",
-          ["side", "ms", "vs bf16"])
+    table(
+        f"prefill of a {length}-token prompt (device ms per forward, best of {rounds} interleaved rounds)",
+        ["side", "ms", "vs bf16"],
+    )
     prompt = torch.randint(0, QWEN3_30B["vocab_size"], (1, length), device="cuda")
     best = {}
     with torch.no_grad():
@@ -237,16 +265,20 @@ def part_profile(torch, models, prompt, length):
     from torch.profiler import ProfilerActivity, profile
 
     kinds = ["moe", "quant", "GEMM", "attention", "other"]
-    table("torch.profiler: GPU us of one eager decode step and one prefill, by kernel kind",
-          ["side", "call", *kinds, "total", "kernels"])
+    table(
+        "torch.profiler: GPU us of one eager decode step and one prefill, by kernel kind",
+        ["side", "call", *kinds, "total", "kernels"],
+    )
     tops = []
     long_prompt = torch.randint(0, QWEN3_30B["vocab_size"], (1, length), device="cuda")
     with torch.no_grad():
         for name, model in models:
             out = model(input_ids=prompt, use_cache=True)
             cache, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            calls = {"decode step": lambda: model(input_ids=ids, past_key_values=cache, use_cache=True),
-                     f"prefill {length}": lambda: model(input_ids=long_prompt, use_cache=False)}
+            calls = {
+                "decode step": lambda: model(input_ids=ids, past_key_values=cache, use_cache=True),
+                f"prefill {length}": lambda: model(input_ids=long_prompt, use_cache=False),
+            }
             for call, fn in calls.items():
                 fn()
                 torch.cuda.synchronize()
@@ -271,8 +303,11 @@ def part_profile(torch, models, prompt, length):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="decode,graph,prefill,profile")
-    ap.add_argument("--schemes", default="per_token,per_group,dynamic",
-                    help="comma-separated: dynamic, per_token, static, per_group, mxfp8")
+    ap.add_argument(
+        "--schemes",
+        default="per_token,per_group,dynamic",
+        help="comma-separated: dynamic, per_token, static, per_group, mxfp8",
+    )
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32, help="decode's prompt length")
@@ -292,9 +327,12 @@ def main():
     import vtnumba.torch as vtt
     from vtnumba import seam
 
-    print(f"# bench_torch_moe: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"transformers {__import__('transformers').__version__}, layers {args.layers}, bf16 experts "
-          f"{args.bf16_experts}", flush=True)
+    print(
+        f"# bench_torch_moe: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"transformers {__import__('transformers').__version__}, layers {args.layers}, bf16 experts "
+        f"{args.bf16_experts}",
+        flush=True,
+    )
     model, cfg = build(torch, args.layers, args.bf16_experts)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt), device="cuda")
     models = sides(torch, vtt, seam, model, [s for s in args.schemes.split(",") if s], prompt)

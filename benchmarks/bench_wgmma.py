@@ -19,19 +19,18 @@ import datetime
 import subprocess
 import sys
 
+import cupy as cp
 import ml_dtypes
 import numpy as np
-
-import cupy as cp
 import torch
+from bench_tensorcore import block_table, codes, row, table  # this directory: the tables and codes of the same issue
+
 from vtnumba.cuda import gemm
-from vtnumba.cuda.runtime import device
-from vtnumba.cuda.kernels import tc_gemm as tc
 from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg
+from vtnumba.cuda.kernels import tc_gemm as tc
+from vtnumba.cuda.runtime import device
 from vtnumba.profile import Ceilings, ProfileRecord, best_device_us, roofline_plot
 from vtnumba.testing import reference
-
-from bench_tensorcore import block_table, codes, row, table  # this directory: the tables and codes of the same issue
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OUT_F32, OUT_BF16 = 0, 2
@@ -54,8 +53,20 @@ def tc_fn(a, b, sa, sb, block=False):
     bm, bn = tc.tile_shape(cfg)
     y = cp.empty((m, n), dtype=cp.uint16)
     launcher = tc.gemm_launcher(cfg, tc.PER_MMA, block, True, False)
-    return lambda: launcher((-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, sa, 0, sb, 0,
-                            cp.zeros(1, dtype=cp.uint16), 0, y, OUT_BF16)
+    return lambda: launcher(
+        (-(-n // bn), -(-m // bm)),
+        32 * cfg.wm * cfg.wn,
+        a,
+        b,
+        sa,
+        0,
+        sb,
+        0,
+        cp.zeros(1, dtype=cp.uint16),
+        0,
+        y,
+        OUT_BF16,
+    )
 
 
 def timed_row(label, make, flops, nbytes, t_peer, repeats=10):
@@ -70,8 +81,10 @@ def timed_row(label, make, flops, nbytes, t_peer, repeats=10):
 
 
 def correctness():
-    table("0. correctness: worst |err| / bound against the float64 reference (NaN-poisoned outputs)",
-          ["shape M x N x K", "scales", "promotion", "config", "elements", "err / tensor_core_bound", "err / G3"])
+    table(
+        "0. correctness: worst |err| / bound against the float64 reference (NaN-poisoned outputs)",
+        ["shape M x N x K", "scales", "promotion", "config", "elements", "err / tensor_core_bound", "err / G3"],
+    )
     rng = np.random.default_rng(1)
     failures = 0
     for m, n, k in ((128, 128, 128), (200, 136, 272), (64, 96, 32), (333, 520, 1040), (256, 384, 4096)):
@@ -95,7 +108,7 @@ def correctness():
                 sbh = rng.uniform(0.5, 2.0, n).astype(np.float32)
                 ref, g3 = reference.scaled_mm(ah, bh, sah[:, None], sbh[None, :])
                 tcb = reference.tensor_core_bound(ah, bh, sah[:, None], sbh[None, :])
-            for promotion in (wg.PROMOTIONS if not block else (wg.PER_128,)):
+            for promotion in wg.PROMOTIONS if not block else (wg.PER_128,):
                 for name in ("128x128_s4", "64x128_s3_x2", "ws_128x128_s4"):
                     cfg = wg.WG_CONFIGS[name]
                     y = cp.full((m, n), cp.nan, dtype=cp.float32)
@@ -103,9 +116,20 @@ def correctness():
                     sb = cp.asarray(np.atleast_1d(sbh))
                     launcher = wg.gemm_launcher(cfg, promotion, block, True)
                     sa_step = 0 if block or scales == "tensor" else 1
-                    launcher((-(-n // cfg.bn), -(-m // wg.block_rows(cfg))), wg.threads(cfg), a, b, sa, sa_step, sb,
-                             sa_step,
-                             cp.zeros(1, dtype=cp.uint16), 0, y, OUT_F32)
+                    launcher(
+                        (-(-n // cfg.bn), -(-m // wg.block_rows(cfg))),
+                        wg.threads(cfg),
+                        a,
+                        b,
+                        sa,
+                        sa_step,
+                        sb,
+                        sa_step,
+                        cp.zeros(1, dtype=cp.uint16),
+                        0,
+                        y,
+                        OUT_F32,
+                    )
                     yh = y.get().astype(np.float64)
                     err = np.abs(yh - ref)
                     r_tc = float(np.max(err / tcb)) if np.isfinite(yh).all() else float("nan")
@@ -121,12 +145,15 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
     s = 4096
     a, ta = codes(gen, s, s)
     b, tb = codes(gen, s, s)
-    flops, nbytes = 2 * s ** 3, 2 * s * s + 2 * s * s
-    table("1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
-          ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"])
+    flops, nbytes = 2 * s**3, 2 * s * s + 2 * s * s
+    table(
+        "1. GEMM M = N = K = 4096, per-tensor scales, bf16 out",
+        ["kernel", "us", "TFLOP/s", "cuBLASLt / this (>= 0.5; ship >= 0.25)"],
+    )
     t_lt = best_device_us(lambda: gemm.scaled_mm(a, b, sa, sb, BF16, None, "cublaslt"), 20, 2)
-    t_torch = best_device_us(lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s,
-                                                      out_dtype=torch.bfloat16), 20, 2)
+    t_torch = best_device_us(
+        lambda: torch._scaled_mm(ta, tb.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 20, 2
+    )
     row("cuBLASLt (vtnumba)", f"{t_lt:.0f}", f"{flops / t_lt / 1e6:.0f}", "1.00")
     row("torch._scaled_mm", f"{t_torch:.0f}", f"{flops / t_torch / 1e6:.0f}", f"{t_lt / t_torch:.3f}")
     RECORDS.append(ProfileRecord("cuBLASLt", "cuda", "device", t_lt * 1e-6, t_lt * 1e-6, 20, flops=flops, bytes=nbytes))
@@ -134,47 +161,73 @@ def gemm_tables(gen, sa, sb, ta_s, tb_s):
     best = (float("inf"), None)
     for name, cfg in wg.WG_CONFIGS.items():
         for promotion in wg.PROMOTIONS:
-            t = timed_row(f"vt wgmma {name} ({promotion})", lambda: wg_fn(a, b, sa, sb, cfg, promotion), flops,
-                          nbytes, t_lt)
+            t = timed_row(
+                f"vt wgmma {name} ({promotion})", lambda: wg_fn(a, b, sa, sb, cfg, promotion), flops, nbytes, t_lt
+            )
             if t is not None and promotion == wg.PER_128 and t < best[0]:
                 best = (t, name)
     print(f"fastest wgmma configuration (per_128): {best[1]}", flush=True)
     BEST_NAME[0] = best[1] or "128x128_s4"
 
-    table("2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out",
-          ["kernel", "us", "TFLOP/s", "cuBLASLt / this"])
+    table(
+        "2. GEMM M = 4096, N x K = 28672 x 4096, per-tensor, bf16 out", ["kernel", "us", "TFLOP/s", "cuBLASLt / this"]
+    )
     n, k = 28672, 4096
     b2, tb2 = codes(gen, n, k)
     flops2, nbytes2 = 2 * s * n * k, s * k + n * k + 2 * s * n
     t_lt2 = best_device_us(lambda: gemm.scaled_mm(a, b2, sa, sb, BF16, None, "cublaslt"), 10, 2)
-    t_torch2 = best_device_us(lambda: torch._scaled_mm(ta, tb2.t(), scale_a=ta_s, scale_b=tb_s,
-                                                       out_dtype=torch.bfloat16), 10, 2)
+    t_torch2 = best_device_us(
+        lambda: torch._scaled_mm(ta, tb2.t(), scale_a=ta_s, scale_b=tb_s, out_dtype=torch.bfloat16), 10, 2
+    )
     row("cuBLASLt", f"{t_lt2:.0f}", f"{flops2 / t_lt2 / 1e6:.0f}", "1.00")
     row("torch._scaled_mm", f"{t_torch2:.0f}", f"{flops2 / t_torch2 / 1e6:.0f}", f"{t_lt2 / t_torch2:.3f}")
     for name in dict.fromkeys((best[1] or "128x128_s4", "128x128_s4")):
         for promotion in wg.PROMOTIONS:
-            timed_row(f"vt wgmma {name} ({promotion}) 28672",
-                      lambda: wg_fn(a, b2, sa, sb, wg.WG_CONFIGS[name], promotion),
-                      flops2, nbytes2, t_lt2, 5)
+            timed_row(
+                f"vt wgmma {name} ({promotion}) 28672",
+                lambda: wg_fn(a, b2, sa, sb, wg.WG_CONFIGS[name], promotion),
+                flops2,
+                nbytes2,
+                t_lt2,
+                5,
+            )
 
     sa_c, sb_c, t_tblk = block_table(gen, ta, tb, s, flops)  # [M, KB] m-contiguous, [NB, KB]
-    timed_row("vt mma.sync tc_gemm block (per_mma)", lambda: tc_fn(a, b, sa_c, sb_c, block=True), flops, nbytes,
-              t_tblk, 5)
+    timed_row(
+        "vt mma.sync tc_gemm block (per_mma)", lambda: tc_fn(a, b, sa_c, sb_c, block=True), flops, nbytes, t_tblk, 5
+    )
     sa_k = cp.ascontiguousarray(sa_c)  # [M, KB] k-contiguous: the layout ablation
     for name, cfg in wg.WG_CONFIGS.items():
         if 128 % cfg.bn == 0:
-            timed_row(f"vt wgmma {name} block (per_128)", lambda: wg_fn(a, b, sa_c, sb_c, cfg, wg.PER_128, block=True),
-                      flops, nbytes, t_tblk)
-    timed_row(f"vt wgmma {BEST_NAME[0]} block, k-contiguous scale_a",
-              lambda: wg_fn(a, b, sa_k, sb_c, wg.WG_CONFIGS[BEST_NAME[0]], wg.PER_128, block=True), flops, nbytes,
-              t_tblk)
+            timed_row(
+                f"vt wgmma {name} block (per_128)",
+                lambda: wg_fn(a, b, sa_c, sb_c, cfg, wg.PER_128, block=True),
+                flops,
+                nbytes,
+                t_tblk,
+            )
+    timed_row(
+        f"vt wgmma {BEST_NAME[0]} block, k-contiguous scale_a",
+        lambda: wg_fn(a, b, sa_k, sb_c, wg.WG_CONFIGS[BEST_NAME[0]], wg.PER_128, block=True),
+        flops,
+        nbytes,
+        t_tblk,
+    )
     return t_lt
 
 
 def accuracy_table():
-    table("4. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
-          ["K", "wgmma per_128", "wgmma per_wgmma", "mma.sync tc_gemm per_mma", "cuBLASLt",
-           "wgmma per_128 / tensor_core_bound"])
+    table(
+        "4. accuracy on uniformly drawn codes (magnitudes 2^-9 .. 448), M = N = 512: worst |err| / G3 bound",
+        [
+            "K",
+            "wgmma per_128",
+            "wgmma per_wgmma",
+            "mma.sync tc_gemm per_mma",
+            "cuBLASLt",
+            "wgmma per_128 / tensor_core_bound",
+        ],
+    )
     rng = np.random.default_rng(0)
     one = cp.ones(1, dtype=cp.float32)
     for k in (32, 256, 4096):
@@ -197,31 +250,55 @@ def accuracy_table():
         cfg = tc.GEMM_DEFAULT
         bm, bn = tc.tile_shape(cfg)
         y_tc = cp.full((512, 512), cp.nan, dtype=cp.float32)
-        tc.gemm_launcher(cfg, tc.PER_MMA, False, True, True)((-(-512 // bn), -(-512 // bm)), 32 * cfg.wm * cfg.wn,
-                                                             ad, bd, one, 0, one, 0, cp.zeros(1, cp.uint16), 0, y_tc, 0)
+        tc.gemm_launcher(cfg, tc.PER_MMA, False, True, True)(
+            (-(-512 // bn), -(-512 // bm)),
+            32 * cfg.wm * cfg.wn,
+            ad,
+            bd,
+            one,
+            0,
+            one,
+            0,
+            cp.zeros(1, cp.uint16),
+            0,
+            y_tc,
+            0,
+        )
         y_lt = gemm.scaled_mm(ad, bd, np.float32(1), np.float32(1), np.dtype(np.float32), None, "cublaslt").get()
-        row(k, *(f"{np.max(err(y) / bound):.3f}" for y in (*outs, y_tc.get(), y_lt)),
-            f"{np.max(err(outs[0]) / tcb):.4f}")
+        row(
+            k,
+            *(f"{np.max(err(y) / bound):.3f}" for y in (*outs, y_tc.get(), y_lt)),
+            f"{np.max(err(outs[0]) / tcb):.4f}",
+        )
 
 
 def roofline(t_lt, outdir):
     src = cp.ones(1 << 29, dtype=cp.uint8)
     dst = cp.empty_like(src)
     bw = 2 * src.nbytes / (best_device_us(lambda: cp.copyto(dst, src), 10, 2) * 1e-6)
-    peak = 2 * 4096 ** 3 / (t_lt * 1e-6)
-    table(f"5. roofline (copy {bw / 1e12:.2f} TB/s read + write; peak = cuBLASLt FP8 4096^3, "
-          f"{peak / 1e12:.0f} TFLOP/s)",
-          ["kernel", "FLOP/byte", "TFLOP/s", "roof TFLOP/s", "share of roof"])
+    peak = 2 * 4096**3 / (t_lt * 1e-6)
+    table(
+        f"5. roofline (copy {bw / 1e12:.2f} TB/s read + write; peak = cuBLASLt FP8 4096^3, {peak / 1e12:.0f} TFLOP/s)",
+        ["kernel", "FLOP/byte", "TFLOP/s", "roof TFLOP/s", "share of roof"],
+    )
     for r in RECORDS:
         roof = min(peak, r.intensity * bw)
         row(r.name, f"{r.intensity:.0f}", f"{r.gflops / 1e3:.0f}", f"{roof / 1e12:.0f}", f"{r.gflops * 1e9 / roof:.3f}")
     if outdir:
         try:
             ceilings = Ceilings("cuda", bw / 1e9, peak / 1e9, "cuBLASLt FP8 4096^3")
-            picked = [r for r in RECORDS if r.name in ("cuBLASLt", "vt mma.sync tc_gemm (per_mma)")
-                      or r.name.startswith(f"vt wgmma {BEST_NAME[0]} (")]
-            roofline_plot(picked, ceilings, path=f"{outdir}/roofline_wgmma.png",
-                          title="FP8 GEMM 4096^3 on the H200 (measured ceilings)")
+            picked = [
+                r
+                for r in RECORDS
+                if r.name in ("cuBLASLt", "vt mma.sync tc_gemm (per_mma)")
+                or r.name.startswith(f"vt wgmma {BEST_NAME[0]} (")
+            ]
+            roofline_plot(
+                picked,
+                ceilings,
+                path=f"{outdir}/roofline_wgmma.png",
+                title="FP8 GEMM 4096^3 on the H200 (measured ceilings)",
+            )
             print(f"roofline figure: {outdir}/roofline_wgmma.png")
         except Exception as exc:
             print(f"roofline figure not drawn: {exc.__class__.__name__}: {exc}")
@@ -230,9 +307,12 @@ def roofline(t_lt, outdir):
 def main(argv):
     outdir = argv[0] if argv else None
     cc = device.current().cc
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    now = datetime.datetime.now(datetime.timezone.utc)
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    now = datetime.datetime.now(datetime.UTC)
     print(f"# bench_wgmma {now:%Y-%m-%d %H:%M UTC} on {smi}; sm_{cc[0]}{cc[1]}")
     failures = correctness()
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -13,7 +13,8 @@ import numpy as np
 def main():
     import cupy
     import nvmath
-    from nvmath.bindings import cublas, cublasLt as lt
+    from nvmath.bindings import cublas
+    from nvmath.bindings import cublasLt as lt
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     print(f"GPU: {props['name'].decode()}, sm_{props['major']}{props['minor']}; cuBLASLt {lt.get_version()}")
@@ -39,16 +40,29 @@ def main():
         scales_b = cupy.full(m * k // 32 + 4096, 127, dtype=cupy.uint8)
         set_attr(A.A_SCALE_POINTER, scales_a.data.ptr, np.uint64)
         set_attr(A.B_SCALE_POINTER, scales_b.data.ptr, np.uint64)
-        layouts = [lt.matrix_layout_create(e4m3, k, n, k), lt.matrix_layout_create(e4m3, k, m, k),
-                   lt.matrix_layout_create(nvmath.CudaDataType.CUDA_R_16BF, n, m, n)]
+        layouts = [
+            lt.matrix_layout_create(e4m3, k, n, k),
+            lt.matrix_layout_create(e4m3, k, m, k),
+            lt.matrix_layout_create(nvmath.CudaDataType.CUDA_R_16BF, n, m, n),
+        ]
         pref = lt.matmul_preference_create()
         ws = np.array([32 << 20], dtype=np.uint64)
         lt.matmul_preference_set_attribute(pref, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, ws.ctypes.data, 8)
         heuristic = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)
         try:
-            lt.matmul_algo_get_heuristic(handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
-                                         heuristic.ctypes.data, count.ctypes.data)
+            lt.matmul_algo_get_heuristic(
+                handle,
+                desc,
+                layouts[0],
+                layouts[1],
+                layouts[2],
+                layouts[2],
+                pref,
+                1,
+                heuristic.ctypes.data,
+                count.ctypes.data,
+            )
             answer = f"{count[0]} plan(s)"
         except lt.cuBLASLtError as exc:
             answer = f"refused: {exc}"

@@ -47,6 +47,7 @@ CHUNK = 1 << 28  # G2: float32 patterns per launch (1 GiB in, 256 MiB out)
 # ================================================================================================
 # the parts (each runs in a child: python3 probe_numba_cuda_mlir.py --part NAME --target T ...)
 
+
 def _first_line(exc):
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -59,7 +60,7 @@ def _where(exc):
         return ""
     f = frames[-1]
     path = f.filename.replace("\\", "/")
-    return f"{path[path.rindex('vtnumba/'):]}:{f.lineno} in {f.name}"
+    return f"{path[path.rindex('vtnumba/') :]}:{f.lineno} in {f.name}"
 
 
 def _attempt(record, key, fn):
@@ -69,7 +70,12 @@ def _attempt(record, key, fn):
         value = fn()
         record[key] = {"ok": True, "value": value, "s": round(time.perf_counter() - t0, 2)}
     except BaseException as exc:  # noqa: BLE001 -- every failure is a result here
-        record[key] = {"ok": False, "error": _first_line(exc), "where": _where(exc), "s": round(time.perf_counter() - t0, 2)}
+        record[key] = {
+            "ok": False,
+            "error": _first_line(exc),
+            "where": _where(exc),
+            "s": round(time.perf_counter() - t0, 2),
+        }
         traceback.print_exc()
     print(key, json.dumps(record[key])[:400], flush=True)
     return record[key]
@@ -93,8 +99,9 @@ def _plain_kernels(target):
             # codec.encode_pair_hardware's rule, its llvmlite cvt intrinsic ported to inline_ptx
             nan = v != v
             c = min(max(v, -F32_E4M3_MAX), F32_E4M3_MAX)
-            pair = cuda.experimental.inline_ptx("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;",
-                                                "=h", np.uint16(0), "f", np.float32(0), "f", c)
+            pair = cuda.experimental.inline_ptx(
+                "cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;", "=h", np.uint16(0), "f", np.float32(0), "f", c
+            )
             return nan_code if nan else np.uint32(pair) & byte
     else:
         encode_hw = codec.encode_one("hardware")
@@ -102,6 +109,7 @@ def _plain_kernels(target):
     bits_float32 = codec.bits_float32
     kernels = {}
     for name, enc in encoders.items():
+
         def make(enc):
             @cuda.jit
             def q_f32(x, out, inv, n):
@@ -118,7 +126,9 @@ def _plain_kernels(target):
                 while i < n:
                     out[i] = np.uint8(enc(bits_float32(np.uint32(x[i]) << np.uint32(16)) * inv))
                     i += step
+
             return q_f32, q_bf16
+
         kernels[name] = make(enc)
     return kernels
 
@@ -137,6 +147,7 @@ def _launcher(kernel, cp):
             kernel[blocks, 256, cuda.external_stream(ptr)](x, out, np.float32(inv), np.int64(x.size))
         else:  # cupy's null stream is the legacy default stream, the dispatcher's default too
             kernel[blocks, 256](x, out, np.float32(inv), np.int64(x.size))
+
     return call
 
 
@@ -145,8 +156,22 @@ def part_env(target, out):
     import importlib.metadata as md
 
     rec["versions"] = {}
-    for dist in ("numpy", "numba", "numba-cuda", "numba-cuda-mlir", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings",
-                 "cuda-core", "nvmath-python", "torch", "llvmlite", "pytest", "pytest-xdist", "pytest-timeout"):
+    for dist in (
+        "numpy",
+        "numba",
+        "numba-cuda",
+        "numba-cuda-mlir",
+        "cupy-cuda13x",
+        "cupy-cuda12x",
+        "cuda-bindings",
+        "cuda-core",
+        "nvmath-python",
+        "torch",
+        "llvmlite",
+        "pytest",
+        "pytest-xdist",
+        "pytest-timeout",
+    ):
         try:
             rec["versions"][dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -171,6 +196,7 @@ def part_env(target, out):
             i = mod.grid(1)
             if i < a.size:
                 b[i] = a[i] * 2
+
         mod.jit(twice)[4, 256](x, y)
         cp.cuda.runtime.deviceSynchronize()
         ok_other = bool(cp.all(y == 2 * x))
@@ -179,6 +205,7 @@ def part_env(target, out):
         _launcher(kernels["portable"][0], cp)(x, codes)
         cp.cuda.runtime.deviceSynchronize()
         return {"other": other, "other_kernel_right": ok_other, "own_kernel_ran": int(codes[3]) != 0}
+
     _attempt(rec, "both_targets_in_one_process", both)
 
     from vtnumba.cuda.kernels import quant
@@ -205,13 +232,16 @@ def part_env(target, out):
             i = cuda_mod.grid(1)
             if i < x.size:
                 y[i] = x[i] + 1
+
         from vtnumba.cuda.ptx.target import cuda as cuda_mod
+
         k = compile_kernel(plain, (types.float32[::1], types.float32[::1]))
         x = cp.arange(256, dtype=cp.float32)
         y = cp.zeros_like(x)
         k(1, 256, x, y)
         cp.cuda.runtime.deviceSynchronize()
         return bool(cp.all(y == x + 1))
+
     _attempt(rec, "vtnumba_launcher_plain_kernel", launcher)
     return rec
 
@@ -235,8 +265,8 @@ def _thresholds():
 
 
 def part_g2(target, out):
-    import numpy as np
     import cupy as cp
+    import numpy as np
 
     import vtnumba.cuda as backend
 
@@ -252,13 +282,16 @@ def part_g2(target, out):
     runners = {}
     kernels = _plain_kernels(target)
     for enc in ("portable", "hardware"):
-        runners[f"vtnumba quantize_static {enc}"] = lambda x, enc=enc: backend.quantize_static(x, np.float32(1.0), encoder=enc)
+        runners[f"vtnumba quantize_static {enc}"] = lambda x, enc=enc: backend.quantize_static(
+            x, np.float32(1.0), encoder=enc
+        )
         launch = _launcher(kernels[enc][0], cp)
 
         def plain(x, launch=launch):
             got = cp.empty(x.size, dtype=cp.uint8)
             launch(x, got)
             return got
+
         runners[f"plain kernel {enc}"] = plain
     # a first small call per runner: one that cannot compile is recorded once, not per chunk
     probe = cp.arange(0, 1 << 20, dtype=cp.uint32).view(cp.float32)
@@ -288,18 +321,20 @@ def part_g2(target, out):
                 for p, k in zip(*pairs):
                     c["pairs"][f"{int(p) >> 8:#04x}->{int(p) & 0xFF:#04x}"] += int(k)
                 if len(c["first"]) < 5:
-                    c["first"] += [f"{start + int(i):#010x}" for i in cp.asnumpy(idx[:5 - len(c['first'])])]
+                    c["first"] += [f"{start + int(i):#010x}" for i in cp.asnumpy(idx[: 5 - len(c['first'])])]
             del got, bad
         del bits, want, nan
     rec["reference_nonzero_codes"] = nonzero
-    rec["exhaustive"] = {name: {**c, "pairs": dict(c["pairs"].most_common(8)), "distinct_pairs": len(c["pairs"])}
-                         for name, c in counts.items()}
+    rec["exhaustive"] = {
+        name: {**c, "pairs": dict(c["pairs"].most_common(8)), "distinct_pairs": len(c["pairs"])}
+        for name, c in counts.items()
+    }
     return rec
 
 
 def part_speed(target, out):
-    import numpy as np
     import cupy as cp
+    import numpy as np
 
     import vtnumba as vt
     from vtnumba import timing
@@ -344,8 +379,8 @@ def part_speed(target, out):
 
 
 def part_graph(target, out, which):
-    import numpy as np
     import cupy as cp
+    import numpy as np
 
     rec = {"target": target}
     x = cp.random.default_rng(0).standard_normal(1 << 20, dtype=cp.float32)
@@ -359,6 +394,7 @@ def part_graph(target, out, which):
             cp.cuda.runtime.deviceSynchronize()
             want = vt.quantize_fp8(cp.asnumpy(x), 0.5).data
             return {"replay_equals_cpu": bool(np.array_equal(cp.asnumpy(got), want))}
+
         _attempt(rec, "vtnumba.cuda.capture(quantize_fp8)", capture)
     else:
         kernels = _plain_kernels(target)
@@ -380,6 +416,7 @@ def part_graph(target, out, which):
                 graph.launch(stream)
             stream.synchronize()
             return {"replay_equals_direct": bool(cp.all(codes == want))}
+
         _attempt(rec, "plain kernel launch on a capturing cupy stream", capture)
     return rec
 
@@ -411,8 +448,22 @@ def _have(module):
 
 def run_suite(out, seconds, per_test, workers):
     env = _child_env(MLIR)
-    cmd = [sys.executable, "-m", "pytest", "tests/", "-m", "gpu", "-p", "no:cacheprovider", "-v", "-rfE",
-           "--tb=short", f"--junitxml={out / 'suite.xml'}", "-o", "junit_family=xunit1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/",
+        "-m",
+        "gpu",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rfE",
+        "--tb=short",
+        f"--junitxml={out / 'suite.xml'}",
+        "-o",
+        "junit_family=xunit1",
+    ]
     notes = []
     if workers > 1 and _have("xdist"):
         cmd += ["-n", str(workers)]
@@ -427,7 +478,9 @@ def run_suite(out, seconds, per_test, workers):
         env["PYTHONPATH"] = f"{plugin_dir}{os.pathsep}{env['PYTHONPATH']}"
         env["VT_TEST_TIMEOUT"] = str(per_test)
         cmd += ["-p", "vt_probe_timeout"]
-        notes.append("pytest-timeout missing: the per-test box is faulthandler's exit (the worker dies, xdist reports it)")
+        notes.append(
+            "pytest-timeout missing: the per-test box is faulthandler's exit (the worker dies, xdist reports it)"
+        )
     print("suite:", " ".join(cmd), flush=True)
     t0 = time.time()
     with open(out / "suite.log", "w") as log:
@@ -461,7 +514,7 @@ def summarize_suite(out):
     xml = out / "suite.xml"
     if xml.exists() and xml.stat().st_size:
         for tc in ET.parse(xml).getroot().iter("testcase"):
-            file = (tc.get("file") or tc.get("classname", "").replace(".", "/") + ".py")
+            file = tc.get("file") or tc.get("classname", "").replace(".", "/") + ".py"
             status, message, where = "passed", "", ""
             for tag in ("failure", "error", "skipped"):
                 el = tc.find(tag)
@@ -481,7 +534,9 @@ def summarize_suite(out):
             if node and status:
                 seen[node.group(0)] = (node.group(1), node.group(2), status.group(1).lower(), "", "")
             elif node:  # started, no outcome yet: it hung or its process died
-                seen.setdefault(node.group(0), (node.group(1), node.group(2), "error", "no outcome (hung or killed)", ""))
+                seen.setdefault(
+                    node.group(0), (node.group(1), node.group(2), "error", "no outcome (hung or killed)", "")
+                )
         cases = list(seen.values())
         source = "the -v log (no junit XML: pytest was killed)"
     per_file = defaultdict(Counter)
@@ -495,16 +550,25 @@ def summarize_suite(out):
             if where:
                 c["where"][where] += 1
             c["example"] = c["example"] or f"{Path(file).name}::{name}"
-    lines = [f"Source: {source}; {len(cases)} tests.", "",
-             "| file | passed | failed | error | skipped |", "|---|---|---|---|---|"]
+    lines = [
+        f"Source: {source}; {len(cases)} tests.",
+        "",
+        "| file | passed | failed | error | skipped |",
+        "|---|---|---|---|---|",
+    ]
     total = Counter()
     for file in sorted(per_file):
         c = per_file[file]
         total.update(c)
         lines.append(f"| {Path(file).name} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} |")
     lines.append(f"| **all** | {total['passed']} | {total['failed']} | {total['error']} | {total['skipped']} |")
-    lines += ["", "Failures by cause (message with numbers blurred; the vtnumba frames they came from):", "",
-              "| n | cause | vtnumba frame (count) | files | example |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Failures by cause (message with numbers blurred; the vtnumba frames they came from):",
+        "",
+        "| n | cause | vtnumba frame (count) | files | example |",
+        "|---|---|---|---|---|",
+    ]
     for msg, c in sorted(classes.items(), key=lambda kv: -kv[1]["n"]):
         where = ", ".join(f"{w} ({k})" for w, k in c["where"].most_common(4))
         files = ", ".join(sorted(c["files"])[:6]) + (" …" if len(c["files"]) > 6 else "")
@@ -514,6 +578,7 @@ def summarize_suite(out):
 
 # ================================================================================================
 # the driver
+
 
 def _child_env(target):
     env = dict(os.environ)
@@ -528,12 +593,23 @@ def run_part(out, part, target, seconds, extra=()):
     """One part in its own process and time box; its JSON result, or why there is none."""
     tag = f"{part}{'_' + extra[0] if extra else ''}_{target}"
     result = out / f"{tag}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--part", part, "--target", target,
-           "--result", str(result), *(["--which", extra[0]] if extra else [])]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        str(out),
+        "--part",
+        part,
+        "--target",
+        target,
+        "--result",
+        str(result),
+        *(["--which", extra[0]] if extra else []),
+    ]
     t0 = time.time()
     with open(out / f"{tag}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(target), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=_child_env(target), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=max(seconds, 1))
         except subprocess.TimeoutExpired:
@@ -560,8 +636,11 @@ def _cell(r):
 
 
 def report(out, results, suite_md, suite_info, t_start):
-    lines = [f"# numba-cuda-mlir probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"commit {os.environ.get('VT_COMMIT', '?')}, {round(time.time() - t_start)} s", ""]
+    lines = [
+        f"# numba-cuda-mlir probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"commit {os.environ.get('VT_COMMIT', '?')}, {round(time.time() - t_start)} s",
+        "",
+    ]
     for tag, data in results.items():
         lines.append(f"## {tag} (rc {data.get('_rc')}, {data.get('_wall_s')} s)")
         lines.append("")
@@ -574,14 +653,24 @@ def report(out, results, suite_md, suite_info, t_start):
                 lines += [f"- {key}:"] + [f"  - {k}: {_cell(v)}" for k, v in value.items()]
             elif key == "exhaustive":
                 for name, c in value.items():
-                    lines.append(f"- G2 {name}: {c['mismatches']} wrong codes of 2^32 ({c['nan_mismatches']} on NaN "
-                                 f"patterns), {c['distinct_pairs']} distinct want->got, most: {c['pairs']}, first: {c['first']}")
+                    lines.append(
+                        f"- G2 {name}: {c['mismatches']} wrong codes of 2^32 ({c['nan_mismatches']} on NaN "
+                        f"patterns), {c['distinct_pairs']} distinct want->got, most: {c['pairs']}, first: {c['first']}"
+                    )
             else:
                 lines.append(f"- {key}: {_cell(value)}")
         lines.append("")
     if suite_md is not None:
-        lines += [f"## suite under {MLIR} (rc {suite_info.get('rc')}, {suite_info.get('wall_s')} s)", "",
-                  f"`{suite_info.get('cmd', '')}`", ""] + [f"- {n}" for n in suite_info.get("notes", [])] + ["", suite_md]
+        lines += (
+            [
+                f"## suite under {MLIR} (rc {suite_info.get('rc')}, {suite_info.get('wall_s')} s)",
+                "",
+                f"`{suite_info.get('cmd', '')}`",
+                "",
+            ]
+            + [f"- {n}" for n in suite_info.get("notes", [])]
+            + ["", suite_md]
+        )
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text
@@ -590,8 +679,12 @@ def report(out, results, suite_md, suite_info, t_start):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder for logs, JSON, junit XML and summary.md")
-    ap.add_argument("--budget", type=float, default=510.0, help="seconds for everything (the suite gets what is left, <= 300)")
-    ap.add_argument("--parts", default="env,g2,speed,graph,suite", help="comma-separated subset of env,g2,speed,graph,suite")
+    ap.add_argument(
+        "--budget", type=float, default=510.0, help="seconds for everything (the suite gets what is left, <= 300)"
+    )
+    ap.add_argument(
+        "--parts", default="env,g2,speed,graph,suite", help="comma-separated subset of env,g2,speed,graph,suite"
+    )
     ap.add_argument("--workers", type=int, default=8, help="pytest-xdist workers for the suite")
     ap.add_argument("--per-test", type=int, default=90, help="seconds one test may take in the suite")
     ap.add_argument("--part", help=argparse.SUPPRESS)
@@ -618,9 +711,18 @@ def main():
     deadline = t_start + args.budget
     left = lambda: deadline - time.time()  # noqa: E731
     # (part, target, box in seconds, extra): numba-cuda-mlir first, numba-cuda as the control
-    plan = [("env", MLIR, 45), ("env", NC, 30), ("g2", MLIR, 50), ("g2", NC, 40), ("speed", NC, 40),
-            ("speed", MLIR, 40), ("graph", MLIR, 20, "plain"), ("graph", MLIR, 20, "vtnumba"),
-            ("graph", NC, 20, "plain"), ("graph", NC, 25, "vtnumba")]
+    plan = [
+        ("env", MLIR, 45),
+        ("env", NC, 30),
+        ("g2", MLIR, 50),
+        ("g2", NC, 40),
+        ("speed", NC, 40),
+        ("speed", MLIR, 40),
+        ("graph", MLIR, 20, "plain"),
+        ("graph", MLIR, 20, "vtnumba"),
+        ("graph", NC, 20, "plain"),
+        ("graph", NC, 25, "vtnumba"),
+    ]
     results = {}
     for part, target, box, *extra in plan:
         if part not in parts:

@@ -36,8 +36,9 @@ def main():
     b = cp.asarray(rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8))
     sa = cp.asarray(np.array([0.02], np.float32))
     sb = cp.asarray(np.array([0.001], np.float32))
-    weight = seam.ResidentFp8(seam.Fp8Weight(b.get(), np.float32(0.001), input_scale=np.float32(0.02),
-                                             activation_scheme="static"), "cuda")
+    weight = seam.ResidentFp8(
+        seam.Fp8Weight(b.get(), np.float32(0.001), input_scale=np.float32(0.02), activation_scheme="static"), "cuda"
+    )
     calls = {
         "vt.quantize_fp8 static": lambda: vt.quantize_fp8(x, 0.02),
         "vt.quantize_fp8 per-token": lambda: vt.quantize_fp8(x, per_token=True),

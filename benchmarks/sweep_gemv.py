@@ -5,15 +5,14 @@ in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/ker
 Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
 """
 
+import cupy as cp
 import ml_dtypes
 import numpy as np
 
-import cupy as cp
-
 from vtnumba.cuda import gemm
 from vtnumba.cuda.kernels import gemv
-from vtnumba.cuda.runtime import device
 from vtnumba.cuda.ptx.codec import hardware_available
+from vtnumba.cuda.runtime import device
 from vtnumba.profile import best_device_us as best_of
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

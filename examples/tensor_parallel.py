@@ -24,9 +24,11 @@ HIDDEN, INTER = 256, 1024
 
 def float_weights():
     rng = np.random.default_rng(0)
-    return ((rng.standard_normal((INTER, HIDDEN)) * 0.05).astype(np.float32),
-            (rng.standard_normal((HIDDEN, INTER)) * 0.05).astype(np.float32),
-            rng.standard_normal((8, HIDDEN)).astype(np.float32))
+    return (
+        (rng.standard_normal((INTER, HIDDEN)) * 0.05).astype(np.float32),
+        (rng.standard_normal((HIDDEN, INTER)) * 0.05).astype(np.float32),
+        rng.standard_normal((8, HIDDEN)).astype(np.float32),
+    )
 
 
 def with_torch():
@@ -41,8 +43,9 @@ def with_torch():
     dist.init_process_group("nccl" if gpu else "gloo")  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from torchrun
     rank, world = dist.get_rank(), dist.get_world_size()
     up, down, x = (torch.from_numpy(a) for a in float_weights())
-    model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, INTER, bias=False), torch.nn.SiLU(),
-                                torch.nn.Linear(INTER, HIDDEN, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(HIDDEN, INTER, bias=False), torch.nn.SiLU(), torch.nn.Linear(INTER, HIDDEN, bias=False)
+    )
     with torch.no_grad():
         model[0].weight.copy_(up)
         model[2].weight.copy_(down)
@@ -69,11 +72,15 @@ def with_cupy():
     uid = mpi.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
     comm = nccl.NcclCommunicator(world, uid, rank)
     up, down, x = float_weights()
-    up = seam.ColumnParallelLinearMethod(seam.Fp8Weight.from_float(up, per_channel=True, activation_scheme="per_token"),
-                                         rank, world)
-    down = seam.RowParallelLinearMethod(seam.Fp8Weight.from_float(down, per_channel=True,
-                                                                  activation_scheme="per_token"),
-                                        rank, world, seam.nccl_all_reduce(comm))
+    up = seam.ColumnParallelLinearMethod(
+        seam.Fp8Weight.from_float(up, per_channel=True, activation_scheme="per_token"), rank, world
+    )
+    down = seam.RowParallelLinearMethod(
+        seam.Fp8Weight.from_float(down, per_channel=True, activation_scheme="per_token"),
+        rank,
+        world,
+        seam.nccl_all_reduce(comm),
+    )
     h = up.apply(cp.asarray(x))
     h = h / (1 + cp.exp(-h))  # SiLU on this rank's features
     kr = INTER // world

@@ -13,7 +13,7 @@ import pytest
 UNDER_CUDASIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_unavailable_reason():
     """None when a real GPU is usable, else why not (the library's own check, so tests skip for
     exactly the reasons a user's GPU call would fail)."""

@@ -14,7 +14,12 @@ OUT_DTYPES = [F32, F16, BF16]
 BLOCK = 128
 # (out dtype, per-row x per-channel scales, bias dtype): the GPU tests' epilogue cases
 EPILOGUE_CASES = [
-    (F32, False, None), (F32, True, F32), (F16, True, F16), (F16, False, F32), (BF16, True, BF16), (BF16, False, None),
+    (F32, False, None),
+    (F32, True, F32),
+    (F16, True, F16),
+    (F16, False, F32),
+    (BF16, True, BF16),
+    (BF16, False, None),
 ]
 
 
@@ -57,7 +62,8 @@ def launch_tc_f32(tc, xp, config, promotion, chain, a, b):
     y = xp.full((m, n), xp.nan, dtype=xp.float32)
     one = xp.ones(1, xp.float32)
     tc.gemm_launcher(cfg, promotion, False, chain, True)(
-        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, xp.zeros(1, xp.uint16), 0, y, 0)
+        (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, xp.zeros(1, xp.uint16), 0, y, 0
+    )
     return y
 
 
@@ -97,7 +103,7 @@ def block_reference(a, b, scale_a, scale_b, bias=None):
     weight = np.zeros((m, n))
     for kb in range(-(-k // BLOCK)):
         ks = slice(kb * BLOCK, (kb + 1) * BLOCK)
-        s = sa[:, kb:kb + 1] * sb[:, kb][None, :]
+        s = sa[:, kb : kb + 1] * sb[:, kb][None, :]
         ref += (da[:, ks] @ db[:, ks].T) * s
         weight += (np.abs(da[:, ks]) @ np.abs(db[:, ks]).T) * np.abs(s)
     if bias is not None:
@@ -114,12 +120,12 @@ def group_quantize(x):
     codes = np.empty((m, k), dtype=np.uint8)
     scales = np.empty((m, kb), dtype=np.float32)
     for j in range(kb):
-        part = xf[:, j * BLOCK:(j + 1) * BLOCK]
+        part = xf[:, j * BLOCK : (j + 1) * BLOCK]
         mag = np.abs(part)
         amax = np.where(np.isfinite(mag), mag, np.float32(0)).max(axis=1, keepdims=True)
         s = (np.maximum(amax, np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
         scales[:, j] = s[:, 0]
-        codes[:, j * BLOCK:(j + 1) * BLOCK] = reference.encode((part / s).astype(np.float32))
+        codes[:, j * BLOCK : (j + 1) * BLOCK] = reference.encode((part / s).astype(np.float32))
     return codes, scales
 
 
@@ -145,8 +151,12 @@ cuda = types = mma = None  # bound by mma_layout_check (module globals: the simu
 
 
 def _pack(codes, row, k0):
-    return (np.uint32(codes[row, k0]) | (np.uint32(codes[row, k0 + 1]) << np.uint32(8))
-            | (np.uint32(codes[row, k0 + 2]) << np.uint32(16)) | (np.uint32(codes[row, k0 + 3]) << np.uint32(24)))
+    return (
+        np.uint32(codes[row, k0])
+        | (np.uint32(codes[row, k0 + 1]) << np.uint32(8))
+        | (np.uint32(codes[row, k0 + 2]) << np.uint32(16))
+        | (np.uint32(codes[row, k0 + 3]) << np.uint32(24))
+    )
 
 
 def _pack16(bits, row, k0):
@@ -166,9 +176,20 @@ def _layout_kernel(mma_fn, pack, per_register):
         k = per_register * (lane % 4)
         t2 = 2 * (lane % 4)
         d0, d1, d2, d3 = mma_fn(
-            pack(a, g, k), pack(a, g + 8, k), pack(a, g, k + half), pack(a, g + 8, k + half),
-            pack(b, g, k), pack(b, g, k + half),
-            c[g, t2], c[g, t2 + 1], c[g + 8, t2], c[g + 8, t2 + 1], scratch, 0, lane)
+            pack(a, g, k),
+            pack(a, g + 8, k),
+            pack(a, g, k + half),
+            pack(a, g + 8, k + half),
+            pack(b, g, k),
+            pack(b, g, k + half),
+            c[g, t2],
+            c[g, t2 + 1],
+            c[g + 8, t2],
+            c[g + 8, t2 + 1],
+            scratch,
+            0,
+            lane,
+        )
         d[g, t2] = d0
         d[g, t2 + 1] = d1
         d[g + 8, t2] = d2
@@ -188,7 +209,8 @@ def _cvt_kernel(words, out):
 def _bind():
     global cuda, types, mma
     from vtnumba.cuda.ptx import mma as mma_module
-    from vtnumba.cuda.ptx.target import cuda as cuda_module, types as types_module
+    from vtnumba.cuda.ptx.target import cuda as cuda_module
+    from vtnumba.cuda.ptx.target import types as types_module
 
     cuda, types, mma = cuda_module, types_module, mma_module
 

@@ -23,9 +23,16 @@ CANNOT_SET_UP = 3
 @pytest.mark.slow
 def test_aarch64_by_emulation(tmp_path):
     if platform.machine() not in ("x86_64", "aarch64"):
-        pytest.skip(f"the emulation recipe is for x86-64 hosts (and runs natively on aarch64), got {platform.machine()}")
-    proc = subprocess.run(["bash", str(ROOT / "tools" / "arm64" / "run.sh")], capture_output=True, text=True,
-                          timeout=2700, env=dict(os.environ, VT_ARM64_OUT=str(tmp_path)))
+        pytest.skip(
+            f"the emulation recipe is for x86-64 hosts (and runs natively on aarch64), got {platform.machine()}"
+        )
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "arm64" / "run.sh")],
+        capture_output=True,
+        text=True,
+        timeout=2700,
+        env=dict(os.environ, VT_ARM64_OUT=str(tmp_path)),
+    )
     if proc.returncode == CANNOT_SET_UP:
         pytest.skip((proc.stderr.strip().splitlines() or ["tools/arm64/run.sh could not set up"])[-1])
     log = proc.stdout + proc.stderr

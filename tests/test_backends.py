@@ -11,12 +11,13 @@ import vtnumba
 from vtnumba import ops
 
 ROOT = pathlib.Path(vtnumba.__file__).parent
-PROTOCOL_FUNCTIONS = [name for name, value in vars(ops.Backend).items()
-                      if inspect.isfunction(value) and not name.startswith("_")]
+PROTOCOL_FUNCTIONS = [
+    name for name, value in vars(ops.Backend).items() if inspect.isfunction(value) and not name.startswith("_")
+]
 
 
 def _positional(fn, skip_self=False):
-    params = list(inspect.signature(fn).parameters.values())[1 if skip_self else 0:]
+    params = list(inspect.signature(fn).parameters.values())[1 if skip_self else 0 :]
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
@@ -43,7 +44,10 @@ def test_every_backend_call_the_boundary_makes_is_in_the_protocol():
 def test_no_backend_imports_the_op_boundary(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert files
-    imports_ops = re.compile(r"^\s*(from \.\.(ops)? import .*\bops\b|from \.\.ops\b|import vtnumba\.ops\b|"
-                             r"from vtnumba(\.ops)? import .*\bops\b|from vtnumba\.ops\b|.*import_module\(.*ops)", re.M)
+    imports_ops = re.compile(
+        r"^\s*(from \.\.(ops)? import .*\bops\b|from \.\.ops\b|import vtnumba\.ops\b|"
+        r"from vtnumba(\.ops)? import .*\bops\b|from vtnumba\.ops\b|.*import_module\(.*ops)",
+        re.M,
+    )
     for path in files:
         assert not imports_ops.search(path.read_text()), path.name

@@ -68,8 +68,9 @@ def tie_rows(group_size, rng, amaxes=(448.0, 1.0, 0.0092 * 448, 7.25 * 448, 3.0e
     neighbours, or +-0 (constructed per group through the divide), both signs. Returns float32 [rows, K]
     and how many constructed elements it holds."""
     grid = reference.GRID
-    targets = np.concatenate([(grid[:-1] + grid[1:]) / 2.0, np.arange(9) * 2.0 ** -9,
-                              np.arange(8) * 2.0 ** -9 + 2.0 ** -10, [448.0, 2.0 ** -6, 0.0]]).astype(F32)
+    targets = np.concatenate(
+        [(grid[:-1] + grid[1:]) / 2.0, np.arange(9) * 2.0**-9, np.arange(8) * 2.0**-9 + 2.0**-10, [448.0, 2.0**-6, 0.0]]
+    ).astype(F32)
     targets = np.concatenate([targets, -targets])
     rows, constructed = [], 0
     for amax in amaxes:
@@ -82,9 +83,9 @@ def tie_rows(group_size, rng, amaxes=(448.0, 1.0, 0.0092 * 448, 7.25 * 448, 3.0e
         groups = -(-values.size // per_group)
         row = np.zeros(groups * group_size, dtype=F32)
         for j in range(groups):
-            chunk = values[j * per_group:(j + 1) * per_group]
+            chunk = values[j * per_group : (j + 1) * per_group]
             row[j * group_size] = F32(amax) * (1 if j % 2 else -1)
-            row[j * group_size + 1:j * group_size + 1 + chunk.size] = chunk
+            row[j * group_size + 1 : j * group_size + 1 + chunk.size] = chunk
         rows.append(row)
     width = max(r.size for r in rows)
     return np.stack([np.pad(r, (0, width - r.size)) for r in rows]), constructed
@@ -96,8 +97,10 @@ def assert_same_group_quant(x, group_size, ue8m0=False, column_major=False):
     assert codes.shape == x.shape and codes.dtype == np.uint8
     assert scales.shape == want.scale.shape and scales.dtype == np.float32
     bad = np.flatnonzero(codes.reshape(-1) != want.data.reshape(-1))
-    assert bad.size == 0, (f"{bad.size} codes differ, first at {bad[0]}: x={x.reshape(-1)[bad[0]]!r} "
-                           f"got {codes.reshape(-1)[bad[0]]:#04x} want {want.data.reshape(-1)[bad[0]]:#04x}")
+    assert bad.size == 0, (
+        f"{bad.size} codes differ, first at {bad[0]}: x={x.reshape(-1)[bad[0]]!r} "
+        f"got {codes.reshape(-1)[bad[0]]:#04x} want {want.data.reshape(-1)[bad[0]]:#04x}"
+    )
     np.testing.assert_array_equal(scales.view(np.uint32), want.scale.view(np.uint32))
     assert np.count_nonzero(codes & 0x7F) > 0, "every code is +-0: compared nothing"
     return codes, scales
@@ -126,10 +129,10 @@ def test_group_quant_matches_upstream_native_formula(dtype, ue8m0):
     rng = np.random.default_rng(7)
     m, k, g = 37, 512, 128
     decades = 3 if dtype == np.float16 else 6  # float16 tops out at 65504
-    x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-decades, decades, size=(m, k // g)).repeat(g, axis=1))
+    x = rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-decades, decades, size=(m, k // g)).repeat(g, axis=1)
     x = x.astype(F32).astype(dtype)
     ties, _ = tie_rows(g, rng)
-    ties = ties[:, :ties.shape[1] // g * g].astype(dtype)
+    ties = ties[:, : ties.shape[1] // g * g].astype(dtype)
     compared = 0
     for xs in (x, ties):
         codes, scales = block.quantize_per_group(xs, g, ue8m0)
@@ -143,7 +146,7 @@ def test_group_quant_matches_upstream_native_formula(dtype, ue8m0):
             tiny[:] = False  # float32's eps is the same on both sides
         else:
             assert tiny.any() == (xs is ties), "the eps case must appear in the ties rows (their zero padding)"
-            np.testing.assert_array_equal(scales[tiny], F32(2.0 ** -33) if ue8m0 else F32(F32(1e-10) / F32(448.0)))
+            np.testing.assert_array_equal(scales[tiny], F32(2.0**-33) if ue8m0 else F32(F32(1e-10) / F32(448.0)))
         keep = ~np.repeat(tiny, g, axis=-1)
         np.testing.assert_array_equal(scales[~tiny], want_scales[~tiny])
         np.testing.assert_array_equal(codes[keep], want_codes[keep])
@@ -156,11 +159,45 @@ def test_group_quant_nan_inf_zero_groups():
     (vtnumba's finite-amax rule, DESIGN.md); an all-zero or all-non-finite group gets the eps scale
     float32(1e-10) / 448, and -0.0 encodes to 0x80."""
     g = 8
-    x = np.array([[np.nan, 1.0, -2.0, np.inf, 0.5, -np.inf, 0.0, -0.0,    # group 0: amax 2
-                   0.0, -0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,                # group 1: all zero
-                   np.nan, np.inf, -np.inf, np.nan, 0.0, -0.0, 0.0, 0.0,    # group 2: nothing finite but 0
-                   448.0, 1e30, -3.4e38, 1.0, 2.0, 3.0, 4.0, 5.0]],          # group 3: amax 3.4e38
-                 dtype=F32)
+    x = np.array(
+        [
+            [
+                np.nan,
+                1.0,
+                -2.0,
+                np.inf,
+                0.5,
+                -np.inf,
+                0.0,
+                -0.0,  # group 0: amax 2
+                0.0,
+                -0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,  # group 1: all zero
+                np.nan,
+                np.inf,
+                -np.inf,
+                np.nan,
+                0.0,
+                -0.0,
+                0.0,
+                0.0,  # group 2: nothing finite but 0
+                448.0,
+                1e30,
+                -3.4e38,
+                1.0,
+                2.0,
+                3.0,
+                4.0,
+                5.0,
+            ]
+        ],  # group 3: amax 3.4e38
+        dtype=F32,
+    )
     codes, scales = assert_same_group_quant(x, g)
     eps_scale = F32(F32(1e-10) / F32(448.0))
     assert scales[0, 0] == F32(2.0) / F32(448.0) and scales[0, 1] == eps_scale and scales[0, 2] == eps_scale
@@ -183,7 +220,7 @@ def test_group_quant_short_last_group_and_shapes(dtype, k, g):
     x = x.astype(dtype)
     codes, scales = assert_same_group_quant(x, g)
     assert scales.shape == (3, 5, -(-k // g))
-    last = x[..., (k - 1) // g * g:].astype(F32)
+    last = x[..., (k - 1) // g * g :].astype(F32)
     np.testing.assert_array_equal(scales[..., -1], (np.abs(last).max(axis=-1) / F32(448.0)).astype(F32))
 
 
@@ -226,22 +263,28 @@ def test_ue8m0_rounds_up_even_just_above_a_power_of_two():
     """amax = 448 * 2^-10 * (1 + 2^-23) gives the scale 2^-10 * (1 + 2^-23): rounded up it is 2^-9.
     (A float32 log2 returns exactly -10 for it, so ``exp2(ceil(log2f(s)))`` keeps 2^-10 there; upstream's
     register kernel and DeepGEMM's ceil_to_ue8m0 bump the exponent, as we do.)"""
-    s = F32(2.0 ** -10) * (F32(1) + F32(2.0 ** -23))
+    s = F32(2.0**-10) * (F32(1) + F32(2.0**-23))
     assert np.log2(s) == F32(-10.0)  # the float32 log rounds the excess away
     amax = F32(s * F32(448.0))
     assert F32(amax / F32(448.0)) == s
     x = np.zeros((1, 128), dtype=F32)
     x[0, 0] = amax
     _, scales = assert_same_group_quant(x, 128, ue8m0=True)
-    assert scales[0, 0] == F32(2.0 ** -9)
+    assert scales[0, 0] == F32(2.0**-9)
     # and at 1e-10 / 448 (an all-zero group) the UE8M0 scale is the one above 1e-10: 2^-33
     _, zero_scale = block.quantize_per_group(np.zeros((1, 128), F32), 128, scale_ue8m0=True)
-    assert zero_scale[0, 0] == F32(2.0 ** -33)
+    assert zero_scale[0, 0] == F32(2.0**-33)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 70), st.integers(1, 40), st.booleans(), st.sampled_from(INPUT_DTYPES),
-       st.integers(0, 2 ** 32 - 1))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 70),
+    st.integers(1, 40),
+    st.booleans(),
+    st.sampled_from(INPUT_DTYPES),
+    st.integers(0, 2**32 - 1),
+)
 def test_group_quant_property(m, k, g, ue8m0, dtype, seed):
     """Random shapes and group sizes; values spread over 40 decades, with NaN, inf and zeros."""
     rng = np.random.default_rng(seed)
@@ -290,21 +333,34 @@ def assert_block_g3(y, a, b, sa, sb, block_size, bias=None, out_dtype=np.float32
     np.testing.assert_array_equal(np.isnan(yf), nan, err_msg="NaN where the reference has none, or the reverse")
     allowed = bound + reference.out_rounding(ref, out_dtype)
     err = np.abs(yf - ref)
-    top = float(np.finfo(np.float16).max) if np.dtype(out_dtype) == np.float16 else float(ml_dtypes.finfo(out_dtype).max)
+    top = (
+        float(np.finfo(np.float16).max) if np.dtype(out_dtype) == np.float16 else float(ml_dtypes.finfo(out_dtype).max)
+    )
     overflow = np.isinf(yf) & (np.sign(yf) == np.sign(ref)) & (np.abs(ref) + allowed >= top)
     bad = ~nan & ~((err <= allowed) | overflow)
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"G3 per block violated at {i}: y={y[i]!r} ref={ref[i]!r} err={err[i]:.3g} "
-                             f"allowed={allowed[i]:.3g} ({int(bad.sum())} of {bad.size} elements)")
+        raise AssertionError(
+            f"G3 per block violated at {i}: y={y[i]!r} ref={ref[i]!r} err={err[i]:.3g} "
+            f"allowed={allowed[i]:.3g} ({int(bad.sum())} of {bad.size} elements)"
+        )
     compared = int((~nan).sum())
     assert compared > 0 and np.count_nonzero(ref[~nan]) > 0, "compared nothing non-zero"
     return compared
 
 
-SHAPES = [(1, 256, 256, (128, 128)), (1, 37, 300, (16, 128)), (3, 130, 129, (128, 128)), (5, 17, 77, (4, 16)),
-          (17, 45, 260, (32, 64)), (70, 33, 129, (128, 128)), (64, 130, 300, (64, 128)), (2, 5, 1, (3, 1)),
-          (9, 10, 50, (3, 7)), (6, 9, 2000, (5, 1500))]
+SHAPES = [
+    (1, 256, 256, (128, 128)),
+    (1, 37, 300, (16, 128)),
+    (3, 130, 129, (128, 128)),
+    (5, 17, 77, (4, 16)),
+    (17, 45, 260, (32, 64)),
+    (70, 33, 129, (128, 128)),
+    (64, 130, 300, (64, 128)),
+    (2, 5, 1, (3, 1)),
+    (9, 10, 50, (3, 7)),
+    (6, 9, 2000, (5, 1500)),
+]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -342,14 +398,16 @@ def test_block_gemm_extreme_scale_ranges(kernel):
     m, n, k, blk = 6, 40, 640, (8, 64)
     a, b = random_codes(rng, (m, k)), random_codes(rng, (n, k))
     sa, sb = block_scales(rng, m, n, k, *blk, decades=(-15, 15))
-    compared = assert_block_g3(block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), None, kernel),
-                               a, b, sa, sb, blk)
+    compared = assert_block_g3(
+        block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), None, kernel), a, b, sa, sb, blk
+    )
     nkb = k // blk[1]
     e = rng.uniform(-30, 30, size=nkb)  # per K-block: sa ~ 10^e, sb ~ 10^-e
     sa = (10.0 ** (e[None, :] + rng.uniform(-3, 3, size=(m, nkb)))).astype(F32)
     sb = (10.0 ** (-e[None, :] + rng.uniform(-3, 3, size=(n // blk[0], nkb)))).astype(F32)
-    compared += assert_block_g3(block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), None, kernel),
-                                a, b, sa, sb, blk)
+    compared += assert_block_g3(
+        block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), None, kernel), a, b, sa, sb, blk
+    )
     tiny_sa, tiny_sb = (sa * F32(1e-20)).astype(F32), (sb * F32(1e-22)).astype(F32)
     y = block.block_scaled_mm(a, b, tiny_sa, tiny_sb, blk, np.dtype(np.float32), None, kernel)
     assert np.any((y != 0) & (np.abs(y) < np.finfo(F32).tiny)), "no subnormal result: the tiny case is vacuous"
@@ -358,8 +416,17 @@ def test_block_gemm_extreme_scale_ranges(kernel):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 20), st.integers(1, 40), st.integers(1, 90), st.integers(1, 40), st.integers(1, 40),
-       st.sampled_from(KERNELS), st.sampled_from(OUT_DTYPES), st.booleans(), st.integers(0, 2 ** 32 - 1))
+@given(
+    st.integers(1, 20),
+    st.integers(1, 40),
+    st.integers(1, 90),
+    st.integers(1, 40),
+    st.integers(1, 40),
+    st.sampled_from(KERNELS),
+    st.sampled_from(OUT_DTYPES),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
 def test_block_gemm_property(m, n, k, bn, bk, kernel, out_dtype, with_bias, seed):
     """Random block sizes (N and K rarely multiples of them), shapes, kernels, out dtypes, bias, and
     scales over 20 decades."""
@@ -490,8 +557,8 @@ def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m):
     for kb in range(-(-k // blk[1])):
         lo, hi = kb * blk[1], min(k, (kb + 1) * blk[1])
         p = (da[:, lo:hi] @ db[:, lo:hi].T).astype(F32)  # exact: multiples of 1/64 below 2^14
-        want = want + (p * sa[:, kb:kb + 1]) * sb_rows[None, :, kb]
-        folded = folded + p * (sa[:, kb:kb + 1] * sb_rows[None, :, kb])
+        want = want + (p * sa[:, kb : kb + 1]) * sb_rows[None, :, kb]
+        folded = folded + p * (sa[:, kb : kb + 1] * sb_rows[None, :, kb])
     want, folded = want + bias, folded + bias
     assert np.any(want != folded), "the data cannot tell the order apart: the test would be vacuous"
     got = block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), bias, kernel)

@@ -57,8 +57,15 @@ def test_every_block_kernel_within_its_bound(cp, kernel, m, codes):
     a, b = make(rng, (m, k)), make(rng, (n, k))
     sa = rng.uniform(1e-3, 1e-1, size=(m, k // 128)).astype(np.float32)
     sb = rng.uniform(1e-4, 1e-2, size=(n // 128, k // 128)).astype(np.float32)
-    y = vt.scaled_mm(cp.asarray(a), cp.asarray(b), cp.asarray(sa), cp.asarray(sb), out_dtype=BF16,
-                     block_size=(128, 128), kernel=kernel)
+    y = vt.scaled_mm(
+        cp.asarray(a),
+        cp.asarray(b),
+        cp.asarray(sa),
+        cp.asarray(sb),
+        out_dtype=BF16,
+        block_size=(128, 128),
+        kernel=kernel,
+    )
     compared = assert_block_g3(y, a, b, sa, sb, (128, 128), None, BF16, tensor_core=kernel == "cublaslt_block")
     assert compared > m * n // 2
 
@@ -89,8 +96,9 @@ def test_block_kernel_choice_follows_capability(cp, monkeypatch):
 def test_seam_per_group_on_the_gpu(cp, monkeypatch, m, lever):
     monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", lever)
     rng = np.random.default_rng(4)
-    w_host = seam.Fp8Weight.from_float((rng.standard_normal((512, 768)) * 0.05).astype(np.float32),
-                                       block_size=(128, 128))
+    w_host = seam.Fp8Weight.from_float(
+        (rng.standard_normal((512, 768)) * 0.05).astype(np.float32), block_size=(128, 128)
+    )
     layer = seam.make_linear_method(seam.ResidentFp8(w_host, "cuda"))
     x = to_device(rng.standard_normal((m, 768)).astype(BF16), "cuda")
     y = layer.apply(x)
@@ -98,6 +106,7 @@ def test_seam_per_group_on_the_gpu(cp, monkeypatch, m, lever):
     np.testing.assert_array_equal(to_host(y).view(np.uint16), to_host(layer.apply_prequant(q, BF16)).view(np.uint16))
     qh = vt.quantize_fp8(to_host(x), group_size=128)
     np.testing.assert_array_equal(to_host(q.data), qh.data)
-    compared = assert_block_g3(y, qh.data, w_host.data, qh.scale, w_host.weight_scale, (128, 128), None, BF16,
-                               tensor_core=lever == "1")
+    compared = assert_block_g3(
+        y, qh.data, w_host.data, qh.scale, w_host.weight_scale, (128, 128), None, BF16, tensor_core=lever == "1"
+    )
     assert compared > m * 512 // 2

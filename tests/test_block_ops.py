@@ -25,7 +25,7 @@ def block_problems(draw):
     k = draw(st.integers(1, 160))
     bn = draw(st.integers(1, 64))
     bk = draw(st.integers(1, 64))
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-3, 3, size=(m, 1))).astype(np.float32)
     w = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8) | (rng.integers(0, 2, size=(n, k), dtype=np.uint8) << 7)
     sb = (10.0 ** rng.uniform(-8, 4, size=(-(-n // bn), -(-k // bk)))).astype(np.float32)
@@ -88,8 +88,9 @@ def test_bad_block_inputs_are_refused_by_name():
 
 def test_seam_per_group_scheme_matches_prequant_and_refuses_mismatches():
     rng = np.random.default_rng(2)
-    w = seam.Fp8Weight.from_float(rng.standard_normal((260, 384)).astype(np.float32) * 0.05, block_size=(128, 128),
-                                  scale_ue8m0=True)
+    w = seam.Fp8Weight.from_float(
+        rng.standard_normal((260, 384)).astype(np.float32) * 0.05, block_size=(128, 128), scale_ue8m0=True
+    )
     x = rng.standard_normal((2, 5, 384)).astype(np.float32)  # [..., K]
     y = seam.matmul_fp8(x, w)
     q = seam.quantize_activation(x.reshape(-1, 384), w)

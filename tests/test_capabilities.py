@@ -6,8 +6,8 @@ import json
 import pytest
 
 import vtnumba.cuda
-from vtnumba.cuda.runtime import cublaslt
 from vtnumba.cuda.capabilities import PATHS, Capabilities, capabilities, path_rules, version_text
+from vtnumba.cuda.runtime import cublaslt
 
 KEYS = [key for key, _ in PATHS]
 CUBLASLT_12_9, CUBLASLT_13_1, CUBLASLT_12_8 = 120900, 130100, 120800
@@ -24,8 +24,13 @@ def test_hopper_h100_h200_runs_every_path_but_sm12x_s():
     assert runs(path_rules((9, 0), CUBLASLT_13_1)) == set(KEYS) - {"tensor_core_block_scaled_mma"}
     # before cuBLASLt 12.9: per-tensor only among the cuBLASLt modes
     old = path_rules((9, 0), CUBLASLT_12_8)
-    assert runs(old) == {"cublaslt_per_tensor", "hardware_e4m3_cvt", "tensor_core_mma", "tensor_core_wgmma",
-                         "mxfp8_tensor_core"}
+    assert runs(old) == {
+        "cublaslt_per_tensor",
+        "hardware_e4m3_cvt",
+        "tensor_core_mma",
+        "tensor_core_wgmma",
+        "mxfp8_tensor_core",
+    }
     assert "cuBLASLt >= 12.9" in old["cublaslt_outer_vector"] and "cuBLASLt >= 12.9" in old["cublaslt_block_128x128"]
     assert "12.8.0" in old["cublaslt_block_128x128"]
 
@@ -37,8 +42,9 @@ def test_gb10_has_no_128x128_block_mode_and_takes_the_block_scaled_mma():
         assert rules["tensor_core_block_scaled_mma"] is None and rules["mxfp8_tensor_core"] is None
     assert "sm_120a / sm_121a" in path_rules((10, 0), CUBLASLT_13_1)["tensor_core_block_scaled_mma"]
     rules = path_rules((12, 1), CUBLASLT_13_1)
-    assert rules["tensor_core_wgmma"] == ("wgmma is an sm_90a instruction (arch-specific: Hopper only), "
-                                          "this GPU is sm_121")
+    assert rules["tensor_core_wgmma"] == (
+        "wgmma is an sm_90a instruction (arch-specific: Hopper only), this GPU is sm_121"
+    )
     why = rules["cublaslt_block_128x128"]
     assert "Hopper (sm_90) only" in why and "sm_121" in why and "MXFP8" in why
 
@@ -86,7 +92,9 @@ def test_rules_agree_with_the_paths_that_use_them(cc):
         # the block-scaled mma: the rule the tensor-core kernels' mma choice applies
         from vtnumba.cuda.kernels.tc_gemm import mma_kind_for
 
-        assert (rules["tensor_core_block_scaled_mma"] is None) == (mma_kind_for(cc) == "unit" and mma_kind_for(cc, True) == "mx")
+        assert (rules["tensor_core_block_scaled_mma"] is None) == (
+            mma_kind_for(cc) == "unit" and mma_kind_for(cc, True) == "mx"
+        )
         assert (rules["tensor_core_wgmma"] is None) == wgmma_available(cc)
 
 
@@ -177,8 +185,9 @@ def test_the_report_names_the_moe_paths():
 
     for cc, tensor_core in (((9, 0), True), ((8, 0), False)):
         rules = path_rules(cc, CUBLASLT_13_1)
-        caps = Capabilities("GPU", cc, 132, "13.0", "13.0", "13.1.0", rules,
-                            moe_paths=moe_path_rules(cc, rules["cublaslt_per_tensor"]))
+        caps = Capabilities(
+            "GPU", cc, 132, "13.0", "13.0", "13.1.0", rules, moe_paths=moe_path_rules(cc, rules["cublaslt_per_tensor"])
+        )
         lines = str(caps).splitlines()
         assert len(lines) == 1 + len(PATHS) + len(MOE_PATHS)
         assert any("MoE grouped GEMM on CUDA cores" in line and line.endswith("yes") for line in lines)

@@ -65,8 +65,21 @@ def test_g3_every_m_below_128(kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("shape", [(1, 256, 128), (3, 17, 33), (5, 1, 7), (1, 3, 1), (7, 5, 1), (4, 4, 4),
-                                   (33, 19, 250), (6, 9, 4100), (2, 8, 20000), (130, 70, 300)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 256, 128),
+        (3, 17, 33),
+        (5, 1, 7),
+        (1, 3, 1),
+        (7, 5, 1),
+        (4, 4, 4),
+        (33, 19, 250),
+        (6, 9, 4100),
+        (2, 8, 20000),
+        (130, 70, 300),
+    ],
+)
 @pytest.mark.parametrize("scales", ["tensor", "negative", "channel"])
 def test_g3_shapes(kernel, shape, scales):
     """Unaligned shapes, K = 1, large K, M past the small-M crossover; all scale forms."""
@@ -104,8 +117,9 @@ def test_out_dtype_is_round_to_nearest_even_of_the_float32_result(kernel, out_dt
     expected = y32.astype(out_dtype)
     assert np.array_equal(y.view(np.uint16), expected.view(np.uint16))
     # vacuity: rounding toward zero (truncation) would give other bits for many of these values
-    toward_zero = np.where(np.abs(expected.astype(F32)) > np.abs(y32),
-                           np.nextafter(expected, np.zeros_like(expected)), expected)
+    toward_zero = np.where(
+        np.abs(expected.astype(F32)) > np.abs(y32), np.nextafter(expected, np.zeros_like(expected)), expected
+    )
     assert np.count_nonzero(toward_zero.view(np.uint16) != expected.view(np.uint16)) > 10
 
 
@@ -164,8 +178,7 @@ def test_nan_codes_spread_to_their_row_and_column(kernel, m):
 def test_extreme_codes_are_exact(kernel):
     """+-448 times +-448 and subnormal times subnormal: products exact in float32, sum exact."""
     a = np.array([[0x7E, 0xFE, 0x01, 0x81, 0x00, 0x80]], dtype=np.uint8)
-    b = np.array([[0x7E, 0x7E, 0x01, 0x01, 0x7E, 0x7E],
-                  [0x01, 0x81, 0x7E, 0x01, 0x00, 0x00]], dtype=np.uint8)
+    b = np.array([[0x7E, 0x7E, 0x01, 0x01, 0x7E, 0x7E], [0x01, 0x81, 0x7E, 0x01, 0x00, 0x00]], dtype=np.uint8)
     y = vt.scaled_mm(a, b, F32(1), F32(1), kernel=kernel)
     d = reference.decode
     assert np.array_equal(y.astype(np.float64), d(a) @ d(b).T)
@@ -234,12 +247,12 @@ def gemm_problems(draw):
         a = draw(fst.code_arrays((m, k)))
         b = draw(fst.code_arrays((n, k)))
     else:  # larger ones: codes from a drawn seed, so generation stays cheap
-        rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         a, b = random_codes(rng, (m, k)), random_codes(rng, (n, k))
     per_row = draw(st.booleans())
     per_channel = draw(st.booleans())
-    sa = (draw(hnp.arrays(F32, (m, 1), elements=finite_scales)) if per_row else F32(draw(finite_scales)))
-    sb = (draw(hnp.arrays(F32, (n,), elements=finite_scales)) if per_channel else F32(draw(finite_scales)))
+    sa = draw(hnp.arrays(F32, (m, 1), elements=finite_scales)) if per_row else F32(draw(finite_scales))
+    sb = draw(hnp.arrays(F32, (n,), elements=finite_scales)) if per_channel else F32(draw(finite_scales))
     bias = draw(st.none() | hnp.arrays(F32, (n,), elements=st.floats(-100, 100, width=32)))
     out_dtype = draw(st.sampled_from(OUT_DTYPES))
     kernel = draw(st.sampled_from(KERNELS))
@@ -262,21 +275,24 @@ def _ok():
     return random_codes(rng, (4, 8)), random_codes(rng, (6, 8))
 
 
-@pytest.mark.parametrize("case, error, match", [
-    (lambda a, b: vt.scaled_mm(a, b[:, :7], 1.0, 1.0), ValueError, "K = 8"),
-    (lambda a, b: vt.scaled_mm(a, b, np.ones(3, F32), 1.0), ValueError, "scale_a must be"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, np.ones((6, 2), F32)), ValueError, "scale_b must be"),
-    (lambda a, b: vt.scaled_mm(a, b, float("nan"), 1.0), ValueError, "scale_a must be finite"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, np.array([1.0, 2, 3, np.inf, 5, 6], F32)), ValueError, "finite"),
-    (lambda a, b: vt.scaled_mm(a.view(np.int8), b, 1.0, 1.0), TypeError, "a must be e4m3 codes"),
-    (lambda a, b: vt.scaled_mm(a, b.astype(F32), 1.0, 1.0), TypeError, "b must be e4m3 codes"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, out_dtype="int8"), ValueError, "out_dtype must be"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, out_dtype=np.float64), ValueError, "out_dtype must be"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(5, F32)), ValueError, r"bias must have shape \(6,\)"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(6, np.int32)), TypeError, "bias must be"),
-    (lambda a, b: vt.scaled_mm(a[0], b, 1.0, 1.0), ValueError, "a must be 2-D"),
-    (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, kernel="cutlass"), ValueError, "kernel must be one of"),
-])
+@pytest.mark.parametrize(
+    "case, error, match",
+    [
+        (lambda a, b: vt.scaled_mm(a, b[:, :7], 1.0, 1.0), ValueError, "K = 8"),
+        (lambda a, b: vt.scaled_mm(a, b, np.ones(3, F32), 1.0), ValueError, "scale_a must be"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, np.ones((6, 2), F32)), ValueError, "scale_b must be"),
+        (lambda a, b: vt.scaled_mm(a, b, float("nan"), 1.0), ValueError, "scale_a must be finite"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, np.array([1.0, 2, 3, np.inf, 5, 6], F32)), ValueError, "finite"),
+        (lambda a, b: vt.scaled_mm(a.view(np.int8), b, 1.0, 1.0), TypeError, "a must be e4m3 codes"),
+        (lambda a, b: vt.scaled_mm(a, b.astype(F32), 1.0, 1.0), TypeError, "b must be e4m3 codes"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, out_dtype="int8"), ValueError, "out_dtype must be"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, out_dtype=np.float64), ValueError, "out_dtype must be"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(5, F32)), ValueError, r"bias must have shape \(6,\)"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(6, np.int32)), TypeError, "bias must be"),
+        (lambda a, b: vt.scaled_mm(a[0], b, 1.0, 1.0), ValueError, "a must be 2-D"),
+        (lambda a, b: vt.scaled_mm(a, b, 1.0, 1.0, kernel="cutlass"), ValueError, "kernel must be one of"),
+    ],
+)
 def test_bad_input(case, error, match):
     a, b = _ok()
     with pytest.raises(error, match=match):
@@ -292,7 +308,7 @@ def _tensor_core_model_sum(terms, bits=13, group=32, promote=128):
     for c0 in range(0, terms.size, promote):
         acc = 0.0
         for g0 in range(c0, min(c0 + promote, terms.size), group):
-            part = terms[g0:g0 + group]
+            part = terms[g0 : g0 + group]
             top = max(abs(acc), float(np.abs(part).max()))
             if top == 0.0:
                 continue

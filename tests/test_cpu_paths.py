@@ -29,16 +29,20 @@ ALWAYS_PARALLEL, ALWAYS_SERIAL = "0", str(1 << 62)
 
 # -- which path a CPU gets -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("features, machine, expected", [
-    (AVX512 | {"avx512vbmi", "avx2"}, "x86_64", "avx512_vbmi"),  # Intel Ice Lake and later, AMD Zen 4/5
-    (AVX512 | {"avx2", "fma"}, "x86_64", "avx512"),              # Intel Skylake-X / Cascade Lake (no VBMI)
-    ({"avx2", "fma", "f16c"}, "x86_64", "portable"),            # AVX2-only x86-64
-    (AVX512 - {"avx512bw"}, "x86_64", "portable"),              # Knights Landing: AVX-512 F without BW
-    ({"neon", "fp-armv8"}, "aarch64", "neon_tbl"),              # any ARMv8-A core
-    (set(), "aarch64", "neon_tbl"),                             # qemu: LLVM sees no features, NEON is still there
-    ({"neon"}, "x86_64", "portable"),
-    (set(), "riscv64", "portable"),
-])
+
+@pytest.mark.parametrize(
+    "features, machine, expected",
+    [
+        (AVX512 | {"avx512vbmi", "avx2"}, "x86_64", "avx512_vbmi"),  # Intel Ice Lake and later, AMD Zen 4/5
+        (AVX512 | {"avx2", "fma"}, "x86_64", "avx512"),  # Intel Skylake-X / Cascade Lake (no VBMI)
+        ({"avx2", "fma", "f16c"}, "x86_64", "portable"),  # AVX2-only x86-64
+        (AVX512 - {"avx512bw"}, "x86_64", "portable"),  # Knights Landing: AVX-512 F without BW
+        ({"neon", "fp-armv8"}, "aarch64", "neon_tbl"),  # any ARMv8-A core
+        (set(), "aarch64", "neon_tbl"),  # qemu: LLVM sees no features, NEON is still there
+        ({"neon"}, "x86_64", "portable"),
+        (set(), "riscv64", "portable"),
+    ],
+)
 def test_path_per_cpu(features, machine, expected):
     assert paths.choose(features, machine=machine).name == expected
     assert paths.runnable(features, machine)[-1].name == "portable"  # the portable path runs everywhere
@@ -52,7 +56,9 @@ def test_host_gets_its_first_runnable_path():
 
 
 def test_forced_path_is_checked():
-    with pytest.raises(ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, neon_tbl, portable, got 'sse9'"):
+    with pytest.raises(
+        ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, neon_tbl, portable, got 'sse9'"
+    ):
         paths.choose(forced="sse9")
     with pytest.raises(ValueError, match=r"this CPU lacks avx512f, avx512bw, avx512dq, avx512vl\); unset it"):
         paths.choose({"avx2"}, forced="avx512", machine="x86_64")
@@ -64,12 +70,18 @@ def test_forced_path_is_checked():
 def test_env_forces_the_path_at_import():
     code = "from vtnumba.cpu import paths; print(paths.active().name)"
     for name in RUNNABLE:
-        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, VT_CPU_PATH=name),
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(os.environ, VT_CPU_PATH=name),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.strip() == name
 
 
 # -- every runnable path, serial and parallel: G1 and G3 -------------------------------------------
+
 
 @pytest.fixture(params=[(p, t) for p in RUNNABLE for t in ("serial", "parallel")], ids=lambda v: f"{v[0]}-{v[1]}")
 def variant(request, monkeypatch):
@@ -151,8 +163,7 @@ def test_g1_quantization(variant):
     q, ref = vt.quantize_fp8(rows, group_size=32), reference.quantize_per_group(rows, 32)
     mismatches += int(np.count_nonzero(q.data != ref.data)) + int(np.count_nonzero(q.scale != ref.scale))
     assert mismatches == 0 and compared > 100000
-    for kernel in (quant.quantize_static, quant.finite_amax, quant.quantize_per_token,
-                   block.quantize_per_group_kernel):
+    for kernel in (quant.quantize_static, quant.finite_amax, quant.quantize_per_token, block.quantize_per_group_kernel):
         assert _ran(kernel, path, parallel), kernel.__name__
 
 
@@ -185,6 +196,7 @@ def test_byte_lookup_decode_is_exhaustively_exact(path, threads, monkeypatch):
 
 
 # -- the one-thread threshold ----------------------------------------------------------------------
+
 
 def test_small_work_runs_on_one_thread(monkeypatch):
     monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)

@@ -10,9 +10,9 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+from tensorcore_cases import uniform_codes as random_codes
 
 import vtnumba as vt
-from tensorcore_cases import uniform_codes as random_codes
 from vtnumba.testing import reference
 from vtnumba.testing.devices import to_host
 from vtnumba.testing.gates import assert_g3
@@ -56,14 +56,20 @@ def codes_for(kernel, rng, shape, nan_codes=False):
 def run(gemm, cp, a, b, sa, sb, out_dtype, bias=None, kernel=None):
     """gemm.scaled_mm on device copies; scales as given (host float32 or numpy arrays -> device)."""
     dev = lambda v: v if v is None or np.isscalar(v) else cp.asarray(v)  # noqa: E731
-    return gemm.scaled_mm(cp.asarray(a), cp.asarray(b), dev(sa), dev(sb), out_dtype,
-                          None if bias is None else cp.asarray(bias), kernel)
+    return gemm.scaled_mm(
+        cp.asarray(a), cp.asarray(b), dev(sa), dev(sb), out_dtype, None if bias is None else cp.asarray(bias), kernel
+    )
 
 
 def chosen(gemm, cp, a, b, sa, sb, out_dtype, bias=None):
-    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), sa if np.isscalar(sa) else cp.asarray(sa),
-                         sb if np.isscalar(sb) else cp.asarray(sb), out_dtype,
-                         None if bias is None else cp.asarray(bias))
+    call = gemm.GemmCall(
+        cp.asarray(a),
+        cp.asarray(b),
+        sa if np.isscalar(sa) else cp.asarray(sa),
+        sb if np.isscalar(sb) else cp.asarray(sb),
+        out_dtype,
+        None if bias is None else cp.asarray(bias),
+    )
     return gemm.select(call).name
 
 
@@ -115,6 +121,7 @@ def test_small_m_every_row_count(gemm, cp, m):
 
 # -- bias and output dtypes: cuBLASLt's epilogue where exact, the f32-staged path otherwise -----------
 
+
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 @pytest.mark.parametrize("bias_dtype", [None, F32, F16, BF16], ids=str)
 def test_bias_and_out_dtypes(gemm, cp, out_dtype, bias_dtype):
@@ -139,12 +146,13 @@ def test_float32_bias_is_not_rounded_to_bfloat16(gemm, cp):
     m, n, k = 16, 64, 64
     a = np.zeros((m, k), dtype=np.uint8)
     b = random_codes(rng, (n, k))
-    bias = np.full(n, 1.0 + 2.0 ** -20, dtype=np.float32)
+    bias = np.full(n, 1.0 + 2.0**-20, dtype=np.float32)
     y = run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, bias)
     np.testing.assert_array_equal(to_host(y), np.broadcast_to(bias, (m, n)))
 
 
 # -- per-row x per-channel scales ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kernel", [None, "cublaslt", "cublaslt_f32_epilogue", "tiled"])
 @pytest.mark.parametrize("modes", ["row_channel", "scalar_channel", "row_scalar"])
@@ -196,6 +204,7 @@ def test_fp8_linear_long_k_unaligned_x_and_fallback(gemm, cp):
 
 # -- cuBLASLt against torch._scaled_mm ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 @pytest.mark.parametrize("mnk", [(1, 4096, 4096), (128, 1024, 512), (512, 2048, 1024)])
 def test_cublaslt_bit_identical_to_torch(gemm, cp, out_dtype, mnk):
@@ -207,8 +216,13 @@ def test_cublaslt_bit_identical_to_torch(gemm, cp, out_dtype, mnk):
     tdt = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[out_dtype]
     ta = torch.as_tensor(a, device="cuda").view(torch.float8_e4m3fn)
     tb = torch.as_tensor(b, device="cuda").view(torch.float8_e4m3fn)
-    want = torch._scaled_mm(ta, tb.t(), scale_a=torch.as_tensor(sa, device="cuda").reshape(()),
-                            scale_b=torch.as_tensor(sb, device="cuda").reshape(()), out_dtype=tdt)
+    want = torch._scaled_mm(
+        ta,
+        tb.t(),
+        scale_a=torch.as_tensor(sa, device="cuda").reshape(()),
+        scale_b=torch.as_tensor(sb, device="cuda").reshape(()),
+        out_dtype=tdt,
+    )
     bits = {4: torch.int32, 2: torch.int16}[out_dtype.itemsize]
     for scales in ((sa, sb), (np.float32(0.0173), np.float32(0.00457))):  # device and host scalars
         y = gemm.scaled_mm(a, b, scales[0], scales[1], out_dtype, None, "cublaslt")
@@ -235,6 +249,7 @@ def test_cublaslt_bias_bit_identical_to_torch(gemm, cp):
 
 
 # -- the lever, kernel switches, views -------------------------------------------------------------
+
 
 def test_lever_routes_to_numba(gemm, cp, monkeypatch):
     rng = np.random.default_rng(10)
@@ -282,6 +297,7 @@ def test_strided_and_misaligned_views(gemm, cp):
 
 # -- graph capture ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kernel", ["cublaslt", "decode_gemv", "tiled"])
 def test_graph_capture(gemm, cp, kernel):
     rng = np.random.default_rng(14)
@@ -307,6 +323,7 @@ def test_graph_capture(gemm, cp, kernel):
 
 
 # -- the fused decode layer -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
 @pytest.mark.parametrize("x_dtype", [F32, F16, BF16], ids=str)

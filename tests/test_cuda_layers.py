@@ -15,9 +15,9 @@ torch. The imports are read from the source with ``ast``, so nothing here needs 
 """
 
 import ast
-import re
 import importlib
 import pathlib
+import re
 
 import pytest
 
@@ -28,10 +28,22 @@ LAYERS = {"ptx": 0, "runtime": 1, "kernels": 2}
 DISPATCH, BACKEND = 3, 4
 SHARED_OUTSIDE = {"vtnumba._arrays", "vtnumba._format", "vtnumba._config"}
 # the modules issue 24 moved, by their old names: nothing in the repository may import those
-MOVED = {"target": "ptx.target", "codec": "ptx.codec", "mma": "ptx.mma", "wgmma": "ptx.sm90_wgmma",
-         "launch": "runtime.launch", "device": "runtime.device", "cublaslt": "runtime.cublaslt",
-         "quant": "kernels.quant", "epilogue": "kernels.epilogue", "tiled": "kernels.tiled", "gemv": "kernels.gemv",
-         "tc_gemm": "kernels.tc_gemm", "tc_gemv": "kernels.tc_gemv", "wg_gemm": "kernels.sm90_wgmma_gemm"}
+MOVED = {
+    "target": "ptx.target",
+    "codec": "ptx.codec",
+    "mma": "ptx.mma",
+    "wgmma": "ptx.sm90_wgmma",
+    "launch": "runtime.launch",
+    "device": "runtime.device",
+    "cublaslt": "runtime.cublaslt",
+    "quant": "kernels.quant",
+    "epilogue": "kernels.epilogue",
+    "tiled": "kernels.tiled",
+    "gemv": "kernels.gemv",
+    "tc_gemm": "kernels.tc_gemm",
+    "tc_gemv": "kernels.tc_gemv",
+    "wg_gemm": "kernels.sm90_wgmma_gemm",
+}
 
 
 def _module_name(path):
@@ -62,7 +74,7 @@ def imports(name, path, modules):
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -70,8 +82,11 @@ def imports(name, path, modules):
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                found.add(sub if sub in modules or (CUDA.parent / "/".join(sub.split(".")[1:])).with_suffix(".py").exists()
-                          else target)
+                found.add(
+                    sub
+                    if sub in modules or (CUDA.parent / "/".join(sub.split(".")[1:])).with_suffix(".py").exists()
+                    else target
+                )
     return found
 
 
@@ -87,21 +102,33 @@ def test_the_layers_are_all_there():
     edges = sum(len(targets) for targets in graph.values())
     assert edges > 60, edges  # non-vacuous: the kernels alone import the primitives dozens of times
     assert imports("vtnumba.cuda.gemm", modules["vtnumba.cuda.gemm"], modules) >= {
-        "vtnumba.cuda.kernels.tc_gemm", "vtnumba.cuda.runtime.cublaslt", "vtnumba.cuda.quantize"}
+        "vtnumba.cuda.kernels.tc_gemm",
+        "vtnumba.cuda.runtime.cublaslt",
+        "vtnumba.cuda.quantize",
+    }
 
 
 def test_imports_run_downward():
     modules, graph = _graph()
-    upward = sorted((name, target, layer(name), layer(target)) for name, targets in graph.items() for target in targets
-                    if target.startswith("vtnumba.cuda") and layer(target) > layer(name))
-    assert not upward, "imports from a layer above (module, import, its layer, the import's layer):\n" + \
-        "\n".join(map(str, upward))
+    upward = sorted(
+        (name, target, layer(name), layer(target))
+        for name, targets in graph.items()
+        for target in targets
+        if target.startswith("vtnumba.cuda") and layer(target) > layer(name)
+    )
+    assert not upward, "imports from a layer above (module, import, its layer, the import's layer):\n" + "\n".join(
+        map(str, upward)
+    )
 
 
 def test_no_module_outside_the_backend_but_the_shared_helpers():
     modules, graph = _graph()
-    outside = sorted((name, target) for name, targets in graph.items() for target in targets
-                     if not target.startswith("vtnumba.cuda") and target not in SHARED_OUTSIDE | {"vtnumba"})
+    outside = sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if not target.startswith("vtnumba.cuda") and target not in SHARED_OUTSIDE | {"vtnumba"}
+    )
     assert not outside, outside
     # "from ... import _format" names the package vtnumba with a module of it: resolved above, so a
     # bare "vtnumba" would be an import of the package itself (ops, seam): none
@@ -214,8 +241,9 @@ def test_the_readme_layout_and_architecture_name_the_tree():
     package = CUDA.parent
     named = _layout_paths(layout)
     tree = {str(p.relative_to(root)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
-    tree |= {str(p.parent.relative_to(root)) + "/" for p in package.rglob("__init__.py")
-             if "__pycache__" not in p.parts}
+    tree |= {
+        str(p.parent.relative_to(root)) + "/" for p in package.rglob("__init__.py") if "__pycache__" not in p.parts
+    }
     assert len(tree) > 60 and "vtnumba/seam/experts.py" in tree  # non-vacuous
     missing = sorted(tree - named)
     assert not missing, f"docs/GUIDE.md's Layout section does not name {missing}"

@@ -5,14 +5,12 @@ CUDA graph capture on a cupy stream, torch tensors, and the errors a GPU call gi
 The two tests at the end run anywhere: they pin the one clear error of a GPU call that cannot run.
 """
 
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import vtnumba as vt
 from vtnumba.testing import reference
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
@@ -160,8 +158,11 @@ def test_portable_encoder_g1(cp, backend, dtype):
     x = _population(0.13)
     x = x[np.abs(x) < 1e6][: 4096 * 4].reshape(-1, 4096).astype(dtype)
     xd = cp.asarray(x)
-    _assert_codes(cp.asnumpy(backend.quantize_static(xd, F32(0.13), encoder="portable")),
-                  reference.quantize(x, 0.13).data, "portable static")
+    _assert_codes(
+        cp.asnumpy(backend.quantize_static(xd, F32(0.13), encoder="portable")),
+        reference.quantize(x, 0.13).data,
+        "portable static",
+    )
     codes, scale = backend.quantize_dynamic(xd, encoder="portable")
     want = reference.quantize(x, None)
     assert cp.asnumpy(scale)[0] == want.scale[0]
@@ -195,10 +196,13 @@ def test_strided_input_copy_outlives_its_kernel(cp, mode):
 def test_strided_and_unaligned_inputs_give_contiguous_bytes(cp, dtype):
     x = _population(0.13)[: 96 * 512].reshape(96, 512).astype(dtype)
     xd = cp.asarray(x)
-    views = {"columns ::2": (x[:, ::2], xd[:, ::2]), "transpose": (x.T, xd.T),
-             "window": (x[3:50, 7:300], xd[3:50, 7:300]),
-             "unaligned flat": (x.reshape(-1)[1:], xd.reshape(-1)[1:]),  # not 16-byte aligned: scalar path
-             "odd size": (x.reshape(-1)[:12345], xd.reshape(-1)[:12345])}
+    views = {
+        "columns ::2": (x[:, ::2], xd[:, ::2]),
+        "transpose": (x.T, xd.T),
+        "window": (x[3:50, 7:300], xd[3:50, 7:300]),
+        "unaligned flat": (x.reshape(-1)[1:], xd.reshape(-1)[1:]),  # not 16-byte aligned: scalar path
+        "odd size": (x.reshape(-1)[:12345], xd.reshape(-1)[:12345]),
+    }
     for what, (host, dev) in views.items():
         want = vt.quantize_fp8(np.ascontiguousarray(host), 0.13).data  # the CPU kernels
         _assert_codes(cp.asnumpy(vt.quantize_fp8(dev, 0.13).data), want, what)
@@ -208,8 +212,18 @@ def test_strided_and_unaligned_inputs_give_contiguous_bytes(cp, dtype):
     assert np.array_equal(cp.asnumpy(got.scale), want.scale)
     got_codes = cp.asnumpy(got.data)
     bad = np.argwhere(got_codes != want.data)[:4]
-    detail = [(int(r), int(c), float(rows[r, c]), float(want.scale[r, 0]), float(np.float32(rows[r, c]) / want.scale[r, 0]),
-               hex(got_codes[r, c]), hex(want.data[r, c])) for r, c in bad]
+    detail = [
+        (
+            int(r),
+            int(c),
+            float(rows[r, c]),
+            float(want.scale[r, 0]),
+            float(np.float32(rows[r, c]) / want.scale[r, 0]),
+            hex(got_codes[r, c]),
+            hex(want.data[r, c]),
+        )
+        for r, c in bad
+    ]
     _assert_codes(got_codes, want.data, f"per-token window (row, col, x, scale, x / scale, gpu, cpu): {detail}")
 
 
@@ -235,8 +249,11 @@ def test_graph_capture_replays_quantize_calls(cp):
         return [vt.quantize_fp8(xd, 0.13), vt.quantize_fp8(xd), vt.quantize_fp8(xd, per_token=True, scale_ub=0.5)]
 
     def expected(x):
-        return [reference.quantize(x, 0.13), reference.quantize(x, None),
-                reference.quantize(x, per_token=True, scale_ub=0.5)]
+        return [
+            reference.quantize(x, 0.13),
+            reference.quantize(x, None),
+            reference.quantize(x, per_token=True, scale_ub=0.5),
+        ]
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -295,8 +312,10 @@ def test_bad_gpu_inputs_are_refused_before_any_kernel(cp):
     with pytest.raises(TypeError, match="scale on the GPU must be a float32 array"):
         vt.quantize_fp8(x, cp.ones(1, dtype=cp.float16))
     # float64 is cast to float32 (RNE) at the boundary, for scales as for x (README, "torch models")
-    np.testing.assert_array_equal(vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float64)).data.get(),
-                                  vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float32)).data.get())
+    np.testing.assert_array_equal(
+        vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float64)).data.get(),
+        vt.quantize_fp8(x, cp.full(1, 0.3, dtype=cp.float32)).data.get(),
+    )
 
 
 class _FakeGpuArray:
@@ -353,15 +372,15 @@ def test_entry_params_reads_the_ptx_parameter_list():
 def test_launcher_packs_numba_array_abi():
     import struct
 
-    from vtnumba.cuda.runtime.launch import Buffer, Kernel, compile_kernel
     from vtnumba.cuda.ptx.target import types
+    from vtnumba.cuda.runtime.launch import Buffer, Kernel, compile_kernel
 
     def kernel(x, out, alpha, n, big, flag):
         pass
 
     sig = (types.float32[::1], types.uint8[:, :], types.float32, types.int32, types.uint64, types.boolean)
     k = Kernel(kernel, sig)
-    values = k.flatten((Buffer(0x1000, (10,), (4,)), Buffer(0x2000, (3, 4), (8, 1)), 0.5, -7, 2 ** 63 + 5, True))
+    values = k.flatten((Buffer(0x1000, (10,), (4,)), Buffer(0x2000, (3, 4), (8, 1)), 0.5, -7, 2**63 + 5, True))
     struct.pack_into(k._format, k._slot_bytes, 0, *values)
     slots = k._slots
     assert slots.size == 7 + 9 + 4  # one 8-byte slot per PTX parameter
@@ -370,7 +389,7 @@ def test_launcher_packs_numba_array_abi():
     assert list(slots[7:16]) == [0, 0, 12, 1, 0x2000, 3, 4, 8, 1]
     assert slots[16:17].view(np.float32)[0] == F32(0.5)
     assert slots[17:18].view(np.int32)[0] == -7
-    assert int(slots[18]) == 2 ** 63 + 5
+    assert int(slots[18]) == 2**63 + 5
     assert slots[19:20].view(np.uint8)[0] == 1
     assert list(k._param_ptrs) == [slots.ctypes.data + 8 * i for i in range(slots.size)]
     with pytest.raises(ValueError, match="array argument must be 1-D"):

@@ -12,8 +12,10 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROBE = ("import json; from vtnumba.cuda.ptx import target; "
-         "print(json.dumps([target.TARGET, getattr(target.cuda, '__name__', None), target.gpu_unavailable_reason()]))")
+PROBE = (
+    "import json; from vtnumba.cuda.ptx import target; "
+    "print(json.dumps([target.TARGET, getattr(target.cuda, '__name__', None), target.gpu_unavailable_reason()]))"
+)
 
 
 def _run(value, code=PROBE, **extra):

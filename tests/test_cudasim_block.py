@@ -74,9 +74,18 @@ def test_tiled_block_kernel_propagates_nan_codes():
     assert assert_block_g3(y, a, b, sa, sb, (8, 32)) > 0
 
 
-@pytest.mark.parametrize("k,g,width,form", [(64, 16, 1, "lane"), (96, 32, 2, "lane"), (512, 128, 8, "lane"),
-                                            (160, 64, 4, "16-wide"), (48, 48, 2, "16-wide"),
-                                            (70, 16, None, "element"), (40, 128, None, "element")])
+@pytest.mark.parametrize(
+    "k,g,width,form",
+    [
+        (64, 16, 1, "lane"),
+        (96, 32, 2, "lane"),
+        (512, 128, 8, "lane"),
+        (160, 64, 4, "16-wide"),
+        (48, 48, 2, "16-wide"),
+        (70, 16, None, "element"),
+        (40, 128, None, "element"),
+    ],
+)
 def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width, form):
     """Which kernel quantizes: a chunk a lane, read once, where every group is ``width`` whole
     chunks; the 16-wide loop with ``width`` lanes a group wherever rows and groups are multiples of
@@ -88,8 +97,9 @@ def test_group_quant_takes_the_16_wide_kernel_where_it_can(k, g, width, form):
     x = np.zeros((3, k), np.float32)
     xin, kind, shape, n, aligned, _ = gpu._input(x)
     codes, scales = np.zeros((3, k), np.uint8), np.zeros((3, -(-k // g)), np.float32)
-    ((kernel, _, threads, _),) = gpu._per_group_launches(xin, kind, shape, aligned, codes, scales, g, False, False,
-                                                         "portable")
+    ((kernel, _, threads, _),) = gpu._per_group_launches(
+        xin, kind, shape, aligned, codes, scales, g, False, False, "portable"
+    )
     if form == "element":
         assert kernel is quant.per_group_kernel(kind, "portable", False)[0]
     else:

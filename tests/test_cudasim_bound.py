@@ -39,11 +39,17 @@ def test_bound_call_replays_the_full_path_bitwise(scheme, m, x_dtype, out_dtype)
     codes = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8)
     bias = rng.standard_normal(n).astype(np.float32)
     if scheme == "per_group":  # 8 x 16 blocks: the tiled block kernel, scales per block
-        w = seam.Fp8Weight(codes, rng.uniform(0.001, 0.01, size=(3, 4)).astype(np.float32), bias=bias,
-                           block_size=(8, 16))
+        w = seam.Fp8Weight(
+            codes, rng.uniform(0.001, 0.01, size=(3, 4)).astype(np.float32), bias=bias, block_size=(8, 16)
+        )
     else:
-        w = seam.Fp8Weight(codes, rng.uniform(0.001, 0.01, size=n).astype(np.float32), bias=bias,
-                           input_scale=np.float32(0.02) if scheme == "static" else None, activation_scheme=scheme)
+        w = seam.Fp8Weight(
+            codes,
+            rng.uniform(0.001, 0.01, size=n).astype(np.float32),
+            bias=bias,
+            input_scale=np.float32(0.02) if scheme == "static" else None,
+            activation_scheme=scheme,
+        )
     out_dtype = np.dtype(out_dtype)
     xs = [(rng.standard_normal((m, k)) * 3).astype(x_dtype) for _ in range(3)]
     bound = BoundLinear(xs[0], w, out_dtype)

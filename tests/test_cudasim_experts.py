@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from vtnumba.cpu import experts as cpu
-from vtnumba.testing import reference
 
 pytestmark = [pytest.mark.cudasim, pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -49,8 +48,11 @@ def _offsets(counts):
 
 # -- align ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t,k,e,dtype", [(6, 2, 5, np.int64), (40, 2, 7, np.int32), (3, 4, 40, np.int64),
-                                         (1, 1, 3, np.int64), (0, 2, 4, np.int64)])
+
+@pytest.mark.parametrize(
+    "t,k,e,dtype",
+    [(6, 2, 5, np.int64), (40, 2, 7, np.int32), (3, 4, 40, np.int64), (1, 1, 3, np.int64), (0, 2, 4, np.int64)],
+)
 def test_align_gives_the_cpu_order(gpu, t, k, e, dtype):
     rng = np.random.default_rng(t + k + e)
     ids = _ids(rng, t, k, e).astype(dtype)
@@ -66,7 +68,7 @@ def test_align_gives_the_cpu_order(gpu, t, k, e, dtype):
             assert row == -1
     routed = pair_row[pair_row >= 0]
     assert len(set(routed.tolist())) == routed.size == offsets[-1]
-    assert (row_token[offsets[-1]:] == 0).all()
+    assert (row_token[offsets[-1] :] == 0).all()
     # and the order is the CPU's stable one, bit for bit
     np.testing.assert_array_equal(pair_row, want[1])
     np.testing.assert_array_equal(row_token, want[2])
@@ -82,12 +84,25 @@ def test_align_skips_every_out_of_range_id(gpu):
 
 # -- gather and static quantization ------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape,dtype", [((5, 48), np.uint8), ((5, 20), np.uint8), ((5,), np.float32),
-                                         ((5, 3), BF16), ((5, 3), np.uint8), ((5, 2), np.float32)])
+
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [
+        ((5, 48), np.uint8),
+        ((5, 20), np.uint8),
+        ((5,), np.float32),
+        ((5, 3), BF16),
+        ((5, 3), np.uint8),
+        ((5, 2), np.float32),
+    ],
+)
 def test_gather_gives_the_cpu_rows(gpu, shape, dtype):
     rng = np.random.default_rng(len(shape))
-    src = rng.integers(0, 256, size=shape[:1] + (int(np.prod(shape[1:])) * np.dtype(dtype).itemsize,),
-                       dtype=np.uint8).view(dtype).reshape(shape)
+    src = (
+        rng.integers(0, 256, size=shape[:1] + (int(np.prod(shape[1:])) * np.dtype(dtype).itemsize,), dtype=np.uint8)
+        .view(dtype)
+        .reshape(shape)
+    )
     row_token = np.array([4, 0, 0, 2, 3, 3, 1, 0], dtype=np.int32)
     got = gpu.gather_rows(src, row_token)
     want = cpu.gather_rows(src, row_token)
@@ -114,6 +129,7 @@ def test_static_rows_give_the_cpu_bytes(gpu, dtype, cols):
 
 # -- SiLU-and-multiply (and quantize) ------------------------------------------------------------------
 
+
 def _hidden(rng, p, half):
     h = (rng.standard_normal((p, 2 * half)) * rng.choice([0.1, 1.0, 8.0], size=(p, 2 * half))).astype(np.float32)
     h[0, 0], h[1, 1], h[2, half + 2] = -200.0, np.nan, np.inf  # exp overflow, NaN, inf
@@ -127,7 +143,7 @@ def test_silu_mul_matches_the_cpu(gpu):
     got = gpu.silu_mul(h, offsets)
     want = cpu.silu_mul(h, offsets)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=2.0 ** -20, atol=0)
+    np.testing.assert_allclose(got, want, rtol=2.0**-20, atol=0)
     assert (got[5] == 0).all()
 
 
@@ -148,12 +164,18 @@ def _assert_scales_close(got, want):
     if got.dtype == np.uint8:
         assert (np.abs(got.astype(int) - want.astype(int)) <= 1).all() and (got == want).mean() >= 0.9
     else:
-        np.testing.assert_allclose(got, want, rtol=2.0 ** -20, atol=0)
+        np.testing.assert_allclose(got, want, rtol=2.0**-20, atol=0)
 
 
 def _down(scheme, block_size=None, input_scale=None, fmt="float32", rounding=None, ue8m0=False):
-    return types.SimpleNamespace(activation_scheme=scheme, block_size=block_size, input_scale=input_scale,
-                                 activation_scale_format=fmt, activation_scale_rounding=rounding, scale_ue8m0=ue8m0)
+    return types.SimpleNamespace(
+        activation_scheme=scheme,
+        block_size=block_size,
+        input_scale=input_scale,
+        activation_scale_format=fmt,
+        activation_scale_rounding=rounding,
+        scale_ue8m0=ue8m0,
+    )
 
 
 DOWNS = {
@@ -184,6 +206,7 @@ def test_silu_mul_quantize_gives_the_cpu_codes(gpu, name):
 
 # -- the grouped GEMM ---------------------------------------------------------------------------------
 
+
 def _codes(rng, shape, nan=False):
     c = rng.integers(0, 256, size=shape, dtype=np.uint8)
     c[(c & 0x7F) == 0x7F] = 0x3C
@@ -206,8 +229,7 @@ def _operands(rng, kind, counts, n, k, pad=1):
         return a, f(p), b, f(e), offsets, None
     if kind == "per_channel":
         return a, f(p), b, f(e, n), offsets, None
-    bn, bk = {"block": (16, 32), "block128": (128, 128), "ue8m0": (128, 128), "mx": (1, 32),
-              "odd": (8, 24)}[kind]
+    bn, bk = {"block": (16, 32), "block128": (128, 128), "ue8m0": (128, 128), "mx": (1, 32), "odd": (8, 24)}[kind]
     nkb, nnb = -(-k // bk), -(-n // bn)
     sa = u(p, nkb) if kind == "mx" else f(p, nkb)
     sb = u(e, nnb, nkb) if kind in ("mx", "ue8m0") else f(e, nnb, nkb)
@@ -228,15 +250,23 @@ def _assert_expert_g3(y, a, sa, b, sb, offsets, block_size, out_dtype=F32):
             compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sae, sbe, None, out_dtype)
         else:
             compared += assert_block_g3(y[lo:hi], a[lo:hi], b[e], sa[lo:hi], sb[e], block_size, None, out_dtype)
-    assert (np.asarray(y[int(offsets[-1]):]).astype(np.float64) == 0).all()  # the padding rows
+    assert (np.asarray(y[int(offsets[-1]) :]).astype(np.float64) == 0).all()  # the padding rows
     return compared
 
 
 # kinds and the kernel each must take under the simulator
-GEMM_CASES = [("dynamic", 32, 16, "grouped"), ("static", 32, 16, "grouped"), ("per_channel", 48, 20, "grouped"),
-              ("block", 64, 24, "grouped"), ("block128", 128, 16, "grouped"), ("ue8m0", 128, 16, "grouped"),
-              ("mx", 64, 16, "grouped"), ("odd", 48, 20, "grouped_general"), ("static", 40, 8, "grouped_general"),
-              ("static", 544, 4, "grouped")]  # K = 544: two warps split K, their sums meet in shared memory
+GEMM_CASES = [
+    ("dynamic", 32, 16, "grouped"),
+    ("static", 32, 16, "grouped"),
+    ("per_channel", 48, 20, "grouped"),
+    ("block", 64, 24, "grouped"),
+    ("block128", 128, 16, "grouped"),
+    ("ue8m0", 128, 16, "grouped"),
+    ("mx", 64, 16, "grouped"),
+    ("odd", 48, 20, "grouped_general"),
+    ("static", 40, 8, "grouped_general"),
+    ("static", 544, 4, "grouped"),
+]  # K = 544: two warps split K, their sums meet in shared memory
 
 
 @pytest.mark.parametrize("kind,k,n,kernel", GEMM_CASES, ids=[f"{c[0]}-k{c[1]}" for c in GEMM_CASES])
@@ -301,6 +331,7 @@ def test_kernel_choice_says_why(gpu):
 
 # -- combine ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("out_dtype", [F32, np.dtype(np.float16), BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("w_dtype", [F32, BF16], ids=["w32", "wbf16"])
 def test_combine_gives_the_cpu_bytes(gpu, out_dtype, w_dtype):
@@ -319,8 +350,11 @@ def test_combine_gives_the_cpu_bytes(gpu, out_dtype, w_dtype):
 # -- the seam on the GPU steps --------------------------------------------------------------------------
 
 SEAM_SCHEMES = {
-    "dynamic": dict(), "static": dict(input_scale=[0.05, 0.04, 0.06, 0.03]), "per_token": dict(activation_scheme="per_token", per_channel=True),
-    "block": dict(block_size=(16, 16)), "mx": dict(block_size=(1, 32), scale_format="e8m0"),
+    "dynamic": dict(),
+    "static": dict(input_scale=[0.05, 0.04, 0.06, 0.03]),
+    "per_token": dict(activation_scheme="per_token", per_channel=True),
+    "block": dict(block_size=(16, 16)),
+    "mx": dict(block_size=(1, 32), scale_format="e8m0"),
 }
 
 

@@ -5,7 +5,6 @@ Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py st
 the arrays are numpy arrays and cuBLASLt is unavailable, so the Numba kernels carry every call.
 """
 
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -53,13 +52,17 @@ def test_half_and_bfloat16_helpers_match_numpy(gemm):
     finite = ~np.isnan(want)
     np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
     rng = np.random.default_rng(3)
-    xs = np.concatenate([
-        rng.standard_normal(300).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 300).astype(np.float32),
-        np.array([65504, 65519.99, 65520, -65520, 2 ** -24, 2 ** -25, 3 * 2 ** -26, 2 ** -14, np.inf, -0.0],
-                 dtype=np.float32),
-        # exact float16 ties: the midpoint between 1 + k*2^-10 and its neighbour
-        (np.float32(1.0) + (np.arange(8, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0 ** -10)),
-    ])
+    xs = np.concatenate(
+        [
+            rng.standard_normal(300).astype(np.float32)
+            * np.float32(10.0) ** rng.integers(-9, 6, 300).astype(np.float32),
+            np.array(
+                [65504, 65519.99, 65520, -65520, 2**-24, 2**-25, 3 * 2**-26, 2**-14, np.inf, -0.0], dtype=np.float32
+            ),
+            # exact float16 ties: the midpoint between 1 + k*2^-10 and its neighbour
+            (np.float32(1.0) + (np.arange(8, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-10)),
+        ]
+    )
     got_h = np.array([codec.float32_to_half_bits(x) for x in xs], dtype=np.uint16)
     with np.errstate(over="ignore"):  # the overflow to inf is what is being checked
         want_h = xs.astype(np.float16).view(np.uint16)
@@ -124,7 +127,7 @@ def test_bit_placed_weight_decode_is_exact_for_every_code(gemm):
     want = reference.decode(codes.astype(np.uint8))
     compared = 0
     for i, w in enumerate(words):
-        got = np.array(codec.e4m3x4_scaled(np.uint32(w)), dtype=np.float64) * 2.0 ** 120
+        got = np.array(codec.e4m3x4_scaled(np.uint32(w)), dtype=np.float64) * 2.0**120
         flagged = int(codec.nan_code_bits(np.uint32(w)))
         for byte in range(4):
             code = int(codes[(i - byte) % 256])
@@ -197,8 +200,11 @@ def test_f32_epilogue_eight_wide_equals_element_wise(gemm, out_dtype, bias_dtype
     sa = rng.uniform(-0.1, 0.1, m).astype(np.float32)
     sb = rng.uniform(0.001, 0.1, n).astype(np.float32)
     bias = None if bias_dtype is None else rng.standard_normal(n).astype(bias_dtype)
-    bias_bits, bias_kind = (np.zeros(1, np.uint16), 0) if bias is None else (bias.view(np.uint16),
-                                                                              epilogue.BIAS_KIND[np.dtype(bias_dtype)])
+    bias_bits, bias_kind = (
+        (np.zeros(1, np.uint16), 0)
+        if bias is None
+        else (bias.view(np.uint16), epilogue.BIAS_KIND[np.dtype(bias_dtype)])
+    )
     out_kind = epilogue.OUT_KIND[np.dtype(out_dtype)]
     wide = np.dtype(np.float32) if out_dtype == np.float32 else np.dtype(np.uint16)
     poison = 0x7F if wide == np.uint16 else np.nan
@@ -207,10 +213,18 @@ def test_f32_epilogue_eight_wide_equals_element_wise(gemm, out_dtype, bias_dtype
     assert kernel is epilogue.epilogue_vector_kernel(out_dtype == np.float32)
     kernel(2, 4, *args)  # fewer threads than 8-element groups: the grid-stride loop runs
     y_one = np.full((m, n), poison, dtype=wide)
-    epilogue.epilogue_kernel(out_dtype == np.float32)(4, 32, acc, y_one, sa, 1, sb, 1, bias_bits, bias_kind,
-                                                       out_kind)
-    odd = epilogue.epilogue_launch(np.ascontiguousarray(acc[:, :n - 1]), np.ascontiguousarray(y_one[:, :n - 1]), sa,
-                                   1, sb, 1, bias_bits, bias_kind, out_kind)[0]
+    epilogue.epilogue_kernel(out_dtype == np.float32)(4, 32, acc, y_one, sa, 1, sb, 1, bias_bits, bias_kind, out_kind)
+    odd = epilogue.epilogue_launch(
+        np.ascontiguousarray(acc[:, : n - 1]),
+        np.ascontiguousarray(y_one[:, : n - 1]),
+        sa,
+        1,
+        sb,
+        1,
+        bias_bits,
+        bias_kind,
+        out_kind,
+    )[0]
     assert odd is epilogue.epilogue_kernel(out_dtype == np.float32)  # N % 8 != 0: element per thread
     ys = [y_wide, y_one]
     np.testing.assert_array_equal(ys[0].view(np.uint8), ys[1].view(np.uint8))
@@ -219,13 +233,27 @@ def test_f32_epilogue_eight_wide_equals_element_wise(gemm, out_dtype, bias_dtype
 
 def test_empty_and_zero_k(gemm):
     rng = np.random.default_rng(60)
-    y = gemm.scaled_mm(np.zeros((0, 32), np.uint8), random_codes(rng, (8, 32)), np.float32(1), np.float32(1),
-                       np.dtype(np.float32), None, None)
+    y = gemm.scaled_mm(
+        np.zeros((0, 32), np.uint8),
+        random_codes(rng, (8, 32)),
+        np.float32(1),
+        np.float32(1),
+        np.dtype(np.float32),
+        None,
+        None,
+    )
     assert y.shape == (0, 8)
     bias = np.linspace(-2, 2, 8).astype(np.float32)
     for m in (1, 9):  # the GEMV and the tiled kernel: an empty sum is 0, so y = bias
-        y = gemm.scaled_mm(np.zeros((m, 0), np.uint8), np.zeros((8, 0), np.uint8), np.float32(1), np.float32(1),
-                           np.dtype(np.float32), bias, None)
+        y = gemm.scaled_mm(
+            np.zeros((m, 0), np.uint8),
+            np.zeros((8, 0), np.uint8),
+            np.float32(1),
+            np.float32(1),
+            np.dtype(np.float32),
+            bias,
+            None,
+        )
         np.testing.assert_array_equal(y, np.broadcast_to(bias, (m, 8)))
 
 
@@ -245,8 +273,9 @@ def test_selection_reasons_and_forcing(gemm, monkeypatch):
     with pytest.raises(ValueError, match="kernel must be one of"):
         gemm.scaled_mm(a, b, np.float32(1), np.float32(1), np.dtype(np.float32), None, "nope")
     with pytest.raises(ValueError, match="M <= 4"):
-        gemm.scaled_mm(random_codes(rng, (5, 32)), b, np.float32(1), np.float32(1), np.dtype(np.float32), None,
-                       "decode_gemv")
+        gemm.scaled_mm(
+            random_codes(rng, (5, 32)), b, np.float32(1), np.float32(1), np.dtype(np.float32), None, "decode_gemv"
+        )
     for m in (1, 4, 4096):  # every kernel in every order (wgmma is chosen by name only), the any-shape kernel last
         order = [k.name for k in gemm.kernel_order(m)]
         assert sorted(order) == sorted(set(gemm.KERNELS_BY_NAME) - {"wgmma", "wgmma_k32"}) and order[-1] == "tiled"

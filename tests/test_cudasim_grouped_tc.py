@@ -12,8 +12,8 @@ Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py st
 
 import numpy as np
 import pytest
-
 from tensorcore_cases import BF16, F16, F32, uniform_codes
+
 from vtnumba.testing import gates, reference
 
 pytestmark = pytest.mark.cudasim
@@ -22,6 +22,7 @@ BLOCK_SIZE = (128, 128)
 
 
 # -- helpers, shared with tests/test_grouped_tc_gpu.py (host numpy in, ``xp`` arrays on the device) --
+
 
 def offsets_of(counts):
     """int32 [E + 1]: the cumulative ends of ``counts`` rows per expert, from 0."""
@@ -52,7 +53,7 @@ def expert_scales(sa, sb, e, lo, hi, block_scaled):
     """Expert e's scales over its rows lo..hi as the ungrouped GEMM takes them."""
     if block_scaled:
         return sa[lo:hi], sb[e]
-    return (sa[lo:hi] if sa.shape[0] > 1 else sa), (sb[e] if sb.ndim == 2 else sb[e:e + 1])
+    return (sa[lo:hi] if sa.shape[0] > 1 else sa), (sb[e] if sb.ndim == 2 else sb[e : e + 1])
 
 
 def host_out(y_bits, out_dtype):
@@ -97,10 +98,26 @@ def run_ungrouped(xp, a, sa, b, sb, offsets, out_dtype, block_size, config=None)
             sa_e, sb_e = (xp.asarray(s) for s in expert_scales(sa, sb, e, lo, hi, block_scaled))
             steps = (0, 0) if block_scaled else (int(sa_e.shape[0] > 1), int(sb_e.shape[0] > 1))
             kernel, grid, block, args, _ = tc_gemv.gemv_launch(
-                hi - lo, da[lo:hi], dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), db[e], sa_e, steps[0],
-                sb_e, steps[1], out_dtype, None, tc_gemv.MODE_CODES, block_scaled, y[lo:hi], dev, config)
+                hi - lo,
+                da[lo:hi],
+                dev.placeholder("u16_2d"),
+                0,
+                dev.placeholder("f32"),
+                db[e],
+                sa_e,
+                steps[0],
+                sb_e,
+                steps[1],
+                out_dtype,
+                None,
+                tc_gemv.MODE_CODES,
+                block_scaled,
+                y[lo:hi],
+                dev,
+                config,
+            )
             kernel(grid, block, *args)
-    y[int(offsets[-1]):] = 0
+    y[int(offsets[-1]) :] = 0
     return y
 
 
@@ -112,8 +129,10 @@ def _assert_within(y, ref, bound, out_dtype, what):
     bad &= ~nan
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} elements outside, first at {i}: y={y[i]!r} ref={ref[i]!r} "
-                             f"err={err[i]:.3g} allowed={allowed[i]:.3g}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} elements outside, first at {i}: y={y[i]!r} ref={ref[i]!r} "
+            f"err={err[i]:.3g} allowed={allowed[i]:.3g}"
+        )
     return int((~nan).sum())
 
 
@@ -137,8 +156,13 @@ def check_grouped(y, a, sa, b, sb, offsets, out_dtype, block_size):
             ref, bound = reference.scaled_mm(a[lo:hi], b[e], sa_e, sb_e)
         compared += _assert_within(y[lo:hi], ref, bound, out_dtype, f"expert {e} against float64 (G3)")
         # two results within G3 of the exact value: within twice G3 and both roundings of each other
-        _assert_within(y[lo:hi], cpu[lo:hi].astype(np.float64), 2 * bound + reference.out_rounding(ref, out_dtype),
-                       out_dtype, f"expert {e} against the CPU's grouped_scaled_mm")
+        _assert_within(
+            y[lo:hi],
+            cpu[lo:hi].astype(np.float64),
+            2 * bound + reference.out_rounding(ref, out_dtype),
+            out_dtype,
+            f"expert {e} against the CPU's grouped_scaled_mm",
+        )
     routed = int(offsets[-1])
     assert (y[routed:].astype(np.float64) == 0).all(), "a padding row was not written as 0"
     return compared
@@ -146,11 +170,16 @@ def check_grouped(y, a, sa, b, sb, offsets, out_dtype, block_size):
 
 # -- the tests -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("counts, pad, scales, out_dtype, rows_hint", [
-    ([0, 3, 0, 18, 0], 3, "row_channel", F32, None),  # empty first, middle, last; 16 + 2 rows; padding
-    ([0, 3, 0, 18, 0], 3, "tensor_expert", BF16, None),
-    ([5, 0, 11, 8], 2, "row_expert", F16, 8),  # the 8-row kernel: 11 rows in two passes, a hint too low
-], ids=["row_channel-f32", "tensor_expert-bf16", "rows8-f16"])
+
+@pytest.mark.parametrize(
+    "counts, pad, scales, out_dtype, rows_hint",
+    [
+        ([0, 3, 0, 18, 0], 3, "row_channel", F32, None),  # empty first, middle, last; 16 + 2 rows; padding
+        ([0, 3, 0, 18, 0], 3, "tensor_expert", BF16, None),
+        ([5, 0, 11, 8], 2, "row_expert", F16, 8),  # the 8-row kernel: 11 rows in two passes, a hint too low
+    ],
+    ids=["row_channel-f32", "tensor_expert-bf16", "rows8-f16"],
+)
 def test_grouped_matches_references_and_ungrouped(counts, pad, scales, out_dtype, rows_hint):
     rng = np.random.default_rng(sum(counts) + len(counts))
     n, k = 20, 144  # a partial row tile; two chunks, the second 16 wide

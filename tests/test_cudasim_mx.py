@@ -57,8 +57,14 @@ def _fragments(a16, b8):
         def pack(row, k0):
             return np.uint32(sum(int(row[k0 + j]) << (8 * j) for j in range(4)))
 
-        words[lane] = [pack(a16[g], 4 * t), pack(a16[g + 8], 4 * t), pack(a16[g], 4 * t + 16),
-                       pack(a16[g + 8], 4 * t + 16), pack(b8[g], 4 * t), pack(b8[g], 4 * t + 16)]
+        words[lane] = [
+            pack(a16[g], 4 * t),
+            pack(a16[g + 8], 4 * t),
+            pack(a16[g], 4 * t + 16),
+            pack(a16[g + 8], 4 * t + 16),
+            pack(b8[g], 4 * t),
+            pack(b8[g], 4 * t + 16),
+        ]
     return words
 
 
@@ -81,11 +87,13 @@ def _mma_kernel(words, lane_sfa, lane_sfb, kind, out):
     w = words[lane]
     one = np.float32(1.0)
     if kind == 0:
-        d0, d1, d2, d3 = sm120_mma.mma_e4m3_mx(w[0], w[1], w[2], w[3], w[4], w[5], one, one, one, one,
-                                               lane_sfa[lane], lane_sfb[lane], scratch, 0, lane)
+        d0, d1, d2, d3 = sm120_mma.mma_e4m3_mx(
+            w[0], w[1], w[2], w[3], w[4], w[5], one, one, one, one, lane_sfa[lane], lane_sfb[lane], scratch, 0, lane
+        )
     elif kind == 1:
-        d0, d1, d2, d3 = sm120_mma.mma_e4m3_unit(w[0], w[1], w[2], w[3], w[4], w[5], one, one, one, one, scratch, 0,
-                                                 lane)
+        d0, d1, d2, d3 = sm120_mma.mma_e4m3_unit(
+            w[0], w[1], w[2], w[3], w[4], w[5], one, one, one, one, scratch, 0, lane
+        )
     else:
         d0, d1, d2, d3 = mma.mma_e4m3(w[0], w[1], w[2], w[3], w[4], w[5], one, one, one, one, scratch, 0, lane)
     out[lane, 0] = d0
@@ -125,8 +133,13 @@ def test_block_scaled_mma_emulation_follows_the_sm121a_scale_map():
     sfa = (123 + np.arange(16) % 9).astype(np.uint32)
     sfb = (124 + np.arange(8) % 7).astype(np.uint32)
     y = _run_mma("mx", a, b, sfa, sfb)
-    want = 1.0 + reference.decode(a) @ reference.decode(b).T * np.ldexp(1.0, sfa.astype(int) - 127)[:, None] \
+    want = (
+        1.0
+        + reference.decode(a)
+        @ reference.decode(b).T
+        * np.ldexp(1.0, sfa.astype(int) - 127)[:, None]
         * np.ldexp(1.0, sfb.astype(int) - 127)[None, :]
+    )
     np.testing.assert_array_equal(y, want.astype(np.float32))
     assert len(np.unique(y)) > 30
 
@@ -237,8 +250,9 @@ def test_the_small_m_mx_tiles_meet_block_g3(config, mma_kind):
     a, b, sa, sb = _mx_operands(rng, 5, 70, 96)
     call = block.BlockCall(a, b, sa, sb, (1, 32), F32, None)
     y = np.zeros((5, 70), np.float32)
-    launcher, grid, threads, args = tc_gemm.gemm_launch(call, y, False, config=tc_gemm.GEMM_CONFIGS[config],
-                                                        mma_kind=mma_kind)
+    launcher, grid, threads, args = tc_gemm.gemm_launch(
+        call, y, False, config=tc_gemm.GEMM_CONFIGS[config], mma_kind=mma_kind
+    )
     assert threads == 32 * tc_gemm.GEMM_CONFIGS[config].wn and threads in (64, 128)
     launcher(grid, threads, *args)
     assert assert_block_g3(y, a, b, sa, sb, (1, 32)) > 5 * 70 // 2

@@ -7,7 +7,6 @@ tiny (the simulator runs each thread as a Python thread), but they cover both th
 and the scalar tail, every mode, every input dtype, host and device scales, and strided inputs.
 """
 
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ def _hard_values(scale, huge=True):
     grid = reference.GRID
     mids = ((grid[:-1] + grid[1:]) / 2.0).astype(F32)
     # (1e30 is left out for the dynamic modes: as amax it would zero every other code)
-    edges = np.array([448.0, 464.0, 480.0, 2.0 ** -6, 2.0 ** -10] + ([1e30] if huge else []), dtype=F32)
+    edges = np.array([448.0, 464.0, 480.0, 2.0**-6, 2.0**-10] + ([1e30] if huge else []), dtype=F32)
     near = np.concatenate([edges, np.nextafter(edges, F32(0)), np.nextafter(edges, F32(np.inf))])
     vals = np.concatenate([mids[::3], mids[1::17] * F32(1.0000001), near]) * F32(scale)
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan], dtype=F32)
@@ -57,7 +56,9 @@ def _matrix(dtype, scale, rows, cols, seed, huge=True):
 def _assert_same_codes(got, want):
     assert got.dtype == np.uint8 and got.shape == want.shape
     bad = np.flatnonzero(got != want)
-    assert bad.size == 0, f"{bad.size} of {want.size} codes differ: got {got.reshape(-1)[bad[:6]]}, want {want.reshape(-1)[bad[:6]]}"
+    assert bad.size == 0, (
+        f"{bad.size} of {want.size} codes differ: got {got.reshape(-1)[bad[:6]]}, want {want.reshape(-1)[bad[:6]]}"
+    )
     assert np.count_nonzero(want) > want.size // 4  # vacuity: real codes were compared
 
 
@@ -94,11 +95,26 @@ def test_dynamic_matches_cpu(gpu, dtype, shape, one_launch, monkeypatch):
     quantize._backend()
     xin, kind, _, n, aligned, _ = quantize._input(np.zeros(shape, dtype))
     scale_buf = np.zeros(1, np.float32)
-    kernels = [launch[0] for launch in quantize._dynamic_launches(xin, kind, n, aligned, np.zeros(shape, np.uint8),
-                                                              scale_buf, scale_buf, 1, "portable",
-                                                              quantize._device.current())]
-    assert kernels == ([quant.dynamic_small_kernel(kind, "portable")] if one_launch else
-                       [quant.amax_kernel(kind), quant.dynamic_kernel(kind, "portable")])
+    kernels = [
+        launch[0]
+        for launch in quantize._dynamic_launches(
+            xin,
+            kind,
+            n,
+            aligned,
+            np.zeros(shape, np.uint8),
+            scale_buf,
+            scale_buf,
+            1,
+            "portable",
+            quantize._device.current(),
+        )
+    ]
+    assert kernels == (
+        [quant.dynamic_small_kernel(kind, "portable")]
+        if one_launch
+        else [quant.amax_kernel(kind), quant.dynamic_kernel(kind, "portable")]
+    )
     x = _matrix(dtype, 0.13, *shape, seed=7, huge=False)
     want = vt.quantize_fp8(x)
     codes, scale = gpu.quantize_dynamic(x)

@@ -8,10 +8,22 @@ Runs only in the simulator process (marker ``cudasim``; tests/test_cudasim.py st
 
 import numpy as np
 import pytest
+from tensorcore_cases import (
+    BF16,
+    F16,
+    F32,
+    assert_same_f16,
+    block_reference,
+    check_g3,
+    cvt_f16_check,
+    group_quantize,
+    launch_tc_f32,
+    mma_f16_layout_check,
+    mma_layout_check,
+    scales_and_bias,
+    uniform_codes,
+)
 
-from tensorcore_cases import (BF16, F16, F32, assert_same_f16, block_reference, check_g3, cvt_f16_check,
-                              group_quantize, launch_tc_f32, mma_f16_layout_check, mma_layout_check, scales_and_bias,
-                              uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.cudasim
@@ -37,8 +49,9 @@ def blockwise(a, b, sa, sb, out_dtype, bias, promotion="per_mma"):
     from vtnumba.cuda import block
 
     call = block.BlockCall(a, b, sa, sb, (128, 128), np.dtype(out_dtype), bias)
-    kernel = (block.TensorCoreBlockGemv(simulate=True) if call.m <= 16
-              else block.TensorCoreBlock(promotion, simulate=True))
+    kernel = (
+        block.TensorCoreBlockGemv(simulate=True) if call.m <= 16 else block.TensorCoreBlock(promotion, simulate=True)
+    )
     assert kernel.can_implement(call) == (True, "")
     return kernel.run(call)
 
@@ -50,8 +63,18 @@ def fused(x, b, sb, out_dtype, input_scale=None, per_token=False, scale_ub=None,
 
     ub = None if scale_ub is None else np.float32(scale_ub)
     sb = np.float32(sb) if np.isscalar(sb) else sb
-    return tc_gemv.fused_linear(x, b, sb, input_scale, per_token, ub, np.dtype(out_dtype), None,
-                                lambda x_: quantize.quantize_activation(x_, input_scale, per_token, ub), block_scales)
+    return tc_gemv.fused_linear(
+        x,
+        b,
+        sb,
+        input_scale,
+        per_token,
+        ub,
+        np.dtype(out_dtype),
+        None,
+        lambda x_: quantize.quantize_activation(x_, input_scale, per_token, ub),
+        block_scales,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +129,17 @@ def test_gemm_chain_equals_explicit_promotion_and_word_loads(tc):
     a, b = uniform_codes(rng, (m, k)), uniform_codes(rng, (n, k))
     one = np.ones(1, np.float32)
     outs = {}
-    for name, cfg, chain in (("explicit", "sim_32x16", False), ("chain", "sim_32x16", True),
-                             ("words", "sim_32x16_lds", False)):
+    for name, cfg, chain in (
+        ("explicit", "sim_32x16", False),
+        ("chain", "sim_32x16", True),
+        ("words", "sim_32x16_lds", False),
+    ):
         cfg = tc.GEMM_CONFIGS[cfg]
         bm, bn = tc.tile_shape(cfg)
         y = np.full((m, n), np.nan, dtype=np.float32)
         tc.gemm_launcher(cfg, tc.PER_MMA, False, chain, True)(
-            (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, np.zeros(1, np.uint16), 0, y, 0)
+            (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, np.zeros(1, np.uint16), 0, y, 0
+        )
         outs[name] = y
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
     assert check_g3(outs["explicit"], ref, bound, F32)[0] > 0
@@ -139,18 +166,22 @@ def test_f16_staged_config_rules(tc):
     with pytest.raises(ValueError, match="f16 must be one of"):
         tc.gemm_kernel(tc.TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=True, f16="c"), "per_mma", False, False)
     with pytest.raises(ValueError, match="ldmatrix must be True"):
-        tc.gemm_kernel(tc.TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False, f16="ab"), "per_mma", False,
-                       False)
+        tc.gemm_kernel(
+            tc.TileConfig(mt=1, nt=2, wm=2, wn=1, stages=2, ldmatrix=False, f16="ab"), "per_mma", False, False
+        )
     with pytest.raises(ValueError, match="bytes of shared memory"):
-        tc.gemm_kernel(tc.TileConfig(mt=4, nt=8, wm=4, wn=4, stages=8, ldmatrix=True, f16="ab"), "per_mma", False,
-                       False)
+        tc.gemm_kernel(
+            tc.TileConfig(mt=4, nt=8, wm=4, wn=4, stages=8, ldmatrix=True, f16="ab"), "per_mma", False, False
+        )
     # the e4m3 ring and two f16 tiles of the staged rows, in dynamic shared memory
     assert tc.shared_bytes(tc.GEMM_CONFIGS["sim_32x16_f16b"]) == (0, 2 * 48 * 64 + 2 * 16 * 128)
     assert tc.shared_bytes(tc.GEMM_CONFIGS["sim_32x16"]) == (2 * 48 * 64, 0)
 
 
-@pytest.mark.parametrize("promotion, config", [("per_mma", "sim_32x16"), ("per_128", "sim_32x16"),
-                                               ("per_mma", "sim_32x16_f16ab"), ("per_128", "sim_32x16_f16b")])
+@pytest.mark.parametrize(
+    "promotion, config",
+    [("per_mma", "sim_32x16"), ("per_128", "sim_32x16"), ("per_mma", "sim_32x16_f16ab"), ("per_128", "sim_32x16_f16b")],
+)
 def test_blockwise_gemm(tc, promotion, config):
     rng = np.random.default_rng(9)
     m, n, k = 40, 150, 320  # three K blocks, the last 64 wide; two weight row blocks, the second partial
@@ -206,8 +237,11 @@ def _layer_input(rng, m, k, dtype):
     return x.astype(dtype)
 
 
-@pytest.mark.parametrize("scheme, m, x_dtype", [("static", 2, F32), ("dynamic", 1, BF16), ("per_token", 3, F16),
-                                                 ("dynamic", 6, F32)], ids=str)
+@pytest.mark.parametrize(
+    "scheme, m, x_dtype",
+    [("static", 2, F32), ("dynamic", 1, BF16), ("per_token", 3, F16), ("dynamic", 6, F32)],
+    ids=str,
+)
 def test_fused_linear(scheme, m, x_dtype):
     rng = np.random.default_rng(15)
     n, k = 18, 144
@@ -216,8 +250,11 @@ def test_fused_linear(scheme, m, x_dtype):
     sb = rng.uniform(0.001, 0.01, n).astype(np.float32)
     kw = {"static": dict(input_scale=np.float32(0.013)), "dynamic": {}, "per_token": dict(per_token=True, scale_ub=5.0)}
     y = fused(x, b, sb, F32, **kw[scheme])
-    q = {"static": lambda: reference.quantize(x, np.float32(0.013)), "dynamic": lambda: reference.quantize(x),
-         "per_token": lambda: reference.quantize(x, per_token=True, scale_ub=5.0)}[scheme]()
+    q = {
+        "static": lambda: reference.quantize(x, np.float32(0.013)),
+        "dynamic": lambda: reference.quantize(x),
+        "per_token": lambda: reference.quantize(x, per_token=True, scale_ub=5.0),
+    }[scheme]()
     ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
     compared, _ = check_g3(y, ref, bound, F32)
     assert compared > 0 and np.isnan(y[-1]).all() == (m > 1)
@@ -267,10 +304,17 @@ def test_reasons(tc, gemm):
     assert not ok and "simulate=True" in why
     ok, why = gemm.TensorCoreGemm(simulate=True).can_implement(call)
     assert not ok and "multiple of 16, got K = 24" in why
-    big = gemm.GemmCall(np.zeros((17, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1), np.float32(1), F32,
-                        None)
+    big = gemm.GemmCall(
+        np.zeros((17, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1), np.float32(1), F32, None
+    )
     ok, why = gemm.TensorCoreGemv(simulate=True).can_implement(big)
     assert not ok and "M <= 16, got M = 17" in why
     # the selection never takes them under the simulator unless forced: the CUDA-core kernels run
-    assert gemm.select(gemm.GemmCall(np.zeros((3, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1),
-                                     np.float32(1), F32, None)).name == "decode_gemv"
+    assert (
+        gemm.select(
+            gemm.GemmCall(
+                np.zeros((3, 32), np.uint8), np.zeros((5, 32), np.uint8), np.float32(1), np.float32(1), F32, None
+            )
+        ).name
+        == "decode_gemv"
+    )

@@ -14,10 +14,9 @@ import os
 import re
 import subprocess
 import sys
-
-import pytest
 from pathlib import Path
 
+import pytest
 
 import vtnumba
 from vtnumba import seam
@@ -28,16 +27,29 @@ SKIP_DIRS = {"build", "dist", "__pycache__", "node_modules"}
 CITATION = re.compile(r"(?<![\w.-])((?:[\w.-]+/)*)([A-Z][A-Z_]+\.md)\b")
 DOCS_PATH = re.compile(r"(?<![\w/.-])(docs/[\w./-]*\.md)\b")
 SECTION = re.compile(r"\b(DESIGN|DEVICE|ANCHORS)\.md,? \"([^\"]+)\"")
-API_MODULES = ["vtnumba", "vtnumba.seam", "vtnumba.testing", "vtnumba.torch", "vtnumba.profile", "vtnumba.timing",
-               "vtnumba.cuda"]
+API_MODULES = [
+    "vtnumba",
+    "vtnumba.seam",
+    "vtnumba.testing",
+    "vtnumba.torch",
+    "vtnumba.profile",
+    "vtnumba.timing",
+    "vtnumba.cuda",
+]
 
 
 def _source_files():
     """The repository's own text files: no virtual environment, build output or hidden folder but .ci."""
     for dirpath, dirnames, filenames in os.walk(ROOT):
         here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                       and (not d.startswith(".") or d == ".ci") and not (here / d / "pyvenv.cfg").exists()]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS
+            and not d.endswith(".egg-info")
+            and (not d.startswith(".") or d == ".ci")
+            and not (here / d / "pyvenv.cfg").exists()
+        ]
         for name in filenames:
             if name.endswith((".py", ".md", ".ipynb", ".sh")) or (here.name == ".ci" and name == "run"):
                 yield here / name
@@ -118,10 +130,18 @@ def test_relative_links_in_the_docs_resolve():
 def test_the_api_reference_builds_and_holds_the_public_api(tmp_path):
     """pdoc imports every public module and renders its docstrings; a warning (a module that fails
     to import, a docstring it cannot place) is an error here."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
-                                                                     if os.environ.get("PYTHONPATH") else [])))
-    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-m", "pdoc", *API_MODULES, "-o", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-m", "pdoc", *API_MODULES, "-o", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     pages = {"vtnumba": vtnumba.__all__, "vtnumba/seam": seam.__all__}
     for page, names in pages.items():
@@ -170,8 +190,11 @@ def test_the_public_api_is_typed():
     seen, untyped = 0, []
     for qualname, fn in _public_callables():
         sig = inspect.signature(fn)
-        params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")
-                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        params = [
+            p
+            for p in sig.parameters.values()
+            if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         missing = [p.name for p in params if p.annotation is inspect.Parameter.empty]
         if sig.return_annotation is inspect.Signature.empty and not qualname.endswith(".__init__"):
             missing.append("return")
@@ -193,8 +216,14 @@ def test_pyproject_ships_the_license_and_the_type_marker():
 
 
 def test_the_readme_names_every_option_of_the_main_command():
-    proc = subprocess.run([sys.executable, "-m", "vtnumba", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "vtnumba", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.returncode == 0, proc.stderr
     options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", proc.stdout)) - {"--help"}
     assert {"--device", "--scheme", "--no-progress", "--skip-selfcheck"} <= options, options

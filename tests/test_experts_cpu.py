@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import vtnumba as vt
 from vtnumba import seam
-from vtnumba.cpu import block_scaled_mm, experts as cx, scaled_mm
+from vtnumba.cpu import block_scaled_mm, scaled_mm
+from vtnumba.cpu import experts as cx
 from vtnumba.ops import ActivationScheme, QuantizedActivation
 from vtnumba.testing.gates import assert_block_g3, assert_g3
 
@@ -39,8 +40,10 @@ def assert_bitwise(y, ref, what):
     if not np.array_equal(_bits(y), _bits(ref)):
         bad = np.argwhere(np.asarray(y, np.float64) != np.asarray(ref, np.float64))
         at = tuple(bad[0]) if bad.size else None
-        raise AssertionError(f"{what}: not bitwise ({len(bad)} elements differ)"
-                             + (f", first at {at}: {y[at]!r} vs {ref[at]!r}" if at else ""))
+        raise AssertionError(
+            f"{what}: not bitwise ({len(bad)} elements differ)"
+            + (f", first at {at}: {y[at]!r} vs {ref[at]!r}" if at else "")
+        )
     nonzero = int(np.count_nonzero(np.asarray(ref, np.float64)))
     assert nonzero > 0, f"{what}: every element is zero: compared nothing"
     return nonzero
@@ -62,7 +65,7 @@ def per_expert_loop(a, scale_a, b, scale_b, offsets, out_dtype=F32, block_size=N
             continue
         sa = scale_a[lo:hi] if per_row else scale_a
         if block_size is None:
-            sb = scale_b[e] if scale_b.ndim == 2 else scale_b[e:e + 1]
+            sb = scale_b[e] if scale_b.ndim == 2 else scale_b[e : e + 1]
             y[lo:hi] = scaled_mm(a[lo:hi], b[e], sa, sb, out_dtype, None, None)
         else:
             y[lo:hi] = block_scaled_mm(a[lo:hi], b[e], sa, scale_b[e], block_size, out_dtype, None, None)
@@ -80,7 +83,7 @@ def assert_grouped_g3(y, a, scale_a, b, scale_b, offsets, block_size, out_dtype=
             continue
         sa = scale_a[lo:hi] if per_row else scale_a
         if block_size is None:
-            sb = scale_b[e] if scale_b.ndim == 2 else scale_b[e:e + 1]
+            sb = scale_b[e] if scale_b.ndim == 2 else scale_b[e : e + 1]
             compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sa.reshape(-1), sb, None, out_dtype)
         else:
             compared += assert_block_g3(y[lo:hi], a[lo:hi], b[e], sa, scale_b[e], block_size, None, out_dtype)
@@ -115,13 +118,28 @@ def operands(kind, p, e_count=E, n=N, k=K, rng=RNG):
     bn, bk = BLOCK[kind]
     nb, kb = -(-n // bn), -(-k // bk)
     if kind == "block_f32":
-        return (a, rng.uniform(0.01, 2, (p, kb)).astype(F32), b, rng.uniform(0.01, 2, (e_count, nb, kb)).astype(F32),
-                (bn, bk))
+        return (
+            a,
+            rng.uniform(0.01, 2, (p, kb)).astype(F32),
+            b,
+            rng.uniform(0.01, 2, (e_count, nb, kb)).astype(F32),
+            (bn, bk),
+        )
     if kind == "block_e8m0_weight":
-        return (a, rng.uniform(0.01, 2, (p, kb)).astype(F32), b,
-                rng.integers(118, 136, (e_count, nb, kb)).astype(np.uint8), (bn, bk))
-    return (a, rng.integers(112, 140, (p, kb)).astype(np.uint8), b,
-            rng.integers(112, 140, (e_count, nb, kb)).astype(np.uint8), (bn, bk))
+        return (
+            a,
+            rng.uniform(0.01, 2, (p, kb)).astype(F32),
+            b,
+            rng.integers(118, 136, (e_count, nb, kb)).astype(np.uint8),
+            (bn, bk),
+        )
+    return (
+        a,
+        rng.integers(112, 140, (p, kb)).astype(np.uint8),
+        b,
+        rng.integers(112, 140, (e_count, nb, kb)).astype(np.uint8),
+        (bn, bk),
+    )
 
 
 def offsets_of(counts):
@@ -149,7 +167,7 @@ def test_grouped_gemm_is_the_per_expert_loop_and_within_g3(kind, pattern):
     ref = per_expert_loop(a, sa, b, sb, offs, F32, bs)
     assert_bitwise(y, ref, f"{kind} {pattern}")
     assert assert_grouped_g3(y, a, sa, b, sb, offs, bs) >= sum(counts) * N // 2
-    assert not y[offs[-1]:].any() and np.count_nonzero(y[:offs[-1]]) > 0.9 * y[:offs[-1]].size
+    assert not y[offs[-1] :].any() and np.count_nonzero(y[: offs[-1]]) > 0.9 * y[: offs[-1]].size
 
 
 @pytest.mark.parametrize("kind", ["per_row_channel", "block_f32", "mx"])
@@ -179,7 +197,7 @@ def test_grouped_gemm_expert_past_the_small_m_kernels(kind):
     else:
         lo, hi = offs[1], offs[1] + 64
         assert assert_g3(y[lo:hi], a[lo:hi], b[1], sa[lo:hi], sb[1]) > 0
-    assert not y[offs[-1]:].any()
+    assert not y[offs[-1] :].any()
 
 
 def test_mx_expert_outside_the_exact_window_takes_the_dense_fallback():
@@ -211,8 +229,9 @@ def test_grouped_gemm_parallel_twin_is_the_serial_loop(kind, monkeypatch):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=6), pad=st.integers(0, 3),
-       seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=6), pad=st.integers(0, 3), seed=st.integers(0, 2**32 - 1)
+)
 def test_grouped_gemm_any_offsets(counts, pad, seed):
     rng = np.random.default_rng(seed)
     offs = offsets_of(counts)
@@ -223,7 +242,7 @@ def test_grouped_gemm_any_offsets(counts, pad, seed):
     y = cx.grouped_scaled_mm(a, sa, b, sb, offs, np.dtype(F32), bs)
     ref = per_expert_loop(a, sa, b, sb, offs, F32, bs)
     assert np.array_equal(_bits(y), _bits(ref))
-    assert not y[offs[-1]:].any()
+    assert not y[offs[-1] :].any()
     assert np.count_nonzero(y) >= 0.9 * int(offs[-1]) * 70
 
 
@@ -449,8 +468,10 @@ def test_moe_fp8_per_pair_composite(scheme):
     e_count, two_i, h = gu.shape
     half = two_i // 2
     dynamic = scheme == "dynamic"
-    for ids, exact in ((np.array([[0, 3, -1], [5, 8, 1], [2, 7, 4], [8, -1, 6]]), True),
-                       (np.array([[0, 3, 3], [3, 0, 1], [1, 0, 3], [3, 3, 0]]), False)):
+    for ids, exact in (
+        (np.array([[0, 3, -1], [5, 8, 1], [2, 7, 4], [8, -1, 6]]), True),
+        (np.array([[0, 3, 3], [3, 0, 1], [1, 0, 3], [3, 3, 0]]), False),
+    ):
         w = RNG.uniform(0.1, 1, ids.shape).astype(F32)
         y = seam.moe_fp8(x, gu, dn, ids, w)
         pairs = [(t, j) for t in range(4) for j in range(3) if 0 <= ids[t, j] < e_count]
@@ -459,10 +480,13 @@ def test_moe_fp8_per_pair_composite(scheme):
         for t, j in pairs:
             e = ids[t, j]
             if dynamic:
-                hid[t, j] = seam.matmul_fp8_prequant(QuantizedActivation(qx.data[t:t + 1], qx.scale, ActivationScheme.DYNAMIC),
-                                                     gu.expert(e), out_dtype=F32)[0]
+                hid[t, j] = seam.matmul_fp8_prequant(
+                    QuantizedActivation(qx.data[t : t + 1], qx.scale, ActivationScheme.DYNAMIC),
+                    gu.expert(e),
+                    out_dtype=F32,
+                )[0]
             else:
-                hid[t, j] = seam.matmul_fp8(x[t:t + 1], gu.expert(e), out_dtype=F32)[0]
+                hid[t, j] = seam.matmul_fp8(x[t : t + 1], gu.expert(e), out_dtype=F32)[0]
         act = {p: v[:half] / (F32(1.0) + np.exp(-v[:half])) * v[half:] for p, v in hid.items()}
         qa = vt.quantize_fp8(np.stack(list(act.values()))) if dynamic else None
         total = np.zeros((4, h), F32)
@@ -473,7 +497,7 @@ def test_moe_fp8_per_pair_composite(scheme):
                 e = ids[t, j]
                 if dynamic:
                     i = list(act).index((t, j))
-                    q1 = QuantizedActivation(qa.data[i:i + 1], qa.scale, ActivationScheme.DYNAMIC)
+                    q1 = QuantizedActivation(qa.data[i : i + 1], qa.scale, ActivationScheme.DYNAMIC)
                     yp = seam.matmul_fp8_prequant(q1, dn.expert(e), out_dtype=F32)[0]
                 else:
                     yp = seam.matmul_fp8(act[t, j][None], dn.expert(e), out_dtype=F32)[0]
@@ -482,7 +506,7 @@ def test_moe_fp8_per_pair_composite(scheme):
             assert_bitwise(y, total, f"{scheme} one row per expert")
         else:
             err = np.abs(y.astype(np.float64) - total)
-            assert err.max() <= 2.0 ** -5 * np.abs(total).max(), (scheme, err.max(), np.abs(total).max())
+            assert err.max() <= 2.0**-5 * np.abs(total).max(), (scheme, err.max(), np.abs(total).max())
             assert np.count_nonzero(total) > 0.9 * total.size
 
 
@@ -532,9 +556,11 @@ def test_bad_topk_weights_shape(layer):
 
 def test_bad_offsets(layer):
     gu, _, x = layer
-    for offs, what in (([0, 2, 1, 3, 3], r"offsets\[2\] = 1 < offsets\[1\] = 2"),
-                       ([0, 1, 1, 2, 2], r"offsets\[0\] = 0, offsets\[4\] = 2"),
-                       ([1, 1, 2, 3, 3], r"offsets\[0\] = 1, offsets\[4\] = 3")):
+    for offs, what in (
+        ([0, 2, 1, 3, 3], r"offsets\[2\] = 1 < offsets\[1\] = 2"),
+        ([0, 1, 1, 2, 2], r"offsets\[0\] = 0, offsets\[4\] = 2"),
+        ([1, 1, 2, 3, 3], r"offsets\[0\] = 1, offsets\[4\] = 3"),
+    ):
         with pytest.raises(ValueError, match=rf"offsets must start at 0, never decrease and end at M = 3.*{what}"):
             seam.grouped_matmul_fp8(x, gu, np.array(offs))
     with pytest.raises(ValueError, match=r"offsets must be \[E \+ 1\] = \(5,\) row offsets, got shape \(4,\)"):
@@ -551,7 +577,9 @@ def test_bad_shapes_between_x_gate_up_and_down(layer):
     with pytest.raises(ValueError, match=r"x must be \[M, K\] with K = 64 .*got shape \(3, 65\)"):
         seam.grouped_matmul_fp8(np.zeros((3, 65), F32), gu, np.array([0, 3, 3, 3, 3]))
     wrong_h = seam.Fp8Experts.from_float(float_weights(4, 48, 32), per_channel=True, activation_scheme="per_token")
-    with pytest.raises(ValueError, match=r"down must be \[E, H, I\] = \(4, 64, 32\) for gate_up \(4, 64, 64\), got \(4, 48, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"down must be \[E, H, I\] = \(4, 64, 32\) for gate_up \(4, 64, 64\), got \(4, 48, 32\)"
+    ):
         seam.moe_fp8(x, gu, wrong_h, ids, w)
     wrong_i = seam.Fp8Experts.from_float(float_weights(4, 64, 48), per_channel=True, activation_scheme="per_token")
     with pytest.raises(ValueError, match=r"down must be \[E, H, I\] = \(4, 64, 32\) .*got \(4, 64, 48\)"):

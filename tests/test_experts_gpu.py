@@ -77,9 +77,10 @@ def _assert_expert_g3(y, a, sa, ex, offsets, out_dtype=F32, tensor_core=False):
             sae = sa[lo:hi] if sa.size > 1 else sa.reshape(-1)[0]
             compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sae, sb[e], None, out_dtype, tensor_core=tensor_core)
         else:
-            compared += assert_block_g3(y[lo:hi], a[lo:hi], b[e], sa[lo:hi], sb[e], ex.block_size, None, out_dtype,
-                                        tensor_core=tensor_core)
-    assert (y[int(offsets[-1]):].astype(np.float64) == 0).all()
+            compared += assert_block_g3(
+                y[lo:hi], a[lo:hi], b[e], sa[lo:hi], sb[e], ex.block_size, None, out_dtype, tensor_core=tensor_core
+            )
+    assert (y[int(offsets[-1]) :].astype(np.float64) == 0).all()
     return compared
 
 
@@ -96,7 +97,7 @@ def _scales_close(got, want):
     if got.dtype == np.uint8:
         assert (np.abs(got.astype(int) - want.astype(int)) <= 1).all()
     else:
-        np.testing.assert_allclose(got, want, rtol=2.0 ** -20, atol=0)
+        np.testing.assert_allclose(got, want, rtol=2.0**-20, atol=0)
 
 
 def _expected_kernel(name, rows_per_expert):
@@ -108,6 +109,7 @@ def _expected_kernel(name, rows_per_expert):
 
 
 # -- the grouped GEMM ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("rows", [1, 8, 64, 512])
 @pytest.mark.parametrize("name", sorted(SCHEMES))
@@ -126,12 +128,17 @@ def test_grouped_matmul_on_the_gpu_runs_the_expected_kernel_within_g3(cp, name, 
     np.testing.assert_array_equal(_host(cp, codes_d), codes)
     np.testing.assert_array_equal(_host(cp, scale_d).view(np.uint8), np.asarray(scale).view(np.uint8))
     dev = gu_res.weight
-    kernel = gpu.grouped_kernel_for(codes_d, se._row_scale(scale_d, dev), dev.data, dev.weight_scale, offs_d, F32,
-                                    dev.block_size)
+    kernel = gpu.grouped_kernel_for(
+        codes_d, se._row_scale(scale_d, dev), dev.data, dev.weight_scale, offs_d, F32, dev.block_size
+    )
     assert kernel == _expected_kernel(name, rows)
     y = seam.grouped_matmul_fp8(xd, gu_res, offs_d, out_dtype=np.float32)
-    assert _assert_expert_g3(_host(cp, y), codes, se._row_scale(scale, gu), gu, offsets,
-                             tensor_core=kernel == "per_expert") > y.size // 2
+    assert (
+        _assert_expert_g3(
+            _host(cp, y), codes, se._row_scale(scale, gu), gu, offsets, tensor_core=kernel == "per_expert"
+        )
+        > y.size // 2
+    )
 
 
 @pytest.mark.parametrize("kernel", ["grouped", "grouped_general"])
@@ -150,13 +157,22 @@ def test_the_cuda_core_grouped_kernels_meet_g3_on_every_scheme(cp, name, rows, k
     scale = se._row_scale(scale, gu)
     dev = gu_res.weight
     for out_dtype in (F32, BF16):
-        y = gpu.grouped_scaled_mm(cp.asarray(codes), cp.asarray(scale), dev.data, dev.weight_scale, cp.asarray(offsets),
-                                  out_dtype, dev.block_size, kernel=kernel)
+        y = gpu.grouped_scaled_mm(
+            cp.asarray(codes),
+            cp.asarray(scale),
+            dev.data,
+            dev.weight_scale,
+            cp.asarray(offsets),
+            out_dtype,
+            dev.block_size,
+            kernel=kernel,
+        )
         host = _host(cp, y.view(np.uint16)).view(BF16) if out_dtype == BF16 else _host(cp, y)
         assert _assert_expert_g3(host, codes, scale, gu, offsets, out_dtype) > host.size // 2
 
 
 # -- the whole layer --------------------------------------------------------------------------------------
+
 
 def _routing(rng, t, k, empty=(3,)):
     live = [e for e in range(E) if e not in empty]
@@ -196,7 +212,9 @@ def test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu(cp, name, t):
     y = _host(cp, got["y"])
     _assert_expert_g3(y, act, se._row_scale(sact, dn), dn, offsets)
     host_out = _host(cp, out.view(np.uint16)).view(BF16) if x.dtype == BF16 else _host(cp, out)
-    np.testing.assert_array_equal(host_out.view(np.uint8), cpu.moe_combine(y, ref["pair_row"], w, x.dtype).view(np.uint8))
+    np.testing.assert_array_equal(
+        host_out.view(np.uint8), cpu.moe_combine(y, ref["pair_row"], w, x.dtype).view(np.uint8)
+    )
     assert np.abs(host_out.astype(np.float32)).max() > 0
 
 
@@ -211,8 +229,9 @@ def test_moe_fp8_captured_into_a_cuda_graph_replays_the_eager_bytes(cp, name):
     t = 4
     x = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
     ids, w = _routing(rng, t, 2)
-    step = vtnumba.cuda.capture(lambda a, b, c: seam.moe_fp8(a, gu_res, dn_res, b, c), x, cp.asarray(ids),
-                                cp.asarray(w))
+    step = vtnumba.cuda.capture(
+        lambda a, b, c: seam.moe_fp8(a, gu_res, dn_res, b, c), x, cp.asarray(ids), cp.asarray(w)
+    )
     for seed in range(3):
         r = np.random.default_rng(100 + seed)
         x2 = cp.asarray(r.standard_normal((t, H)).astype(np.float32))
@@ -312,8 +331,9 @@ def test_empty_experts_and_no_tokens(cp):
     want = seam.moe_fp8(x, gu, dn, ids, w)
     assert (got[0] == 0).all() and (want[0] == 0).all()  # token 0 routes nothing
     np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * float(np.abs(want).max()))
-    none = seam.moe_fp8(cp.zeros((0, H), np.float32), gu_res, dn_res, cp.zeros((0, 2), np.int64),
-                        cp.zeros((0, 2), np.float32))
+    none = seam.moe_fp8(
+        cp.zeros((0, H), np.float32), gu_res, dn_res, cp.zeros((0, 2), np.int64), cp.zeros((0, 2), np.float32)
+    )
     assert none.shape == (0, H)
     ids[:] = -1  # nothing routed at all
     out = cp.asnumpy(seam.moe_fp8(cp.asarray(x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w)))

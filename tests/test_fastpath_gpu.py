@@ -20,9 +20,13 @@ SCHEMES = ["static", "dynamic", "per_token"]
 
 def _weight(n, k, scheme, bias=True, per_channel=False):
     w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-    return seam.Fp8Weight.from_float(w, input_scale=np.float32(4.0 / 448) if scheme == "static" else None,
-                                     per_channel=per_channel, activation_scheme=scheme,
-                                     bias=RNG.standard_normal(n).astype(np.float32) if bias else None)
+    return seam.Fp8Weight.from_float(
+        w,
+        input_scale=np.float32(4.0 / 448) if scheme == "static" else None,
+        per_channel=per_channel,
+        activation_scheme=scheme,
+        bias=RNG.standard_normal(n).astype(np.float32) if bias else None,
+    )
 
 
 def _bits(y):
@@ -109,19 +113,28 @@ def test_graph_replay_equals_eager_bitwise(cp, schemes):
         assert np.count_nonzero(replay) > 0
 
 
-LLAMA_8B = {"q": (4096, 4096), "k": (1024, 4096), "v": (1024, 4096), "o": (4096, 4096),
-            "gate": (14336, 4096), "up": (14336, 4096), "down": (4096, 14336)}
+LLAMA_8B = {
+    "q": (4096, 4096),
+    "k": (1024, 4096),
+    "v": (1024, 4096),
+    "o": (4096, 4096),
+    "gate": (14336, 4096),
+    "up": (14336, 4096),
+    "down": (4096, 14336),
+}
 
 
 def llama_block(cp, scheme="static", reduce=1):
     """The seven linear layers of a Llama-3-8B decoder block (N and K divided by ``reduce``) with
     SiLU(gate) * up, as one function of the hidden state; attention itself is left out (q stands for
     its output), so the block is every FP8 GEMM of a decode step's layer."""
-    layers = {name: seam.make_linear_method(seam.ResidentFp8(_weight(n // reduce, k // reduce, scheme, bias=False),
-                                                             "cuda"))
-              for name, (n, k) in LLAMA_8B.items()}
-    silu_mul = cp.ElementwiseKernel("T g, T u", "T y", "y = (T)((float)g / (1.0f + expf(-(float)g)) * (float)u)",
-                                    "vt_silu_mul")  # float16 activations (cupy has no bfloat16 arithmetic)
+    layers = {
+        name: seam.make_linear_method(seam.ResidentFp8(_weight(n // reduce, k // reduce, scheme, bias=False), "cuda"))
+        for name, (n, k) in LLAMA_8B.items()
+    }
+    silu_mul = cp.ElementwiseKernel(
+        "T g, T u", "T y", "y = (T)((float)g / (1.0f + expf(-(float)g)) * (float)u)", "vt_silu_mul"
+    )  # float16 activations (cupy has no bfloat16 arithmetic)
 
     def block(h):
         q = layers["q"].apply(h)

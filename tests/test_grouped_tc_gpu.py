@@ -13,10 +13,16 @@ and a padding row not written as 0 fails. Also: every configuration, and a CUDA 
 
 import numpy as np
 import pytest
-
 from tensorcore_cases import BF16, F16, F32, kernels_here
-from test_cudasim_grouped_tc import (BLOCK_SIZE, check_grouped, grouped_case, host_out, poisoned_bits, run_grouped,
-                                     run_ungrouped)
+from test_cudasim_grouped_tc import (
+    BLOCK_SIZE,
+    check_grouped,
+    grouped_case,
+    host_out,
+    poisoned_bits,
+    run_grouped,
+    run_ungrouped,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -35,13 +41,21 @@ def routed_counts(rng, e, typical, big):
     return [int(c) for c in counts]
 
 
-@pytest.mark.parametrize("e, n, k, scales, out_dtype", [
-    (128, 1536, 2048, "row_channel", BF16),  # Qwen3-30B-A3B gate_up
-    (128, 1536, 2048, "tensor_expert", F32),
-    (128, 2048, 768, "row_expert", F16),  # Qwen3-30B-A3B down
-    (16, 4096, 7168, "block", BF16),  # DeepSeek-V3 gate_up, 128 x 128 block scales
-], ids=["qwen3_gate_up-row_channel-bf16", "qwen3_gate_up-tensor_expert-f32", "qwen3_down-row_expert-f16",
-        "deepseek_gate_up-block-bf16"])
+@pytest.mark.parametrize(
+    "e, n, k, scales, out_dtype",
+    [
+        (128, 1536, 2048, "row_channel", BF16),  # Qwen3-30B-A3B gate_up
+        (128, 1536, 2048, "tensor_expert", F32),
+        (128, 2048, 768, "row_expert", F16),  # Qwen3-30B-A3B down
+        (16, 4096, 7168, "block", BF16),  # DeepSeek-V3 gate_up, 128 x 128 block scales
+    ],
+    ids=[
+        "qwen3_gate_up-row_channel-bf16",
+        "qwen3_gate_up-tensor_expert-f32",
+        "qwen3_down-row_expert-f16",
+        "deepseek_gate_up-block-bf16",
+    ],
+)
 def test_grouped_real_shapes(tcv, cp, e, n, k, scales, out_dtype):
     rng = np.random.default_rng(e + n + k)
     counts = routed_counts(rng, e, 8, 40)

@@ -41,11 +41,14 @@ def _same(t, a):
 
 # -- torch stays optional ----------------------------------------------------------------------
 
+
 def test_import_vtnumba_leaves_torch_unimported():
-    code = ("import sys, vtnumba, vtnumba.seam, numpy as np; "
-            "vtnumba.quantize_fp8(np.ones((2, 16), np.float32), 0.5); "
-            "bad = [m for m in ('torch', 'jax', 'cupy') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, vtnumba, vtnumba.seam, numpy as np; "
+        "vtnumba.quantize_fp8(np.ones((2, 16), np.float32), 0.5); "
+        "bad = [m for m in ('torch', 'jax', 'cupy') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "[]"
@@ -59,6 +62,7 @@ def test_vtnumba_torch_imports_the_real_torch():
 
 
 # -- zero-copy --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.float8_e4m3fn])
 def test_tensors_cross_both_ways_without_a_copy(dtype):
@@ -74,11 +78,16 @@ def test_tensors_cross_both_ways_without_a_copy(dtype):
     base = torch.arange(64, dtype=torch.float32).reshape(4, 16)
     t = (base / 16).to(dtype) if dtype.is_floating_point else base.to(dtype)
     out = identity(t)
-    (arr,), = [seen]
+    ((arr,),) = [seen]
     assert isinstance(arr, np.ndarray) and arr.ctypes.data == t.data_ptr()
     assert isinstance(out, torch.Tensor) and out.data_ptr() == t.data_ptr()
-    want = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: BF16, torch.uint8: np.uint8,
-            torch.float8_e4m3fn: np.uint8}[dtype]
+    want = {
+        torch.float32: np.float32,
+        torch.float16: np.float16,
+        torch.bfloat16: BF16,
+        torch.uint8: np.uint8,
+        torch.float8_e4m3fn: np.uint8,
+    }[dtype]
     assert arr.dtype == want and arr.shape == (4, 16)
     # codes come back as uint8 (the documented choice); every other dtype as it went in
     assert out.dtype == (torch.uint8 if dtype == torch.float8_e4m3fn else dtype)
@@ -106,6 +115,7 @@ def test_results_share_memory_with_the_arrays_the_op_made():
 
 
 # -- the same kind out, the same bytes as numpy ------------------------------------------------
+
 
 @pytest.mark.parametrize("np_dtype", [np.float32, np.float16, BF16])
 def test_quantize_on_tensors_matches_numpy(np_dtype):
@@ -151,8 +161,9 @@ def test_seam_entry_points_on_tensors_match_numpy(scheme):
     k, n = 32, 16
     w = (RNG.standard_normal((n, k)) * 0.1).astype(np.float32)
     bias = RNG.standard_normal(n).astype(np.float32)
-    kw = dict(input_scale=0.01 if scheme == "static" else None, per_channel=scheme == "per_token",
-              activation_scheme=scheme)
+    kw = dict(
+        input_scale=0.01 if scheme == "static" else None, per_channel=scheme == "per_token", activation_scheme=scheme
+    )
     fw = seam.Fp8Weight.from_float(w, bias=bias, **kw)
     tw = seam.Fp8Weight.from_float(_tensor(w), bias=_tensor(bias), **kw)  # a torch weight: numpy inside
     assert tw.device == "cpu" and isinstance(tw.data, np.ndarray)
@@ -199,11 +210,12 @@ def test_other_dlpack_producers_get_numpy_back():
 
 # -- float64 ----------------------------------------------------------------------------------
 
+
 def test_float64_is_cast_to_float32_with_rne_first():
     """Values a hair off an e4m3 tie: float32 rounds them onto the tie (which then goes to even),
     while rounding the float64 value straight to e4m3 would not. The op gives the first."""
-    tiny = 2.0 ** -40  # far below half a float32 ulp at these magnitudes
-    ties = np.array([1.0625, 1.1875, 1.5 * 2.0 ** -9, 2.375, -12.5, 216.0])  # midpoints of e4m3 neighbours
+    tiny = 2.0**-40  # far below half a float32 ulp at these magnitudes
+    ties = np.array([1.0625, 1.1875, 1.5 * 2.0**-9, 2.375, -12.5, 216.0])  # midpoints of e4m3 neighbours
     x64 = np.concatenate([ties + tiny, ties - tiny]).reshape(2, -1)
     codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
     values = vt.decode_e4m3(codes).astype(np.float64)
@@ -233,11 +245,14 @@ def test_float64_weights_bias_and_outputs():
     assert y.dtype == torch.float32  # float64 is not an output dtype: results follow the float32 input
     _same(y, seam.matmul_fp8(x64.astype(np.float32), ref))
     qx, qw = vt.quantize_fp8(x64), vt.quantize_fp8(w64)
-    np.testing.assert_array_equal(vt.scaled_mm(qx.data, qw.data, qx.scale.astype(np.float64), qw.scale, bias=bias64),
-                                  vt.scaled_mm(qx.data, qw.data, qx.scale, qw.scale, bias=bias64.astype(np.float32)))
+    np.testing.assert_array_equal(
+        vt.scaled_mm(qx.data, qw.data, qx.scale.astype(np.float64), qw.scale, bias=bias64),
+        vt.scaled_mm(qx.data, qw.data, qx.scale, qw.scale, bias=bias64.astype(np.float32)),
+    )
 
 
 # -- bad input --------------------------------------------------------------------------------
+
 
 def test_requires_grad_is_refused_under_grad_mode_only():
     x = torch.randn(4, 16, requires_grad=True)
@@ -257,8 +272,11 @@ def test_requires_grad_is_refused_under_grad_mode_only():
 def test_mixed_frameworks_are_refused_naming_both():
     q = vt.quantize_fp8(torch.randn(4, 32))
     w = vt.quantize_fp8(RNG.standard_normal((8, 32)).astype(np.float32))
-    with pytest.raises(TypeError, match=r"one framework, got a \(torch\.Tensor\) with b \(numpy\.ndarray\); "
-                                        r"pass b as a tensor too"):
+    with pytest.raises(
+        TypeError,
+        match=r"one framework, got a \(torch\.Tensor\) with b \(numpy\.ndarray\); "
+        r"pass b as a tensor too",
+    ):
         vt.scaled_mm(q.data, w.data, q.scale, w.scale)
     with pytest.raises(TypeError, match=r"got x \(torch\.Tensor\) with bias \(numpy\.ndarray\)"):
         vt.fp8_linear(torch.randn(2, 32), torch.from_numpy(w.data), 0.5, bias=np.zeros(8, np.float32))
@@ -274,8 +292,11 @@ def test_refused_dlpack_export_is_named():
         def __dlpack_device__(self):
             return (1, 0)
 
-    with pytest.raises(TypeError, match=r"x must be exportable through DLPack, got a .*Refuses whose export was "
-                                        r"refused \(BufferError: cannot export a non-contiguous array\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"x must be exportable through DLPack, got a .*Refuses whose export was "
+        r"refused \(BufferError: cannot export a non-contiguous array\)",
+    ):
         vt.quantize_fp8(Refuses(), 0.5)
 
 
@@ -306,5 +327,5 @@ def test_numpy_callers_take_the_fast_path():
     q = vt.quantize_fp8(x)
     w = seam.Fp8Weight.from_float(x)
     out = look(x, q, w, np.float32(2), out_dtype=BF16, bias=None)
-    (args, kwargs), = seen
+    ((args, kwargs),) = seen
     assert out is x and args[0] is x and args[1] is q and args[2] is w and kwargs == {"out_dtype": BF16, "bias": None}

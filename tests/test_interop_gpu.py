@@ -59,7 +59,7 @@ def test_cuda_tensors_cross_both_ways_without_a_copy(dtype):
     base = torch.arange(64, dtype=torch.float32, device="cuda").reshape(4, 16)
     t = (base / 16).to(dtype) if dtype.is_floating_point else base.to(dtype)
     out = identity(t)
-    arr, = seen
+    (arr,) = seen
     assert isinstance(arr, cupy.ndarray) and arr.data.ptr == t.data_ptr() and arr.shape == (4, 16)
     assert isinstance(out, torch.Tensor) and out.is_cuda and out.data_ptr() == t.data_ptr()
     assert out.dtype == (torch.uint8 if dtype == torch.float8_e4m3fn else dtype)
@@ -83,8 +83,15 @@ def test_ops_on_cuda_tensors_match_the_cpu(np_dtype):
     cupy = _cupy()
     views = [cupy.from_dlpack(t) for t in (tqx.data, tqw.data, tqx.scale, tqw.scale, tb)]
     for kernel in ("tiled", None):  # a named Numba kernel, and the one the backend picks
-        got = vt.scaled_mm(tqx.data.view(torch.float8_e4m3fn), tqw.data, tqx.scale, tqw.scale,
-                           out_dtype=torch.bfloat16, bias=tb, kernel=kernel)
+        got = vt.scaled_mm(
+            tqx.data.view(torch.float8_e4m3fn),
+            tqw.data,
+            tqx.scale,
+            tqw.scale,
+            out_dtype=torch.bfloat16,
+            bias=tb,
+            kernel=kernel,
+        )
         want = vt.scaled_mm(*views[:4], out_dtype=BF16, bias=views[4], kernel=kernel)  # cupy views: same kernel
         assert got.dtype == torch.bfloat16 and got.device == tx.device
         _same(got, devices.to_host(want))
@@ -194,8 +201,10 @@ def test_gpu_linear_from_a_cuda_linear_stays_there():
 def test_minilm_through_sentence_transformers_on_the_gpu():
     folder = os.environ.get("VT_MINILM_FP16")
     if not folder or not Path(folder).is_dir():
-        pytest.skip("set VT_MINILM_FP16 to the folder examples/export_minilm_fp16.py writes (the weights "
-                    "package cannot be installed on the H200)")
+        pytest.skip(
+            "set VT_MINILM_FP16 to the folder examples/export_minilm_fp16.py writes (the weights "
+            "package cannot be installed on the H200)"
+        )
     pytest.importorskip("sentence_transformers")
     examples = Path(__file__).resolve().parents[1] / "examples"
     spec = importlib.util.spec_from_file_location("minilm_fp8", examples / "minilm_fp8.py")

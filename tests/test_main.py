@@ -43,7 +43,7 @@ def small_report():
 def test_report_covers_every_layer_at_every_token_count(small_report):
     layers = small_report["layers"]
     assert [(r["layer"], r["m"]) for r in layers] == [(name, m) for m in (2, 40) for name, _, _ in cli.LLAMA3_8B_LAYERS]
-    for r, (name, n, k) in zip(layers, list(cli.LLAMA3_8B_LAYERS) * 2):
+    for r, (_, n, k) in zip(layers, list(cli.LLAMA3_8B_LAYERS) * 2):
         assert (r["n"], r["k"]) == (n // 32, k // 32)
         assert r["scheme"] == "dynamic"  # the default scheme
         assert r["device_us"] > 0 and r["baseline_us"] > 0 and r["quant_us"] > 0
@@ -55,12 +55,14 @@ def test_report_covers_every_layer_at_every_token_count(small_report):
         assert r["gflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / (r["device_us"] * 1e-6) / 1e9)
     # which CPU kernel runs is the GEMM's own shape rule (vtnumba.cpu.gemm); the table must name it
     from vtnumba.cpu.gemm import KERNELS
+
     assert {r["kernel"] for r in layers} <= set(KERNELS) - {"reference"}
     assert small_report["reduction"].startswith("N and K divided by 32")
     assert small_report["schemes"] == ["dynamic"] and small_report["skipped_schemes"] == {}
 
 
 # -- the baseline --------------------------------------------------------------------------------
+
 
 def test_baseline_is_what_a_user_of_the_device_runs_instead(small_report):
     cpu, gpu = cli.baseline_for("cpu"), cli.baseline_for("cuda")
@@ -76,8 +78,20 @@ def test_baseline_is_what_a_user_of_the_device_runs_instead(small_report):
 
 # -- the columns ---------------------------------------------------------------------------------
 
-NUMBER_COLUMNS = ("device_us", "host_us", "graph_us", "quant_us", "quant_share", "gflops", "gbytes_per_s",
-                  "baseline_us", "baseline_host_us", "speedup", "g3_ratio", "fp8_rel_error")
+NUMBER_COLUMNS = (
+    "device_us",
+    "host_us",
+    "graph_us",
+    "quant_us",
+    "quant_share",
+    "gflops",
+    "gbytes_per_s",
+    "baseline_us",
+    "baseline_host_us",
+    "speedup",
+    "g3_ratio",
+    "fp8_rel_error",
+)
 
 
 def column_problems(row):
@@ -150,8 +164,9 @@ def test_all_schemes_run_every_offered_scheme(all_schemes_report):
     assert all_schemes_report["schemes"] == offered and "mxfp8" in offered
     assert all_schemes_report["skipped_schemes"] == ({} if reason is None else {"block": reason})
     rows = all_schemes_report["layers"]
-    assert [(r["layer"], r["scheme"]) for r in rows] == [(name, s) for name, _, _ in cli.LLAMA3_8B_LAYERS
-                                                        for s in offered]
+    assert [(r["layer"], r["scheme"]) for r in rows] == [
+        (name, s) for name, _, _ in cli.LLAMA3_8B_LAYERS for s in offered
+    ]
     for r in rows:
         assert r["g3_ok"] and 0 <= r["g3_ratio"] <= 1 and 0.01 < r["fp8_rel_error"] < 0.1
         assert column_problems(r) == []
@@ -175,8 +190,10 @@ def test_scheme_choice():
 
 
 def test_mxfp8_scheme_runs_and_checks_its_quantizer(no_blas_pause, capsys):
-    rc, out, err = run_cli(["--scheme", "mxfp8", "--reduce", "32", "--tokens", "1", "4", "--repeats", "1",
-                            "--no-progress", "--json"], capsys)
+    rc, out, err = run_cli(
+        ["--scheme", "mxfp8", "--reduce", "32", "--tokens", "1", "4", "--repeats", "1", "--no-progress", "--json"],
+        capsys,
+    )
     assert rc == 0, err
     report = json.loads(out)
     assert report["schemes"] == ["mxfp8"] and report["ok"]
@@ -189,6 +206,7 @@ def test_mxfp8_scheme_runs_and_checks_its_quantizer(no_blas_pause, capsys):
 
 def test_block_support_is_a_capability_check():
     """The block scheme is offered by what the library's functions accept, not by a flag."""
+
     def quantize_without(x, scale=None, *, per_token=False, scale_ub=None):
         pass
 
@@ -265,8 +283,17 @@ def test_a_wrong_gemm_fails_the_run(monkeypatch, capsys):
 def test_table_output(capsys):
     rc, out, err = run_cli(SMALL[:2] + ["--tokens", "2", "--repeats", "1", "--no-progress", "--skip-selfcheck"], capsys)
     assert rc == 0, err
-    for word in ("q_proj", "down_proj", "GFLOP/s", "speedup", "N and K divided by 32", "all checks passed",
-                 "float32 activations and outputs", "n/a (cpu)", "quant us (share)"):
+    for word in (
+        "q_proj",
+        "down_proj",
+        "GFLOP/s",
+        "speedup",
+        "N and K divided by 32",
+        "all checks passed",
+        "float32 activations and outputs",
+        "n/a (cpu)",
+        "quant us (share)",
+    ):
         assert word in out
     # the footer names the baseline, and says why each n/a column has no number
     assert f"speedup = {cli.baseline_for('cpu').label} time" in out
@@ -279,8 +306,9 @@ def test_table_output(capsys):
 def test_roofline_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "roofline.png"
-    rc, out, _ = run_cli(SMALL[:2] + ["--tokens", "2", "--repeats", "1", "--no-progress", "--skip-selfcheck",
-                                      "--plot", str(png)], capsys)
+    rc, out, _ = run_cli(
+        SMALL[:2] + ["--tokens", "2", "--repeats", "1", "--no-progress", "--skip-selfcheck", "--plot", str(png)], capsys
+    )
     assert rc == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert str(png) in out
@@ -341,19 +369,22 @@ def test_help_is_plain_text():
     assert "--plot PATH" in text and "--no-progress" in text
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--device", "tpu"], "--device must be 'cpu' or 'cuda', got 'tpu'"),
-    (["--reduce", "3"], "--reduce must divide every Llama-3-8B dimension"),
-    (["--reduce", "0"], "must be a positive integer, got '0'"),
-    (["--tokens", "x"], "must be a positive integer, got 'x'"),
-    (["--plot", "/nonexistent-dir/roofline.png"], "--plot must name a file in an existing directory"),
-    (["--plot", "roofline.txt"], ".pdf, .pgf, .png, .ps"),
-    (["--plot", "roofline"], "got 'roofline': name it e.g. roofline.png"),
-    (["--plot", "."], "--plot must name a file, got the directory '.'"),
-    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
-    (["--scheme", "int8"], "argument --scheme: invalid choice: 'int8'"),
-    (["--scheme", "static", "--all-schemes"], "argument --all-schemes: not allowed with argument --scheme"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--device", "tpu"], "--device must be 'cpu' or 'cuda', got 'tpu'"),
+        (["--reduce", "3"], "--reduce must divide every Llama-3-8B dimension"),
+        (["--reduce", "0"], "must be a positive integer, got '0'"),
+        (["--tokens", "x"], "must be a positive integer, got 'x'"),
+        (["--plot", "/nonexistent-dir/roofline.png"], "--plot must name a file in an existing directory"),
+        (["--plot", "roofline.txt"], ".pdf, .pgf, .png, .ps"),
+        (["--plot", "roofline"], "got 'roofline': name it e.g. roofline.png"),
+        (["--plot", "."], "--plot must name a file, got the directory '.'"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--scheme", "int8"], "argument --scheme: invalid choice: 'int8'"),
+        (["--scheme", "static", "--all-schemes"], "argument --all-schemes: not allowed with argument --scheme"),
+    ],
+)
 def test_bad_input_is_one_line(argv, needle, capsys):
     rc, out, err = run_cli(argv + ["--no-progress"], capsys)
     assert rc == 2
@@ -364,6 +395,7 @@ def test_bad_input_is_one_line(argv, needle, capsys):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fails the test if the run starts any work (the self-check, the ceilings, a layer)."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the run started work before refusing its arguments")
 
@@ -399,7 +431,7 @@ def test_noisy_figures_are_flagged(small_report, capsys):
     cli._print_tables(report, sys.stdout)
     out = capsys.readouterr().out
     assert "5.0x!" in out and f"{row['speedup']:.2f}x!" in out
-    assert f"WARNING: noisy figures (p90 > 3x the median" in out and f"{row['layer']} M={row['m']}" in out
+    assert "WARNING: noisy figures (p90 > 3x the median" in out and f"{row['layer']} M={row['m']}" in out
     clean = json.loads(json.dumps(small_report))
     for r in clean["layers"]:
         r.update(spread=1.1, noisy=False)
@@ -436,8 +468,9 @@ def test_gpu_requested_without_one(capsys):
 
 def test_module_entry_point_exits_cleanly_on_expected_errors():
     """The real process: one line on stderr, exit 2, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "vtnumba", "--device", "tpu"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vtnumba", "--device", "tpu"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stderr == "vtnumba: error: --device must be 'cpu' or 'cuda', got 'tpu'\n"
     assert proc.stdout == ""
@@ -445,8 +478,9 @@ def test_module_entry_point_exits_cleanly_on_expected_errors():
 
 @pytest.mark.gpu
 def test_cuda_run(capsys):
-    rc, out, err = run_cli(["--device", "cuda", "--reduce", "4", "--tokens", "16", "--repeats", "10",
-                            "--no-progress", "--json"], capsys)
+    rc, out, err = run_cli(
+        ["--device", "cuda", "--reduce", "4", "--tokens", "16", "--repeats", "10", "--no-progress", "--json"], capsys
+    )
     assert rc == 0, err
     report = json.loads(out)
     assert report["device"] == "cuda" and all(r["g3_ok"] for r in report["layers"])
@@ -468,15 +502,34 @@ def test_cuda_run(capsys):
 @pytest.mark.gpu
 def test_cuda_table_every_scheme(tmp_path, capsys):
     png = tmp_path / "roofline.png"
-    argv = ["--device", "cuda", "--reduce", "4", "--tokens", "16", "--repeats", "5", "--no-progress",
-            "--skip-selfcheck", "--all-schemes"]
+    argv = [
+        "--device",
+        "cuda",
+        "--reduce",
+        "4",
+        "--tokens",
+        "16",
+        "--repeats",
+        "5",
+        "--no-progress",
+        "--skip-selfcheck",
+        "--all-schemes",
+    ]
     if importlib.util.find_spec("matplotlib") is not None:
         argv += ["--plot", str(png)]
     rc, out, err = run_cli(argv, capsys)
     assert rc == 0, err
     assert out.startswith("GPU: ") and "cuBLASLt FP8 GEMM, per-tensor scales" in out
-    for word in ("f16 GEMM us", "host us", "graph us", "quant us (share)", "float16 activations and outputs",
-                 f"speedup = {cli.baseline_for('cuda').label} time", "per_token, ", "all checks passed"):
+    for word in (
+        "f16 GEMM us",
+        "host us",
+        "graph us",
+        "quant us (share)",
+        "float16 activations and outputs",
+        f"speedup = {cli.baseline_for('cuda').label} time",
+        "per_token, ",
+        "all checks passed",
+    ):
         assert word in out
     assert "n/a (cpu)" not in out
     if "--plot" in argv:
@@ -492,8 +545,17 @@ def test_readme_describes_what_the_command_prints(small_report):
     schemes; the README points to it."""
     text = " ".join(GUIDE.read_text().split())  # the paragraphs, their line breaks folded
     heads, _, _ = cli.table_cells(small_report)
-    for word in ("device us", "host us", "graph us", "n/a (cpu)", "--all-schemes", "vtnumba.cuda.capabilities()",
-                 "float16 GEMM", "float32 sgemm", "|".join(cli.SCHEMES)):
+    for word in (
+        "device us",
+        "host us",
+        "graph us",
+        "n/a (cpu)",
+        "--all-schemes",
+        "vtnumba.cuda.capabilities()",
+        "float16 GEMM",
+        "float32 sgemm",
+        "|".join(cli.SCHEMES),
+    ):
         assert word in text, word
     assert {"device us", "host us", "graph us"} <= set(heads)
     assert "docs/GUIDE.md" in README.read_text()
@@ -533,8 +595,10 @@ def test_readme_commands_and_tour_run():
 def test_moe_model_runs_the_experts_layer_and_checks_it(capsys):
     """--model qwen3-moe: one MoE layer per token count, held to the seam's dense composite and to
     the float64 layer, timed against the float loop; a bad --reduce is refused in one line."""
-    rc, out, err = run_cli(["--model", "qwen3-moe", "--reduce", "16", "--tokens", "1", "3", "--repeats", "1",
-                            "--no-progress", "--json"], capsys)
+    rc, out, err = run_cli(
+        ["--model", "qwen3-moe", "--reduce", "16", "--tokens", "1", "3", "--repeats", "1", "--no-progress", "--json"],
+        capsys,
+    )
     assert rc == 0, err
     report = json.loads(out)
     assert report["model"] == "qwen3-moe" and report["experts"] == 128 and report["top_k"] == 8
@@ -549,6 +613,7 @@ def test_moe_model_runs_the_experts_layer_and_checks_it(capsys):
 
 # -- the timing: interleaved, fastest trial, and the noisy rules ----------------------------------
 
+
 def test_fp8_and_baseline_are_timed_in_turn(monkeypatch):
     """Round after round, each side an untimed call then a timed one, FP8 first after the pause:
     load on the machine hits both sides alike, and the fastest trial of each is kept."""
@@ -560,6 +625,7 @@ def test_fp8_and_baseline_are_timed_in_turn(monkeypatch):
         def call():
             order.append(name)
             clock[0] += seconds
+
         return call
 
     calls = [side("fp8", 1.0), side("quant", 0.25), side("base", 2.0)]
@@ -569,8 +635,9 @@ def test_fp8_and_baseline_are_timed_in_turn(monkeypatch):
     # the main job keeps the fastest trial of each side
     seq = iter([5e-3, 1e-3, 3e-3, 9e-3, 2e-3, 4e-3])
     monkeypatch.setattr(cli, "_spread", lambda t: 1.0)
-    monkeypatch.setattr(timing, "interleaved_cpu_samples",
-                        lambda calls, trials: [[next(seq), next(seq)] for _ in calls])
+    monkeypatch.setattr(
+        timing, "interleaved_cpu_samples", lambda calls, trials: [[next(seq), next(seq)] for _ in calls]
+    )
     sides, record = cli._time_cpu("q", None, None, None, 2, 1.0, 1.0, "1x1x1")
     assert {k: v[0] for k, v in sides.items()} == {"fp8": 1e-3, "quant": 3e-3, "base": 2e-3}
     assert record.time_s == record.min_s == 1e-3
@@ -612,10 +679,20 @@ def test_a_slow_side_marks_the_row_and_names_itself(monkeypatch, capsys):
     ceilings = types.SimpleNamespace(peak_gflops=100.0, copy_gbytes_per_s=20.0)
     row, _ = cli.run_layer(cli._Device("cpu"), "dynamic", "q_proj", x, w, 2, ceilings=ceilings)
     assert row["slow"] == ["baseline"] and row["noisy"] and row["speedup"] > 20
-    report = dict(device="cpu", reduction="test", repeats=2, schemes=["dynamic"], skipped_schemes={},
-                  baseline=dataclasses.asdict(cli.baseline_for("cpu")), activation_dtype="float32", selfcheck=[],
-                  ceilings=dict(copy_gbytes_per_s=20.0, peak_gflops=100.0, peak_label="sgemm", extra={}),
-                  layers=[dict(row, reduce=1)], ok=True, regimes=cli.regime_summary([row], "cpu"))
+    report = dict(
+        device="cpu",
+        reduction="test",
+        repeats=2,
+        schemes=["dynamic"],
+        skipped_schemes={},
+        baseline=dataclasses.asdict(cli.baseline_for("cpu")),
+        activation_dtype="float32",
+        selfcheck=[],
+        ceilings=dict(copy_gbytes_per_s=20.0, peak_gflops=100.0, peak_label="sgemm", extra={}),
+        layers=[dict(row, reduce=1)],
+        ok=True,
+        regimes=cli.regime_summary([row], "cpu"),
+    )
     cli._print_tables(report, sys.stdout)
     out = capsys.readouterr().out
     assert f"{row['speedup']:.2f}x!" in out and "q_proj M=16 (baseline slow)" in out
@@ -623,6 +700,7 @@ def test_a_slow_side_marks_the_row_and_names_itself(monkeypatch, capsys):
 
 
 # -- the default job ------------------------------------------------------------------------------
+
 
 def test_default_job_runs_decode_at_the_real_shapes():
     """Decode (M = 1 and 16) at Llama-3-8B's full N and K, where the float32 weights do not fit in
@@ -635,7 +713,8 @@ def test_default_job_runs_decode_at_the_real_shapes():
     args = cli._parser().parse_args([])
     assert args.tokens is None and args.reduce is None  # the plan above is what a bare run gets
     assert cli.describe_plan(cli.job_plan("cpu")) == (
-        "M = 1, 16 at full size; M = 256 at N and K divided by 4 (hidden 1024, intermediate 3584, kv 256)")
+        "M = 1, 16 at full size; M = 256 at N and K divided by 4 (hidden 1024, intermediate 3584, kv 256)"
+    )
     assert cli.describe_plan([(2, 32), (40, 32)]).startswith("N and K divided by 32")
 
 
@@ -680,14 +759,19 @@ def test_fast_reference_is_the_oracles(monkeypatch):
     a[a & 0x7F == 0x7F] = 0  # no NaN codes: a NaN compares unequal to itself
     b = rng.integers(0, 256, size=(24, 96), dtype=np.uint8)
     b[b & 0x7F == 0x7F] = 1
-    assert np.array_equal(cli.decode64(np.arange(256, dtype=np.uint8)), reference.decode(np.arange(256, dtype=np.uint8)),
-                          equal_nan=True)
-    for sa, sb in ((np.float32(0.01), np.float32(0.02)), (rng.random(5, dtype=np.float32), rng.random(24, dtype=np.float32))):
+    assert np.array_equal(
+        cli.decode64(np.arange(256, dtype=np.uint8)), reference.decode(np.arange(256, dtype=np.uint8)), equal_nan=True
+    )
+    for sa, sb in (
+        (np.float32(0.01), np.float32(0.02)),
+        (rng.random(5, dtype=np.float32), rng.random(24, dtype=np.float32)),
+    ):
         ours, theirs = cli.scaled_mm_reference(a, b, sa, sb), reference.scaled_mm(a, b, sa, sb)
         assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
 
 
 # -- the two small fixes --------------------------------------------------------------------------
+
 
 def test_fp8linear_kernels_on_a_cpu_tensor_names_the_cpu_kernels():
     torch = pytest.importorskip("torch")
@@ -695,7 +779,10 @@ def test_fp8linear_kernels_on_a_cpu_tensor_names_the_cpu_kernels():
     from vtnumba.cpu import block, gemm
 
     layer = vtt.Fp8Linear.from_linear(torch.nn.Linear(256, 128), "per_token")
-    assert layer.kernels(torch.randn(3, 5, 256)) == ("cpu quantize_per_token", f"cpu {gemm.choose_kernel(15, 128, 256)}")
+    assert layer.kernels(torch.randn(3, 5, 256)) == (
+        "cpu quantize_per_token",
+        f"cpu {gemm.choose_kernel(15, 128, 256)}",
+    )
     grouped = vtt.Fp8Linear.from_linear(torch.nn.Linear(256, 128), "per_group")
     assert grouped.kernels(torch.randn(2, 256)) == ("cpu quantize_per_group", f"cpu {block.choose_kernel(2, 128, 256)}")
     with pytest.raises(ValueError, match="x must be"):
@@ -707,13 +794,23 @@ def test_roofline_labels_do_not_overlap_at_m256():
     from vtnumba import profile
 
     # the default job's M = 256 rows: k/v and q/o share a shape, all seven sit near the peak
-    shapes = [("q_proj", 1024, 1024), ("k_proj", 256, 1024), ("v_proj", 256, 1024), ("o_proj", 1024, 1024),
-              ("gate_proj", 3584, 1024), ("up_proj", 3584, 1024), ("down_proj", 1024, 3584)]
+    shapes = [
+        ("q_proj", 1024, 1024),
+        ("k_proj", 256, 1024),
+        ("v_proj", 256, 1024),
+        ("o_proj", 1024, 1024),
+        ("gate_proj", 3584, 1024),
+        ("up_proj", 3584, 1024),
+        ("down_proj", 1024, 3584),
+    ]
     records = []
     for i, (name, n, k) in enumerate(shapes):
         flops, moved = profile.linear_cost(256, n, k, 4, 1, 4)
-        records.append(profile.ProfileRecord(f"{name} M=256", "cpu", "t", flops / (150e9 + 1e8 * i), 1.0, 1,
-                                             flops=flops, bytes=moved))
+        records.append(
+            profile.ProfileRecord(
+                f"{name} M=256", "cpu", "t", flops / (150e9 + 1e8 * i), 1.0, 1, flops=flops, bytes=moved
+            )
+        )
     fig = profile.roofline_plot(records, profile.Ceilings("cpu", 24.0, 190.0, "numpy sgemm 1024^3"))
     fig.draw_without_rendering()
     boxes = [t.get_window_extent() for t in fig.axes[0].texts]

@@ -10,12 +10,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-
 from test_minilm_example import ex
+
 from vtnumba import seam
 
-CONFIG = {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                  "weight_block_size": [128, 128]}}
+CONFIG = {
+    "quantization_config": {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "weight_block_size": [128, 128],
+    }
+}
 
 
 def deepseek_block_quantize(w, block=128):
@@ -46,8 +52,9 @@ def test_deepseek_format_checkpoint_reads_back_to_the_same_embeddings(model, tmp
         tensors = {f"{name}.weight": codes, f"{name}.weight_scale_inv": scale, f"{name}.bias": bias}
         shards[shard].update(tensors)
         weight_map.update({t: f"model-0000{shard + 1}-of-00002.safetensors" for t in tensors})
-        in_memory[name] = seam.make_linear_method(seam.Fp8Weight(codes.view(np.uint8), scale.astype(np.float32),
-                                                                 bias=bias, block_size=(128, 128)))
+        in_memory[name] = seam.make_linear_method(
+            seam.Fp8Weight(codes.view(np.uint8), scale.astype(np.float32), bias=bias, block_size=(128, 128))
+        )
     for shard, tensors in enumerate(shards):
         save_file(tensors, str(root / f"model-0000{shard + 1}-of-00002.safetensors"))
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))

@@ -35,9 +35,11 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def variants(model):
-    return {"fp8-static": model.fp8_static_linears(model.calibrate()),
-            "fp8-per-token": model.fp8_per_token_linears(),
-            "fp8-block": model.fp8_block_linears()}
+    return {
+        "fp8-static": model.fp8_static_linears(model.calibrate()),
+        "fp8-per-token": model.fp8_per_token_linears(),
+        "fp8-block": model.fp8_block_linears(),
+    }
 
 
 # Embeddings of SENTENCES[0], [6] and [11] (first six of 384 dimensions) from the same weights through
@@ -76,7 +78,9 @@ def test_every_linear_goes_through_the_seam(model, variants):
     # calibrated per layer: q, k and v read the same input (one scale), the other three their own
     assert len({float(s) for s in scales}) == 6 * 4
     for i in range(6):
-        qkv = {float(static[f"encoder.layer.{i}.attention.self.{n}"].weight.input_scale) for n in ("query", "key", "value")}
+        qkv = {
+            float(static[f"encoder.layer.{i}.attention.self.{n}"].weight.input_scale) for n in ("query", "key", "value")
+        }
         assert len(qkv) == 1
 
 
@@ -101,9 +105,12 @@ def test_compare_detects_a_changed_neighbour_order(reference):
 
 
 def test_cli_prints_the_figures(monkeypatch, capsys, reference):
-    result = {"device": "cpu", "linear_layers": 36, "calibration_sentences": 5, "variants": {
-        "float32": {"seconds": 0.1},
-        "fp8-static": dict(ex.compare(reference, reference), seconds=0.2)}}
+    result = {
+        "device": "cpu",
+        "linear_layers": 36,
+        "calibration_sentences": 5,
+        "variants": {"float32": {"seconds": 0.1}, "fp8-static": dict(ex.compare(reference, reference), seconds=0.2)},
+    }
     monkeypatch.setattr(ex, "run", lambda model_dir, device: result)
     assert ex.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True

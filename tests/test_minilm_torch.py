@@ -73,10 +73,23 @@ def test_cli_torch_mode_is_wired(monkeypatch, capsys):
 
     def fake(model_dir, device, fp16_dir=None):
         calls.append((model_dir, device, fp16_dir))
-        return {"device": "cpu (torch)", "linear_layers": 37, "calibration_sentences": 5,
-                "variants": {"float32": {"seconds": 0.1}, "fp8-static": dict(
-                    sentences=12, mean_cosine=0.995, min_cosine=0.99, neighbours=2, nearest_same=12, order_same=5,
-                    seconds=0.2)}}
+        return {
+            "device": "cpu (torch)",
+            "linear_layers": 37,
+            "calibration_sentences": 5,
+            "variants": {
+                "float32": {"seconds": 0.1},
+                "fp8-static": dict(
+                    sentences=12,
+                    mean_cosine=0.995,
+                    min_cosine=0.99,
+                    neighbours=2,
+                    nearest_same=12,
+                    order_same=5,
+                    seconds=0.2,
+                ),
+            },
+        }
 
     monkeypatch.setattr(ex, "run_torch", fake)
     assert ex.main(["--torch", "--fp16-dir", "somewhere"]) == 0

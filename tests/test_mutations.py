@@ -34,10 +34,23 @@ new = "y += 0"
 extra_edits = [["vtnumba/_format.py", "a", "b"]]
 ''')
     assert rows == [
-        Mutation("GEMM ignores alpha", "vtnumba/cpu/gemm.py", "y = acc * (sa * sb)", "y = acc",
-                 ("tests/test_cpu_gemm.py",), "import vtnumba"),
-        Mutation("bias dropped", "vtnumba/cpu/block.py", "y += bias[n]", "y += 0", ("tests/test_cpu_gemm.py",),
-                 "import vtnumba", (("vtnumba/_format.py", "a", "b"),)),
+        Mutation(
+            "GEMM ignores alpha",
+            "vtnumba/cpu/gemm.py",
+            "y = acc * (sa * sb)",
+            "y = acc",
+            ("tests/test_cpu_gemm.py",),
+            "import vtnumba",
+        ),
+        Mutation(
+            "bias dropped",
+            "vtnumba/cpu/block.py",
+            "y += bias[n]",
+            "y += 0",
+            ("tests/test_cpu_gemm.py",),
+            "import vtnumba",
+            (("vtnumba/_format.py", "a", "b"),),
+        ),
     ]
     with pytest.raises(ValueError, match="may set path, tests and smoke"):
         mutations_from_toml('[defaults]\nname = "x"\n')
@@ -48,14 +61,16 @@ extra_edits = [["vtnumba/_format.py", "a", "b"]]
 def test_every_design_mutation_is_killed():
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout (tools/mutate.py copies the tracked files)")
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "mutate.py")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=1800)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "mutate.py")], cwd=ROOT, capture_output=True, text=True, timeout=1800
+    )
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and not line.startswith("| mutation")]
     from tools.mutate import all_mutations
 
     expected = len(all_mutations())  # every table's rows: one that stopped loading would drop its rows
-    assert expected >= 39 and len(rows) == expected, \
+    assert expected >= 39 and len(rows) == expected, (
         f"expected a row for each of the {expected} mutations, found {len(rows)}:\n{res.stdout}\n{res.stderr}"
+    )
     survivors = [r for r in rows if not r.rstrip().endswith("| yes |")]
     assert not survivors, "mutations not killed:\n" + "\n".join(survivors)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -61,10 +61,10 @@ def test_rceil_never_saturates_and_floor_does_above_significand_1_75():
         e = reference.decode_e8m0(reference.e8m0_bytes(amax, rule))
         q = amax.astype(np.float64) / e
         if rule == "rceil":
-            normal = amax >= 448 * 2.0 ** -126
+            normal = amax >= 448 * 2.0**-126
             assert (q[normal] <= 448).all() and (q[normal] > 224).all()
         else:
-            big = amax >= 2.0 ** -119  # floor's exponent not clamped at 2^-127
+            big = amax >= 2.0**-119  # floor's exponent not clamped at 2^-127
             assert ((q[big] >= 256) & (q[big] < 512)).all()
             sig = np.frexp(amax[big].astype(np.float64))[0] * 2
             np.testing.assert_array_equal(q[big] > 448, sig > 1.75)
@@ -76,7 +76,7 @@ def test_decode_e8m0_every_byte():
     assert got.dtype == np.float32
     want = reference.decode_e8m0(b)
     np.testing.assert_array_equal(got[:255], want[:255].astype(F32))
-    assert np.isnan(got[255]) and got[0] == F32(2.0 ** -127) and got[127] == 1 and got[254] == F32(2.0 ** 127)
+    assert np.isnan(got[255]) and got[0] == F32(2.0**-127) and got[127] == 1 and got[254] == F32(2.0**127)
     np.testing.assert_array_equal(vt.decode_e8m0(b.view(ml_dtypes.float8_e8m0fnu)), got)  # the ml_dtypes view
     np.testing.assert_array_equal(mx.decode_e8m0_array(b).view(np.uint32), got.view(np.uint32))
 
@@ -85,13 +85,14 @@ def test_decode_e8m0_every_byte():
 
 
 def _assert_same_mx(x, g, rule, column_major=False):
-    q = vt.quantize_fp8(x, group_size=g, scale_format="e8m0", scale_rounding=rule,
-                        column_major_scales=column_major)
+    q = vt.quantize_fp8(x, group_size=g, scale_format="e8m0", scale_rounding=rule, column_major_scales=column_major)
     want = reference.quantize_mx(x, g, rule)
     assert q.scale.dtype == np.uint8 and q.scale_format == "e8m0" and q.group_size == g
     bad = np.flatnonzero(q.data.reshape(-1) != want.data.reshape(-1))
-    assert bad.size == 0, (f"{bad.size} codes differ, first at {bad[0]}: x={np.asarray(x).reshape(-1)[bad[0]]!r} "
-                           f"got {q.data.reshape(-1)[bad[0]]:#04x} want {want.data.reshape(-1)[bad[0]]:#04x}")
+    assert bad.size == 0, (
+        f"{bad.size} codes differ, first at {bad[0]}: x={np.asarray(x).reshape(-1)[bad[0]]!r} "
+        f"got {q.data.reshape(-1)[bad[0]]:#04x} want {want.data.reshape(-1)[bad[0]]:#04x}"
+    )
     np.testing.assert_array_equal(q.scale, want.scale)
     assert np.count_nonzero(q.data & 0x7F) > 0
     return q
@@ -101,11 +102,12 @@ def _tie_rows(g, rule, rng):
     """Rows whose groups each hold an amax first, then values whose quotient by the group's
     power-of-two scale is exactly an e4m3 tie, a subnormal step or midpoint, +-448 or +-0."""
     grid = reference.GRID
-    targets = np.concatenate([(grid[:-1] + grid[1:]) / 2.0, np.arange(9) * 2.0 ** -9, np.arange(8) * 2.0 ** -9
-                              + 2.0 ** -10, [448.0, 2.0 ** -6, 0.0]])
+    targets = np.concatenate(
+        [(grid[:-1] + grid[1:]) / 2.0, np.arange(9) * 2.0**-9, np.arange(8) * 2.0**-9 + 2.0**-10, [448.0, 2.0**-6, 0.0]]
+    )
     targets = np.concatenate([targets, -targets])
     rows = []
-    for amax in (448.0, 1.0, 3.3, 1.9 * 2.0 ** 20, 1.8e-5, 7.0e3):
+    for amax in (448.0, 1.0, 3.3, 1.9 * 2.0**20, 1.8e-5, 7.0e3):
         s = reference.decode_e8m0(reference.e8m0_bytes(F32(amax), rule))
         vals = (targets * s).astype(F32)  # exact: a power-of-two scale
         vals = vals[np.abs(vals) <= F32(amax)]
@@ -114,9 +116,9 @@ def _tie_rows(g, rule, rng):
         groups = -(-vals.size // per)
         row = np.zeros(groups * g, F32)
         for j in range(groups):
-            chunk = vals[j * per:(j + 1) * per]
+            chunk = vals[j * per : (j + 1) * per]
             row[j * g] = F32(amax)
-            row[j * g + 1:j * g + 1 + chunk.size] = chunk
+            row[j * g + 1 : j * g + 1 + chunk.size] = chunk
         rows.append(row)
     width = max(r.size for r in rows)
     return np.stack([np.pad(r, (0, width - r.size)) for r in rows])
@@ -180,7 +182,7 @@ def test_mx_dequantize_applies_each_groups_power_of_two():
     q = vt.quantize_fp8(x, group_size=32, scale_format="e8m0")
     want = reference.decode(q.data) * np.repeat(reference.decode_e8m0(q.scale), 32, axis=1)[:, :70]
     np.testing.assert_array_equal(q.dequantize(), want.astype(F32))
-    assert np.abs(q.dequantize() - x).max() <= np.abs(x).max() * 2.0 ** -3
+    assert np.abs(q.dequantize() - x).max() <= np.abs(x).max() * 2.0**-3
 
 
 # -- the GEMM ------------------------------------------------------------------------------------------
@@ -192,16 +194,21 @@ def _operands(rng, m, n, k, lo=110, hi=140, bn=1):
     a[(a & 0x7F) == 0x7F] = 0x44
     b[(b & 0x7F) == 0x7F] = 0x44
     nkb = -(-k // 32)
-    return (a, b, rng.integers(lo, hi, size=(m, nkb), dtype=np.uint8),
-            rng.integers(lo, hi, size=(-(-n // bn), nkb), dtype=np.uint8))
+    return (
+        a,
+        b,
+        rng.integers(lo, hi, size=(m, nkb), dtype=np.uint8),
+        rng.integers(lo, hi, size=(-(-n // bn), nkb), dtype=np.uint8),
+    )
 
 
 KERNELS = mx.KERNELS + (None,)
 
 
 @pytest.mark.parametrize("path", paths.runnable(), ids=lambda p: p.name)
-@pytest.mark.parametrize("m,n,k", [(1, 70, 256), (1, 9, 200), (1, 8, 64 + 32), (5, 33, 64), (16, 40, 300),
-                                   (70, 24, 96), (3, 5, 17)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 70, 256), (1, 9, 200), (1, 8, 64 + 32), (5, 33, 64), (16, 40, 300), (70, 24, 96), (3, 5, 17)]
+)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_mx_gemm_meets_block_g3_on_every_path(path, m, n, k, kernel):
     rng = np.random.default_rng(m * 1000 + n + k)
@@ -240,8 +247,9 @@ def test_mx_gemm_outside_the_exact_window_runs_the_contract_kernels(kernel, lo, 
     a, b, sa, sb = _operands(rng, 5, 12, 96, lo, hi)
     assert mx._window(sa) is None or (sb < mx._window(sa)[0]).any() or (sb > mx._window(sa)[1]).any()
     y = mx.mx_scaled_mm(a, b, sa, sb, (1, 32), np.dtype(F32), None, kernel)
-    want = block.block_scaled_mm(a, b, mx.decode_e8m0_array(sa), mx.decode_e8m0_array(sb), (1, 32),
-                                 np.dtype(F32), None, kernel)
+    want = block.block_scaled_mm(
+        a, b, mx.decode_e8m0_array(sa), mx.decode_e8m0_array(sb), (1, 32), np.dtype(F32), None, kernel
+    )
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
     if hi < 200:  # huge scales overflow float32 partway (inf - inf = NaN), in the contract's order too
         assert_block_g3(y, a, b, sa, sb, (1, 32), require_nonzero=False)
@@ -286,14 +294,20 @@ def test_e8m0_weight_blocks_beside_float_activation_scales():
 # -- the boundary ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, exc, words", [
-    (dict(scale_format="e8m0"), ValueError, "scale_format='e8m0' must come with group_size"),
-    (dict(group_size=32, scale_rounding="floor"), ValueError, "scale_rounding applies to scale_format='e8m0' only"),
-    (dict(group_size=32, scale_format="e8m0", scale_ue8m0=True), ValueError, "scale_ue8m0 must be False"),
-    (dict(group_size=32, scale_format="e8m0", scale_rounding="ceil"), ValueError,
-     "scale_rounding must be one of 'rceil', 'floor'"),
-    (dict(group_size=32, scale_format="ue8m0"), ValueError, "scale_format must be one of 'float32', 'e8m0'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(scale_format="e8m0"), ValueError, "scale_format='e8m0' must come with group_size"),
+        (dict(group_size=32, scale_rounding="floor"), ValueError, "scale_rounding applies to scale_format='e8m0' only"),
+        (dict(group_size=32, scale_format="e8m0", scale_ue8m0=True), ValueError, "scale_ue8m0 must be False"),
+        (
+            dict(group_size=32, scale_format="e8m0", scale_rounding="ceil"),
+            ValueError,
+            "scale_rounding must be one of 'rceil', 'floor'",
+        ),
+        (dict(group_size=32, scale_format="ue8m0"), ValueError, "scale_format must be one of 'float32', 'e8m0'"),
+    ],
+)
 def test_mx_quantize_arguments_are_checked(kwargs, exc, words):
     with pytest.raises(exc, match=words):
         vt.quantize_fp8(np.ones((2, 64), F32), **kwargs)

@@ -44,8 +44,12 @@ def _mx_operands(rng, m, n, k, lo=110, hi=140):
     a[(a & 0x7F) == 0x7F] = 0x44  # no NaN codes: the bound is about finite sums
     b[(b & 0x7F) == 0x7F] = 0x44
     nkb = -(-k // 32)
-    return a, b, rng.integers(lo, hi, size=(m, nkb), dtype=np.uint8), rng.integers(lo, hi, size=(n, nkb),
-                                                                                   dtype=np.uint8)
+    return (
+        a,
+        b,
+        rng.integers(lo, hi, size=(m, nkb), dtype=np.uint8),
+        rng.integers(lo, hi, size=(n, nkb), dtype=np.uint8),
+    )
 
 
 # decode and prefill rows, partial tiles, K with a last k32 step past K, a Llama-sized one
@@ -64,13 +68,23 @@ def test_mx_gemm_on_the_gpu_runs_the_tensorcore_mx_kernel_within_block_g3(cp, m,
 
     _, grid, _, _ = tc_gemm.gemm_launch(call, None, False)  # and its tile: small ones at small M
     bm, bn = tc_gemm.tile_shape(tc_gemm.mx_config(m))
-    assert grid == (-(-n // bn), -(-m // bm)) and (bm, bn) == ((16, 32) if m <= 64 else (32, 64) if m <= 256
-                                                              else (128, 128))
-    y = vt.scaled_mm(da, db, dsa, dsb, out_dtype=out_dtype, block_size=(1, 32),
-                     bias=None if bias is None else cp.asarray(bias))
+    assert grid == (-(-n // bn), -(-m // bm)) and (bm, bn) == (
+        (16, 32) if m <= 64 else (32, 64) if m <= 256 else (128, 128)
+    )
+    y = vt.scaled_mm(
+        da, db, dsa, dsb, out_dtype=out_dtype, block_size=(1, 32), bias=None if bias is None else cp.asarray(bias)
+    )
     assert assert_block_g3(cp.asnumpy(y), a, b, sa, sb, (1, 32), bias, out_dtype) > m * n // 2
-    tiled = vt.scaled_mm(da, db, dsa, dsb, out_dtype=out_dtype, block_size=(1, 32), kernel="tiled_block",
-                         bias=None if bias is None else cp.asarray(bias))
+    tiled = vt.scaled_mm(
+        da,
+        db,
+        dsa,
+        dsb,
+        out_dtype=out_dtype,
+        block_size=(1, 32),
+        kernel="tiled_block",
+        bias=None if bias is None else cp.asarray(bias),
+    )
     assert assert_block_g3(cp.asnumpy(tiled), a, b, sa, sb, (1, 32), bias, out_dtype) > m * n // 2
 
 
@@ -88,8 +102,12 @@ def test_a_nan_scale_byte_poisons_its_row_and_column_on_the_gpu(cp):
 def test_the_seam_mx_layer_on_the_gpu_meets_the_bound_of_the_cpu_quantization(cp, m):
     rng = np.random.default_rng(m)
     n, k = 96, 160
-    w = seam.Fp8Weight.from_float((rng.standard_normal((n, k)) * 0.05).astype(np.float32), block_size=(1, 32),
-                                  scale_format="e8m0", bias=rng.standard_normal(n).astype(np.float32))
+    w = seam.Fp8Weight.from_float(
+        (rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+        block_size=(1, 32),
+        scale_format="e8m0",
+        bias=rng.standard_normal(n).astype(np.float32),
+    )
     x = rng.standard_normal((m, k)).astype(BF16)
     layer = seam.make_linear_method(seam.ResidentFp8(w, "cuda"))
     y = cp.asnumpy(layer.apply(_device(cp, x)))

@@ -70,13 +70,18 @@ def test_ue8m0_block_weight_takes_float32_activation_scales():
     np.testing.assert_array_equal(y, seam.matmul_fp8(x, as_float))
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(activation_scale_format="e8m0"), "needs per-group activations"),
-    (dict(block_size=(1, 32), activation_scale_format="e8m0", scale_ue8m0=True), "scale_ue8m0 must be False"),
-    (dict(block_size=(1, 32), activation_scale_rounding="up"), "activation_scale_rounding must be one of"),
-    (dict(block_size=(1, 32), activation_scale_format="float32", activation_scale_rounding="rceil"),
-     "activation_scale_rounding applies to activation_scale_format='e8m0' only"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(activation_scale_format="e8m0"), "needs per-group activations"),
+        (dict(block_size=(1, 32), activation_scale_format="e8m0", scale_ue8m0=True), "scale_ue8m0 must be False"),
+        (dict(block_size=(1, 32), activation_scale_rounding="up"), "activation_scale_rounding must be one of"),
+        (
+            dict(block_size=(1, 32), activation_scale_format="float32", activation_scale_rounding="rceil"),
+            "activation_scale_rounding applies to activation_scale_format='e8m0' only",
+        ),
+    ],
+)
 def test_mx_weight_errors(kwargs, words):
     codes = RNG.integers(0, 0x7E, size=(8, 64), dtype=np.uint8)
     scale = np.full((8, 2), 120, np.uint8) if "block_size" in kwargs else np.float32(0.1)
@@ -98,14 +103,16 @@ def test_nan_e8m0_weight_scale_is_refused_and_a_prequant_mismatch_named():
 
 
 def test_fused_mx_shards_concatenate_exactly():
-    a, b = (seam.Fp8Weight.from_float(_float_weight(32, 128), block_size=(1, 32), scale_format="e8m0")
-            for _ in range(2))
+    a, b = (
+        seam.Fp8Weight.from_float(_float_weight(32, 128), block_size=(1, 32), scale_format="e8m0") for _ in range(2)
+    )
     fused = seam.fuse_fp8_shards([a, b])
     assert fused.scale_format == "e8m0" and fused.activation_scale_format == "e8m0"
     np.testing.assert_array_equal(fused.weight_scale, np.concatenate([a.weight_scale, b.weight_scale]))
     x = RNG.standard_normal((3, 128)).astype(F32)
-    np.testing.assert_array_equal(seam.matmul_fp8(x, fused), np.concatenate([seam.matmul_fp8(x, a),
-                                                                              seam.matmul_fp8(x, b)], axis=1))
+    np.testing.assert_array_equal(
+        seam.matmul_fp8(x, fused), np.concatenate([seam.matmul_fp8(x, a), seam.matmul_fp8(x, b)], axis=1)
+    )
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------
@@ -124,11 +131,18 @@ def _same(w, want):
 
 def test_modelopt_mxfp8_checkpoint(tmp_path):
     want = _mx()
-    save_file({f"{P}.weight": _f8(want.data), f"{P}.weight_scale": want.weight_scale},  # U8, as vLLM creates it
-              str(tmp_path / "model.safetensors"))
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps({
-        "producer": {"name": "modelopt", "version": "0.29"},
-        "quantization": {"quant_algo": "MXFP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}))
+    save_file(
+        {f"{P}.weight": _f8(want.data), f"{P}.weight_scale": want.weight_scale},  # U8, as vLLM creates it
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt", "version": "0.29"},
+                "quantization": {"quant_algo": "MXFP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
+            }
+        )
+    )
     cfg = seam.Fp8Config.from_hf(tmp_path)
     assert cfg.weight_block_size == (1, 32) and cfg.mxfp8 and cfg.activation_scheme == "per_group"
     method = cfg.load_linear(tmp_path, P)
@@ -141,16 +155,37 @@ def test_modelopt_mxfp8_checkpoint(tmp_path):
 
 def test_compressed_tensors_mxfp8_checkpoint(tmp_path):
     want = _mx()
-    save_file({f"{P}.weight": _f8(want.data), f"{P}.weight_scale": want.weight_scale},
-              str(tmp_path / "model.safetensors"))
-    config = {"quantization_config": {
-        "quant_method": "compressed-tensors", "format": "mxfp8-pack-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32, "symmetric": True,
-                        "dynamic": False, "scale_dtype": "torch.uint8"},
-            "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32,
-                                  "dynamic": True}}}}}
+    save_file(
+        {f"{P}.weight": _f8(want.data), f"{P}.weight_scale": want.weight_scale}, str(tmp_path / "model.safetensors")
+    )
+    config = {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "mxfp8-pack-quantized",
+            "ignore": ["lm_head"],
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "group",
+                        "group_size": 32,
+                        "symmetric": True,
+                        "dynamic": False,
+                        "scale_dtype": "torch.uint8",
+                    },
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "group",
+                        "group_size": 32,
+                        "dynamic": True,
+                    },
+                }
+            },
+        }
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = seam.Fp8Config.from_hf(tmp_path)
     assert cfg.quant_method == "compressed-tensors" and cfg.mxfp8 and cfg.is_ignored("lm_head")
@@ -164,12 +199,15 @@ def test_compressed_tensors_mxfp8_checkpoint(tmp_path):
 
 def test_transformers_mxfp8_checkpoint_with_e8m0_dtype(tmp_path):
     want = _mx()
-    save_file({f"{P}.weight": _f8(want.data), f"{P}.weight_scale_inv": _e8(want.weight_scale)},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {f"{P}.weight": _f8(want.data), f"{P}.weight_scale_inv": _e8(want.weight_scale)},
+        str(tmp_path / "model.safetensors"),
+    )
     ckpt = seam.Checkpoint(tmp_path)
     assert ckpt.dtype(f"{P}.weight_scale_inv") == "F8_E8M0"
-    cfg = seam.Fp8Config.from_hf({"quant_method": "mxfp8", "weight_block_size": [1, 32],
-                                  "modules_to_not_convert": ["lm_head"]})
+    cfg = seam.Fp8Config.from_hf(
+        {"quant_method": "mxfp8", "weight_block_size": [1, 32], "modules_to_not_convert": ["lm_head"]}
+    )
     method = cfg.load_linear(tmp_path, P)
     _same(method.weight, want)
     assert method.weight.source["scale_convention"].endswith("2^(byte - 127))")
@@ -189,12 +227,24 @@ def test_online_mxfp8_quantizes_a_float_checkpoint_as_it_loads(tmp_path):
 
 @pytest.mark.parametrize("name, as_dtype", [("scale", _e8), ("weight_scale_inv", lambda s: s)])
 def test_deepseek_ue8m0_block_checkpoint(tmp_path, name, as_dtype):
-    want = seam.Fp8Weight.from_float(_float_weight(256, 384), block_size=(128, 128), scale_format="e8m0",
-                                     scale_ue8m0=True)
-    save_file({f"{P}.weight": _f8(want.data), f"{P}.{name}": as_dtype(want.weight_scale)},
-              str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}}))
+    want = seam.Fp8Weight.from_float(
+        _float_weight(256, 384), block_size=(128, 128), scale_format="e8m0", scale_ue8m0=True
+    )
+    save_file(
+        {f"{P}.weight": _f8(want.data), f"{P}.{name}": as_dtype(want.weight_scale)}, str(tmp_path / "model.safetensors")
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "fp8",
+                    "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128],
+                    "scale_fmt": "ue8m0",
+                }
+            }
+        )
+    )
     cfg = seam.Fp8Config.from_hf(tmp_path)
     w = cfg.load_linear(tmp_path, P).weight
     _same(w, want)
@@ -208,8 +258,11 @@ def test_a_nan_e8m0_block_in_a_checkpoint_is_refused_naming_the_layer(tmp_path):
     scale = want.weight_scale.copy()
     scale[5, 1] = 0xFF
     save_file({f"{P}.weight": _f8(want.data), f"{P}.weight_scale": scale}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=rf"layer '{P}': tensor '{P}.weight_scale' must hold finite E8M0 block "
-                                         rf"scales \(0xFF is NaN\), got .* at block \[5, 1\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"layer '{P}': tensor '{P}.weight_scale' must hold finite E8M0 block "
+        rf"scales \(0xFF is NaN\), got .* at block \[5, 1\]",
+    ):
         seam.load_fp8_linear(tmp_path, P, block_size=(1, 32))
 
 

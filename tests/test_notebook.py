@@ -17,11 +17,13 @@ NOTEBOOK = ROOT / "examples" / "profiling.ipynb"
 @pytest.fixture(scope="module")
 def executed():
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
         "the notebook is committed without outputs (outputs are made here)"
+    )
     # The kernel starts in the repository root, so it imports this checkout's vtnumba.
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(ROOT)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    )
     client.execute()
     return nb
 

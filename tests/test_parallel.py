@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vtnumba import _arrays, seam
-from vtnumba.seam import parallel
 from vtnumba.testing.gates import assert_block_g3, assert_g3
 from vtnumba.testing.parallel import SimulatedGroup
 
@@ -40,7 +39,9 @@ SCHEMES = {
     "mxfp8": ("per_group", False, True, "e8m0"),  # block_size (1, 32): MXFP8 activations too
 }
 # TP_EXAMPLES=400 for a longer search when changing seam.parallel (400 examples took ~2 s)
-FAST = settings(max_examples=int(os.environ.get("TP_EXAMPLES", 12)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=int(os.environ.get("TP_EXAMPLES", 12)), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def _weight(rng, n, k, scheme, bias, block_size=None):
@@ -50,8 +51,13 @@ def _weight(rng, n, k, scheme, bias, block_size=None):
     if block:
         scales = dict(scale_format="e8m0") if ue8m0 == "e8m0" else dict(scale_ue8m0=ue8m0)
         return seam.Fp8Weight.from_float(w, bias=b, block_size=block_size, **scales)
-    return seam.Fp8Weight.from_float(w, input_scale=np.float32(0.0213) if act == "static" else None,
-                                     per_channel=per_channel, activation_scheme=act, bias=b)
+    return seam.Fp8Weight.from_float(
+        w,
+        input_scale=np.float32(0.0213) if act == "static" else None,
+        per_channel=per_channel,
+        activation_scheme=act,
+        bias=b,
+    )
 
 
 def _unsharded_g3(y, q, w, out_dtype):
@@ -69,8 +75,9 @@ def _row_g3(y, x_shards, shards, w, out_dtype):
     a = np.concatenate([q.data for q in qs], axis=1)
     if w.activation_scheme in ("static", "per_group"):
         np.testing.assert_array_equal(a, q_full.data)
-        np.testing.assert_array_equal(np.concatenate([q.scale for q in qs], axis=-1) if w.block_size
-                                      else qs[0].scale, q_full.scale)
+        np.testing.assert_array_equal(
+            np.concatenate([q.scale for q in qs], axis=-1) if w.block_size else qs[0].scale, q_full.scale
+        )
         return _unsharded_g3(y, q_full, w, out_dtype)
     m, r = a.shape[0], len(shards)
     sa = np.concatenate([np.broadcast_to(q.scale.reshape(-1, 1), (m, 1)) for q in qs], axis=1)
@@ -85,12 +92,15 @@ def problems(draw, mode):
     across it, and at world_size 1 any size at all."""
     scheme = draw(st.sampled_from(sorted(SCHEMES)))
     world = draw(st.sampled_from([1, 2, 3, 4]))
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     m = draw(st.integers(1, 4))
     block = None
     if SCHEMES[scheme][2]:
-        block = (1, 32) if scheme == "mxfp8" else (draw(st.sampled_from([1, 2, 3, 4, 8])),
-                                                   draw(st.sampled_from([2, 3, 4, 8, 16])))
+        block = (
+            (1, 32)
+            if scheme == "mxfp8"
+            else (draw(st.sampled_from([1, 2, 3, 4, 8])), draw(st.sampled_from([2, 3, 4, 8, 16])))
+        )
         split, other = (block[0], "k") if mode == "column" else (block[1], "n")
         along = world * split * draw(st.integers(1, 2)) if world > 1 else draw(st.integers(1, 20))
         across = draw(st.integers(1, 20))
@@ -119,10 +129,11 @@ def test_column_parallel_concatenated_is_the_unsharded_gemm_within_g3(problem):
 def test_row_parallel_reduced_is_within_g3(problem):
     scheme, world, w, x, out_dtype = problem
     kr = w.shape[1] // world
-    x_shards = [x[:, r * kr:(r + 1) * kr] for r in range(world)]
+    x_shards = [x[:, r * kr : (r + 1) * kr] for r in range(world)]
     group = SimulatedGroup(world)
-    ys = group.run(lambda r, all_reduce: seam.RowParallelLinearMethod(w, r, world, all_reduce).apply(x_shards[r],
-                                                                                                      out_dtype))
+    ys = group.run(
+        lambda r, all_reduce: seam.RowParallelLinearMethod(w, r, world, all_reduce).apply(x_shards[r], out_dtype)
+    )
     assert group.calls == 1
     for y in ys[1:]:  # every rank holds the same result
         np.testing.assert_array_equal(y.view(np.uint8), ys[0].view(np.uint8))
@@ -144,7 +155,7 @@ def test_deepseek_128x128_blocks_split_at_block_boundaries(mode):
         assert _unsharded_g3(np.concatenate(ys, axis=1), seam.quantize_activation(x, w), w, np.float32) > 0
     else:
         group = SimulatedGroup(2)
-        ys = group.run(lambda r, ar: seam.RowParallelLinearMethod(w, r, 2, ar).apply(x[:, r * 128:(r + 1) * 128]))
+        ys = group.run(lambda r, ar: seam.RowParallelLinearMethod(w, r, 2, ar).apply(x[:, r * 128 : (r + 1) * 128]))
         shards = [seam.shard_weight(w, r, 2, mode=mode) for r in range(2)]
         assert [s.weight_scale.shape for s in shards] == [(2, 1)] * 2
         assert group.calls == 1 and _row_g3(ys[0], [x[:, :128], x[:, 128:]], shards, w, np.float32) > 0
@@ -214,7 +225,7 @@ def test_column_then_row_mlp_makes_exactly_one_all_reduce(scheme, world):
     assert _unsharded_g3(gu, seam.quantize_activation(x, gate_up), gate_up, np.float32) > 0
     iw = inter // world
     for r in range(world):
-        cols = np.r_[r * iw:(r + 1) * iw, inter + r * iw:inter + (r + 1) * iw]
+        cols = np.r_[r * iw : (r + 1) * iw, inter + r * iw : inter + (r + 1) * iw]
         np.testing.assert_allclose(h_shards[r], _silu_mul(gu[:, cols], iw), rtol=1e-5, atol=1e-6)
     shards = [seam.shard_weight(down, r, world, mode="row") for r in range(world)]
     assert _row_g3(ys[0], [h_shards[r] for r in range(world)], shards, down, np.float32) > 0
@@ -237,7 +248,7 @@ def test_llama_block_seven_layers_two_all_reduces():
     def block(rank, all_reduce):
         local = seam.ColumnParallelLinearMethod(qkv, rank, world).apply(x)
         assert local.shape == (4, 3 * heads_dim // world)
-        attn = local[:, 2 * heads_dim // world:]  # this rank's v heads
+        attn = local[:, 2 * heads_dim // world :]  # this rank's v heads
         o_out = seam.RowParallelLinearMethod(o, rank, world, all_reduce).apply(attn)
         h = x + o_out
         act = _silu_mul(seam.ColumnParallelLinearMethod(gate_up, rank, world).apply(h), inter // world)
@@ -256,7 +267,7 @@ def test_llama_block_seven_layers_two_all_reduces():
         shards = [seam.shard_weight(w, r, world, mode="row") for r in range(world)]
         assert _row_g3(seen[0][y_at], [seen[r][x_at] for r in range(world)], shards, w, bf16) > 0
     # the unsharded block: FP8's own error apart (the row layers quantize per shard), the same
-    vv = seam.matmul_fp8(x, qkv)[:, 2 * heads_dim:]
+    vv = seam.matmul_fp8(x, qkv)[:, 2 * heads_dim :]
     h = x + seam.matmul_fp8(vv, o)
     want = (h + seam.matmul_fp8(_silu_mul(seam.matmul_fp8(h, gate_up), inter), down)).astype(np.float32)
     assert np.linalg.norm(ys[0].astype(np.float32) - want) < 0.05 * np.linalg.norm(want)
@@ -264,13 +275,14 @@ def test_llama_block_seven_layers_two_all_reduces():
 
 def test_simulated_group_counts_and_sums_in_float32():
     group = SimulatedGroup(3)
-    out = group.run(lambda r, ar: ar(np.full(2, 2.0 ** 24 if r == 0 else 1.0, np.float32)))
-    assert group.calls == 1 and all((o == np.float32(2.0 ** 24)).all() for o in out)  # (2^24 + 1) + 1 in f32
+    out = group.run(lambda r, ar: ar(np.full(2, 2.0**24 if r == 0 else 1.0, np.float32)))
+    assert group.calls == 1 and all((o == np.float32(2.0**24)).all() for o in out)  # (2^24 + 1) + 1 in f32
     with pytest.raises(AssertionError, match="different numbers"):
         group.run(lambda r, ar: ar(np.ones(1, np.float32)) if r else None)
 
 
 # -- the combine step -------------------------------------------------------------------------------
+
 
 def test_combine_adds_bias_after_the_sum_and_rounds_once():
     partial = np.array([[1e8, 1.0]], np.float32)
@@ -286,8 +298,12 @@ def test_combine_adds_bias_after_the_sum_and_rounds_once():
 def test_bfloat16_bits_round_to_nearest_even_as_ml_dtypes():
     """The cupy combine's bfloat16 rounding (``_arrays.bfloat16_bits``), run here on numpy."""
     rng = np.random.default_rng(31)
-    x = np.concatenate([(rng.standard_normal(4096) * 10.0 ** rng.integers(-40, 38, 4096)).astype(np.float32),
-                        np.array([np.inf, -np.inf, 3.4e38, -0.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8], np.float32)])
+    x = np.concatenate(
+        [
+            (rng.standard_normal(4096) * 10.0 ** rng.integers(-40, 38, 4096)).astype(np.float32),
+            np.array([np.inf, -np.inf, 3.4e38, -0.0, 1 + 2**-8, 1 + 3 * 2**-8], np.float32),
+        ]
+    )
     np.testing.assert_array_equal(_arrays.bfloat16_bits(x), x.astype(ml_dtypes.bfloat16).view(np.uint16))
     nan = _arrays.bfloat16_bits(np.array([np.nan, -np.nan], np.float32))
     assert np.isnan(nan.view(ml_dtypes.bfloat16).astype(np.float32)).all()
@@ -295,41 +311,64 @@ def test_bfloat16_bits_round_to_nearest_even_as_ml_dtypes():
 
 # -- bad input ---------------------------------------------------------------------------------------
 
+
 def _w(n=8, k=16, **kw):
     return seam.Fp8Weight.from_float(np.ones((n, k), np.float32), **kw)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: seam.shard_weight(_w(), 2, 2, mode="column"), r"rank must be in \[0, 2\).*got 2"),
-    (lambda: seam.shard_weight(_w(), -1, 2, mode="column"), r"rank must be in .*got -1"),
-    (lambda: seam.shard_weight(_w(), 0, 0, mode="column"), r"world_size must be >= 1, got 0"),
-    (lambda: seam.shard_weight(_w(), 0, 2, mode="diagonal"), r"mode must be 'column' or 'row', got 'diagonal'"),
-    (lambda: seam.shard_weight(_w(n=9), 0, 2, mode="column"), r"N must be divisible by world_size=2.*got 9"),
-    (lambda: seam.shard_weight(_w(k=15), 0, 3, mode="row") and seam.shard_weight(_w(k=16), 0, 3, mode="row"),
-     r"K must be divisible by world_size=3.*got 16"),
-    (lambda: seam.shard_weight(_w(n=16, k=16, block_size=(8, 8)), 0, 4, mode="column"),
-     r"N / world_size = 16 / 4 = 4 must be a multiple of the block size 8"),
-    (lambda: seam.shard_weight(_w(n=16, k=48, block_size=(8, 16)), 0, 2, mode="row"),
-     r"K / world_size = 48 / 2 = 24 must be a multiple of the block size 16"),
-    (lambda: seam.shard_weight(_w(), 0, 2, mode="row", logical_widths=[4, 4]), r"logical_widths applies to mode='column'"),
-    (lambda: seam.shard_weight(_w(), 0, 2, mode="column", logical_widths=[4, 5]), r"logical_widths must .*sum to N = 8"),
-    (lambda: seam.shard_weight(_w(n=12), 0, 2, mode="column", logical_widths=[3, 9]),
-     r"logical_widths\[0\] must be divisible by world_size=2.*got 3"),
-    (lambda: seam.RowParallelLinearMethod(_w(), 0, 2, None), r"all_reduce must be given for world_size=2"),
-    (lambda: seam.combine_partials(np.ones((1, 2), np.float32), lambda p: np.ones((2, 2), np.float32)),
-     r"all_reduce must return the float32 sum of shape \(1, 2\)"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: seam.shard_weight(_w(), 2, 2, mode="column"), r"rank must be in \[0, 2\).*got 2"),
+        (lambda: seam.shard_weight(_w(), -1, 2, mode="column"), r"rank must be in .*got -1"),
+        (lambda: seam.shard_weight(_w(), 0, 0, mode="column"), r"world_size must be >= 1, got 0"),
+        (lambda: seam.shard_weight(_w(), 0, 2, mode="diagonal"), r"mode must be 'column' or 'row', got 'diagonal'"),
+        (lambda: seam.shard_weight(_w(n=9), 0, 2, mode="column"), r"N must be divisible by world_size=2.*got 9"),
+        (
+            lambda: seam.shard_weight(_w(k=15), 0, 3, mode="row") and seam.shard_weight(_w(k=16), 0, 3, mode="row"),
+            r"K must be divisible by world_size=3.*got 16",
+        ),
+        (
+            lambda: seam.shard_weight(_w(n=16, k=16, block_size=(8, 8)), 0, 4, mode="column"),
+            r"N / world_size = 16 / 4 = 4 must be a multiple of the block size 8",
+        ),
+        (
+            lambda: seam.shard_weight(_w(n=16, k=48, block_size=(8, 16)), 0, 2, mode="row"),
+            r"K / world_size = 48 / 2 = 24 must be a multiple of the block size 16",
+        ),
+        (
+            lambda: seam.shard_weight(_w(), 0, 2, mode="row", logical_widths=[4, 4]),
+            r"logical_widths applies to mode='column'",
+        ),
+        (
+            lambda: seam.shard_weight(_w(), 0, 2, mode="column", logical_widths=[4, 5]),
+            r"logical_widths must .*sum to N = 8",
+        ),
+        (
+            lambda: seam.shard_weight(_w(n=12), 0, 2, mode="column", logical_widths=[3, 9]),
+            r"logical_widths\[0\] must be divisible by world_size=2.*got 3",
+        ),
+        (lambda: seam.RowParallelLinearMethod(_w(), 0, 2, None), r"all_reduce must be given for world_size=2"),
+        (
+            lambda: seam.combine_partials(np.ones((1, 2), np.float32), lambda p: np.ones((2, 2), np.float32)),
+            r"all_reduce must return the float32 sum of shape \(1, 2\)",
+        ),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: seam.shard_weight(np.ones((4, 4), np.float32), 0, 1, mode="row"), r"weight must be an Fp8Weight"),
-    (lambda: seam.shard_weight(_w(), 0.0, 1, mode="row"), r"rank must be an int, got float"),
-    (lambda: seam.RowParallelLinearMethod(_w(), 0, 1, all_reduce=3), r"all_reduce must be a callable"),
-    (lambda: seam.combine_partials(np.ones((1, 2), np.float16), None), r"partial must be float32"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: seam.shard_weight(np.ones((4, 4), np.float32), 0, 1, mode="row"), r"weight must be an Fp8Weight"),
+        (lambda: seam.shard_weight(_w(), 0.0, 1, mode="row"), r"rank must be an int, got float"),
+        (lambda: seam.RowParallelLinearMethod(_w(), 0, 1, all_reduce=3), r"all_reduce must be a callable"),
+        (lambda: seam.combine_partials(np.ones((1, 2), np.float16), None), r"partial must be float32"),
+    ],
+)
 def test_bad_types_are_type_errors(call, match):
     with pytest.raises(TypeError, match=match):
         call()

@@ -31,8 +31,9 @@ def test_torch_nccl_all_reduce_runs_on_the_stream_and_captures_on_one_rank():
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
 
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cuda", 0))
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, device_id=torch.device("cuda", 0)
+    )
     try:
         gen = torch.Generator(device="cuda").manual_seed(0)
         partial = torch.randn(5, 48, device="cuda", generator=gen)
@@ -40,8 +41,10 @@ def test_torch_nccl_all_reduce_runs_on_the_stream_and_captures_on_one_rank():
         want = (partial + bias).to(torch.bfloat16)
         all_reduce = seam.torch_all_reduce()
         buf = partial.clone()
-        np.testing.assert_array_equal(seam.combine_partials(buf, all_reduce, bias=bias, out_dtype=torch.bfloat16)
-                                      .view(torch.int16).cpu().numpy(), want.view(torch.int16).cpu().numpy())
+        np.testing.assert_array_equal(
+            seam.combine_partials(buf, all_reduce, bias=bias, out_dtype=torch.bfloat16).view(torch.int16).cpu().numpy(),
+            want.view(torch.int16).cpu().numpy(),
+        )
         graph = torch.cuda.CUDAGraph()
         static = partial.clone()
         with torch.cuda.graph(graph):
@@ -80,10 +83,24 @@ def test_torchrun_nccl_ranks_agree_eager_and_replayed(tmp_path, scheme):
     world = torch.cuda.device_count()
     if world < 2:
         pytest.skip(f"needs two GPUs for two NCCL ranks (NCCL refuses two ranks on one GPU), found {world}")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TP_OUT=str(tmp_path), TP_SCHEME=scheme, TP_BACKEND="nccl",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(HERE / "tp_torch_worker.py")]
+    env = dict(
+        os.environ,
+        NCCL_NVLS_ENABLE="0",
+        TP_OUT=str(tmp_path),
+        TP_SCHEME=scheme,
+        TP_BACKEND="nccl",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(HERE / "tp_torch_worker.py"),
+    ]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ys = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]

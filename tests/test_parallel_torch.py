@@ -29,10 +29,24 @@ def _free_port():
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["per_token", "per_group"])
 def test_torchrun_two_ranks_gloo_match_the_simulation(tmp_path, scheme):
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TP_OUT=str(tmp_path), TP_SCHEME=scheme, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-           f"--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(HERE / "tp_torch_worker.py")]
+    env = dict(
+        os.environ,
+        NCCL_NVLS_ENABLE="0",
+        TP_OUT=str(tmp_path),
+        TP_SCHEME=scheme,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(HERE / "tp_torch_worker.py"),
+    ]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ys = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
@@ -85,11 +99,23 @@ def test_the_tensor_parallel_example_runs_under_torchrun_on_cpus(tmp_path):
     two ranks and one give the same shape, and sums within the FP8 bounds of each other."""
     sums = []
     for ranks in (2, 1):
-        env = dict(os.environ, NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-                   PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-               str(HERE.parent / "examples" / "tensor_parallel.py")]
+        env = dict(
+            os.environ,
+            NCCL_NVLS_ENABLE="0",
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            "--nnodes=1",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            str(HERE.parent / "examples" / "tensor_parallel.py"),
+        ]
         done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         line = [s for s in done.stdout.splitlines() if s.startswith(f"torch, {ranks} rank(s): y (8, 256), sum ")]
@@ -102,8 +128,12 @@ def test_shard_linear_splits_a_fused_layer_piece_by_piece():
     """A fused q/k layer (seam.fuse_fp8_shards records the pieces' widths): each rank gets its share
     of q and its share of k, as seam.ColumnParallelLinearMethod and vLLM's QKVParallelLinear do."""
     rng = np.random.default_rng(31)
-    q, k = (seam.Fp8Weight.from_float((rng.standard_normal((n, 16)) * 0.1).astype(np.float32), per_channel=True,
-                                      activation_scheme="per_token") for n in (8, 4))
+    q, k = (
+        seam.Fp8Weight.from_float(
+            (rng.standard_normal((n, 16)) * 0.1).astype(np.float32), per_channel=True, activation_scheme="per_token"
+        )
+        for n in (8, 4)
+    )
     layer = vtt.Fp8Linear(seam.fuse_fp8_shards([q, k]))
     shard = vtt.shard_linear(layer, 1, 2, mode="column")
     np.testing.assert_array_equal(np.asarray(shard.fp8_weight.data), np.concatenate([q.data[4:], k.data[2:]]))

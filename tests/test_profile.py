@@ -24,8 +24,7 @@ def test_cpu_timing_warms_up_then_takes_the_median():
 
 
 def test_rates_follow_from_flops_and_bytes():
-    rec = profile.ProfileRecord("x", "cpu", "median of repeats", time_s=0.5, min_s=0.4, repeats=3,
-                                flops=4e9, bytes=1e9)
+    rec = profile.ProfileRecord("x", "cpu", "median of repeats", time_s=0.5, min_s=0.4, repeats=3, flops=4e9, bytes=1e9)
     assert rec.gflops == pytest.approx(8.0)
     assert rec.gbytes_per_s == pytest.approx(2.0)
     assert rec.intensity == pytest.approx(4.0)
@@ -57,12 +56,15 @@ def test_profile_linear_float_weight_and_methods():
     assert rec.bytes == x.size * 4 + w.size + x.shape[0] * w.shape[0] * 2  # bf16 output
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(method="fast"), "method must be 'queued' or 'graph'"),
-    (dict(repeats=0), "repeats must be an int >= 1"),
-    (dict(warmup=0), "warmup must be an int >= 1"),
-    (dict(device="tpu"), "device must be 'cpu' or 'cuda'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method="fast"), "method must be 'queued' or 'graph'"),
+        (dict(repeats=0), "repeats must be an int >= 1"),
+        (dict(warmup=0), "warmup must be an int >= 1"),
+        (dict(device="tpu"), "device must be 'cpu' or 'cuda'"),
+    ],
+)
 def test_profile_op_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         profile.profile_op(lambda: None, **kwargs)
@@ -77,11 +79,14 @@ def test_profile_linear_rejects_a_k_mismatch():
 
 
 def _results():
-    return profile.ProfileResults([
-        profile.ProfileRecord("fp8 <dyn>", "cpu", "median of repeats", 1e-3, 9e-4, 5, flops=2e6, bytes=1e5,
-                              shape="8x48x64"),
-        profile.ProfileRecord("sgemm", "cpu", "median of repeats", 2e-3, 1e-3, 5, flops=2e6, bytes=4e5),
-    ])
+    return profile.ProfileResults(
+        [
+            profile.ProfileRecord(
+                "fp8 <dyn>", "cpu", "median of repeats", 1e-3, 9e-4, 5, flops=2e6, bytes=1e5, shape="8x48x64"
+            ),
+            profile.ProfileRecord("sgemm", "cpu", "median of repeats", 2e-3, 1e-3, 5, flops=2e6, bytes=4e5),
+        ]
+    )
 
 
 def test_table_text_and_html():
@@ -134,8 +139,9 @@ def test_roofline_draws_each_measured_peak(tmp_path):
     """On the GPU the half-precision roof stands beside the FP8 one (measure_ceilings' extra peaks)."""
     pytest.importorskip("matplotlib")
     fp8, f16, f32 = "vtnumba scaled_mm FP8 8192^3", "cuBLAS hgemm (f16) 8192^3", "cuBLAS sgemm 8192^3"
-    ceilings = profile.Ceilings("cuda", copy_gbytes_per_s=4000.0, peak_gflops=1.2e6, peak_label=fp8,
-                                extra={f32: 5e4, f16: 6e5, fp8: 1.2e6})
+    ceilings = profile.Ceilings(
+        "cuda", copy_gbytes_per_s=4000.0, peak_gflops=1.2e6, peak_label=fp8, extra={f32: 5e4, f16: 6e5, fp8: 1.2e6}
+    )
     fig = _results().roofline(ceilings, path=tmp_path / "r.png")
     ax = fig.axes[0]
     assert [max(line.get_ydata()) for line in ax.lines] == pytest.approx([1.2e6, 5e4, 6e5])
@@ -174,8 +180,14 @@ def test_gpu_timing(method):
     assert rec.time_s > 0 and rec.host_s is not None and rec.host_s > 0
     # the device time of a GEMM reading 1 MiB of weight is microseconds, not the host's launch cost
     assert rec.time_s < 1e-3
-    copy = profile.profile_op(cp.copyto, cp.empty(1 << 24, cp.float32), cp.ones(1 << 24, cp.float32),
-                              bytes=2 * 4 * (1 << 24), repeats=20, method=method)
+    copy = profile.profile_op(
+        cp.copyto,
+        cp.empty(1 << 24, cp.float32),
+        cp.ones(1 << 24, cp.float32),
+        bytes=2 * 4 * (1 << 24),
+        repeats=20,
+        method=method,
+    )
     assert 100 < copy.gbytes_per_s < 10_000  # an H200 copies at a few TB/s
 
 
@@ -191,10 +203,12 @@ def test_profile_moe_reports_the_routing_and_each_step():
     and its six steps each timed (and the layer's result is the plain moe_fp8's)."""
     rng = np.random.default_rng(3)
     e, h, inter = 6, 64, 32
-    gu = seam.Fp8Experts.from_float(rng.standard_normal((e, 2 * inter, h)).astype(np.float32), per_channel=True,
-                                    activation_scheme="per_token")
-    dn = seam.Fp8Experts.from_float(rng.standard_normal((e, h, inter)).astype(np.float32), per_channel=True,
-                                    activation_scheme="per_token")
+    gu = seam.Fp8Experts.from_float(
+        rng.standard_normal((e, 2 * inter, h)).astype(np.float32), per_channel=True, activation_scheme="per_token"
+    )
+    dn = seam.Fp8Experts.from_float(
+        rng.standard_normal((e, h, inter)).astype(np.float32), per_channel=True, activation_scheme="per_token"
+    )
     x = rng.standard_normal((5, h)).astype(np.float32)
     ids = np.array([[0, 1], [1, 6], [1, 0], [-1, 3], [3, 1]], np.int32)  # 6 and -1 route nothing
     w = rng.random((5, 2)).astype(np.float32)

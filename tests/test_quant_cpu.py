@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vtnumba as vt
-
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 from vtnumba.testing import reference
 from vtnumba.testing import strategies as fst
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
 SCALES = fst.DESIGN_SCALES
 BF16 = ml_dtypes.bfloat16
@@ -35,7 +35,7 @@ def _ties():
     grid = reference.GRID
     mids = (grid[:-1] + grid[1:]) / 2.0
     exps = np.floor(np.log2(np.where(mids > 0, mids, 1.0)))
-    keep = ((exps >= -4) & (exps <= 8)) | (mids < 2.0 ** -6)
+    keep = ((exps >= -4) & (exps <= 8)) | (mids < 2.0**-6)
     mids = mids[keep].astype(F32)
     assert np.all(mids.astype(np.float64) == ((grid[:-1] + grid[1:]) / 2.0)[keep]), "a tie is not a float32"
     return np.concatenate([mids, -mids])
@@ -48,9 +48,9 @@ def population(scale, rng):
     s = F32(scale)
     inv = F32(1) / s
     targets = [_ties()]
-    ladder = np.arange(0, 9, dtype=np.float64) * 2.0 ** -9
-    targets.append(np.concatenate([ladder, ladder[:-1] + 2.0 ** -10]).astype(F32))
-    edge = np.array([448.0, 464.0, 480.0, 2.0 ** -6, 2.0 ** -10], dtype=F32)
+    ladder = np.arange(0, 9, dtype=np.float64) * 2.0**-9
+    targets.append(np.concatenate([ladder, ladder[:-1] + 2.0**-10]).astype(F32))
+    edge = np.array([448.0, 464.0, 480.0, 2.0**-6, 2.0**-10], dtype=F32)
     targets.append(np.concatenate([edge, np.nextafter(edge, F32(0)), np.nextafter(edge, F32(np.inf))]))
     targets = np.concatenate([np.concatenate([t, -t]) for t in targets])
     exact_mul, exact_div = [], []
@@ -76,7 +76,9 @@ def test_g1_static_bitwise(scale, dtype):
     assert q.data.dtype == np.uint8 and q.data.shape == x.shape
     assert np.array_equal(q.scale, np.array([scale], F32))
     mismatches = np.flatnonzero(q.data != ref.data)
-    assert mismatches.size == 0, f"{mismatches.size} mismatches, first x={x[mismatches[:5]]} got {q.data[mismatches[:5]]} want {ref.data[mismatches[:5]]}"
+    assert mismatches.size == 0, (
+        f"{mismatches.size} mismatches, first x={x[mismatches[:5]]} got {q.data[mismatches[:5]]} want {ref.data[mismatches[:5]]}"
+    )
     # vacuity: the population held constructed ties, and most codes are not zero
     assert n_exact_ties > 200 and x.size > 100_000
     assert np.count_nonzero(q.data & 0x7F) > 0.5 * x.size
@@ -134,7 +136,7 @@ def _per_token_rows(scale_row_amax, rng, k=512):
         s = max(F32(amax) / F32(448), reference.FLOOR)
         row = [F32(amax)]
         for t in rng.choice(ties[np.abs(ties) < 440], size=k - 1):
-            x = _nudge_until(t, t * s, lambda v: F32(v / s))
+            x = _nudge_until(t, t * s, lambda v, s=s: F32(v / s))
             row.append(x if x is not None and abs(x) <= amax else F32(t * s * 0.5))
         rows.append(row)
     return np.array(rows, dtype=F32)
@@ -170,18 +172,37 @@ def test_per_token_divides():
 
 
 def test_nan_policy_and_specials():
-    x = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 448.0, -448.0, 464.0, 1e38, 2.0 ** -9,
-                  2.0 ** -10, 3 * 2.0 ** -10, 5 * 2.0 ** -10], dtype=F32)
+    x = np.array(
+        [
+            np.nan,
+            -np.nan,
+            np.inf,
+            -np.inf,
+            0.0,
+            -0.0,
+            448.0,
+            -448.0,
+            464.0,
+            1e38,
+            2.0**-9,
+            2.0**-10,
+            3 * 2.0**-10,
+            5 * 2.0**-10,
+        ],
+        dtype=F32,
+    )
     codes = vt.encode_e4m3(x)
     assert codes.tolist() == [0x7F, 0x7F, 0x7E, 0xFE, 0x00, 0x80, 0x7E, 0xFE, 0x7E, 0x7E, 0x01, 0x00, 0x02, 0x02]
     values = vt.decode_e4m3(np.arange(256, dtype=np.uint8))
     assert np.isnan(values[[0x7F, 0xFF]]).all() and np.isnan(values).sum() == 2
-    assert values[0x7E] == 448.0 and values[0x08] == 2.0 ** -6 and values[0x01] == 2.0 ** -9
+    assert values[0x7E] == 448.0 and values[0x08] == 2.0**-6 and values[0x01] == 2.0**-9
     assert np.signbit(values[0x80]) and values[0x80] == 0.0
     # decode equals the oracle's grid for all finite codes and matches ml_dtypes
     finite = ~np.isnan(values)
     assert np.array_equal(values[finite], reference.decode(np.arange(256, dtype=np.uint8))[finite])
-    assert np.array_equal(values[finite], np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)[finite])
+    assert np.array_equal(
+        values[finite], np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(F32)[finite]
+    )
 
 
 def test_float8_dtype_accepted_and_dequantize():
@@ -199,6 +220,7 @@ def test_float8_dtype_accepted_and_dequantize():
 
 # ---------------------------------------------------------------- properties (hypothesis)
 
+
 @settings(max_examples=150, deadline=None)
 @given(fst.quantizable_arrays(), fst.quant_scales())
 def test_property_static_matches_oracle(x, scale):
@@ -212,7 +234,7 @@ def test_property_per_token_rows_independent(x, scale_ub):
     ref = reference.quantize(x, per_token=True, scale_ub=scale_ub)
     assert np.array_equal(whole.data, ref.data) and np.array_equal(whole.scale, ref.scale)
     for r in range(x.shape[0]):
-        one = vt.quantize_fp8(x[r:r + 1], per_token=True, scale_ub=scale_ub)
+        one = vt.quantize_fp8(x[r : r + 1], per_token=True, scale_ub=scale_ub)
         assert np.array_equal(one.data[0], whole.data[r]) and one.scale[0, 0] == whole.scale[r, 0]
 
 
@@ -247,6 +269,7 @@ def test_property_strided_equals_contiguous(x, scale, rstep, cstep):
 
 
 # ---------------------------------------------------------------- bad input
+
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), 1e-50])
 def test_bad_scale(scale):

@@ -49,16 +49,30 @@ COMPRESSED_TENSORS_FP8_DYNAMIC = {
         "config_groups": {
             "group_0": {
                 "input_activations": {
-                    "actorder": None, "block_structure": None, "dynamic": True, "group_size": None,
-                    "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "token",
-                    "symmetric": True, "type": "float",
+                    "actorder": None,
+                    "block_structure": None,
+                    "dynamic": True,
+                    "group_size": None,
+                    "num_bits": 8,
+                    "observer": None,
+                    "observer_kwargs": {},
+                    "strategy": "token",
+                    "symmetric": True,
+                    "type": "float",
                 },
                 "output_activations": None,
                 "targets": ["Linear"],
                 "weights": {
-                    "actorder": None, "block_structure": None, "dynamic": False, "group_size": None,
-                    "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": "channel",
-                    "symmetric": True, "type": "float",
+                    "actorder": None,
+                    "block_structure": None,
+                    "dynamic": False,
+                    "group_size": None,
+                    "num_bits": 8,
+                    "observer": "minmax",
+                    "observer_kwargs": {},
+                    "strategy": "channel",
+                    "symmetric": True,
+                    "type": "float",
                 },
             }
         },
@@ -88,14 +102,20 @@ AUTOFP8_STATIC = {
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "quantization_config": {
-        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
     },
 }
 
 DEEPSEEK_V3_1 = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "quantization_config": {
-        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "scale_fmt": "ue8m0",
         "weight_block_size": [128, 128],
     },
 }
@@ -104,7 +124,10 @@ QWEN3_FP8 = {
     "architectures": ["Qwen3ForCausalLM"],
     "torch_dtype": "bfloat16",
     "quantization_config": {
-        "activation_scheme": "dynamic", "modules_to_not_convert": None, "fmt": "e4m3", "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "modules_to_not_convert": None,
+        "fmt": "e4m3",
+        "quant_method": "fp8",
         "weight_block_size": [128, 128],
     },
 }
@@ -112,15 +135,22 @@ QWEN3_FP8 = {
 QWEN3_MOE_FP8 = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "quantization_config": {
-        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
         "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"],
     },
 }
 
 TRANSFORMERS_FINE_GRAINED_FP8 = {  # FineGrainedFP8Config(weight_block_size=(64, 128), ...).to_dict()
     "quantization_config": {
-        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 128],
-        "modules_to_not_convert": ["lm_head"], "dequantize": False, "scale_fmt": "float",
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [64, 128],
+        "modules_to_not_convert": ["lm_head"],
+        "dequantize": False,
+        "scale_fmt": "float",
     },
 }
 
@@ -132,16 +162,30 @@ COMPRESSED_TENSORS_FP8_BLOCK = {
             "group_0": {
                 "format": "float-quantized",
                 "input_activations": {
-                    "actorder": None, "block_structure": None, "dynamic": True, "group_size": 128,
-                    "num_bits": 8, "observer": None, "observer_kwargs": {}, "strategy": "group",
-                    "symmetric": True, "type": "float",
+                    "actorder": None,
+                    "block_structure": None,
+                    "dynamic": True,
+                    "group_size": 128,
+                    "num_bits": 8,
+                    "observer": None,
+                    "observer_kwargs": {},
+                    "strategy": "group",
+                    "symmetric": True,
+                    "type": "float",
                 },
                 "output_activations": None,
                 "targets": ["Linear"],
                 "weights": {
-                    "actorder": None, "block_structure": [128, 128], "dynamic": False, "group_size": None,
-                    "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": "block",
-                    "symmetric": True, "type": "float",
+                    "actorder": None,
+                    "block_structure": [128, 128],
+                    "dynamic": False,
+                    "group_size": None,
+                    "num_bits": 8,
+                    "observer": "minmax",
+                    "observer_kwargs": {},
+                    "strategy": "block",
+                    "symmetric": True,
+                    "type": "float",
                 },
             }
         },
@@ -158,8 +202,9 @@ COMPRESSED_TENSORS_FP8_BLOCK = {
 
 
 def _fp8_weight(scheme, n=4, k=8):
-    return seam.Fp8Weight(np.zeros((n, k), np.uint8), 1.0, input_scale=0.5 if scheme == "static" else None,
-                          activation_scheme=scheme)
+    return seam.Fp8Weight(
+        np.zeros((n, k), np.uint8), 1.0, input_scale=0.5 if scheme == "static" else None, activation_scheme=scheme
+    )
 
 
 def test_modelopt_hf_quant_config_fp8():
@@ -186,7 +231,11 @@ def test_modelopt_config_json_per_channel_per_token():
 
 def test_compressed_tensors_fp8_dynamic_channel_token():
     cfg = seam.Fp8Config.from_hf(COMPRESSED_TENSORS_FP8_DYNAMIC)
-    assert (cfg.quant_method, cfg.weight_strategy, cfg.activation_scheme) == ("compressed-tensors", "channel", "per_token")
+    assert (cfg.quant_method, cfg.weight_strategy, cfg.activation_scheme) == (
+        "compressed-tensors",
+        "channel",
+        "per_token",
+    )
     assert cfg.ignored_by("model.layers.7.mlp.gate") == "re:.*mlp\\.gate$"  # compressed-tensors regex
     assert not cfg.is_ignored("model.layers.7.mlp.gate_proj")
     assert not cfg.is_ignored("lm_head_extra")  # exact names are not prefixes
@@ -205,14 +254,18 @@ def test_vllm_fp8_static_and_dynamic():
     assert dyn.activation_scheme == "dynamic" and dyn.ignore == ()
 
 
-@pytest.mark.parametrize("config, block, ignore, ue8m0", [
-    (DEEPSEEK_V3, (128, 128), (), False),
-    (DEEPSEEK_V3_1, (128, 128), (), True),
-    (QWEN3_FP8, (128, 128), (), False),
-    (QWEN3_MOE_FP8, (128, 128), ("lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"), False),
-    (TRANSFORMERS_FINE_GRAINED_FP8, (64, 128), ("lm_head",), False),
-    (COMPRESSED_TENSORS_FP8_BLOCK, (128, 128), ("lm_head",), False),
-], ids=["deepseek-v3", "deepseek-v3.1", "qwen3", "qwen3-moe", "transformers", "compressed-tensors"])
+@pytest.mark.parametrize(
+    "config, block, ignore, ue8m0",
+    [
+        (DEEPSEEK_V3, (128, 128), (), False),
+        (DEEPSEEK_V3_1, (128, 128), (), True),
+        (QWEN3_FP8, (128, 128), (), False),
+        (QWEN3_MOE_FP8, (128, 128), ("lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"), False),
+        (TRANSFORMERS_FINE_GRAINED_FP8, (64, 128), ("lm_head",), False),
+        (COMPRESSED_TENSORS_FP8_BLOCK, (128, 128), ("lm_head",), False),
+    ],
+    ids=["deepseek-v3", "deepseek-v3.1", "qwen3", "qwen3-moe", "transformers", "compressed-tensors"],
+)
 def test_block_scaled_formats_parse(config, block, ignore, ue8m0):
     """Every block-scaled format of issue 12: block weights and dynamic per-token-group activations
     whose group size is the block's bk (vLLM's "dynamic" with weight_block_size means exactly that)."""
@@ -240,27 +293,39 @@ def test_block_scaled_config_takes_block_weights_and_refuses_the_others_naming_t
     rng = np.random.default_rng(3)
     block_weight = seam.Fp8Weight.from_float(rng.standard_normal((256, 384)).astype(np.float32), block_size=(128, 128))
     method = cfg.linear_method("model.layers.3.mlp.down_proj", block_weight)
-    assert method.name == "fp8_w8a8" and method.apply(rng.standard_normal((2, 384)).astype(np.float32)).shape == (2, 256)
+    assert method.name == "fp8_w8a8" and method.apply(rng.standard_normal((2, 384)).astype(np.float32)).shape == (
+        2,
+        256,
+    )
     # a per-tensor weight under a block-scaled config, or a block weight of another block size
-    with pytest.raises(ValueError, match=r"weight of layer 'model.layers.3.mlp.down_proj' must have activation_scheme "
-                                         r"'per_group'"):
+    with pytest.raises(
+        ValueError,
+        match=r"weight of layer 'model.layers.3.mlp.down_proj' must have activation_scheme "
+        r"'per_group'",
+    ):
         cfg.linear_method("model.layers.3.mlp.down_proj", _fp8_weight("dynamic"))
     other = seam.Fp8Weight.from_float(rng.standard_normal((256, 384)).astype(np.float32), block_size=(128, 64))
     with pytest.raises(ValueError, match=r"layer 'model.layers.3.mlp.down_proj' must have block_size \(128, 128\)"):
         cfg.linear_method("model.layers.3.mlp.down_proj", other)
     # compressed-tensors' block strategy is recognized the same way
     ct = json.loads(json.dumps(COMPRESSED_TENSORS_FP8_DYNAMIC))
-    ct["quantization_config"]["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 128])
+    ct["quantization_config"]["config_groups"]["group_0"]["weights"].update(
+        strategy="block", block_structure=[128, 128]
+    )
     ct["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(strategy="token")
     cfg = seam.Fp8Config.from_hf(ct)
     # dynamic per-token activations beside block weights are quantized per group of bk, as vLLM does
     assert (cfg.weight_block_size, cfg.activation_scheme, cfg.activation_group_size) == ((128, 128), "per_group", 128)
-    with pytest.raises(ValueError, match="weight of layer 'model.layers.0.self_attn.o_proj' must have activation_scheme"):
+    with pytest.raises(
+        ValueError, match="weight of layer 'model.layers.0.self_attn.o_proj' must have activation_scheme"
+    ):
         cfg.linear_method("model.layers.0.self_attn.o_proj", _fp8_weight("per_token"))
     # an ignored layer of a block-scaled checkpoint still gets its unquantized method
     ct["quantization_config"]["ignore"] = ["lm_head"]
-    assert type(seam.Fp8Config.from_hf(ct).linear_method("lm_head", np.ones((2, 2), np.float32))) \
+    assert (
+        type(seam.Fp8Config.from_hf(ct).linear_method("lm_head", np.ones((2, 2), np.float32)))
         is seam.UnquantizedLinearMethod
+    )
 
 
 def test_from_hf_reads_paths(tmp_path):
@@ -274,20 +339,33 @@ def test_from_hf_reads_paths(tmp_path):
     assert seam.Fp8Config.from_hf(modelopt_dir).quant_method == "modelopt"
 
 
-@pytest.mark.parametrize("config, words", [
-    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
-     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'NVFP4'"),
-    ({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A8_AWQ"}},
-     "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'W4A8_AWQ'"),
-    ({"quantization_config": {"quant_method": "modelopt"}}, "quant_algo must be given"),
-    ({"quantization_config": {"quant_method": "gptq", "bits": 4}},
-     "quant_method must be one of modelopt, compressed-tensors, fp8, mxfp8 .*got 'gptq'"),
-    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "per_token"}},
-     "activation_scheme must be 'static' or 'dynamic' in an 'fp8' config, got 'per_token'"),
-    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e5m2"}},
-     "fmt must be 'e4m3'"),
-    ({"architectures": ["LlamaForCausalLM"]}, "config must contain a quantization_config"),
-])
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (
+            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
+            "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'NVFP4'",
+        ),
+        (
+            {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A8_AWQ"}},
+            "quant_algo must be one of FP8, FP8_PER_CHANNEL_PER_TOKEN, MXFP8, got 'W4A8_AWQ'",
+        ),
+        ({"quantization_config": {"quant_method": "modelopt"}}, "quant_algo must be given"),
+        (
+            {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+            "quant_method must be one of modelopt, compressed-tensors, fp8, mxfp8 .*got 'gptq'",
+        ),
+        (
+            {"quantization_config": {"quant_method": "fp8", "activation_scheme": "per_token"}},
+            "activation_scheme must be 'static' or 'dynamic' in an 'fp8' config, got 'per_token'",
+        ),
+        (
+            {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e5m2"}},
+            "fmt must be 'e4m3'",
+        ),
+        ({"architectures": ["LlamaForCausalLM"]}, "config must contain a quantization_config"),
+    ],
+)
 def test_unknown_or_unsupported_configs_are_refused(config, words):
     with pytest.raises(ValueError, match=words):
         seam.Fp8Config.from_hf(config)
@@ -299,22 +377,40 @@ def _ct_block(**acts):
     return ct
 
 
-@pytest.mark.parametrize("config, words", [
-    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "activation_scheme": "static"}},
-     r"activation_scheme must be 'dynamic' with weight_block_size \[128, 128\].*got 'static'"),
-    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [128]}},
-     r"weight_block_size must be two positive ints \[rows, cols\], got \[128\]"),
-    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [0, 128]}},
-     r"weight_block_size must be two positive ints \[rows, cols\], got \[0, 128\]"),
-    ({"quantization_config": {**DEEPSEEK_V3["quantization_config"], "scale_fmt": "e8m0x"}},
-     "scale_fmt must be 'float' or 'ue8m0', got 'e8m0x'"),
-    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "scale_fmt": "ue8m0"}},
-     "scale_fmt 'ue8m0' needs block-scaled weights"),
-    (_ct_block(group_size=64),
-     r"group_0.input_activations.group_size must equal the weights' bk = 128 \(block_structure \[128, 128\]\), got 64"),
-    (_ct_block(dynamic=False, strategy="tensor"),
-     r"group_0.input_activations must be dynamic with block-scaled weights.*got static strategy='tensor'"),
-], ids=["block-static", "block-rank", "block-zero", "scale-fmt", "ue8m0-no-block", "ct-group-size", "ct-static"])
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (
+            {"quantization_config": {**DEEPSEEK_V3["quantization_config"], "activation_scheme": "static"}},
+            r"activation_scheme must be 'dynamic' with weight_block_size \[128, 128\].*got 'static'",
+        ),
+        (
+            {"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [128]}},
+            r"weight_block_size must be two positive ints \[rows, cols\], got \[128\]",
+        ),
+        (
+            {"quantization_config": {**DEEPSEEK_V3["quantization_config"], "weight_block_size": [0, 128]}},
+            r"weight_block_size must be two positive ints \[rows, cols\], got \[0, 128\]",
+        ),
+        (
+            {"quantization_config": {**DEEPSEEK_V3["quantization_config"], "scale_fmt": "e8m0x"}},
+            "scale_fmt must be 'float' or 'ue8m0', got 'e8m0x'",
+        ),
+        (
+            {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "scale_fmt": "ue8m0"}},
+            "scale_fmt 'ue8m0' needs block-scaled weights",
+        ),
+        (
+            _ct_block(group_size=64),
+            r"group_0.input_activations.group_size must equal the weights' bk = 128 \(block_structure \[128, 128\]\), got 64",
+        ),
+        (
+            _ct_block(dynamic=False, strategy="tensor"),
+            r"group_0.input_activations must be dynamic with block-scaled weights.*got static strategy='tensor'",
+        ),
+    ],
+    ids=["block-static", "block-rank", "block-zero", "scale-fmt", "ue8m0-no-block", "ct-group-size", "ct-static"],
+)
 def test_block_scaled_configs_that_contradict_themselves_are_refused(config, words):
     with pytest.raises(ValueError, match=words):
         seam.Fp8Config.from_hf(config)
@@ -346,7 +442,9 @@ def test_compressed_tensors_schemes_outside_fp8_w8a8_are_refused():
     with pytest.raises(ValueError, match="weight-only FP8 \\(W8A16\\) is not supported yet"):
         seam.Fp8Config.from_hf(ct)
     group["input_activations"] = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": False}
-    with pytest.raises(ValueError, match="input_activations must be static 'tensor'.*got strategy='token' dynamic=False"):
+    with pytest.raises(
+        ValueError, match="input_activations must be static 'tensor'.*got strategy='token' dynamic=False"
+    ):
         seam.Fp8Config.from_hf(ct)
     group["weights"] = {"num_bits": 8, "type": "int", "strategy": "channel"}
     with pytest.raises(ValueError, match="weights must be 8-bit float"):
@@ -357,7 +455,9 @@ def test_linear_method_refuses_weights_that_contradict_the_config():
     cfg = seam.Fp8Config.from_hf(AUTOFP8_STATIC)
     with pytest.raises(TypeError, match="weight of layer 'model.layers.0.mlp.up_proj' must be an Fp8Weight"):
         cfg.linear_method("model.layers.0.mlp.up_proj", np.ones((4, 8), np.float32))
-    with pytest.raises(TypeError, match="weight of layer 'lm_head' must be a float array: the config leaves it unquantized"):
+    with pytest.raises(
+        TypeError, match="weight of layer 'lm_head' must be a float array: the config leaves it unquantized"
+    ):
         cfg.linear_method("lm_head", _fp8_weight("static"))
 
 

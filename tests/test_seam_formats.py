@@ -14,6 +14,7 @@ KNOWN = ("modelopt", "compressed-tensors", "fp8", "mxfp8")
 @pytest.fixture
 def toy():
     """A toy format registered for one test and removed after it, even when the test fails."""
+
     @formats.register("toy-fp8", matches=lambda method: method.startswith("toy-fp8"))
     def parse_toy(section):
         return seam.Fp8Config("toy-fp8", "channel", "per_token", tuple(section.get("skip") or ()))
@@ -43,8 +44,10 @@ def test_an_unknown_quant_method_is_refused_naming_the_known_ones(method):
 
 def test_a_registered_format_is_read_by_from_hf_until_unregistered(toy, tmp_path):
     assert formats.names() == KNOWN + ("toy-fp8",)
-    config = {"architectures": ["LlamaForCausalLM"],
-              "quantization_config": {"quant_method": "TOY-FP8-v2", "skip": ["lm_head"]}}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "quantization_config": {"quant_method": "TOY-FP8-v2", "skip": ["lm_head"]},
+    }
     cfg = seam.Fp8Config.from_hf(config)
     assert cfg == seam.Fp8Config("toy-fp8", "channel", "per_token", ("lm_head",))
     assert cfg.is_ignored("lm_head") and not cfg.is_ignored("model.layers.0.mlp.up_proj")

@@ -36,9 +36,13 @@ def _stats(device):
 
 def _host_weight(n=64, k=128, scheme="dynamic", per_channel=False, bias=True):
     w = (RNG.standard_normal((n, k)) * np.linspace(0.02, 0.2, n)[:, None]).astype(np.float32)
-    return seam.Fp8Weight.from_float(w, input_scale=np.float32(0.0213) if scheme == "static" else None,
-                                     per_channel=per_channel, activation_scheme=scheme,
-                                     bias=RNG.standard_normal(n).astype(np.float32) if bias else None)
+    return seam.Fp8Weight.from_float(
+        w,
+        input_scale=np.float32(0.0213) if scheme == "static" else None,
+        per_channel=per_channel,
+        activation_scheme=scheme,
+        bias=RNG.standard_normal(n).astype(np.float32) if bias else None,
+    )
 
 
 def _current(cp):
@@ -161,10 +165,14 @@ def test_both_sides_of_the_lever_stay_within_their_bounds(cp, monkeypatch, lever
 def test_two_layer_mlp_on_the_gpu(cp, monkeypatch, lever):
     monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", lever)
     d, h, m = 128, 256, 8
-    up_host = seam.Fp8Weight.from_float((RNG.standard_normal((h, d)) / np.sqrt(d)).astype(np.float32),
-                                        input_scale=np.float32(4.5 / 448), bias=RNG.standard_normal(h).astype(np.float32))
-    down_host = seam.Fp8Weight.from_float((RNG.standard_normal((d, h)) / np.sqrt(h)).astype(np.float32),
-                                          per_channel=True, activation_scheme="per_token")
+    up_host = seam.Fp8Weight.from_float(
+        (RNG.standard_normal((h, d)) / np.sqrt(d)).astype(np.float32),
+        input_scale=np.float32(4.5 / 448),
+        bias=RNG.standard_normal(h).astype(np.float32),
+    )
+    down_host = seam.Fp8Weight.from_float(
+        (RNG.standard_normal((d, h)) / np.sqrt(h)).astype(np.float32), per_channel=True, activation_scheme="per_token"
+    )
     up_gpu = seam.make_linear_method(seam.ResidentFp8(up_host, "cuda"))
     down_gpu = seam.make_linear_method(seam.ResidentFp8(down_host, "cuda"))
     x = RNG.standard_normal((m, d)).astype(np.float32)

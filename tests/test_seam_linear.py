@@ -1,6 +1,5 @@
 """seam.make_linear_method (singledispatch on the weight's type) and the linear methods."""
 
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -83,7 +82,7 @@ def test_unquantized_is_x_at_w_transposed_with_float32_accumulation(dtype):
     y32 = m.apply(x, out_dtype=np.float32)
     # float32 accumulation: within 4*K*eps32 of the float64 sum of |terms| (G3's form)
     terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T + np.abs(b.astype(np.float64))
-    assert np.all(np.abs(y32 - exact) <= 4 * 48 * 2.0 ** -23 * terms)
+    assert np.all(np.abs(y32 - exact) <= 4 * 48 * 2.0**-23 * terms)
     np.testing.assert_array_equal(y.view(np.uint8), y32.astype(dtype).view(np.uint8))
 
 
@@ -107,8 +106,9 @@ def test_unquantized_apply_prequant_dequantizes_exactly():
 
 
 def test_fp8_method_apply_is_matmul_fp8():
-    w = seam.Fp8Weight.from_float(RNG.standard_normal((16, 32)).astype(np.float32), per_channel=True,
-                                  activation_scheme="per_token")
+    w = seam.Fp8Weight.from_float(
+        RNG.standard_normal((16, 32)).astype(np.float32), per_channel=True, activation_scheme="per_token"
+    )
     m = seam.make_linear_method(w)
     x = RNG.standard_normal((4, 32)).astype(np.float32)
     np.testing.assert_array_equal(m.apply(x), seam.matmul_fp8(x, w))

@@ -1,7 +1,6 @@
 """seam.matmul_fp8 / matmul_fp8_prequant and the lever, on the CPU: bitwise agreement of the two
 entry points, G3 against the float64 oracle, shapes, dtypes, bad input, a two-layer MLP."""
 
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ def _weight(n, k, scheme, per_channel, bias, rng=RNG):
     w = (rng.standard_normal((n, k)) * np.linspace(0.02, 0.2, n)[:, None]).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     input_scale = np.float32(0.0213) if scheme == "static" else None
-    return seam.Fp8Weight.from_float(w, input_scale=input_scale, per_channel=per_channel,
-                                     activation_scheme=scheme, bias=b)
+    return seam.Fp8Weight.from_float(
+        w, input_scale=input_scale, per_channel=per_channel, activation_scheme=scheme, bias=b
+    )
 
 
 @pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token"])
@@ -28,8 +28,11 @@ def test_quantize_activation_is_the_scheme_s_quantize_call(scheme):
     rng = np.random.default_rng(61)  # its own: the module's RNG feeds the tests below
     w = _weight(24, 48, scheme, per_channel=False, bias=False, rng=rng)
     x = rng.standard_normal((5, 48)).astype(np.float32)
-    want = {"static": lambda: vt.quantize_fp8(x, w.input_scale), "dynamic": lambda: vt.quantize_fp8(x),
-            "per_token": lambda: vt.quantize_fp8(x, per_token=True)}[scheme]()
+    want = {
+        "static": lambda: vt.quantize_fp8(x, w.input_scale),
+        "dynamic": lambda: vt.quantize_fp8(x),
+        "per_token": lambda: vt.quantize_fp8(x, per_token=True),
+    }[scheme]()
     got = seam.quantize_activation(x, w)
     assert got.scheme == scheme == want.scheme
     np.testing.assert_array_equal(got.data, want.data)
@@ -89,8 +92,9 @@ def test_out_dtype_default_and_names():
 
 
 def test_resident_and_host_weight_give_the_same_bits():
-    w = seam.Fp8Weight.from_float(RNG.standard_normal((16, 32)).astype(np.float32),
-                                  bias=RNG.standard_normal(16).astype(ml_dtypes.bfloat16))
+    w = seam.Fp8Weight.from_float(
+        RNG.standard_normal((16, 32)).astype(np.float32), bias=RNG.standard_normal(16).astype(ml_dtypes.bfloat16)
+    )
     x = RNG.standard_normal((3, 32)).astype(np.float32)
     np.testing.assert_array_equal(seam.matmul_fp8(x, seam.ResidentFp8(w, "cpu")), seam.matmul_fp8(x, w))
 
@@ -99,17 +103,29 @@ def test_the_lever_is_the_one_declared_in_config(monkeypatch):
     assert seam.dense_cublaslt_fp8_enabled is _config.dense_cublaslt_fp8_enabled
     monkeypatch.delenv("VT_DENSE_CUBLASLT_FP8", raising=False)
     assert seam.dense_cublaslt_fp8_enabled() is True  # on by default
-    for value, expected in (("1", True), ("0", False), ("0ff", False), ("00", False), ("", True),
-                            ("off", True), ("false", True), ("yes", True)):
+    for value, expected in (
+        ("1", True),
+        ("0", False),
+        ("0ff", False),
+        ("00", False),
+        ("", True),
+        ("off", True),
+        ("false", True),
+        ("yes", True),
+    ):
         monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", value)  # read at every call: flips live
         assert seam.dense_cublaslt_fp8_enabled() is expected, value
 
 
 # -- bad input ------------------------------------------------------------------------------
 
+
 def test_mismatched_k_is_refused_naming_both_shapes():
     w = _weight(16, 32, "dynamic", per_channel=False, bias=False)
-    with pytest.raises(ValueError, match=r"x must be \[\.\.\., K\] with K = 32 \(the weight is \[N, K\] = \(16, 32\)\), got shape \(4, 31\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x must be \[\.\.\., K\] with K = 32 \(the weight is \[N, K\] = \(16, 32\)\), got shape \(4, 31\)",
+    ):
         seam.matmul_fp8(np.ones((4, 31), np.float32), w)
     with pytest.raises(ValueError, match="q.data must be"):
         seam.matmul_fp8_prequant(vt.quantize_fp8(np.ones((4, 31), np.float32)), w)
@@ -117,15 +133,20 @@ def test_mismatched_k_is_refused_naming_both_shapes():
         seam.matmul_fp8(np.zeros((), np.float32), w)
 
 
-@pytest.mark.parametrize("weight_scheme, q_kwargs, got", [
-    ("static", {}, "dynamic"),
-    ("dynamic", {"per_token": True}, "per_token"),
-    ("per_token", {"scale": 0.5}, "static"),
-])
+@pytest.mark.parametrize(
+    "weight_scheme, q_kwargs, got",
+    [
+        ("static", {}, "dynamic"),
+        ("dynamic", {"per_token": True}, "per_token"),
+        ("per_token", {"scale": 0.5}, "static"),
+    ],
+)
 def test_prequant_of_the_wrong_scheme_is_refused(weight_scheme, q_kwargs, got):
     w = _weight(16, 32, weight_scheme, per_channel=False, bias=False)
     q = vt.quantize_fp8(np.ones((4, 32), np.float32), **q_kwargs)
-    with pytest.raises(ValueError, match=f"q.scheme must be the weight's activation_scheme '{weight_scheme}', got '{got}'"):
+    with pytest.raises(
+        ValueError, match=f"q.scheme must be the weight's activation_scheme '{weight_scheme}', got '{got}'"
+    ):
         seam.matmul_fp8_prequant(q, w)
 
 
@@ -143,8 +164,9 @@ def test_other_bad_inputs():
 
 # -- a two-layer MLP through the seam -------------------------------------------------------
 
+
 def _gelu64(v):
-    return 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))
+    return 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v**3)))
 
 
 def test_two_layer_mlp_through_the_seam():
@@ -155,10 +177,8 @@ def test_two_layer_mlp_through_the_seam():
     calib = RNG.standard_normal((32, d)).astype(np.float32)
     x = RNG.standard_normal((m, d)).astype(np.float32)
     # static input scale calibrated on other inputs (amax / 448), as a ModelOpt checkpoint carries
-    up = seam.make_linear_method(seam.Fp8Weight.from_float(
-        w_up, input_scale=np.abs(calib).max() / 448.0, bias=b_up))
-    down = seam.make_linear_method(seam.Fp8Weight.from_float(
-        w_down, per_channel=True, activation_scheme="per_token"))
+    up = seam.make_linear_method(seam.Fp8Weight.from_float(w_up, input_scale=np.abs(calib).max() / 448.0, bias=b_up))
+    down = seam.make_linear_method(seam.Fp8Weight.from_float(w_down, per_channel=True, activation_scheme="per_token"))
     assert (up.name, down.name) == ("fp8_w8a8", "fp8_w8a8")
 
     y1 = up.apply(x)

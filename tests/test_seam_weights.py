@@ -29,32 +29,78 @@ def _stats(device="cpu"):
 
 # -- Fp8Weight ------------------------------------------------------------------------------
 
+
 def test_fp8_weight_normalizes_scales_and_derives_the_scheme():
     codes = _codes(6, 8)
     w = seam.Fp8Weight(codes, 0.5)
     assert w.weight_scale.dtype == np.float32 and w.weight_scale.shape == (1,) and not w.per_channel
     assert w.activation_scheme == "dynamic" and w.input_scale is None and w.shape == (6, 8)
-    w = seam.Fp8Weight(codes.view(ml_dtypes.float8_e4m3fn), np.full((6, 1), 0.25, ml_dtypes.bfloat16), input_scale=0.125)
+    w = seam.Fp8Weight(
+        codes.view(ml_dtypes.float8_e4m3fn), np.full((6, 1), 0.25, ml_dtypes.bfloat16), input_scale=0.125
+    )
     assert w.data.dtype == np.uint8 and w.weight_scale.shape == (6,) and w.per_channel
     assert w.activation_scheme == "static" and w.input_scale == np.float32(0.125)
     w = seam.Fp8Weight(codes, np.float32(2.0), activation_scheme="per_token", bias=np.ones((1, 6), np.float16))
     assert w.activation_scheme == "per_token" and w.bias.shape == (6,)
 
 
-@pytest.mark.parametrize("kwargs, exc, words", [
-    (dict(data=np.zeros((4, 8), np.float32), weight_scale=1.0), TypeError, "data must be e4m3 codes"),
-    (dict(data=np.zeros(8, np.uint8), weight_scale=1.0), ValueError, "data must be 2-D"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.ones(3, np.float32)), ValueError, "weight_scale must be a scalar, shape (1,)"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.float32(np.nan)), ValueError, "weight_scale must be positive and finite"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.array([1, 1, 0, 1], np.float32)), ValueError, "weight_scale must be positive and finite"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=-1.0), ValueError, "input_scale must be a positive finite"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=np.inf), ValueError, "input_scale must be a positive finite"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, activation_scheme="static"), ValueError, "input_scale must be given"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=1.0, activation_scheme="per_token"), ValueError, "input_scale must be None"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, activation_scheme="token"), ValueError, "activation_scheme must be one of"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, bias=np.zeros(5, np.float32)), ValueError, "bias must have shape (4,)"),
-    (dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, bias=np.zeros(4, np.int32)), TypeError, "bias must be a float32"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(data=np.zeros((4, 8), np.float32), weight_scale=1.0), TypeError, "data must be e4m3 codes"),
+        (dict(data=np.zeros(8, np.uint8), weight_scale=1.0), ValueError, "data must be 2-D"),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.ones(3, np.float32)),
+            ValueError,
+            "weight_scale must be a scalar, shape (1,)",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.float32(np.nan)),
+            ValueError,
+            "weight_scale must be positive and finite",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=np.array([1, 1, 0, 1], np.float32)),
+            ValueError,
+            "weight_scale must be positive and finite",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=-1.0),
+            ValueError,
+            "input_scale must be a positive finite",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=np.inf),
+            ValueError,
+            "input_scale must be a positive finite",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, activation_scheme="static"),
+            ValueError,
+            "input_scale must be given",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, input_scale=1.0, activation_scheme="per_token"),
+            ValueError,
+            "input_scale must be None",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, activation_scheme="token"),
+            ValueError,
+            "activation_scheme must be one of",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, bias=np.zeros(5, np.float32)),
+            ValueError,
+            "bias must have shape (4,)",
+        ),
+        (
+            dict(data=np.zeros((4, 8), np.uint8), weight_scale=1.0, bias=np.zeros(4, np.int32)),
+            TypeError,
+            "bias must be a float32",
+        ),
+    ],
+)
 def test_fp8_weight_refuses_bad_parts(kwargs, exc, words):
     with pytest.raises(exc, match=words.replace("(", r"\(").replace(")", r"\)")):
         seam.Fp8Weight(**kwargs)
@@ -85,7 +131,7 @@ def test_from_float_per_channel_scale_is_row_amax_over_448_and_rows_use_their_ow
     amax = np.abs(w.astype(np.float64)).max(axis=1)
     floor = 1.0 / (448.0 * 512.0)
     expected_scale = np.maximum(amax / 448.0, floor).astype(np.float32)
-    np.testing.assert_allclose(fw.weight_scale, expected_scale, rtol=2 ** -23)
+    np.testing.assert_allclose(fw.weight_scale, expected_scale, rtol=2**-23)
     assert fw.weight_scale[5] == np.float32(floor) and not fw.data[5].any()
     # each row quantized with its own scale: x / scale_row, encoded by the independent oracle
     expected_codes = reference.encode((w / fw.weight_scale[:, None]).astype(np.float32))
@@ -103,6 +149,7 @@ def test_from_float_refuses_non_2d_and_non_float():
 
 
 # -- ResidentFp8 and load accounting --------------------------------------------------------
+
 
 def _weight(n=8, k=16, bias=True, per_channel=True):
     scale = RNG.uniform(0.01, 0.1, size=n).astype(np.float32) if per_channel else np.float32(0.03)
@@ -202,6 +249,7 @@ def test_resident_refuses_bad_devices_and_types():
 def test_cuda_device_without_a_gpu_says_why():
     try:
         import cupy  # noqa: F401
+
         pytest.skip("cupy is importable here; the GPU half is tested in test_seam_gpu.py")
     except ImportError:
         pass
@@ -210,6 +258,7 @@ def test_cuda_device_without_a_gpu_says_why():
 
 
 # -- fused shards ---------------------------------------------------------------------------
+
 
 def _nearest_codes_float64(v):
     """Nearest e4m3 code of each float64 value (|v| <= 448), and whether it is a near-tie (two grid
@@ -220,7 +269,7 @@ def _nearest_codes_float64(v):
     best, second = order[:, 0], order[:, 1]
     d1 = dist[np.arange(mag.size), best]
     d2 = dist[np.arange(mag.size), second]
-    near_tie = (d2 - d1) <= 4 * 2.0 ** -23 * np.maximum(mag, 2.0 ** -9)
+    near_tie = (d2 - d1) <= 4 * 2.0**-23 * np.maximum(mag, 2.0**-9)
     code = best.astype(np.uint8) | np.where(np.signbit(v.reshape(-1)), 0x80, 0).astype(np.uint8)
     return code.reshape(v.shape), near_tie.reshape(v.shape)
 
@@ -240,7 +289,7 @@ def test_requantize_with_max_scale_against_float64():
     assert compared.sum() > 0.95 * codes.size  # the gate compared nearly every element
     np.testing.assert_array_equal(out[compared], expected[compared])
     # near-ties may round either way, but only to one of the two nearest codes
-    assert np.all(np.abs(reference.decode(out[near_tie]) - exact[near_tie]) <= 0.07 * np.abs(exact[near_tie]) + 2.0 ** -9)
+    assert np.all(np.abs(reference.decode(out[near_tie]) - exact[near_tie]) <= 0.07 * np.abs(exact[near_tie]) + 2.0**-9)
     # the shard that already had the max scale is unchanged; the others really were requantized
     np.testing.assert_array_equal(out[24:], codes[24:])
     assert np.count_nonzero(out[:24] != codes[:24]) > 100
@@ -258,8 +307,10 @@ def test_requantize_with_max_scale_refuses_bad_widths_and_scales():
 
 def test_fuse_per_tensor_static_shards_uses_max_scales_and_keeps_values():
     k = 24
-    shards = [seam.Fp8Weight(_codes(n, k), s, input_scale=i, bias=RNG.standard_normal(n).astype(np.float32))
-              for n, s, i in ((8, 0.02, 0.05), (4, 0.031, 0.04), (4, 0.011, 0.07))]
+    shards = [
+        seam.Fp8Weight(_codes(n, k), s, input_scale=i, bias=RNG.standard_normal(n).astype(np.float32))
+        for n, s, i in ((8, 0.02, 0.05), (4, 0.031, 0.04), (4, 0.011, 0.07))
+    ]
     fused = seam.fuse_fp8_shards(shards)
     assert fused.shape == (16, k) and not fused.per_channel
     assert fused.weight_scale[0] == np.float32(0.031) and fused.input_scale == np.float32(0.07)
@@ -268,7 +319,7 @@ def test_fuse_per_tensor_static_shards_uses_max_scales_and_keeps_values():
     fused_values = reference.decode(fused.data) * float(fused.weight_scale[0])
     # requantization error: at most half an e4m3 step at the max scale (relative 2^-4, or the
     # subnormal step 2^-9 / 2)
-    bound = np.maximum(np.abs(original) * 2.0 ** -4, 2.0 ** -10 * float(fused.weight_scale[0])) * (1 + 1e-6)
+    bound = np.maximum(np.abs(original) * 2.0**-4, 2.0**-10 * float(fused.weight_scale[0])) * (1 + 1e-6)
     assert np.all(np.abs(fused_values - original) <= bound)
     assert fused.source["logical_widths"] == [8, 4, 4]
 

@@ -28,8 +28,10 @@ def _toolchain_reason():
     path = ptx_report.tool_path()
     missing = [tool for tool in ("ptxas", "cuobjdump", "nvdisasm") if shutil.which(tool, path=path) is None]
     if missing:
-        return (f"needs the CUDA 13 tools {', '.join(missing)} (pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump "
-                f"nvidia-cuda-nvdisasm: the test extra on Linux)")
+        return (
+            f"needs the CUDA 13 tools {', '.join(missing)} (pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump "
+            f"nvidia-cuda-nvdisasm: the test extra on Linux)"
+        )
     try:
         from numba.cuda.cudadrv import nvvm
 
@@ -72,10 +74,12 @@ def test_block_scaled_tensor_core_kernels_assemble_to_qmma_sf(compile_for, cc, a
         "tc_gemm mx": tc_gemm.gemm_launcher(cfg, tc_gemm.PER_MMA, False, False, True, "mx"),
         "tc_gemm unit": tc_gemm.gemm_launcher(cfg, tc_gemm.PER_MMA, False, False, False, "unit"),
         "tc_gemm unit block": tc_gemm.gemm_launcher(cfg, tc_gemm.PER_MMA, True, False, True, "unit"),
-        "tc_gemv unit m=1": tc_gemv.gemv_launcher(1, tc_gemv.gemv_config(1, 4096), tc_gemv.MODE_CODES, False, True,
-                                                  False, True, True),
-        "tc_gemv unit m=16 per_group": tc_gemv.gemv_launcher(16, tc_gemv.gemv_config(16, 4096),
-                                                             tc_gemv.MODE_PER_GROUP, True, True, False, False, True),
+        "tc_gemv unit m=1": tc_gemv.gemv_launcher(
+            1, tc_gemv.gemv_config(1, 4096), tc_gemv.MODE_CODES, False, True, False, True, True
+        ),
+        "tc_gemv unit m=16 per_group": tc_gemv.gemv_launcher(
+            16, tc_gemv.gemv_config(16, 4096), tc_gemv.MODE_PER_GROUP, True, True, False, False, True
+        ),
     }
     for label, kernel in kernels.items():
         got_arch, record = compile_for(cc, kernel)
@@ -102,8 +106,9 @@ def test_the_other_gpu_kernels_assemble_for_sm12x(compile_for, cc, arch):
     }.items():
         got_arch, record = compile_for(cc, kernel)
         assert got_arch == plain and record["registers"] > 0, (label, record)
-    got_arch, record = compile_for(cc, tc_gemm.gemm_launcher(tc_gemm.GEMM_DEFAULT, "per_mma", False, False, True,
-                                                             "mx_explicit"))
+    got_arch, record = compile_for(
+        cc, tc_gemm.gemm_launcher(tc_gemm.GEMM_DEFAULT, "per_mma", False, False, True, "mx_explicit")
+    )
     assert got_arch == plain and set(record["sass_mma"]) == {QMMA} and record["sass_fp8_unpack"] == 0, record
 
 
@@ -122,8 +127,9 @@ def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
 
     plain = arch[:-1]
     for label, rows, block in (("codes", 8, False), ("codes", 16, False), ("block", 8, True)):
-        kernel = tc_gemv.gemv_launcher(rows, tc_gemv.gemv_config(rows, 2048), tc_gemv.MODE_CODES, block, True, False,
-                                       False, True, True)
+        kernel = tc_gemv.gemv_launcher(
+            rows, tc_gemv.gemv_config(rows, 2048), tc_gemv.MODE_CODES, block, True, False, False, True, True
+        )
         got_arch, record = compile_for(cc, kernel)
         assert got_arch == arch and set(record["sass_mma"]) == {QMMA_SF}, (label, rows, record["sass_mma"])
         assert record["sass_fp8_unpack"] == 0 and record["registers"] <= 255, (label, rows, record)

@@ -27,15 +27,21 @@ F32 = np.float32
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "GUIDE.md"
 
 # hypothesis's default budget, a fixed seed, no shrinking (the first failure is the catch)
-BUDGET = settings(max_examples=100, derandomize=True, database=None, deadline=None,
-                  phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])
+BUDGET = settings(
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.register_profile("vtnumba-mutation-budget", BUDGET)
 
 
 def readme_properties():
     """The guide's property-test snippet, executed: (its namespace, {test name: the @given test})."""
     text = GUIDE.read_text()
-    section = text[text.index("## Property tests with hypothesis"):]
+    section = text[text.index("## Property tests with hypothesis") :]
     source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace = {}
     exec(compile(source, "docs/GUIDE.md", "exec"), namespace)
@@ -213,4 +219,3 @@ def test_group_cases_catch_multiply_for_divide(group_size):
     assert seen["calls"] >= 100 and seen["compared"] > 0
     assert seen["first"] is not None, "group multiply-for-divide survived 100 examples"
     print(f"\nper-group (g = {group_size}) multiplies instead of dividing: caught at example {seen['first']}")
-

@@ -8,10 +8,25 @@ output dtype and bias; the documented fragment layout on the hardware; the claim
 
 import numpy as np
 import pytest
+from tensorcore_cases import (
+    BF16,
+    EPILOGUE_CASES,
+    F32,
+    assert_same_f16,
+    block_case,
+    block_reference,
+    check_g3,
+    cvt_f16_check,
+    group_quantize,
+    kernels_here,
+    launch_tc_f32,
+    mma_f16_layout_check,
+    mma_layout_check,
+    scales_and_bias,
+    to_device,
+    uniform_codes,
+)
 
-from tensorcore_cases import (BF16, EPILOGUE_CASES, F32, assert_same_f16, block_case, block_reference,
-                              check_g3, cvt_f16_check, group_quantize, kernels_here, launch_tc_f32,
-                              mma_f16_layout_check, mma_layout_check, scales_and_bias, to_device, uniform_codes)
 from vtnumba.testing import reference
 
 pytestmark = pytest.mark.gpu
@@ -35,8 +50,9 @@ def host(y):
 
 
 def run_gemm(tc, gemm, cp, a, b, sa, sb, out_dtype, bias=None, promotion="per_mma"):
-    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype,
-                         to_device(cp, bias))
+    call = gemm.GemmCall(
+        cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype, to_device(cp, bias)
+    )
     kernel = gemm.TensorCoreGemm(promotion) if call.m > 16 else gemm.TensorCoreGemv()
     ok, why = kernel.can_implement(call)
     assert ok, why
@@ -74,7 +90,8 @@ def test_chained_c_is_promotion_per_mma(tc, cp):
         bm, bn = tc.tile_shape(cfg)
         y = cp.full((m, n), cp.nan, dtype=cp.float32)
         tc.gemm_launcher(cfg, tc.PER_MMA, False, chain, True)(
-            (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, cp.zeros(1, cp.uint16), 0, y, 0)
+            (-(-n // bn), -(-m // bm)), 32 * cfg.wm * cfg.wn, a, b, one, 0, one, 0, cp.zeros(1, cp.uint16), 0, y, 0
+        )
         outs.append(y.get())
     assert not np.isnan(outs[0]).any()
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -141,8 +158,10 @@ def test_blockwise(tc, cp, m, promotion):
 
 
 @pytest.mark.parametrize("x_dtype", [F32, BF16], ids=str)  # float16 x: the simulator tests
-@pytest.mark.parametrize("scheme, m", [("static", 1), ("static", 16), ("dynamic", 1), ("dynamic", 8),
-                                       ("per_token", 4), ("group", 1), ("group", 12)])
+@pytest.mark.parametrize(
+    "scheme, m",
+    [("static", 1), ("static", 16), ("dynamic", 1), ("dynamic", 8), ("per_token", 4), ("group", 1), ("group", 12)],
+)
 def test_fused_linear(tc, cp, scheme, m, x_dtype):
     rng = np.random.default_rng(7)
     n, k = 1024, 4096
@@ -168,8 +187,16 @@ def test_fused_linear(tc, cp, scheme, m, x_dtype):
 
         assert tc_gemv.fused_linear_reason(xd, bd) is None  # vt.fp8_linear takes the fused tensor-core GEMV
         y = host(vt.fp8_linear(xd, bd, cp.asarray(sb), out_dtype=BF16, **kw))
-        q = reference.quantize(x, **({"scale": np.float32(0.013)} if scheme == "static" else
-                                     {"per_token": True} if scheme == "per_token" else {}))
+        q = reference.quantize(
+            x,
+            **(
+                {"scale": np.float32(0.013)}
+                if scheme == "static"
+                else {"per_token": True}
+                if scheme == "per_token"
+                else {}
+            ),
+        )
         ref, bound = reference.scaled_mm(q.data, b, q.scale.reshape(-1) if scheme == "per_token" else q.scale[0], sb)
     compared, _ = check_g3(y, ref, bound, BF16)
     assert compared > (m - 1) * n // 2
@@ -189,8 +216,8 @@ def test_static_shared_estimate_covers_the_compiled_kernel(tc, cp, mode, m):
     """The fused GEMV sizes its dynamic shared memory beside its static arrays (48 KB in all):
     the estimate must cover what the compiled kernel declares."""
     from vtnumba.cuda.kernels import tc_gemv
-    from vtnumba.cuda.runtime import device
     from vtnumba.cuda.ptx.codec import hardware_available
+    from vtnumba.cuda.runtime import device
 
     cc = device.current().cc
     k = 4096
@@ -200,15 +227,24 @@ def test_static_shared_estimate_covers_the_compiled_kernel(tc, cp, mode, m):
     # numba-cuda brings)
     from cuda.bindings import driver as cu
 
-    err, declared = cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                                          cu.CUfunction(launcher.function().ptr))
+    err, declared = cu.cuFuncGetAttribute(
+        cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, cu.CUfunction(launcher.function().ptr)
+    )
     assert err == cu.CUresult.CUDA_SUCCESS, err
     assert 0 < declared <= tc_gemv.gemv_static_shared_bytes(1 if m <= 8 else 2, cfg, mode)
 
 
 # -- f16-staged tiles (tc_gemm.py: A, B or both converted once per block into f16 shared memory) ------
-F16_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16ab_128x128_w4_64x64", "f16b_128x128_w4_64x64",
-               "f16ab_128x256_w8_64x64", "f16a_128x256_w8_64x64", "f16ab_256x128_w8_64x64", "f16b_256x128_w8_64x64"]
+F16_CONFIGS = [
+    "f16ab_128x128_w8_32x64",
+    "f16b_128x128_w8_32x64",
+    "f16ab_128x128_w4_64x64",
+    "f16b_128x128_w4_64x64",
+    "f16ab_128x256_w8_64x64",
+    "f16a_128x256_w8_64x64",
+    "f16ab_256x128_w8_64x64",
+    "f16b_256x128_w8_64x64",
+]
 # block scales (and per_128) keep a K-block partial beside the accumulator: the 32 x 64 warp tiles,
 # whose BN (128) divides the weight blocks
 F16_SPLIT_CONFIGS = ["f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64"]
@@ -248,8 +284,11 @@ def test_f16_staged_equals_the_e4m3_kernel_on_sm_90(tc, cp, uniform_k4096):
     np.testing.assert_array_equal(launch_tc_f32(tc, cp, F16_CONFIGS[0], tc.PER_MMA, False, a, b).get(), e4m3)
 
 
-@pytest.mark.parametrize("config, promotion, chain", [(c, "per_128", False) for c in F16_SPLIT_CONFIGS] + [
-    (c, "per_mma", True) for c in ("f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16a_128x256_w8_64x64")])
+@pytest.mark.parametrize(
+    "config, promotion, chain",
+    [(c, "per_128", False) for c in F16_SPLIT_CONFIGS]
+    + [(c, "per_mma", True) for c in ("f16ab_128x128_w8_32x64", "f16b_128x128_w8_32x64", "f16a_128x256_w8_64x64")],
+)
 def test_f16_staged_tensor_core_accumulation_g3(tc, cp, uniform_k4096, config, promotion, chain):
     """per_128 lets the HMMAs accumulate each 128-wide K block, chain the whole K: G3 measured."""
     a, b, ref, bound = uniform_k4096
@@ -266,8 +305,9 @@ def test_f16_staged_scales_out_dtypes_bias_nan(tc, gemm, cp, config, out_dtype, 
     m, n, k = 300, 200, 1040  # partial tiles everywhere; K: sixteen 64-wide tiles and a 16-wide one
     a, b = uniform_codes(rng, (m, k), nan_codes=True), uniform_codes(rng, (n, k))
     sa, sb, bias = scales_and_bias(rng, m, n, vector_scales, bias_dtype)
-    call = gemm.GemmCall(cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype,
-                         to_device(cp, bias))
+    call = gemm.GemmCall(
+        cp.asarray(a), cp.asarray(b), to_device(cp, sa), to_device(cp, sb), out_dtype, to_device(cp, bias)
+    )
     kernel = gemm.TensorCoreGemm(config=tc.GEMM_CONFIGS[config])
     assert kernel.can_implement(call) == (True, "")
     y = host(kernel.run(call))
@@ -302,8 +342,15 @@ def test_f16_staged_blockwise(tc, cp, config, promotion):
     sa = rng.uniform(0.001, 0.02, (m, 9)).astype(np.float32)
     sb = rng.uniform(-0.05, 0.05, (3, 9)).astype(np.float32)
     bias = rng.standard_normal(n).astype(BF16)
-    call = block.BlockCall(cp.asarray(a), cp.asarray(b), cp.asfortranarray(cp.asarray(sa)), cp.asarray(sb), (128, 128),
-                           BF16, cp.asarray(bias))
+    call = block.BlockCall(
+        cp.asarray(a),
+        cp.asarray(b),
+        cp.asfortranarray(cp.asarray(sa)),
+        cp.asarray(sb),
+        (128, 128),
+        BF16,
+        cp.asarray(bias),
+    )
     y = cp.empty((m, n), dtype=cp.uint16)
     kernel, grid, threads, args = tc.gemm_launch(call, y, True, promotion, tc.GEMM_CONFIGS[config])
     kernel(grid, threads, *args)

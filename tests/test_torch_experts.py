@@ -30,17 +30,36 @@ SCHEMES = ["dynamic", "per_token", "static", "per_group", "mxfp8"]
 
 
 def _qwen3_config(layers=2):
-    return transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=256, moe_intermediate_size=I,
-                                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                       head_dim=64, num_experts=E, num_experts_per_tok=K_TOP,
-                                       max_position_embeddings=64, tie_word_embeddings=False)
+    return transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=256,
+        moe_intermediate_size=I,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=E,
+        num_experts_per_tok=K_TOP,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
 
 
 def _mixtral_config(layers=2):
-    return transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=I, num_hidden_layers=layers,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=E,
-                                      num_experts_per_tok=K_TOP, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
+    return transformers.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=I,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=E,
+        num_experts_per_tok=K_TOP,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
 
 
 def _model(family="qwen3", seed=0):
@@ -68,8 +87,11 @@ def _convert(model, scheme):
 
 
 def _float_3d(model):
-    return [n for n, p in model.named_parameters() if p.dim() == 3 and p.is_floating_point()
-            and p.dtype != torch.float8_e4m3fn]
+    return [
+        n
+        for n, p in model.named_parameters()
+        if p.dim() == 3 and p.is_floating_point() and p.dtype != torch.float8_e4m3fn
+    ]
 
 
 def _experts_module(seed=0):
@@ -92,8 +114,12 @@ def _routing(t, seed=3):
 
 def _seam_reference(module, scheme, scales=None):
     """seam.Fp8Experts.from_float of the float weights, in the scheme's words."""
-    kw = {"dynamic": {}, "per_token": dict(per_channel=True, activation_scheme="per_token"),
-          "per_group": dict(block_size=(128, 128)), "mxfp8": dict(block_size=(1, 32), scale_format="e8m0")}
+    kw = {
+        "dynamic": {},
+        "per_token": dict(per_channel=True, activation_scheme="per_token"),
+        "per_group": dict(block_size=(128, 128)),
+        "mxfp8": dict(block_size=(1, 32), scale_format="e8m0"),
+    }
     out = []
     for name in ("gate_up_proj", "down_proj"):
         w = getattr(module, name).detach().numpy()
@@ -109,6 +135,7 @@ def _from_experts(module, scheme, scales=None):
 
 
 # -- the layer is the seam ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fp8_experts_is_seam_moe_fp8_bitwise(scheme):
@@ -132,8 +159,9 @@ def test_fp8_experts_is_seam_moe_fp8_bitwise(scheme):
             want = seam.moe_fp8(xd, gu, dn, ids, weights)  # torch in, torch out; same bytes as numpy in
             assert y.dtype == dtype and y.shape == (6, H)
             assert torch.equal(y, want)
-        np.testing.assert_array_equal(layer(x, ids, weights).numpy(),
-                                      seam.moe_fp8(x.numpy(), gu, dn, ids.numpy(), weights.numpy()))
+        np.testing.assert_array_equal(
+            layer(x, ids, weights).numpy(), seam.moe_fp8(x.numpy(), gu, dn, ids.numpy(), weights.numpy())
+        )
         # FP8 against the float experts: close, not equal
         ref = module(x, ids, weights)
         y = layer(x, ids, weights)
@@ -147,8 +175,9 @@ def test_leading_dimensions_and_bad_input():
     x, ids, weights = _routing(6)
     with torch.no_grad():
         flat = layer(x, ids, weights)
-        assert torch.equal(layer(x.reshape(2, 3, H), ids.reshape(2, 3, K_TOP), weights.reshape(2, 3, K_TOP)),
-                           flat.reshape(2, 3, H))
+        assert torch.equal(
+            layer(x.reshape(2, 3, H), ids.reshape(2, 3, K_TOP), weights.reshape(2, 3, K_TOP)), flat.reshape(2, 3, H)
+        )
         with pytest.raises(ValueError, match=r"hidden_states must be \[\.\.\., H\] with H = 256"):
             layer(x[:, :64], ids, weights)
         with pytest.raises(TypeError, match="hidden_states must be a torch.Tensor, got ndarray"):
@@ -164,6 +193,7 @@ def test_leading_dimensions_and_bad_input():
 
 
 # -- convert on whole models ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("family", ["qwen3", "mixtral"])
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -199,19 +229,31 @@ def test_static_scales_are_per_expert_from_calibrate():
     np.testing.assert_array_equal(layer.gate_up_proj_input_scale.numpy(), gu)
     np.testing.assert_array_equal(layer.fp8_experts[1].input_scale, dn)
     del scales[f"{name}.down_proj"]
-    with pytest.raises(ValueError, match=rf"input_scales must give the scales of experts '{name}' \(static "
-                                         rf"activations: '{name}.down_proj'\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"input_scales must give the scales of experts '{name}' \(static "
+        rf"activations: '{name}.down_proj'\)",
+    ):
         vtt.convert(copy.deepcopy(model), "static", input_scales=scales)
 
 
 def test_routers_and_shared_experts():
     """Qwen2-MoE: the shared expert's Linears convert, its sigmoid gate and the router stay float."""
     torch.manual_seed(0)
-    config = transformers.Qwen2MoeConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=256,
-                                         moe_intermediate_size=I, shared_expert_intermediate_size=192,
-                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                         num_experts=E, num_experts_per_tok=K_TOP, max_position_embeddings=64,
-                                         tie_word_embeddings=False)
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=256,
+        moe_intermediate_size=I,
+        shared_expert_intermediate_size=192,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=E,
+        num_experts_per_tok=K_TOP,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     model = transformers.Qwen2MoeForCausalLM(config).eval()
     with torch.no_grad():
         ref = model(PROMPT).logits
@@ -229,11 +271,15 @@ def _verified_modules():
     cfgs = {
         "Qwen3MoeExperts": ("qwen3_moe", _qwen3_config(1)),
         "MixtralExperts": ("mixtral", _mixtral_config(1)),
-        "Qwen2MoeExperts": ("qwen2_moe", transformers.Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=I,
-                                                                      num_experts=E)),
+        "Qwen2MoeExperts": (
+            "qwen2_moe",
+            transformers.Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E),
+        ),
         "OlmoeExperts": ("olmoe", transformers.OlmoeConfig(hidden_size=H, intermediate_size=I, num_experts=E)),
-        "DeepseekV3Experts": ("deepseek_v3", transformers.DeepseekV3Config(hidden_size=H, moe_intermediate_size=I,
-                                                                            n_routed_experts=E)),
+        "DeepseekV3Experts": (
+            "deepseek_v3",
+            transformers.DeepseekV3Config(hidden_size=H, moe_intermediate_size=I, n_routed_experts=E),
+        ),
     }
     for cls_name, (family, config) in cfgs.items():
         module = getattr(getattr(transformers.models, family), f"modeling_{family}")
@@ -255,6 +301,7 @@ def test_every_verified_experts_class_is_recognised():
 
 # -- layouts left in float -------------------------------------------------------------------------
 
+
 class _Toy(nn.Module):
     """A layout vtnumba does not know: experts [E, K, N] (transposed), named otherwise."""
 
@@ -271,7 +318,10 @@ def test_an_unknown_layout_is_left_in_float_with_a_warning():
     assert len(caught) == 1  # one warning naming every weight left in float
     text = str(caught[0].message)
     assert "left 2 weight(s) in floating point" in text
-    assert "weight [4, 64, 32] float32: _Toy is not a layout vtnumba converts: its parameters are ['table', 'weight'], " in text
+    assert (
+        "weight [4, 64, 32] float32: _Toy is not a layout vtnumba converts: its parameters are ['table', 'weight'], "
+        in text
+    )
     assert "table [1024, 300] float32: a _Toy weight, not an nn.Linear" in text
     assert isinstance(model.proj, vtt.Fp8Linear) and model.weight.dtype == torch.float32
     # ignored: the 2-D weight is the caller's choice, a 3-D one is still named
@@ -287,16 +337,21 @@ def test_gpt_oss_experts_are_left_in_float():
     reason = vtt_experts._unsupported_reason(experts)
     assert reason.startswith("it has parameters beside gate_up_proj and down_proj (down_proj_bias, gate_up_proj_bias")
     holder = nn.ModuleDict({"experts": experts})
-    with pytest.warns(UserWarning, match=r"experts.gate_up_proj \[4, 64, 128\] float32: GptOssExperts is not a "
-                                         r"layout vtnumba converts"):
+    with pytest.warns(
+        UserWarning,
+        match=r"experts.gate_up_proj \[4, 64, 128\] float32: GptOssExperts is not a "
+        r"layout vtnumba converts",
+    ):
         vtt.convert(holder, "dynamic")
     assert holder["experts"] is experts and experts.gate_up_proj.dtype == torch.float32
-    with pytest.raises(ValueError, match="module must be a fused experts module .* got a GptOssExperts: it has "
-                                         "parameters beside"):
+    with pytest.raises(
+        ValueError, match="module must be a fused experts module .* got a GptOssExperts: it has parameters beside"
+    ):
         vtt.Fp8Experts.from_experts(experts)
 
 
 # -- torch.compile ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("scheme", ["per_token", "static"])
 def test_compile_fullgraph_equals_eager(scheme):
@@ -316,6 +371,7 @@ def test_compile_fullgraph_equals_eager(scheme):
 
 
 # -- state -----------------------------------------------------------------------------------------
+
 
 def test_state_dict_round_trip_and_moves():
     a = vtt.convert(_model(seed=0), "per_group")
@@ -338,8 +394,9 @@ def test_state_dict_round_trip_and_moves():
         assert torch.equal(layer(x, ids, weights), a.get_submodule(name)(x, ids, weights))
         # an in-place write to a buffer is seen by the next forward (the state is rebuilt)
         layer.down_proj_scale.mul_(2)
-        np.testing.assert_allclose(layer(x, ids, weights).numpy(), 2 * a.get_submodule(name)(x, ids, weights).numpy(),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            layer(x, ids, weights).numpy(), 2 * a.get_submodule(name)(x, ids, weights).numpy(), rtol=1e-6, atol=1e-7
+        )
 
 
 def test_conversion_report():
@@ -349,7 +406,9 @@ def test_conversion_report():
     assert report.left_in_float == ()
     # float buffers count too (the rotary embedding's inv_freq)
     assert set(report.float_bytes) == {"Embedding", "Qwen3MoeTopKRouter", "Qwen3MoeRMSNorm", "Qwen3MoeRotaryEmbedding"}
-    assert report.float_bytes["Embedding"] == VOCAB * H * 4 and report.float_bytes["Qwen3MoeTopKRouter"] == 2 * E * H * 4
+    assert (
+        report.float_bytes["Embedding"] == VOCAB * H * 4 and report.float_bytes["Qwen3MoeTopKRouter"] == 2 * E * H * 4
+    )
     attention = (256 + 128 + 128) * H + H * 256  # q, k, v (2 kv heads), o
     codes = 2 * (E * 2 * I * H + E * H * I) + 2 * attention + VOCAB * H  # the experts', the projections', lm_head's
     assert codes < report.fp8_bytes < codes * 1.01
@@ -361,6 +420,7 @@ def test_conversion_report():
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
+
 
 def test_convert_reads_experts_from_a_checkpoint(tmp_path):
     """convert(..., checkpoint=path) reads each experts module's FP8 tensors under its name

@@ -22,14 +22,20 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
-QUANT_KERNEL = {"static": ("quantize_static",), "dynamic": ("finite_amax_partials", "quantize_dynamic"),
-                "per_token": ("quantize_per_token",), "per_group": ("quantize_per_group16",)}
+QUANT_KERNEL = {
+    "static": ("quantize_static",),
+    "dynamic": ("finite_amax_partials", "quantize_dynamic"),
+    "per_token": ("quantize_per_token",),
+    "per_group": ("quantize_per_group16",),
+}
 
 
 def _quant_kernels(scheme, m, k):
     if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.kernels.quant)
         return ("quantize_dynamic_small",)
     return QUANT_KERNEL[scheme]
+
+
 # Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``
 # demangled): a profiled kernel without it is cuBLASLt's
 OURS = "vtnumba"
@@ -87,8 +93,9 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
     vtt = _vtt()
     torch.manual_seed(m)
     linear = nn.Linear(1024, 512, bias=False).to("cuda", torch.bfloat16)
-    layer = vtt.Fp8Linear.from_linear(linear, scheme, input_scale=0.01 if scheme == "static" else None,
-                                      out_dtype=out_dtype)
+    layer = vtt.Fp8Linear.from_linear(
+        linear, scheme, input_scale=0.01 if scheme == "static" else None, out_dtype=out_dtype
+    )
     with torch.inference_mode():  # an inference tensor: each call quantizes (no sharing between calls)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         kernels = layer.kernels(x)

@@ -23,8 +23,9 @@ class Block(nn.Module):
 
     def __init__(self, k=64, hidden=96, vocab=40):
         super().__init__()
-        self.layers = nn.ModuleList([nn.ModuleDict({"up_proj": nn.Linear(k, hidden), "down_proj": nn.Linear(hidden, k)})
-                                     for _ in range(2)])
+        self.layers = nn.ModuleList(
+            [nn.ModuleDict({"up_proj": nn.Linear(k, hidden), "down_proj": nn.Linear(hidden, k)}) for _ in range(2)]
+        )
         self.norm = nn.LayerNorm(k)
         self.lm_head = nn.Linear(k, vocab, bias=False)
 
@@ -56,11 +57,16 @@ def test_fp8_linear_is_the_seam_bitwise(scheme):
     assert isinstance(w, seam.Fp8Weight) and w.activation_scheme == scheme
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight.shape == (48, 64)
     assert set(dict(layer.named_buffers())) == {"weight", "weight_scale", "bias"} | (
-        {"input_scale"} if scheme == "static" else set())
+        {"input_scale"} if scheme == "static" else set()
+    )
     assert w.per_channel == (scheme == "per_token") and w.bias is not None
-    ref = seam.Fp8Weight.from_float(linear.weight.detach().numpy(), input_scale=0.02 if scheme == "static" else None,
-                                    per_channel=scheme == "per_token", activation_scheme=scheme,
-                                    bias=linear.bias.detach().numpy())
+    ref = seam.Fp8Weight.from_float(
+        linear.weight.detach().numpy(),
+        input_scale=0.02 if scheme == "static" else None,
+        per_channel=scheme == "per_token",
+        activation_scheme=scheme,
+        bias=linear.bias.detach().numpy(),
+    )
     np.testing.assert_array_equal(w.data, ref.data)
     x = _x(2, 5, 64)
     with torch.no_grad():
@@ -80,13 +86,22 @@ def test_fp8_linear_from_a_seam_weight_and_a_checkpoint(tmp_path):
     w = (RNG.standard_normal((32, 64)) * 0.05).astype(np.float32)
     fw = seam.Fp8Weight.from_float(w, input_scale=0.03)
     prefix = "model.layers.0.mlp.up_proj"
-    save_file({f"{prefix}.weight": fw.data.view(ml_dtypes.float8_e4m3fn), f"{prefix}.weight_scale": fw.weight_scale.reshape(()),
-               f"{prefix}.input_scale": np.array(0.03, np.float32)}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {
+            f"{prefix}.weight": fw.data.view(ml_dtypes.float8_e4m3fn),
+            f"{prefix}.weight_scale": fw.weight_scale.reshape(()),
+            f"{prefix}.input_scale": np.array(0.03, np.float32),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
     x = _x(3, 64)
     want = seam.matmul_fp8(x.numpy(), fw)
     with torch.inference_mode():
-        for layer in (vtt.Fp8Linear(fw), vtt.Fp8Linear(seam.ResidentFp8(fw, "cpu")),
-                      vtt.Fp8Linear.from_checkpoint(tmp_path, prefix)):
+        for layer in (
+            vtt.Fp8Linear(fw),
+            vtt.Fp8Linear(seam.ResidentFp8(fw, "cpu")),
+            vtt.Fp8Linear.from_checkpoint(tmp_path, prefix),
+        ):
             assert layer.activation_scheme == "static" and (layer.in_features, layer.out_features) == (64, 32)
             np.testing.assert_array_equal(layer(x).numpy(), want)
     with pytest.raises(TypeError, match="weight must be a seam Fp8Weight or ResidentFp8, got Tensor"):
@@ -99,8 +114,12 @@ def test_convert_swaps_the_selected_linears_and_skips_ignored():
     with torch.no_grad():
         ref = model(x)
     converted = vtt.convert(copy.deepcopy(model), "per_token", ignore=["lm_head"])
-    assert _linear_names(converted, vtt.Fp8Linear) == ["layers.0.down_proj", "layers.0.up_proj",
-                                                        "layers.1.down_proj", "layers.1.up_proj"]
+    assert _linear_names(converted, vtt.Fp8Linear) == [
+        "layers.0.down_proj",
+        "layers.0.up_proj",
+        "layers.1.down_proj",
+        "layers.1.up_proj",
+    ]
     assert type(converted.lm_head) is nn.Linear  # ignored: left as it was
     with torch.inference_mode():
         y = converted(x)
@@ -146,8 +165,9 @@ def test_convert_from_a_checkpoint(tmp_path):
             tensors[f"{name}.weight"] = fw.data.view(ml_dtypes.float8_e4m3fn)
             tensors[f"{name}.weight_scale"] = fw.weight_scale.reshape(())
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    converted = vtt.convert(copy.deepcopy(model), seam.Fp8Config("fp8", "tensor", "dynamic", ("lm_head",)),
-                            checkpoint=tmp_path)
+    converted = vtt.convert(
+        copy.deepcopy(model), seam.Fp8Config("fp8", "tensor", "dynamic", ("lm_head",)), checkpoint=tmp_path
+    )
     layer = converted.layers[1]["down_proj"]
     np.testing.assert_array_equal(layer.fp8_weight.data, tensors["layers.1.down_proj.weight"].view(np.uint8))
     assert layer.bias is None and layer.fp8_weight.source["files"] == ["model.safetensors"]
@@ -239,9 +259,17 @@ def test_custom_op_fake_gives_shapes_and_dtypes():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         x = mode.from_tensor(_x(2, 5, 64))
         for module, dtype in ((layer, torch.bfloat16), (plain, torch.float32)):
-            y = torch.ops.vtnumba.fp8_linear(x, module.weight, module.weight_scale, module.input_scale, module.bias,
-                                             module.activation_scheme.value, None, False,
-                                             "" if module.out_dtype is None else "bfloat16")
+            y = torch.ops.vtnumba.fp8_linear(
+                x,
+                module.weight,
+                module.weight_scale,
+                module.input_scale,
+                module.bias,
+                module.activation_scheme.value,
+                None,
+                False,
+                "" if module.out_dtype is None else "bfloat16",
+            )
             assert tuple(y.shape) == (2, 5, 48) and y.dtype == dtype
 
 

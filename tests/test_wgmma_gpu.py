@@ -10,9 +10,17 @@ and that promotion per 128 of K is never less accurate than cuBLASLt on uniforml
 
 import numpy as np
 import pytest
+from tensorcore_cases import (
+    BF16,
+    EPILOGUE_CASES,
+    F32,
+    block_case,
+    kernels_here,
+    scales_and_bias,
+    to_device,
+    uniform_codes,
+)
 
-from tensorcore_cases import (BF16, EPILOGUE_CASES, F32, block_case, kernels_here, scales_and_bias, to_device,
-                              uniform_codes)
 from vtnumba.testing import gates, reference
 
 pytestmark = pytest.mark.gpu
@@ -27,8 +35,9 @@ def gemm(cp):
 
 
 def run(gemm, cp, a, b, sa, sb, out_dtype, bias=None, promotion="per_128"):
-    call = gemm.GemmCall(to_device(cp, a), to_device(cp, b), to_device(cp, sa), to_device(cp, sb), out_dtype,
-                         to_device(cp, bias))
+    call = gemm.GemmCall(
+        to_device(cp, a), to_device(cp, b), to_device(cp, sa), to_device(cp, sb), out_dtype, to_device(cp, bias)
+    )
     kernel = gemm.WgmmaGemm(promotion)
     assert kernel.can_implement(call) == (True, "")
     return kernel.run(call)
@@ -91,8 +100,15 @@ def test_block_scaled(gemm, cp, m):
 
     rng = np.random.default_rng(15)
     a, b, sa, sb, bias = block_case(rng, m)
-    call = block.BlockCall(cp.asarray(a), cp.asarray(b), cp.asfortranarray(cp.asarray(sa)), cp.asarray(sb),
-                           (128, 128), BF16, cp.asarray(bias))
+    call = block.BlockCall(
+        cp.asarray(a),
+        cp.asarray(b),
+        cp.asfortranarray(cp.asarray(sa)),
+        cp.asarray(sb),
+        (128, 128),
+        BF16,
+        cp.asarray(bias),
+    )
     kernel = block.KERNELS_BY_NAME["wgmma_block"]
     assert kernel.can_implement(call) == (True, "")
     assert "wgmma_block" not in [k.name for k in block.KERNELS]  # by name only
@@ -112,10 +128,16 @@ def test_per_128_is_never_less_accurate_than_cublaslt(gemm, cp, k):
     a, b = uniform_codes(rng, (512, k)), uniform_codes(rng, (512, k))
     ref, bound = reference.scaled_mm(a, b, 1.0, 1.0)
     worst = {}
-    for name, fn in (("per_128", lambda: run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, None, "per_128")),
-                     ("per_wgmma", lambda: run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, None, "per_wgmma")),
-                     ("cublaslt", lambda: gemm.scaled_mm(cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1),
-                                                         np.dtype(F32), None, "cublaslt"))):
+    for name, fn in (
+        ("per_128", lambda: run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, None, "per_128")),
+        ("per_wgmma", lambda: run(gemm, cp, a, b, np.float32(1), np.float32(1), F32, None, "per_wgmma")),
+        (
+            "cublaslt",
+            lambda: gemm.scaled_mm(
+                cp.asarray(a), cp.asarray(b), np.float32(1), np.float32(1), np.dtype(F32), None, "cublaslt"
+            ),
+        ),
+    ):
         y = fn().get().astype(np.float64)
         assert np.isfinite(y).all()
         worst[name] = float(np.max(np.abs(y - ref) / bound))
@@ -143,8 +165,20 @@ def test_both_kernel_forms_give_the_same_bits(gemm, cp, promotion, block_scaled)
         cfg = wg_gemm.WG_CONFIGS[name]
         y = cp.full((m, n), cp.nan, dtype=cp.float32)
         launcher = wg_gemm.gemm_launcher(cfg, promotion, block_scaled, True)
-        launcher((-(-n // cfg.bn), -(-m // wg_gemm.block_rows(cfg))), wg_gemm.threads(cfg), cp.asarray(a),
-                 cp.asarray(b), sa, 0 if block_scaled else 1, sb, 0, cp.zeros(1, cp.uint16), 0, y, 0)
+        launcher(
+            (-(-n // cfg.bn), -(-m // wg_gemm.block_rows(cfg))),
+            wg_gemm.threads(cfg),
+            cp.asarray(a),
+            cp.asarray(b),
+            sa,
+            0 if block_scaled else 1,
+            sb,
+            0,
+            cp.zeros(1, cp.uint16),
+            0,
+            y,
+            0,
+        )
         outs.append(y.get())
     assert np.isnan(outs[0][[0, -1]]).all() and np.isfinite(outs[0][1:-1]).all()
     np.testing.assert_array_equal(outs[0], outs[1])

@@ -73,8 +73,9 @@ def all_mutations():
 
 
 def _copy_repo(dest):
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
     for rel in files:
         src = ROOT / rel
         if src.is_file():
@@ -96,14 +97,30 @@ def run_one(mutation, scratch):
         source.write_text(text.replace(old, new))
     env = dict(os.environ, PYTHONPATH=str(scratch), VT_NUMBA_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
     try:
-        smoke = subprocess.run([sys.executable, "-c", mutation.smoke], cwd=scratch, env=env,
-                               capture_output=True, text=True, timeout=600)
+        smoke = subprocess.run(
+            [sys.executable, "-c", mutation.smoke], cwd=scratch, env=env, capture_output=True, text=True, timeout=600
+        )
         compiles = smoke.returncode == 0
         failed = 0
         if compiles:
-            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                  "--hypothesis-seed=0", *mutation.tests], cwd=scratch, env=env,
-                                 capture_output=True, text=True, timeout=1800)
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "no:cacheprovider",
+                    "--hypothesis-seed=0",
+                    *mutation.tests,
+                ],
+                cwd=scratch,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             tail = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
             m = re.search(r"(\d+) failed", tail)
             failed = int(m.group(1)) if m else (1 if res.returncode not in (0, 5) else 0)
@@ -130,7 +147,9 @@ def main(argv=None):
         for mutation in mutations:
             compiles, failed, note = run_one(mutation, scratch)
             killed = compiles and failed > 0
-            rows.append((mutation.name, "yes" if compiles else f"no ({note[:60]})", str(failed), "yes" if killed else "NO"))
+            rows.append(
+                (mutation.name, "yes" if compiles else f"no ({note[:60]})", str(failed), "yes" if killed else "NO")
+            )
             print(" | ".join(rows[-1]), flush=True)
     table = ["| mutation | compiles | tests failed (-x: stops at the first) | killed |", "|---|---|---|---|"]
     table += [f"| {' | '.join(r)} |" for r in rows]
@@ -139,7 +158,8 @@ def main(argv=None):
         import datetime
 
         header = [
-            "# Mutations the gates must kill (DESIGN.md)", "",
+            "# Mutations the gates must kill (DESIGN.md)",
+            "",
             f"Written by `python3 tools/mutate.py --markdown {args.markdown}` on "
             f"{datetime.date.today().isoformat()}: each mutation is applied to a scratch copy of the repo, "
             "a smoke call must compile it, then its gate tests run. \"killed\" = compiles and a test failed.",
@@ -148,7 +168,7 @@ def main(argv=None):
         path = pathlib.Path(args.markdown)
         # sections after the table (``## ...``, written by other gates) are kept as they are
         old = path.read_text() if path.exists() else ""
-        later = old[old.index("\n## "):] if "\n## " in old else ""
+        later = old[old.index("\n## ") :] if "\n## " in old else ""
         path.write_text("\n".join(header + table) + "\n" + later)
     return 0 if all(r[3] == "yes" for r in rows) else 1
 

@@ -91,34 +91,70 @@ def variants():
             out.append(("quant", f"dynamic {kind} {enc}", lambda k=kind, e=enc: quant.dynamic_kernel(k, e)))
             out.append(("quant", f"dynamic_small {kind} {enc}", lambda k=kind, e=enc: quant.dynamic_small_kernel(k, e)))
             for flag in (False, True):
-                out.append(("quant", f"static {kind} {enc} device_scale={flag}",
-                            lambda k=kind, e=enc, f=flag: quant.static_kernel(k, e, f)))
-                out.append(("quant", f"per_token {kind} {enc} device_ub={flag}",
-                            lambda k=kind, e=enc, f=flag: quant.per_token_kernel(k, e, f)))
-                out.append(("quant", f"per_group {kind} {enc} ue8m0={flag}",
-                            lambda k=kind, e=enc, f=flag: quant.per_group_kernel(k, e, f)[0]))
+                out.append(
+                    (
+                        "quant",
+                        f"static {kind} {enc} device_scale={flag}",
+                        lambda k=kind, e=enc, f=flag: quant.static_kernel(k, e, f),
+                    )
+                )
+                out.append(
+                    (
+                        "quant",
+                        f"per_token {kind} {enc} device_ub={flag}",
+                        lambda k=kind, e=enc, f=flag: quant.per_token_kernel(k, e, f),
+                    )
+                )
+                out.append(
+                    (
+                        "quant",
+                        f"per_group {kind} {enc} ue8m0={flag}",
+                        lambda k=kind, e=enc, f=flag: quant.per_group_kernel(k, e, f)[0],
+                    )
+                )
                 rule = "rceil" if flag else "floor"
-                out.append(("quant", f"per_group {kind} {enc} e8m0={rule}",
-                            lambda k=kind, e=enc, r=rule: quant.per_group_kernel(k, e, False, r)[0]))
+                out.append(
+                    (
+                        "quant",
+                        f"per_group {kind} {enc} e8m0={rule}",
+                        lambda k=kind, e=enc, r=rule: quant.per_group_kernel(k, e, False, r)[0],
+                    )
+                )
                 for width in (1, 2, 4, 8, 16, 32):
                     for one_read in (False, True):
-                        out.append(("quant", f"per_group16 {kind} {enc} ue8m0={flag} width={width} one_read={one_read}",
-                                    lambda k=kind, e=enc, f=flag, w=width, o=one_read:
-                                    quant.per_group_vector_kernel(k, e, f, w, o)[0]))
+                        out.append(
+                            (
+                                "quant",
+                                f"per_group16 {kind} {enc} ue8m0={flag} width={width} one_read={one_read}",
+                                lambda k=kind, e=enc, f=flag, w=width, o=one_read: quant.per_group_vector_kernel(
+                                    k, e, f, w, o
+                                )[0],
+                            )
+                        )
     for f32 in (False, True):
         out.append(("epilogue", f"epilogue f32={f32}", lambda f=f32: epilogue.epilogue_kernel(f)))
         out.append(("epilogue", f"epilogue_vector f32={f32}", lambda f=f32: epilogue.epilogue_vector_kernel(f)))
         out.append(("tiled", f"tiled f32={f32}", lambda f=f32: tiled.tiled_kernel(f)))
         out.append(("tiled", f"tiled_block f32={f32}", lambda f=f32: tiled.tiled_block_kernel(f)))
         for ea, eb in ((True, True), (False, True)):
-            out.append(("tiled", f"tiled_block f32={f32} e8m0_a={ea} e8m0_b={eb}",
-                        lambda f=f32, a=ea, b=eb: tiled.tiled_block_kernel(f, a, b)))
+            out.append(
+                (
+                    "tiled",
+                    f"tiled_block f32={f32} e8m0_a={ea} e8m0_b={eb}",
+                    lambda f=f32, a=ea, b=eb: tiled.tiled_block_kernel(f, a, b),
+                )
+            )
     for m in (1, 2, 4):
         for hardware in (True, False):
             for f32 in (False, True):
                 for stage in gemv.GemvStage:
-                    out.append(("gemv", f"gemv m={m} hardware={hardware} f32={f32} {stage.name}",
-                                lambda m=m, h=hardware, f=f32, s=stage: gemv.gemv_launcher(m, h, f, s)))
+                    out.append(
+                        (
+                            "gemv",
+                            f"gemv m={m} hardware={hardware} f32={f32} {stage.name}",
+                            lambda m=m, h=hardware, f=f32, s=stage: gemv.gemv_launcher(m, h, f, s),
+                        )
+                    )
     for name, cfg in tc_gemm.GEMM_CONFIGS.items():
         if name.startswith("sim_"):
             continue
@@ -127,20 +163,43 @@ def variants():
                 if chain and cfg.f16:
                     continue  # gemm_launch never chains the f16-staged kernel
                 for f32 in (False, True):
-                    out.append(("tc_gemm", f"tc_gemm {name} {promotion} block={block_scaled} chain={chain} f32={f32}",
-                                lambda c=cfg, p=promotion, b=block_scaled, ch=chain, f=f32:
-                                tc_gemm.gemm_launcher(c, p, b, ch, f)))
+                    out.append(
+                        (
+                            "tc_gemm",
+                            f"tc_gemm {name} {promotion} block={block_scaled} chain={chain} f32={f32}",
+                            lambda c=cfg, p=promotion, b=block_scaled, ch=chain, f=f32: tc_gemm.gemm_launcher(
+                                c, p, b, ch, f
+                            ),
+                        )
+                    )
                     if CC[0] == 12 and not chain and not cfg.f16:  # the block-scaled mma, unit scales
-                        out.append(("tc_gemm", f"tc_gemm {name} {promotion} block={block_scaled} unit f32={f32}",
-                                    lambda c=cfg, p=promotion, b=block_scaled, f=f32:
-                                    tc_gemm.gemm_launcher(c, p, b, False, f, "unit")))
+                        out.append(
+                            (
+                                "tc_gemm",
+                                f"tc_gemm {name} {promotion} block={block_scaled} unit f32={f32}",
+                                lambda c=cfg, p=promotion, b=block_scaled, f=f32: tc_gemm.gemm_launcher(
+                                    c, p, b, False, f, "unit"
+                                ),
+                            )
+                        )
         if not cfg.f16:
             for kind in ("mx", "mx_explicit") if CC[0] == 12 else ("mx_explicit",):
                 for f32 in (False, True):
-                    out.append(("tc_gemm", f"tc_gemm {name} {kind} f32={f32}",
-                                lambda c=cfg, k=kind, f=f32: tc_gemm.gemm_launcher(c, "per_mma", False, False, f, k)))
-    modes = [(tc_gemv.MODE_CODES, False), (tc_gemv.MODE_STATIC, False), (tc_gemv.MODE_DYNAMIC, False),
-             (tc_gemv.MODE_PER_TOKEN, False), (tc_gemv.MODE_CODES, True), (tc_gemv.MODE_PER_GROUP, True)]
+                    out.append(
+                        (
+                            "tc_gemm",
+                            f"tc_gemm {name} {kind} f32={f32}",
+                            lambda c=cfg, k=kind, f=f32: tc_gemm.gemm_launcher(c, "per_mma", False, False, f, k),
+                        )
+                    )
+    modes = [
+        (tc_gemv.MODE_CODES, False),
+        (tc_gemv.MODE_STATIC, False),
+        (tc_gemv.MODE_DYNAMIC, False),
+        (tc_gemv.MODE_PER_TOKEN, False),
+        (tc_gemv.MODE_CODES, True),
+        (tc_gemv.MODE_PER_GROUP, True),
+    ]
     for name, cfg in tc_gemv.GEMV_CONFIGS.items():
         if name.startswith("sim_"):
             continue
@@ -150,21 +209,38 @@ def variants():
                 # portable loads, (False, False), are the simulator's: no GPU without them runs mma)
                 for hardware, chain in ((True, True), (True, False)):
                     for f32 in (False, True):
-                        out.append(("tc_gemv", f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
-                                    f"hardware={hardware} chain={chain} f32={f32}",
-                                    lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, ch=chain, f=f32:
-                                    tc_gemv.gemv_launcher(m, c, md, b, h, ch, f)))
+                        out.append(
+                            (
+                                "tc_gemv",
+                                f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
+                                f"hardware={hardware} chain={chain} f32={f32}",
+                                lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, ch=chain, f=f32: (
+                                    tc_gemv.gemv_launcher(m, c, md, b, h, ch, f)
+                                ),
+                            )
+                        )
                         if CC[0] == 12 and not chain:  # sm_12x: the block-scaled mma, unit scales
-                            out.append(("tc_gemv", f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
-                                        f"hardware={hardware} unit f32={f32}",
-                                        lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, f=f32:
-                                        tc_gemv.gemv_launcher(m, c, md, b, h, False, f, True)))
-    for name, cfg in (wg_gemm.WG_CONFIGS.items() if CC == (9, 0) else ()):  # sm_90a only
+                            out.append(
+                                (
+                                    "tc_gemv",
+                                    f"tc_gemv {name} m={m} mode={mode} block={block_scaled} "
+                                    f"hardware={hardware} unit f32={f32}",
+                                    lambda m=m, c=cfg, md=mode, b=block_scaled, h=hardware, f=f32: (
+                                        tc_gemv.gemv_launcher(m, c, md, b, h, False, f, True)
+                                    ),
+                                )
+                            )
+    for name, cfg in wg_gemm.WG_CONFIGS.items() if CC == (9, 0) else ():  # sm_90a only
         for promotion in wg_gemm.PROMOTIONS:
             for block_scaled in (False, True):
                 for f32 in (False, True):
-                    out.append(("wg_gemm", f"wg_gemm {name} {promotion} block={block_scaled} f32={f32}",
-                                lambda c=cfg, p=promotion, b=block_scaled, f=f32: wg_gemm.gemm_launcher(c, p, b, f)))
+                    out.append(
+                        (
+                            "wg_gemm",
+                            f"wg_gemm {name} {promotion} block={block_scaled} f32={f32}",
+                            lambda c=cfg, p=promotion, b=block_scaled, f=f32: wg_gemm.gemm_launcher(c, p, b, f),
+                        )
+                    )
     return out
 
 
@@ -200,8 +276,7 @@ def _ptxas(ptx, arch):
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     try:
-        res = subprocess.run(["ptxas", "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True,
-                             text=True)
+        res = subprocess.run(["ptxas", "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
     text = res.stderr
@@ -210,11 +285,13 @@ def _ptxas(ptx, arch):
     regs = _REGISTERS.search(text)
     spills = _SPILLS.search(text)
     smem = _SMEM.search(text)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "stack": int(spills.group(1)) if spills else 0,
-            "spill_stores": int(spills.group(2)) if spills else 0,
-            "spill_loads": int(spills.group(3)) if spills else 0,
-            "smem": int(smem.group(1)) if smem else 0}
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "stack": int(spills.group(1)) if spills else 0,
+        "spill_stores": int(spills.group(2)) if spills else 0,
+        "spill_loads": int(spills.group(3)) if spills else 0,
+        "smem": int(smem.group(1)) if smem else 0,
+    }
 
 
 _SASS_OPS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
@@ -236,8 +313,12 @@ def _sass(ptx, arch):
     # F2FP.F16.E4M3.UNPACK_B and kin: e4m3 -> f16, what sm_90 does to every FP8 mma operand; the
     # encoder's float32 -> e4m3 packs (F2FP.SATFINITE.E4M3.F32...) are conversions the kernel asks for
     unpack = sum(n for op, n in f2fp.items() if ".F16.E4M3" in op or "UNPACK" in op)
-    return {"sass_mma": dict(mma), "sass_f2fp": sum(f2fp.values()), "sass_f2fp_ops": dict(f2fp),
-            "sass_fp8_unpack": unpack}
+    return {
+        "sass_mma": dict(mma),
+        "sass_f2fp": sum(f2fp.values()),
+        "sass_f2fp_ops": dict(f2fp),
+        "sass_fp8_unpack": unpack,
+    }
 
 
 def tool_path():
@@ -264,8 +345,13 @@ def snapshot(path, only="", ptx_dir=None, sass=False):
         ptx = kernel.ptx(CC)
         norm = normalize(ptx)
         arch = f"sm_{CC[0]}{CC[1]}{arch_suffix}"
-        record = {"family": family, "arch": arch, "sha": hashlib.sha256(norm.encode()).hexdigest()[:16],
-                  "opcodes": dict(opcodes(ptx)), **_ptxas(ptx, arch)}
+        record = {
+            "family": family,
+            "arch": arch,
+            "sha": hashlib.sha256(norm.encode()).hexdigest()[:16],
+            "opcodes": dict(opcodes(ptx)),
+            **_ptxas(ptx, arch),
+        }
         if sass:
             record.update(_sass(ptx, arch))
         record["instructions"] = sum(record["opcodes"].values())
@@ -274,9 +360,12 @@ def snapshot(path, only="", ptx_dir=None, sass=False):
             out = _ptx_file(ptx_dir, label)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(gzip.compress(norm.encode()))
-        print(f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label} ({arch}): {record['registers']} registers, "
-              f"{record['spill_stores']} B spilled, {record['instructions']} instructions"
-              + (f", SASS {record['sass_mma']} F2FP {record['sass_f2fp_ops']}" if sass else ""), flush=True)
+        print(
+            f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label} ({arch}): {record['registers']} registers, "
+            f"{record['spill_stores']} B spilled, {record['instructions']} instructions"
+            + (f", SASS {record['sass_mma']} F2FP {record['sass_f2fp_ops']}" if sass else ""),
+            flush=True,
+        )
     pathlib.Path(path).write_text(json.dumps(records, indent=1, sort_keys=True))
 
 
@@ -300,15 +389,17 @@ def compare(before_path, after_path):
     after = json.loads(pathlib.Path(after_path).read_text())
     families = collections.OrderedDict()
     only = sorted(set(before) ^ set(after))
-    for label in sorted(set(before) & set(after), key=lambda l: (before[l]["family"], l)):
+    for label in sorted(set(before) & set(after), key=lambda label: (before[label]["family"], label)):
         b, a = before.get(label), after.get(label)
         families.setdefault((b or a)["family"], []).append((label, b, a))
-    print("| family | variants | PTX identical (names aside) | same opcode counts | registers before -> after "
-          "| spills (bytes) before -> after | instructions before -> after |")
+    print(
+        "| family | variants | PTX identical (names aside) | same opcode counts | registers before -> after "
+        "| spills (bytes) before -> after | instructions before -> after |"
+    )
     print("|---|---|---|---|---|---|---|")
     changed = []
     for family, rows in families.items():
-        built = [(l, b, a) for l, b, a in rows if b and a and "sha" in b and "sha" in a]
+        built = [(label, b, a) for label, b, a in rows if b and a and "sha" in b and "sha" in a]
         same = sum(b["sha"] == a["sha"] for _, b, a in built)
         same_ops = sum(b["opcodes"] == a["opcodes"] for _, b, a in built)
         regs_b = sum(b["registers"] for _, b, _ in built)
@@ -317,19 +408,28 @@ def compare(before_path, after_path):
         spill_a = sum(a["spill_stores"] + a["spill_loads"] for _, _, a in built)
         ins_b = sum(b["instructions"] for _, b, _ in built)
         ins_a = sum(a["instructions"] for _, _, a in built)
-        missing = len(rows) - len(built) - sum(1 for _, b, a in rows if (b or {}).get("refused") and (a or {}).get("refused"))
-        print(f"| {family} | {len(built)}{f' ({missing} missing)' if missing else ''} | {same} | {same_ops} "
-              f"| {regs_b} -> {regs_a} (sum) | {spill_b} -> {spill_a} | {ins_b} -> {ins_a} |")
-        changed += [(l, b, a) for l, b, a in built if b["sha"] != a["sha"]]
+        missing = (
+            len(rows) - len(built) - sum(1 for _, b, a in rows if (b or {}).get("refused") and (a or {}).get("refused"))
+        )
+        print(
+            f"| {family} | {len(built)}{f' ({missing} missing)' if missing else ''} | {same} | {same_ops} "
+            f"| {regs_b} -> {regs_a} (sum) | {spill_b} -> {spill_a} | {ins_b} -> {ins_a} |"
+        )
+        changed += [(label, b, a) for label, b, a in built if b["sha"] != a["sha"]]
     if changed:
         print("\nVariants whose PTX changed (registers, spill bytes, instructions; opcodes whose count moved):\n")
         for label, b, a in changed:
-            diff = {op: a["opcodes"].get(op, 0) - b["opcodes"].get(op, 0)
-                    for op in set(a["opcodes"]) | set(b["opcodes"]) if a["opcodes"].get(op, 0) != b["opcodes"].get(op, 0)}
+            diff = {
+                op: a["opcodes"].get(op, 0) - b["opcodes"].get(op, 0)
+                for op in set(a["opcodes"]) | set(b["opcodes"])
+                if a["opcodes"].get(op, 0) != b["opcodes"].get(op, 0)
+            }
             moved = ", ".join(f"{op} {d:+d}" for op, d in sorted(diff.items())) or "none (order or registers only)"
-            print(f"- {label}: {b['registers']} -> {a['registers']} registers, "
-                  f"{b['spill_stores'] + b['spill_loads']} -> {a['spill_stores'] + a['spill_loads']} B, "
-                  f"{b['instructions']} -> {a['instructions']} instructions; {moved}")
+            print(
+                f"- {label}: {b['registers']} -> {a['registers']} registers, "
+                f"{b['spill_stores'] + b['spill_loads']} -> {a['spill_stores'] + a['spill_loads']} B, "
+                f"{b['instructions']} -> {a['instructions']} instructions; {moved}"
+            )
     if only:
         print(f"\n{len(only)} variants in one snapshot only (left out above), e.g. {only[0]}")
 

@@ -12,11 +12,25 @@ import sys as _sys
 # The modules issue 24 moved into vtnumba.cuda's layers (ARCHITECTURE.md), by their old names. The
 # repository imports the new names (tests/test_cuda_layers.py); code written before the move keeps
 # working: an old name gives the moved module itself, one module with one set of kernel caches.
-_MOVED = {f"vtnumba.cuda.{old}": f"vtnumba.cuda.{new}" for old, new in {
-    "target": "ptx.target", "codec": "ptx.codec", "mma": "ptx.mma", "wgmma": "ptx.sm90_wgmma",
-    "launch": "runtime.launch", "device": "runtime.device", "cublaslt": "runtime.cublaslt",
-    "quant": "kernels.quant", "epilogue": "kernels.epilogue", "tiled": "kernels.tiled", "gemv": "kernels.gemv",
-    "tc_gemm": "kernels.tc_gemm", "tc_gemv": "kernels.tc_gemv", "wg_gemm": "kernels.sm90_wgmma_gemm"}.items()}
+_MOVED = {
+    f"vtnumba.cuda.{old}": f"vtnumba.cuda.{new}"
+    for old, new in {
+        "target": "ptx.target",
+        "codec": "ptx.codec",
+        "mma": "ptx.mma",
+        "wgmma": "ptx.sm90_wgmma",
+        "launch": "runtime.launch",
+        "device": "runtime.device",
+        "cublaslt": "runtime.cublaslt",
+        "quant": "kernels.quant",
+        "epilogue": "kernels.epilogue",
+        "tiled": "kernels.tiled",
+        "gemv": "kernels.gemv",
+        "tc_gemm": "kernels.tc_gemm",
+        "tc_gemv": "kernels.tc_gemv",
+        "wg_gemm": "kernels.sm90_wgmma_gemm",
+    }.items()
+}
 
 
 class _MovedModule:

@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
 from vtnumba._format import MX_BLOCK
+from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
 from vtnumba.timing import NOISY_SPREAD
 
 # One decoder block of Llama-3-8B (config.json: hidden_size 4096, intermediate_size 14336,
@@ -113,37 +113,68 @@ def _positive_int(text):
 def _parser():
     p = _Parser(prog="python -m vtnumba", description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--model", choices=MODELS, default="llama3-8b",
-                   help="llama3-8b (default): the seven linear layers of a Llama-3-8B decoder block; qwen3-moe: "
-                        "one FP8 mixture-of-experts layer of Qwen3-30B-A3B (128 experts, top-8)")
-    p.add_argument("--reduce", type=_positive_int, default=None,
-                   help="divide Llama-3-8B's N and K by this at every token count (default: on the CPU the "
-                        f"real shapes up to M = {DECODE_MAX_M}, decode, and N and K / {CPU_PREFILL_REDUCE} "
-                        "above, prefill; on the GPU the real shapes)")
-    p.add_argument("--tokens", type=_positive_int, nargs="+", default=None, metavar="M",
-                   help="token counts (GEMM M) to run (default: " + " ".join(map(str, DEFAULT_TOKENS))
-                        + ", decode and a prefill batch)")
-    p.add_argument("--repeats", type=_positive_int, default=None,
-                   help="timed trials per measurement (CPU: of the FP8 layer and its baseline in turn, the "
-                        "fastest kept, default 5; GPU: calls, the median kept, default 50)")
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="llama3-8b",
+        help="llama3-8b (default): the seven linear layers of a Llama-3-8B decoder block; qwen3-moe: "
+        "one FP8 mixture-of-experts layer of Qwen3-30B-A3B (128 experts, top-8)",
+    )
+    p.add_argument(
+        "--reduce",
+        type=_positive_int,
+        default=None,
+        help="divide Llama-3-8B's N and K by this at every token count (default: on the CPU the "
+        f"real shapes up to M = {DECODE_MAX_M}, decode, and N and K / {CPU_PREFILL_REDUCE} "
+        "above, prefill; on the GPU the real shapes)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive_int,
+        nargs="+",
+        default=None,
+        metavar="M",
+        help="token counts (GEMM M) to run (default: "
+        + " ".join(map(str, DEFAULT_TOKENS))
+        + ", decode and a prefill batch)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=None,
+        help="timed trials per measurement (CPU: of the FP8 layer and its baseline in turn, the "
+        "fastest kept, default 5; GPU: calls, the median kept, default 50)",
+    )
     schemes = p.add_mutually_exclusive_group()
-    schemes.add_argument("--scheme", choices=SCHEMES, default=None,
-                         help="activation scheme: static (calibrated per-tensor scale), dynamic (per-tensor, "
-                              "the default), per_token (with per-channel weight scales), block (128-wide "
-                              "activation groups, 128x128 weight blocks; where this vtnumba offers it), mxfp8 "
-                              "(E8M0 scales per 1x32 on both operands)")
+    schemes.add_argument(
+        "--scheme",
+        choices=SCHEMES,
+        default=None,
+        help="activation scheme: static (calibrated per-tensor scale), dynamic (per-tensor, "
+        "the default), per_token (with per-channel weight scales), block (128-wide "
+        "activation groups, 128x128 weight blocks; where this vtnumba offers it), mxfp8 "
+        "(E8M0 scales per 1x32 on both operands)",
+    )
     schemes.add_argument("--all-schemes", action="store_true", help="run every scheme this vtnumba offers")
-    p.add_argument("--plot", metavar="PATH", default=None,
-                   help="write a roofline plot to PATH (.png, .pdf, .svg, ...: what matplotlib writes; "
-                        "needs vtnumba[plot]); checked before the run starts")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        default=None,
+        help="write a roofline plot to PATH (.png, .pdf, .svg, ...: what matplotlib writes; "
+        "needs vtnumba[plot]); checked before the run starts",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress on stderr (a bar on a terminal, one line per step otherwise)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (a bar on a terminal, one line per step otherwise)",
+    )
     p.add_argument("--skip-selfcheck", action="store_true", help="skip the quantization self-check")
     return p
 
 
 # --------------------------------------------------------------------------- device and baseline
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -190,6 +221,7 @@ class _Device:
             self.xp = np
         else:
             import cupy
+
             self.xp = cupy
 
     def put(self, a):
@@ -200,6 +232,7 @@ class _Device:
 
 
 # ---------------------------------------------------------------------------------------- schemes
+
 
 def block_support_reason(quantize=None, from_float=None, reference=None):
     """None when this vtnumba offers the block-scaled scheme, else why not. It needs per-group
@@ -251,8 +284,10 @@ def mx_reason(shapes, reduce):
 
 def choose_schemes(args, shapes, reduce):
     """(schemes to run, {scheme: why it is not run}) for these arguments."""
-    reasons = {"block": lambda: block_support_reason() or block_shape_reason(shapes, reduce),
-               "mxfp8": lambda: mx_reason(shapes, reduce)}
+    reasons = {
+        "block": lambda: block_support_reason() or block_shape_reason(shapes, reduce),
+        "mxfp8": lambda: mx_reason(shapes, reduce),
+    }
     if not args.all_schemes:
         scheme = args.scheme or "dynamic"
         if scheme in reasons:
@@ -297,11 +332,11 @@ def g3_reference(scheme, codes, scale, weight, kernel=None):
         block = getattr(weight, "block_size", BLOCK_SIZE)
         ref, bound = reference.block_scaled_mm(codes, weight.data, scale, weight.weight_scale, block)
         if kernel in TENSOR_CORE_BLOCK_KERNELS:
-            bound = bound + reference.block_tensor_core_allowance(codes, weight.data, scale, weight.weight_scale,
-                                                                  block)
+            bound = bound + reference.block_tensor_core_allowance(codes, weight.data, scale, weight.weight_scale, block)
         return ref, bound
-    return scaled_mm_reference(codes, weight.data, np.asarray(scale).reshape(-1),
-                               np.asarray(weight.weight_scale).reshape(-1))
+    return scaled_mm_reference(
+        codes, weight.data, np.asarray(scale).reshape(-1), np.asarray(weight.weight_scale).reshape(-1)
+    )
 
 
 _DECODE64 = []  # the oracle's float64 value of each of the 256 codes, built at first use
@@ -334,6 +369,7 @@ def scaled_mm_reference(a, b, scale_a, scale_b):
 
 
 # --------------------------------------------------------------------------------------- progress
+
 
 class Progress:
     """Progress on stderr: a one-line bar redrawn in place on a terminal; one line per step anywhere
@@ -370,6 +406,7 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------- jobs
 
+
 def selfcheck(dev, rows=512, cols=4096, block=False, mx=False):
     """The quantization schemes on a random tensor, compared with the oracle byte for byte (the
     per-group one too when ``block``, the MXFP8 one when ``mx``)."""
@@ -378,24 +415,33 @@ def selfcheck(dev, rows=512, cols=4096, block=False, mx=False):
 
     x = (np.random.default_rng(2026).standard_normal((rows, cols), dtype=np.float32) * 3).astype(np.float32)
     xd = dev.put(x)
-    cases = [("static scale 0.0092", dict(scale=0.0092), lambda: reference.quantize(x, scale=0.0092)),
-             ("dynamic per-tensor", {}, lambda: reference.quantize(x)),
-             ("dynamic per-token", dict(per_token=True), lambda: reference.quantize(x, per_token=True))]
+    cases = [
+        ("static scale 0.0092", dict(scale=0.0092), lambda: reference.quantize(x, scale=0.0092)),
+        ("dynamic per-tensor", {}, lambda: reference.quantize(x)),
+        ("dynamic per-token", dict(per_token=True), lambda: reference.quantize(x, per_token=True)),
+    ]
     if block:
         group = BLOCK_SIZE[1]
-        cases.append((f"dynamic per-group {group}", dict(group_size=group),
-                      lambda: reference.quantize_per_group(x, group)))
+        cases.append(
+            (f"dynamic per-group {group}", dict(group_size=group), lambda: reference.quantize_per_group(x, group))
+        )
     if mx:
-        cases.append(("MXFP8 (E8M0 per 1x32, rceil)", dict(group_size=32, scale_format="e8m0"),
-                      lambda: reference.quantize_mx(x, 32, "rceil")))
+        cases.append(
+            (
+                "MXFP8 (E8M0 per 1x32, rceil)",
+                dict(group_size=32, scale_format="e8m0"),
+                lambda: reference.quantize_mx(x, 32, "rceil"),
+            )
+        )
     results = []
     for label, kwargs, oracle in cases:
         q = vt.quantize_fp8(xd, **kwargs)
         ref = oracle()
         data, scale = dev.get(q.data), dev.get(q.scale).reshape(ref.scale.shape)
         mismatches = int(np.count_nonzero(data != ref.data)) + int(np.count_nonzero(scale != ref.scale))
-        results.append(dict(scheme=label, values=int(x.size), nonzero_codes=int(np.count_nonzero(ref.data)),
-                            mismatches=mismatches))
+        results.append(
+            dict(scheme=label, values=int(x.size), nonzero_codes=int(np.count_nonzero(ref.data)), mismatches=mismatches)
+        )
     return results
 
 
@@ -421,8 +467,7 @@ def job_plan(device, tokens=None, reduce=None):
 def _size_words(reduce):
     if reduce == 1:
         return "full size"
-    return (f"N and K divided by {reduce} (hidden {4096 // reduce}, intermediate {14336 // reduce}, "
-            f"kv {1024 // reduce})")
+    return f"N and K divided by {reduce} (hidden {4096 // reduce}, intermediate {14336 // reduce}, kv {1024 // reduce})"
 
 
 def describe_plan(plan):
@@ -431,8 +476,9 @@ def describe_plan(plan):
     reduces = list(dict.fromkeys(r for _, r in plan))
     if len(reduces) == 1:
         return _size_words(reduces[0])
-    return "; ".join("M = " + ", ".join(str(m) for m, r in plan if r == reduce) + " at " + _size_words(reduce)
-                     for reduce in reduces)
+    return "; ".join(
+        "M = " + ", ".join(str(m) for m, r in plan if r == reduce) + " at " + _size_words(reduce) for reduce in reduces
+    )
 
 
 def _kernel_label(dev, scheme, q, weight):
@@ -450,8 +496,11 @@ def _kernel_label(dev, scheme, q, weight):
         if scheme in ("block", "mxfp8"):
             from vtnumba.cuda import block
 
-            return block.select(block.BlockCall(q.data, weight.data, q.scale, weight.weight_scale, weight.block_size,
-                                                dev.dtype, weight.bias)).name
+            return block.select(
+                block.BlockCall(
+                    q.data, weight.data, q.scale, weight.weight_scale, weight.block_size, dev.dtype, weight.bias
+                )
+            ).name
 
         call = gemm.GemmCall(q.data, weight.data, q.scale, weight.weight_scale, dev.dtype, weight.bias)
         return gemm.select(call).name
@@ -521,8 +570,18 @@ def _time_cpu(name, fp8_call, quant_call, base_call, repeats, flops, fp8_bytes, 
     times = timing.interleaved_cpu_samples([fp8_call, quant_call, base_call], repeats)
     sides = {side: (min(t), float(np.median(t)), _spread(t)) for side, t in zip(("fp8", "quant", "base"), times)}
     best = sides["fp8"][0]
-    record = profile.ProfileRecord(name, "cpu", f"fastest of {repeats} interleaved trials", best, best, repeats,
-                                   flops=flops, bytes=fp8_bytes, shape=shape, p90_s=timing.p90(times[0]))
+    record = profile.ProfileRecord(
+        name,
+        "cpu",
+        f"fastest of {repeats} interleaved trials",
+        best,
+        best,
+        repeats,
+        flops=flops,
+        bytes=fp8_bytes,
+        shape=shape,
+        p90_s=timing.p90(times[0]),
+    )
     return sides, record
 
 
@@ -548,8 +607,9 @@ def run_layer(dev, scheme, name, x, w, repeats, ceilings=None, weight=None):
     y = dev.get(seam.matmul_fp8(xd, wd))
     qd = seam.quantize_activation(xd, wd)
     kernel = _kernel_label(dev, scheme, qd, wd)
-    ref, bound = g3_reference(scheme, dev.get(qd.data), dev.get(qd.scale), weight,
-                              kernel if dev.name == "cuda" else None)
+    ref, bound = g3_reference(
+        scheme, dev.get(qd.data), dev.get(qd.scale), weight, kernel if dev.name == "cuda" else None
+    )
     allowed = bound + reference.out_rounding(ref, y.dtype)
     g3 = float(np.max(np.abs(y.astype(np.float64) - ref) / allowed))
     del ref, bound, allowed
@@ -563,22 +623,42 @@ def run_layer(dev, scheme, name, x, w, repeats, ceilings=None, weight=None):
     shape = f"{m}x{n}x{k}"
     unavailable = {}
     if dev.name == "cpu":
-        sides, fp8 = _time_cpu(name, lambda: seam.matmul_fp8(xd, wd), lambda: seam.quantize_activation(xd, wd),
-                               lambda: xd @ w_base.T, repeats, flops, fp8_bytes, shape)
-        (fp8_s, fp8_median, fp8_spread), (quant_s, quant_median, quant_spread), (base_s, base_median, base_spread) = (
-            sides["fp8"], sides["quant"], sides["base"])
+        sides, fp8 = _time_cpu(
+            name,
+            lambda: seam.matmul_fp8(xd, wd),
+            lambda: seam.quantize_activation(xd, wd),
+            lambda: xd @ w_base.T,
+            repeats,
+            flops,
+            fp8_bytes,
+            shape,
+        )
+        (fp8_s, fp8_median, fp8_spread), (quant_s, _, quant_spread), (base_s, base_median, base_spread) = (
+            sides["fp8"],
+            sides["quant"],
+            sides["base"],
+        )
         fp8_host = base_host = graph_us = None
         unavailable.update({key: dict(label=label, reason=why) for key, (label, why) in CPU_NOT_APPLICABLE.items()})
     else:
         fp8 = profile.profile_linear(wd, xd, name=name, repeats=repeats)
         graph_us, graph_why = _graph_us(dev, wd, xd, repeats, name)
-        quant = profile.profile_op(lambda a: seam.quantize_activation(a, wd), xd, repeats=repeats,
-                                   name=f"{name} (quantize)")
-        base = profile.profile_op(lambda a, b: a @ b.T, xd, w_base, repeats=repeats, name=f"{name} (baseline)",
-                                  flops=flops, bytes=base_bytes, shape=shape)
+        quant = profile.profile_op(
+            lambda a: seam.quantize_activation(a, wd), xd, repeats=repeats, name=f"{name} (quantize)"
+        )
+        base = profile.profile_op(
+            lambda a, b: a @ b.T,
+            xd,
+            w_base,
+            repeats=repeats,
+            name=f"{name} (baseline)",
+            flops=flops,
+            bytes=base_bytes,
+            shape=shape,
+        )
         # events time all repeats as one interval: its mean is the figure, there is no fastest call
         fp8_s = fp8_median = fp8.time_s
-        quant_s = quant_median = quant.time_s
+        quant_s = quant.time_s
         base_s = base_median = base.time_s
         fp8_spread, quant_spread, base_spread = fp8.spread, quant.spread, base.spread
         fp8_host, base_host = fp8.host_s, base.host_s
@@ -595,27 +675,44 @@ def run_layer(dev, scheme, name, x, w, repeats, ceilings=None, weight=None):
     # The quantization is part of the layer, so its share comes from the least-disturbed call of each
     # (the minimums): two medians taken apart, on a loaded machine, gave shares above 100%.
     share = min(quant_s, fp8_s) / fp8_s
-    row = dict(layer=name, scheme=scheme, m=m, n=n, k=k, kernel=kernel,
-               device_us=fp8_s * 1e6,
-               host_us=None if fp8_host is None else fp8_host * 1e6,
-               graph_us=graph_us,
-               quant_us=quant_s * 1e6, quant_share=share,
-               device_min_us=fp8_s * 1e6, quant_min_us=quant_s * 1e6,
-               device_median_us=fp8_median * 1e6, baseline_median_us=base_median * 1e6,
-               spread=fp8_spread, baseline_spread=base_spread, quant_spread=quant_spread,
-               roof_us=roof_time(flops, fp8_bytes, ceilings) * 1e6 if ceilings is not None else None,
-               baseline_roof_us=roof_time(flops, base_bytes, ceilings) * 1e6 if ceilings is not None else None,
-               slow=slow,
-               noisy=bool(any(s > NOISY_SPREAD for s in spreads) or slow),
-               gflops=flops / fp8_s / 1e9, gbytes_per_s=fp8_bytes / fp8_s / 1e9,
-               baseline_us=base_s * 1e6,
-               baseline_host_us=None if base_host is None else base_host * 1e6,
-               speedup=base_s / fp8_s, g3_ratio=g3, g3_ok=bool(g3 <= 1.0), fp8_rel_error=fp8_rel,
-               unavailable=unavailable)
+    row = dict(
+        layer=name,
+        scheme=scheme,
+        m=m,
+        n=n,
+        k=k,
+        kernel=kernel,
+        device_us=fp8_s * 1e6,
+        host_us=None if fp8_host is None else fp8_host * 1e6,
+        graph_us=graph_us,
+        quant_us=quant_s * 1e6,
+        quant_share=share,
+        device_min_us=fp8_s * 1e6,
+        quant_min_us=quant_s * 1e6,
+        device_median_us=fp8_median * 1e6,
+        baseline_median_us=base_median * 1e6,
+        spread=fp8_spread,
+        baseline_spread=base_spread,
+        quant_spread=quant_spread,
+        roof_us=roof_time(flops, fp8_bytes, ceilings) * 1e6 if ceilings is not None else None,
+        baseline_roof_us=roof_time(flops, base_bytes, ceilings) * 1e6 if ceilings is not None else None,
+        slow=slow,
+        noisy=bool(any(s > NOISY_SPREAD for s in spreads) or slow),
+        gflops=flops / fp8_s / 1e9,
+        gbytes_per_s=fp8_bytes / fp8_s / 1e9,
+        baseline_us=base_s * 1e6,
+        baseline_host_us=None if base_host is None else base_host * 1e6,
+        speedup=base_s / fp8_s,
+        g3_ratio=g3,
+        g3_ok=bool(g3 <= 1.0),
+        fp8_rel_error=fp8_rel,
+        unavailable=unavailable,
+    )
     return row, fp8
 
 
 # ---------------------------------------------------------------------------------------- output
+
 
 def _us(v):
     return f"{v:.1f}"
@@ -667,8 +764,10 @@ def _print_tables(report, out, capabilities=None):
     if report["selfcheck"]:
         p("vtnumba self-check: e4m3 quantization against the independent oracle (vtnumba.testing.reference)")
         for r in report["selfcheck"]:
-            p(f"  {r['scheme']:22s} {r['values']:>9,d} values  {r['nonzero_codes']:>9,d} non-zero codes"
-              f"  mismatches {r['mismatches']}")
+            p(
+                f"  {r['scheme']:22s} {r['values']:>9,d} values  {r['nonzero_codes']:>9,d} non-zero codes"
+                f"  mismatches {r['mismatches']}"
+            )
         p()
     if capabilities is not None:
         p("GPU: " + str(capabilities))
@@ -679,48 +778,69 @@ def _print_tables(report, out, capabilities=None):
         p(paths.header_line(report["cpu"]))
         p()
     c = report["ceilings"]
-    p(f"FP8 W8A8 linear path on {report['device']}: Llama-3-8B decoder layers, {report['reduction']}; "
-      f"{report['activation_dtype']} activations and outputs")
+    p(
+        f"FP8 W8A8 linear path on {report['device']}: Llama-3-8B decoder layers, {report['reduction']}; "
+        f"{report['activation_dtype']} activations and outputs"
+    )
     others = [f"{label} {value:.1f}" for label, value in (c.get("extra") or {}).items() if label != c["peak_label"]]
-    p(f"measured ceilings: copy {c['copy_gbytes_per_s']:.1f} GB/s, {c['peak_label']} {c['peak_gflops']:.1f} GFLOP/s"
-      + (f" (also {', '.join(others)})" if others else ""))
+    p(
+        f"measured ceilings: copy {c['copy_gbytes_per_s']:.1f} GB/s, {c['peak_label']} {c['peak_gflops']:.1f} GFLOP/s"
+        + (f" (also {', '.join(others)})" if others else "")
+    )
     p("G3 = max |y - ref64| / bound (<= 1 passes); fp8 err = ||y - x@w.T (float64, unquantized)|| / ||x@w.T||")
     heads, rows, keys = table_cells(report)
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(heads)]
 
     def line(cells):
-        return " ".join(c.ljust(w) if key in _TEXT_COLUMNS else c.rjust(w)
-                        for c, w, key in zip(cells, widths, keys)).rstrip()
+        return " ".join(
+            c.ljust(w) if key in _TEXT_COLUMNS else c.rjust(w) for c, w, key in zip(cells, widths, keys)
+        ).rstrip()
 
     p(line(heads))
     p("-" * len(line(heads)))
     for row in rows:
         p(line(row))
     if report["device"] == "cpu":
-        p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run: the FP8 layer, its "
-          f"quantization and the baseline timed in turn, {report['repeats']} trials each, the fastest of each kept")
-        p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), fastest trial; p90/median: "
-          "the spread of its trials; quant: the quantization alone, fastest trial, and its share of the layer")
+        p(
+            f"speedup = {report['baseline']['label']} time / FP8 layer time, same run: the FP8 layer, its "
+            f"quantization and the baseline timed in turn, {report['repeats']} trials each, the fastest of each kept"
+        )
+        p(
+            "device us: the FP8 layer per call (activation quantization + FP8 GEMM), fastest trial; p90/median: "
+            "the spread of its trials; quant: the quantization alone, fastest trial, and its share of the layer"
+        )
     else:
-        p(f"speedup = {report['baseline']['label']} time / FP8 layer time, same run, median of "
-          f"{report['repeats']} calls")
-        p("device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; quant: the "
-          "quantization alone, median, and its share of the layer")
+        p(
+            f"speedup = {report['baseline']['label']} time / FP8 layer time, same run, median of "
+            f"{report['repeats']} calls"
+        )
+        p(
+            "device us: the FP8 layer per call (activation quantization + FP8 GEMM), median; quant: the "
+            "quantization alone, median, and its share of the layer"
+        )
     several = len(report["schemes"]) > 1
-    noisy = [f"{r['layer']} M={r['m']}" + (f" {r['scheme']}" if several else "")
-             + (" (" + ", ".join(f"{'FP8 layer' if s == 'fp8' else 'baseline'} slow" for s in r["slow"]) + ")"
-                if r.get("slow") else "")
-             for r in report["layers"] if r.get("noisy")]
+    noisy = [
+        f"{r['layer']} M={r['m']}"
+        + (f" {r['scheme']}" if several else "")
+        + (
+            " (" + ", ".join(f"{'FP8 layer' if s == 'fp8' else 'baseline'} slow" for s in r["slow"]) + ")"
+            if r.get("slow")
+            else ""
+        )
+        for r in report["layers"]
+        if r.get("noisy")
+    ]
     if noisy:
-        p(f"WARNING: noisy figures (p90 > {NOISY_SPREAD:.0f}x the median for the layer, its quantization or its "
-          f"baseline, or the FP8 layer or its baseline slower than {SLOW_FACTOR:.0f}x the time the ceilings "
-          f"measured in this run allow its flops and bytes, plus {CALL_FLOOR_S * 1e6:.0f} us a call; marked !): {', '.join(noisy)}. Another process was using "
-          f"the machine: rerun on a quiet one before quoting them.")
+        p(
+            f"WARNING: noisy figures (p90 > {NOISY_SPREAD:.0f}x the median for the layer, its quantization or its "
+            f"baseline, or the FP8 layer or its baseline slower than {SLOW_FACTOR:.0f}x the time the ceilings "
+            f"measured in this run allow its flops and bytes, plus {CALL_FLOOR_S * 1e6:.0f} us a call; marked !): {', '.join(noisy)}. Another process was using "
+            f"the machine: rerun on a quiet one before quoting them."
+        )
     for line in regime_lines(report.get("regimes") or []):
         p(line)
     if report["device"] == "cuda":
-        p("host us: the host's cost to enqueue one call; graph us: device time per call replayed from a "
-          "CUDA graph")
+        p("host us: the host's cost to enqueue one call; graph us: device time per call replayed from a CUDA graph")
     names = dict(zip(keys, heads))
     notes = {}  # each reason once, in the table's column order
     for r in report["layers"]:
@@ -739,12 +859,12 @@ def _print_tables(report, out, capabilities=None):
 # Why FP8 wins or not in each regime, per device: the footer's account of the speedup column.
 REGIME_REASONS = {
     ("cpu", "decode"): "at a few tokens the weight is the traffic, and the FP8 layer reads a quarter of "
-                       "float32's weight bytes (1 byte a weight against 4)",
+    "float32's weight bytes (1 byte a weight against 4)",
     ("cpu", "prefill"): "at many tokens the work is flops, and a CPU has no FP8 arithmetic: the FP8 layer "
-                        "decodes its codes to float32 for the same FMAs sgemm runs, so at large M it is "
-                        "bound by the BLAS rate sgemm already reaches, plus the quantization",
+    "decodes its codes to float32 for the same FMAs sgemm runs, so at large M it is "
+    "bound by the BLAS rate sgemm already reaches, plus the quantization",
     ("cuda", "decode"): "at a few tokens the weight is the traffic, and the FP8 layer reads half of "
-                        "float16's weight bytes",
+    "float16's weight bytes",
     ("cuda", "prefill"): "at many tokens the work is flops, and FP8 tensor cores run at twice float16's rate",
 }
 
@@ -759,12 +879,21 @@ def regime_summary(rows, device):
             continue
         clean = sorted(r["speedup"] for r in picked if not r.get("noisy"))
         median = float(np.median(clean)) if clean else None
-        verdict = (None if median is None else "wins" if median > 1.05 else "trails" if median < 0.95 else "ties")
-        out.append(dict(regime=regime, tokens=sorted({r["m"] for r in picked}),
-                        reduce=sorted({r.get("reduce", 1) for r in picked}), rows=len(picked),
-                        noisy_rows=len(picked) - len(clean), speedup_min=clean[0] if clean else None,
-                        speedup_max=clean[-1] if clean else None, speedup_median=median, fp8=verdict,
-                        reason=REGIME_REASONS[(device, regime)]))
+        verdict = None if median is None else "wins" if median > 1.05 else "trails" if median < 0.95 else "ties"
+        out.append(
+            dict(
+                regime=regime,
+                tokens=sorted({r["m"] for r in picked}),
+                reduce=sorted({r.get("reduce", 1) for r in picked}),
+                rows=len(picked),
+                noisy_rows=len(picked) - len(clean),
+                speedup_min=clean[0] if clean else None,
+                speedup_max=clean[-1] if clean else None,
+                speedup_median=median,
+                fp8=verdict,
+                reason=REGIME_REASONS[(device, regime)],
+            )
+        )
     return out
 
 
@@ -778,15 +907,20 @@ def regime_lines(regimes):
         if g["fp8"] is None:
             lines.append(head + f"no speedup to quote, all {g['rows']} rows noisy; " + g["reason"])
             continue
-        span = (f"{g['speedup_min']:.2f}x" if g["speedup_min"] == g["speedup_max"]
-                else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x")
+        span = (
+            f"{g['speedup_min']:.2f}x"
+            if g["speedup_min"] == g["speedup_max"]
+            else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x"
+        )
         left = f" ({g['noisy_rows']} noisy rows left out)" if g["noisy_rows"] else ""
         word = {"wins": "FP8 wins", "ties": "FP8 ties", "trails": "FP8 trails"}[g["fp8"]]
         lines.append(head + f"{word}, {span}{left}: {g['reason']}")
         if g["regime"] == "decode" and max(g["reduce"]) > 1:
-            lines.append("  (with N and K divided, a layer's float32 weight can sit in cache, where sgemm reads "
-                         "it faster than memory and the byte saving hardly shows: the default job runs decode "
-                         "at the real shapes)")
+            lines.append(
+                "  (with N and K divided, a layer's float32 weight can sit in cache, where sgemm reads "
+                "it faster than memory and the byte saving hardly shows: the default job runs decode "
+                "at the real shapes)"
+            )
     if lines:
         lines.insert(0, "where FP8 wins:")
     return lines
@@ -800,21 +934,29 @@ def check_plot_path(path):
 
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise UsageError(f"--plot must name a file in an existing directory, got {path!r}: "
-                         f"create {parent} first or pick another directory")
+        raise UsageError(
+            f"--plot must name a file in an existing directory, got {path!r}: "
+            f"create {parent} first or pick another directory"
+        )
     if os.path.isdir(path):
-        raise UsageError(f"--plot must name a file, got the directory {path!r}: add a file name, e.g. "
-                         f"{os.path.join(path, 'roofline.png')}")
+        raise UsageError(
+            f"--plot must name a file, got the directory {path!r}: add a file name, e.g. "
+            f"{os.path.join(path, 'roofline.png')}"
+        )
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--plot must name a file in a directory you can write, got {path!r} "
-                         f"({parent} is not writable): pick another directory")
+        raise UsageError(
+            f"--plot must name a file in a directory you can write, got {path!r} "
+            f"({parent} is not writable): pick another directory"
+        )
     profile.require("matplotlib", "plot", "--plot")
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
     if os.path.splitext(path)[1].lower().lstrip(".") not in formats:
-        raise UsageError(f"--plot must end in a file type matplotlib writes ({', '.join('.' + f for f in formats)}), "
-                         f"got {path!r}: name it e.g. roofline.png")
+        raise UsageError(
+            f"--plot must end in a file type matplotlib writes ({', '.join('.' + f for f in formats)}), "
+            f"got {path!r}: name it e.g. roofline.png"
+        )
 
 
 def run(args, out=None):
@@ -829,6 +971,7 @@ def run(args, out=None):
         if reason is not None:
             raise UsageError(f"--device cuda: {reason}")
     from vtnumba import profile
+
     if args.model == "qwen3-moe":
         from vtnumba import _moe_job
 
@@ -836,8 +979,14 @@ def run(args, out=None):
         if 2048 % reduce or 768 % reduce:
             raise UsageError(f"--reduce must divide Qwen3-30B-A3B's hidden 2048 and moe_intermediate 768, got {reduce}")
         try:
-            report = _moe_job.run(args, out, device, args.tokens or ([1, 16] if device == "cpu" else [1, 16, 512]),
-                                  args.repeats or (5 if device == "cpu" else 20), reduce)
+            report = _moe_job.run(
+                args,
+                out,
+                device,
+                args.tokens or ([1, 16] if device == "cpu" else [1, 16, 512]),
+                args.repeats or (5 if device == "cpu" else 20),
+                reduce,
+            )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if args.json:
@@ -883,8 +1032,18 @@ def run(args, out=None):
                         row, fp8 = run_layer(dev, scheme, name, x, w, repeats, ceilings=ceilings, weight=weight)
                         row["reduce"] = r
                         label = f"{name} M={m}" + (f" {scheme}" if len(schemes) > 1 else "")
-                        record = profile.ProfileRecord(label, fp8.device, fp8.method, fp8.time_s, fp8.min_s,
-                                                       fp8.repeats, fp8.host_s, fp8.flops, fp8.bytes, fp8.shape)
+                        record = profile.ProfileRecord(
+                            label,
+                            fp8.device,
+                            fp8.method,
+                            fp8.time_s,
+                            fp8.min_s,
+                            fp8.repeats,
+                            fp8.host_s,
+                            fp8.flops,
+                            fp8.bytes,
+                            fp8.shape,
+                        )
                         done.append((plan.index((m, r)), li, si, row, record))
                         progress.end()
                 del w, weights
@@ -895,11 +1054,24 @@ def run(args, out=None):
     ok = all(r["mismatches"] == 0 for r in checks) and all(r["g3_ok"] for r in rows)
     reduction = describe_plan(plan)
     # reduce: the one divisor of every M, or None when the plan mixes them (see plan)
-    report = dict(device=device, reduction=reduction, reduce=reduce if len(groups) == 1 else None,
-                  plan=[dict(m=m, reduce=r) for m, r in plan], tokens=tokens, repeats=repeats,
-                  schemes=schemes, skipped_schemes=skipped, baseline=asdict(dev.baseline),
-                  activation_dtype=str(dev.dtype), selfcheck=checks, ceilings=ceilings.as_dict(), layers=rows,
-                  regimes=regime_summary(rows, device), ok=ok, plot=None)
+    report = dict(
+        device=device,
+        reduction=reduction,
+        reduce=reduce if len(groups) == 1 else None,
+        plan=[dict(m=m, reduce=r) for m, r in plan],
+        tokens=tokens,
+        repeats=repeats,
+        schemes=schemes,
+        skipped_schemes=skipped,
+        baseline=asdict(dev.baseline),
+        activation_dtype=str(dev.dtype),
+        selfcheck=checks,
+        ceilings=ceilings.as_dict(),
+        layers=rows,
+        regimes=regime_summary(rows, device),
+        ok=ok,
+        plot=None,
+    )
     if capabilities is not None:
         report["gpu_capabilities"] = capabilities.as_dict()
     if device == "cpu":
@@ -908,11 +1080,20 @@ def run(args, out=None):
         report["cpu"] = paths.describe()
     if args.plot is not None:
         try:
-            profile.roofline_plot(records, ceilings, path=args.plot,
-                                  title="vtnumba FP8 W8A8 linear, Llama-3-8B layers, " + (
-                                      f"/{reduce}" if len(groups) == 1 else
-                                      ", ".join(f"M={'/'.join(map(str, ms))} " + ("full" if r == 1 else f"/{r}")
-                                                for r, ms in groups.items())) + f", {device}")
+            profile.roofline_plot(
+                records,
+                ceilings,
+                path=args.plot,
+                title="vtnumba FP8 W8A8 linear, Llama-3-8B layers, "
+                + (
+                    f"/{reduce}"
+                    if len(groups) == 1
+                    else ", ".join(
+                        f"M={'/'.join(map(str, ms))} " + ("full" if r == 1 else f"/{r}") for r, ms in groups.items()
+                    )
+                )
+                + f", {device}",
+            )
         except OSError as exc:
             raise UsageError(f"--plot could not write {args.plot!r}: {exc.strerror or exc}") from None
         report["plot"] = args.plot

@@ -28,10 +28,15 @@ FLOAT8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FLOAT8_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)  # OCP MX scale bytes
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)
 _OUT_DTYPE_NAMES = {
-    "float32": np.dtype(np.float32), "f32": np.dtype(np.float32), "fp32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16), "f16": np.dtype(np.float16), "fp16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "f32": np.dtype(np.float32),
+    "fp32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "f16": np.dtype(np.float16),
+    "fp16": np.dtype(np.float16),
     "half": np.dtype(np.float16),
-    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
+    "bfloat16": BFLOAT16,
+    "bf16": BFLOAT16,
 }
 
 
@@ -93,7 +98,8 @@ def device_of(x, name):
         return cuda_device(_gpu_index(x))
     raise TypeError(
         f"{name} must be a numpy array (CPU), a GPU array such as a cupy array, a torch tensor, or any "
-        f"__dlpack__ / __cuda_array_interface__ object, got {type(x).__name__}")
+        f"__dlpack__ / __cuda_array_interface__ object, got {type(x).__name__}"
+    )
 
 
 def parse_device(device, name="device"):
@@ -108,7 +114,9 @@ def parse_device(device, name="device"):
 
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # ImportError, or a CUDA install without a usable driver
-        raise RuntimeError(f"{name} {device!r} needs cupy and a CUDA GPU, got {exc.__class__.__name__}: {exc}") from None
+        raise RuntimeError(
+            f"{name} {device!r} needs cupy and a CUDA GPU, got {exc.__class__.__name__}: {exc}"
+        ) from None
     idx = int(m.group(1)) if m.group(1) is not None else cupy.cuda.runtime.getDevice()
     if idx >= count:
         raise ValueError(f"{name} must name one of the {count} CUDA devices (cuda:0..cuda:{count - 1}), got {device!r}")
@@ -134,8 +142,12 @@ def same_device(named_arrays):
     return found or CPU
 
 
-_TORCH_DTYPES = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),
-                 "torch.bfloat16": BFLOAT16, "torch.uint8": np.dtype(np.uint8)}
+_TORCH_DTYPES = {
+    "torch.float32": np.dtype(np.float32),
+    "torch.float16": np.dtype(np.float16),
+    "torch.bfloat16": BFLOAT16,
+    "torch.uint8": np.dtype(np.uint8),
+}
 
 
 def dtype_of(x):

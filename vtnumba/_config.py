@@ -36,6 +36,7 @@ if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict):
         VT_DISABLE_KERNELS) as set (None when unset). A call bound under other settings is not reused."""
         return _ENVIRON_BYTES.get(b"VT_DENSE_CUBLASLT_FP8"), _ENVIRON_BYTES.get(b"VT_DISABLE_KERNELS")
 else:
+
     def kernel_settings():
         """As above, through os.environ."""
         return os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS")

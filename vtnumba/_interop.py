@@ -170,9 +170,11 @@ class _Call:
         if t.requires_grad:
             if torch.is_grad_enabled():
                 name = self.label(key)
-                raise ValueError(f"{name} must not require grad: vtnumba's ops are not differentiable, so its "
-                                 f"gradient would be lost; got a tensor with requires_grad=True. Call under "
-                                 f"torch.no_grad() or torch.inference_mode(), or pass {name}.detach()")
+                raise ValueError(
+                    f"{name} must not require grad: vtnumba's ops are not differentiable, so its "
+                    f"gradient would be lost; got a tensor with requires_grad=True. Call under "
+                    f"torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+                )
             t = t.detach()  # .numpy() refuses a tensor that requires grad
         view = _TORCH_VIEWS.get(t.dtype)
         if view is None and t.is_cpu:
@@ -190,25 +192,32 @@ class _Call:
                 if self.gpu is None:
                     self.gpu, self.gpu_key = index, key
                 elif index != self.gpu:
-                    raise ValueError(f"arrays must all be on one GPU, got {self.label(self.gpu_key)} on "
-                                     f"cuda:{self.gpu} and {self.label(key)} on cuda:{index}")
+                    raise ValueError(
+                        f"arrays must all be on one GPU, got {self.label(self.gpu_key)} on "
+                        f"cuda:{self.gpu} and {self.label(key)} on cuda:{index}"
+                    )
                 arr = (_cupy or _cupy_module(self.label(key))).from_dlpack(_torch_api.to_dlpack(t))
             elif t.is_cpu:
                 arr = t.numpy()
             else:
                 raise ValueError(f"{self.label(key)} must be a CPU or CUDA tensor, got a tensor on {t.device}")
         except (TypeError, RuntimeError, BufferError, NotImplementedError) as exc:
-            raise TypeError(f"{self.label(key)} must be a tensor numpy/cupy can view (float32, float16, bfloat16, "
-                            f"float64, or uint8 / float8_e4m3fn codes), got dtype {t.dtype} "
-                            f"({exc.__class__.__name__}: {exc})") from None
+            raise TypeError(
+                f"{self.label(key)} must be a tensor numpy/cupy can view (float32, float16, bfloat16, "
+                f"float64, or uint8 / float8_e4m3fn codes), got dtype {t.dtype} "
+                f"({exc.__class__.__name__}: {exc})"
+            ) from None
         if view is None or view == "float8_e4m3fn":
             return arr
         if view == "bfloat16":
             return arr.view(_BF16)
         if t.is_cuda:  # float64: cast on the stream the op will run on (torch's, on the tensor's GPU)
             cupy = _cupy_module("")
-            with cupy.cuda.Device(self.gpu), _torch_stream(torch, self.gpu), \
-                    cupy.cuda.using_allocator(_torch_allocator(torch, self.gpu)):
+            with (
+                cupy.cuda.Device(self.gpu),
+                _torch_stream(torch, self.gpu),
+                cupy.cuda.using_allocator(_torch_allocator(torch, self.gpu)),
+            ):
                 return arr.astype(np.float32)
         return arr.astype(np.float32)
 
@@ -218,7 +227,8 @@ class _Call:
         raise TypeError(
             f"arrays must all come from one framework, got {self.label(self.torch_key)} (torch.Tensor) with "
             f"{other} ({_qualname(self.other)}); pass {other} as a tensor too "
-            f"(torch.from_numpy / torch.from_dlpack), or every array as numpy/cupy")
+            f"(torch.from_numpy / torch.from_dlpack), or every array as numpy/cupy"
+        )
 
     # -- out
     def outbound(self, result):
@@ -270,8 +280,9 @@ _torch_api = _TorchApi()
 
 def _torch_views(torch):
     if not _TORCH_VIEWS:
-        _TORCH_VIEWS.update({torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
-                             torch.float64: "float64"})
+        _TORCH_VIEWS.update(
+            {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", torch.float64: "float64"}
+        )
         if hasattr(torch, "float8_e8m0fnu"):  # MX scale bytes: viewed as uint8, as e4m3 codes are
             _TORCH_VIEWS[torch.float8_e8m0fnu] = "float8_e4m3fn"
         _torch_api.tensor = torch.Tensor
@@ -280,8 +291,11 @@ def _torch_views(torch):
 
 
 # float out_dtype given as a torch dtype; others go on as their names, which the op refuses by name
-_TORCH_DTYPE_NAMES = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),
-                      "torch.bfloat16": _arrays.BFLOAT16}
+_TORCH_DTYPE_NAMES = {
+    "torch.float32": np.dtype(np.float32),
+    "torch.float16": np.dtype(np.float16),
+    "torch.bfloat16": _arrays.BFLOAT16,
+}
 
 
 _cupy = None  # the cupy module, once a GPU array has needed it
@@ -310,10 +324,13 @@ def _dlpack_to_native(a, name):
         if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
             return _cupy_module(name).from_dlpack(a)
     except (TypeError, ValueError, RuntimeError, BufferError, NotImplementedError) as exc:
-        raise TypeError(f"{name} must be exportable through DLPack, got a {_qualname(a)} whose export was "
-                        f"refused ({exc.__class__.__name__}: {exc}); a contiguous copy usually exports") from None
-    raise TypeError(f"{name} must live on the CPU or a CUDA GPU, got a {_qualname(a)} on DLPack device type "
-                    f"{device_type}")
+        raise TypeError(
+            f"{name} must be exportable through DLPack, got a {_qualname(a)} whose export was "
+            f"refused ({exc.__class__.__name__}: {exc}); a contiguous copy usually exports"
+        ) from None
+    raise TypeError(
+        f"{name} must live on the CPU or a CUDA GPU, got a {_qualname(a)} on DLPack device type {device_type}"
+    )
 
 
 def to_native(a, name="array"):
@@ -356,11 +373,14 @@ def _run_foreign(fn, names, args, kwargs):
     """The slow path: convert in, check, run (on torch's stream for torch CUDA tensors), convert out."""
     call = _Call(names)
     inbound, tensor, plain, tensor_type = call.inbound, call._tensor, _PLAIN_TYPES, _torch_api.tensor
-    args = [a if type(a) in plain else tensor(a, i) if type(a) is tensor_type else inbound(a, i)
-            for i, a in enumerate(args)]
+    args = [
+        a if type(a) in plain else tensor(a, i) if type(a) is tensor_type else inbound(a, i) for i, a in enumerate(args)
+    ]
     if kwargs:
-        kwargs = {k: v if type(v) in plain else tensor(v, k) if type(v) is tensor_type else inbound(v, k)
-                  for k, v in kwargs.items()}
+        kwargs = {
+            k: v if type(v) in plain else tensor(v, k) if type(v) is tensor_type else inbound(v, k)
+            for k, v in kwargs.items()
+        }
     if call.torch is not None and call.other_key is not None:
         call.refuse_mixed()
     if call.gpu is None:
@@ -415,23 +435,32 @@ def _torch_stream(torch, index):
 def interop(fn):
     """Let ``fn`` take torch tensors and any DLPack / CUDA Array Interface array, and float64 input
     (module docstring). numpy and cupy arguments pass after one type check each."""
-    names = tuple(p.name for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    names = tuple(
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
     plain, native, containers, f64 = _PLAIN_TYPES, _NATIVE_TYPES, _CONTAINER_TYPES, _F64
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         for a in args:
             t = type(a)
-            if t in plain or (t in native and a.dtype is not f64) or (
-                    t in containers and type(a.data) in native and type(a.scale) in native):
+            if (
+                t in plain
+                or (t in native and a.dtype is not f64)
+                or (t in containers and type(a.data) in native and type(a.scale) in native)
+            ):
                 continue
             return _run_foreign(fn, names, args, kwargs)
         if kwargs:
             for a in kwargs.values():
                 t = type(a)
-                if t in plain or (t in native and a.dtype is not f64) or (
-                        t in containers and type(a.data) in native and type(a.scale) in native):
+                if (
+                    t in plain
+                    or (t in native and a.dtype is not f64)
+                    or (t in containers and type(a.data) in native and type(a.scale) in native)
+                ):
                     continue
                 return _run_foreign(fn, names, args, kwargs)
         return fn(*args, **kwargs)

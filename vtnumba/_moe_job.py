@@ -76,10 +76,10 @@ def composite(x, gu, dn, ids, weights):
         for j in range(k):
             e = int(ids[tok, j])
             if q_all is not None:
-                q = vt.QuantizedActivation(q_all.data[tok:tok + 1], q_all.scale, scheme=ActivationScheme.DYNAMIC)
+                q = vt.QuantizedActivation(q_all.data[tok : tok + 1], q_all.scale, scheme=ActivationScheme.DYNAMIC)
                 hidden[tok, j] = seam.matmul_fp8_prequant(q, gu.expert(e), out_dtype=np.float32)
             else:
-                hidden[tok, j] = seam.matmul_fp8(x[tok:tok + 1], gu.expert(e), out_dtype=np.float32)
+                hidden[tok, j] = seam.matmul_fp8(x[tok : tok + 1], gu.expert(e), out_dtype=np.float32)
     half = gu.shape[1] // 2
     acts = {key: h[:, :half] / (np.float32(1.0) + np.exp(-h[:, :half])) * h[:, half:] for key, h in hidden.items()}
     if dn.activation_scheme == "dynamic":
@@ -89,13 +89,16 @@ def composite(x, gu, dn, ids, weights):
             for j in range(k):
                 q = vt.quantize_fp8(acts[tok, j], scale)
                 q = vt.QuantizedActivation(q.data, scale, scheme=ActivationScheme.DYNAMIC)
-                out[tok] += weights[tok, j] * seam.matmul_fp8_prequant(q, dn.expert(int(ids[tok, j])),
-                                                                       out_dtype=np.float32)[0]
+                out[tok] += (
+                    weights[tok, j] * seam.matmul_fp8_prequant(q, dn.expert(int(ids[tok, j])), out_dtype=np.float32)[0]
+                )
     else:
         for tok in range(t):
             for j in range(k):
-                out[tok] += weights[tok, j] * seam.matmul_fp8(acts[tok, j], dn.expert(int(ids[tok, j])),
-                                                              out_dtype=np.float32)[0]
+                out[tok] += (
+                    weights[tok, j]
+                    * seam.matmul_fp8(acts[tok, j], dn.expert(int(ids[tok, j])), out_dtype=np.float32)[0]
+                )
     return out.astype(x.dtype)
 
 
@@ -110,8 +113,8 @@ def run(args, out, device, tokens, repeats, reduce):
     if scheme not in MOE_SCHEMES:
         raise ValueError(f"--scheme must be one of {', '.join(MOE_SCHEMES)} with --model qwen3-moe, got {scheme!r}")
     rng = np.random.default_rng(30)
-    w_gu = (rng.standard_normal((e, 2 * inter, h), dtype=np.float32) / np.float32(np.sqrt(h)))
-    w_dn = (rng.standard_normal((e, h, inter), dtype=np.float32) / np.float32(np.sqrt(inter)))
+    w_gu = rng.standard_normal((e, 2 * inter, h), dtype=np.float32) / np.float32(np.sqrt(h))
+    w_dn = rng.standard_normal((e, h, inter), dtype=np.float32) / np.float32(np.sqrt(inter))
     gu, dn = _experts(scheme, w_gu), _experts(scheme, w_dn)
     if device == "cpu":
         xp, dtype, timer = np, np.float32, (lambda fn: cpu_time(fn, repeats=repeats)[1] * 1e6)
@@ -134,14 +137,19 @@ def run(args, out, device, tokens, repeats, reduce):
         ref = composite(x.astype(np.float32) if dtype == np.float16 else x, gu, dn, ids, weights)
         diff = float(np.max(np.abs(y.astype(np.float64) - ref.astype(np.float64))))
         scale = float(np.max(np.abs(ref))) or 1.0
-        exact = float_loop(np, x.astype(np.float64), w_gu.astype(np.float64), w_dn.astype(np.float64),
-                           route_plan(np, ids, weights, np.float64))
+        exact = float_loop(
+            np,
+            x.astype(np.float64),
+            w_gu.astype(np.float64),
+            w_dn.astype(np.float64),
+            route_plan(np, ids, weights, np.float64),
+        )
         plan = route_plan(xp, ids, weights, dtype)
         rel = float(np.linalg.norm(y.astype(np.float64) - exact) / np.linalg.norm(exact))
         fp8_us, base_us = [], []
         for _ in range(3):  # interleaved rounds, the fastest of each side kept
-            fp8_us.append(timer(lambda: seam.moe_fp8(xd, gu_d, dn_d, idsd, wd)))
-            base_us.append(timer(lambda: float_loop(xp, xd, base_w[0], base_w[1], plan)))
+            fp8_us.append(timer(lambda xd=xd, idsd=idsd, wd=wd: seam.moe_fp8(xd, gu_d, dn_d, idsd, wd)))
+            base_us.append(timer(lambda xd=xd, plan=plan: float_loop(xp, xd, base_w[0], base_w[1], plan)))
         routed = len(np.unique(ids))
         bytes_fp8 = routed * (2 * inter * h + h * inter)
         # The composite multiplies one pair at a time (the M = 1 kernels), the grouped GEMM an expert's
@@ -149,13 +157,38 @@ def run(args, out, device, tokens, repeats, reduce):
         # the CPU. The GPU's expf can differ from numpy's by an ulp, moving an intermediate value
         # across an e4m3 rounding boundary now and then: one code step of one term, far under 1 %.
         ok = diff <= (1e-5 if device == "cpu" else 1e-2) * scale and rel < 0.1
-        rows.append(dict(tokens=t, routed_experts=routed, fp8_us=min(fp8_us), baseline_us=min(base_us),
-                         speedup=min(base_us) / min(fp8_us), composite_max_diff=diff, composite_scale=scale,
-                         fp8_rel_error=rel, weight_mb=bytes_fp8 / 1e6, ok=bool(ok)))
-    baseline = ("numpy float32 loop over the routed experts" if device == "cpu"
-                else "cupy float16 loop over the routed experts (cuBLAS)")
-    report = dict(model="qwen3-moe", device=device, scheme=scheme, experts=e, hidden=h, intermediate=inter, top_k=k,
-                  reduce=reduce, baseline=baseline, layers=rows, ok=all(r["ok"] for r in rows))
+        rows.append(
+            dict(
+                tokens=t,
+                routed_experts=routed,
+                fp8_us=min(fp8_us),
+                baseline_us=min(base_us),
+                speedup=min(base_us) / min(fp8_us),
+                composite_max_diff=diff,
+                composite_scale=scale,
+                fp8_rel_error=rel,
+                weight_mb=bytes_fp8 / 1e6,
+                ok=bool(ok),
+            )
+        )
+    baseline = (
+        "numpy float32 loop over the routed experts"
+        if device == "cpu"
+        else "cupy float16 loop over the routed experts (cuBLAS)"
+    )
+    report = dict(
+        model="qwen3-moe",
+        device=device,
+        scheme=scheme,
+        experts=e,
+        hidden=h,
+        intermediate=inter,
+        top_k=k,
+        reduce=reduce,
+        baseline=baseline,
+        layers=rows,
+        ok=all(r["ok"] for r in rows),
+    )
     if not args.json:
         _print(report, out)
     return report
@@ -163,20 +196,32 @@ def run(args, out, device, tokens, repeats, reduce):
 
 def _print(report, out):
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"FP8 mixture-of-experts layer on {report['device']}: Qwen3-30B-A3B shapes ({report['experts']} experts, "
-      f"hidden {report['hidden']}, moe_intermediate {report['intermediate']}, top-{report['top_k']}), scheme "
-      f"{report['scheme']}, seam.moe_fp8 against {report['baseline']}")
+    p(
+        f"FP8 mixture-of-experts layer on {report['device']}: Qwen3-30B-A3B shapes ({report['experts']} experts, "
+        f"hidden {report['hidden']}, moe_intermediate {report['intermediate']}, top-{report['top_k']}), scheme "
+        f"{report['scheme']}, seam.moe_fp8 against {report['baseline']}"
+    )
     head = ("tokens", "experts hit", "FP8 weights MB", "FP8 us", "float us", "speedup", "vs composite", "fp8 err")
     p(" ".join(f"{c:>14s}" for c in head))
     for r in report["layers"]:
-        cells = (str(r["tokens"]), str(r["routed_experts"]), f"{r['weight_mb']:.1f}", f"{r['fp8_us']:.0f}",
-                 f"{r['baseline_us']:.0f}", f"{r['speedup']:.2f}x",
-                 "bitwise" if r["composite_max_diff"] == 0 else f"{r['composite_max_diff'] / r['composite_scale']:.1e}",
-                 f"{r['fp8_rel_error']:.4f}")
+        cells = (
+            str(r["tokens"]),
+            str(r["routed_experts"]),
+            f"{r['weight_mb']:.1f}",
+            f"{r['fp8_us']:.0f}",
+            f"{r['baseline_us']:.0f}",
+            f"{r['speedup']:.2f}x",
+            "bitwise" if r["composite_max_diff"] == 0 else f"{r['composite_max_diff'] / r['composite_scale']:.1e}",
+            f"{r['fp8_rel_error']:.4f}",
+        )
         p(" ".join(f"{c:>14s}" for c in cells))
-    p("speedup = the float loop's time / moe_fp8's, the fastest of 3 interleaved rounds each; vs composite: "
-      "moe_fp8 against the seam's dense ops pair by pair (max |diff| / max |y| where not bitwise); fp8 err: "
-      "against the float64 layer on the unquantized weights")
-    p("FP8 wins where a step reads more weight bytes than it computes: decode reads each hit expert once, at a "
-      "quarter of float32's bytes")
+    p(
+        "speedup = the float loop's time / moe_fp8's, the fastest of 3 interleaved rounds each; vs composite: "
+        "moe_fp8 against the seam's dense ops pair by pair (max |diff| / max |y| where not bitwise); fp8 err: "
+        "against the float64 layer on the unquantized weights"
+    )
+    p(
+        "FP8 wins where a step reads more weight bytes than it computes: decode reads each hit expert once, at a "
+        "quarter of float32's bytes"
+    )
     p("all checks passed" if report["ok"] else "CHECK FAILED: see the table")

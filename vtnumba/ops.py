@@ -19,8 +19,8 @@ import numpy as np
 
 from . import _arrays
 from ._arrays import Array, DType, Scale
-from ._interop import interop
 from ._format import E4M3_MAX, E8M0_ROUNDINGS
+from ._interop import interop
 
 
 class ActivationScheme(enum.StrEnum):
@@ -178,16 +178,25 @@ def _scale_format(value, name="scale_format"):
 
 def _e8m0_rounding(value, name="scale_rounding"):
     if value not in E8M0_ROUNDINGS:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, E8M0_ROUNDINGS))} (DESIGN.md, \"MXFP8\"), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, E8M0_ROUNDINGS))} (DESIGN.md, \"MXFP8\"), got {value!r}"
+        )
     return value
 
 
 @interop
-def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = False, scale_ub: Scale | None = None,
-                 group_size: int | None = None, scale_ue8m0: bool = False,
-                 column_major_scales: bool = False, scale_format: str = "float32",
-                 scale_rounding: str | None = None) -> QuantizedActivation:
+def quantize_fp8(
+    x: Array,
+    scale: Scale | None = None,
+    *,
+    per_token: bool = False,
+    scale_ub: Scale | None = None,
+    group_size: int | None = None,
+    scale_ue8m0: bool = False,
+    column_major_scales: bool = False,
+    scale_format: str = "float32",
+    scale_rounding: str | None = None,
+) -> QuantizedActivation:
     """Quantize ``x`` (float32 / float16 / bfloat16, numpy or GPU array) to e4m3fn codes.
 
     - ``scale`` given: static per-tensor, ``encode(float32(x) * (float32(1) / float32(scale)))``.
@@ -213,30 +222,40 @@ def quantize_fp8(x: Array, scale: Scale | None = None, *, per_token: bool = Fals
     impl = backend(device)
     e8m0 = _scale_format(scale_format) == "e8m0"
     if not e8m0 and scale_rounding is not None:
-        raise ValueError(f"scale_rounding applies to scale_format='e8m0' only, got scale_rounding={scale_rounding!r} "
-                         f"with scale_format={scale_format!r}")
+        raise ValueError(
+            f"scale_rounding applies to scale_format='e8m0' only, got scale_rounding={scale_rounding!r} "
+            f"with scale_format={scale_format!r}"
+        )
     if group_size is not None:
         g = _group_size(group_size)
         if scale is not None or per_token or scale_ub is not None:
-            raise ValueError(f"group_size={g} takes no scale, per_token or scale_ub (per-group scales are dynamic), "
-                             f"got scale={scale!r}, per_token={per_token!r}, scale_ub={scale_ub!r}")
+            raise ValueError(
+                f"group_size={g} takes no scale, per_token or scale_ub (per-group scales are dynamic), "
+                f"got scale={scale!r}, per_token={per_token!r}, scale_ub={scale_ub!r}"
+            )
         if len(x.shape) != 2:
             raise ValueError(f"x must be 2-D [tokens, features] for group_size, got shape {tuple(x.shape)}")
         if e8m0:
             if scale_ue8m0:
-                raise ValueError("scale_ue8m0 must be False with scale_format='e8m0' (it rounds float32 group scales; "
-                                 "an E8M0 scale is rounded by scale_rounding), got True")
+                raise ValueError(
+                    "scale_ue8m0 must be False with scale_format='e8m0' (it rounds float32 group scales; "
+                    "an E8M0 scale is rounded by scale_rounding), got True"
+                )
             rounding = _e8m0_rounding("rceil" if scale_rounding is None else scale_rounding)
             codes, scales = impl.quantize_per_group_e8m0(x, g, rounding, bool(column_major_scales))
         else:
             codes, scales = impl.quantize_per_group(x, g, bool(scale_ue8m0), bool(column_major_scales))
         return QuantizedActivation(codes, scales, ActivationScheme.PER_GROUP, g)
     if e8m0:
-        raise ValueError("scale_format='e8m0' must come with group_size (32 for MXFP8: "
-                         "vt.quantize_fp8(x, group_size=32, scale_format='e8m0')), got group_size=None")
+        raise ValueError(
+            "scale_format='e8m0' must come with group_size (32 for MXFP8: "
+            "vt.quantize_fp8(x, group_size=32, scale_format='e8m0')), got group_size=None"
+        )
     if scale_ue8m0 or column_major_scales:
-        raise ValueError("scale_ue8m0 and column_major_scales apply to group_size quantization only, "
-                         f"got scale_ue8m0={scale_ue8m0!r}, column_major_scales={column_major_scales!r}")
+        raise ValueError(
+            "scale_ue8m0 and column_major_scales apply to group_size quantization only, "
+            f"got scale_ue8m0={scale_ue8m0!r}, column_major_scales={column_major_scales!r}"
+        )
     if per_token:
         if scale is not None:
             raise ValueError(f"scale must be None with per_token=True (per-token scales are dynamic), got {scale!r}")
@@ -279,20 +298,25 @@ def decode_e8m0(scales: Array) -> Array:
 
 
 @interop
-def dequantize_fp8(codes: "Array | QuantizedActivation", scale: Scale | None = None,
-                   dtype: DType = np.float32) -> Array:
+def dequantize_fp8(
+    codes: "Array | QuantizedActivation", scale: Scale | None = None, dtype: DType = np.float32
+) -> Array:
     """``decode(codes) * scale`` in float32, rounded (RNE) to ``dtype``. ``scale`` is a scalar or
     an array that broadcasts against the codes (per-row (M, 1), per-channel (N,) ...). ``codes`` may
     be a ``vt.QuantizedActivation`` (its own scale is used, each group's over its elements:
     ``q.dequantize(dtype)``); then ``scale`` stays None."""
     if isinstance(codes, QuantizedActivation):
         if scale is not None:
-            raise ValueError("scale must be None when codes is a vt.QuantizedActivation (its scale, codes.scale, "
-                             f"is used), got {type(scale).__name__}")
+            raise ValueError(
+                "scale must be None when codes is a vt.QuantizedActivation (its scale, codes.scale, "
+                f"is used), got {type(scale).__name__}"
+            )
         return codes.dequantize(dtype)
     if scale is None:
-        raise ValueError("scale must be given with raw codes (the dequantization multiplier), got None; or pass "
-                         "the vt.QuantizedActivation from vt.quantize_fp8 as codes")
+        raise ValueError(
+            "scale must be given with raw codes (the dequantization multiplier), got None; or pass "
+            "the vt.QuantizedActivation from vt.quantize_fp8 as codes"
+        )
     device = _arrays.same_device([("codes", codes), ("scale", scale)])
     codes = _arrays.codes_uint8(codes, "codes")
     dt = _arrays.out_dtype_of(dtype, "dtype")
@@ -305,8 +329,9 @@ def dequantize_fp8(codes: "Array | QuantizedActivation", scale: Scale | None = N
         try:
             np.broadcast_shapes(tuple(scale.shape), tuple(codes.shape))
         except ValueError:
-            raise ValueError(f"scale must broadcast against codes of shape {tuple(codes.shape)}, "
-                             f"got shape {tuple(scale.shape)}") from None
+            raise ValueError(
+                f"scale must broadcast against codes of shape {tuple(codes.shape)}, got shape {tuple(scale.shape)}"
+            ) from None
     return impl.dequantize(codes, scale, dt)
 
 
@@ -351,8 +376,10 @@ def _block_scale(scale, name, shape):
     as ml_dtypes.float8_e8m0fnu), taken as they are: byte 0xFF is NaN and poisons its block's outputs,
     as a NaN code does."""
     if isinstance(scale, _arrays._SCALAR_TYPES) or len(getattr(scale, "shape", ())) != 2:
-        raise ValueError(f"{name} must be a 2-D array of shape {shape} for a block-scaled GEMM, got "
-                         f"{type(scale).__name__} of shape {tuple(getattr(scale, 'shape', ()))}")
+        raise ValueError(
+            f"{name} must be a 2-D array of shape {shape} for a block-scaled GEMM, got "
+            f"{type(scale).__name__} of shape {tuple(getattr(scale, 'shape', ()))}"
+        )
     if tuple(scale.shape) != shape:
         raise ValueError(f"{name} must have shape {shape} for these operands and block size, got {tuple(scale.shape)}")
     dt = _arrays.dtype_of(scale)
@@ -368,9 +395,17 @@ def _block_scale(scale, name, shape):
 
 
 @interop
-def scaled_mm(a: Array | QuantizedActivation, b: Array, scale_a: Scale | None = None, scale_b: Scale | None = None, *,
-              out_dtype: DType = np.float32, bias: Array | None = None, kernel: str | None = None,
-              block_size: tuple[int, int] | None = None) -> Array:
+def scaled_mm(
+    a: Array | QuantizedActivation,
+    b: Array,
+    scale_a: Scale | None = None,
+    scale_b: Scale | None = None,
+    *,
+    out_dtype: DType = np.float32,
+    bias: Array | None = None,
+    kernel: str | None = None,
+    block_size: tuple[int, int] | None = None,
+) -> Array:
     """``y[m, n] = (sum_k dec(a[m, k]) * dec(b[n, k])) * scale_a * scale_b + bias[n]``.
 
     a: [M, K] e4m3 codes, b: [N, K] codes (nn.Linear's weight layout), float32 accumulation, then
@@ -400,11 +435,15 @@ def scaled_mm(a: Array | QuantizedActivation, b: Array, scale_a: Scale | None = 
     if isinstance(a, QuantizedActivation):
         a, scale_a = _activation_parts(a, scale_a, block_size)
     elif scale_a is None:
-        raise ValueError("scale_a must be given with raw codes a (the activation's dequantization scale), got "
-                         "None; or pass the vt.QuantizedActivation from vt.quantize_fp8 as a")
+        raise ValueError(
+            "scale_a must be given with raw codes a (the activation's dequantization scale), got "
+            "None; or pass the vt.QuantizedActivation from vt.quantize_fp8 as a"
+        )
     if scale_b is None:
-        raise ValueError("scale_b must be given (the weight's dequantization scale: a scalar, per-channel [N] or, "
-                         "with block_size, per-block), got None")
+        raise ValueError(
+            "scale_b must be given (the weight's dequantization scale: a scalar, per-channel [N] or, "
+            "with block_size, per-block), got None"
+        )
     device = _arrays.same_device([("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)])
     a = _arrays.codes_uint8(a, "a")
     b = _arrays.codes_uint8(b, "b")
@@ -433,26 +472,43 @@ def _activation_parts(q, scale_a, block_size):
     """(codes, scale) of QuantizedActivation ``q`` passed as scaled_mm's ``a``, after the checks its
     scheme and group size allow (raw arrays cannot be checked so)."""
     if scale_a is not None:
-        raise ValueError("scale_a must be None when a is a vt.QuantizedActivation (its scale, a.scale, is used), "
-                         f"got {type(scale_a).__name__}")
+        raise ValueError(
+            "scale_a must be None when a is a vt.QuantizedActivation (its scale, a.scale, is used), "
+            f"got {type(scale_a).__name__}"
+        )
     if block_size is not None:
         bk = block_size_of(block_size)[1]
         if q.scheme != ActivationScheme.PER_GROUP:
-            raise ValueError(f"a must be quantized per group of bk = {bk} for block_size {tuple(block_size)}, got a "
-                             f"{str(q.scheme)!r} activation; quantize with vt.quantize_fp8(x, group_size={bk})")
+            raise ValueError(
+                f"a must be quantized per group of bk = {bk} for block_size {tuple(block_size)}, got a "
+                f"{str(q.scheme)!r} activation; quantize with vt.quantize_fp8(x, group_size={bk})"
+            )
         if q.group_size != bk:
-            raise ValueError(f"a.group_size must be block_size's bk = {bk} (each K-block of {bk} is scaled by one "
-                             f"activation scale), got {q.group_size}; quantize with vt.quantize_fp8(x, group_size={bk}) "
-                             f"or pass the block_size the weight was quantized with")
+            raise ValueError(
+                f"a.group_size must be block_size's bk = {bk} (each K-block of {bk} is scaled by one "
+                f"activation scale), got {q.group_size}; quantize with vt.quantize_fp8(x, group_size={bk}) "
+                f"or pass the block_size the weight was quantized with"
+            )
     elif q.scheme == ActivationScheme.PER_GROUP:
-        raise ValueError(f"block_size must be given for a per-group activation (a.group_size = {q.group_size}), got "
-                         f"None; pass block_size=(bn, {q.group_size}) with the weight's block scales")
+        raise ValueError(
+            f"block_size must be given for a per-group activation (a.group_size = {q.group_size}), got "
+            f"None; pass block_size=(bn, {q.group_size}) with the weight's block scales"
+        )
     return q.data, q.scale
 
 
 @interop
-def fp8_linear(x: Array, b: Array, scale_b: Scale, input_scale: Scale | None = None, *, per_token: bool = False,
-               scale_ub: Scale | None = None, out_dtype: DType = np.float32, bias: Array | None = None) -> Array:
+def fp8_linear(
+    x: Array,
+    b: Array,
+    scale_b: Scale,
+    input_scale: Scale | None = None,
+    *,
+    per_token: bool = False,
+    scale_ub: Scale | None = None,
+    out_dtype: DType = np.float32,
+    bias: Array | None = None,
+) -> Array:
     """One FP8 W8A8 linear layer: quantize the float activation x [M, K] as ``quantize_fp8`` does
     (``input_scale`` given: static; None: dynamic per-tensor; ``per_token=True``: one scale per row,
     ``scale_ub`` capping amax), then ``scaled_mm`` with the e4m3 weight b [N, K], its dequantization
@@ -460,8 +516,9 @@ def fp8_linear(x: Array, b: Array, scale_b: Scale, input_scale: Scale | None = N
 
     The same arithmetic as the two ops in sequence; the backend may fuse them (on the GPU, at
     decode, the GEMV quantizes the activation as it reads it: one launch)."""
-    device = _arrays.same_device([("x", x), ("b", b), ("scale_b", scale_b), ("input_scale", input_scale),
-                                  ("bias", bias)])
+    device = _arrays.same_device(
+        [("x", x), ("b", b), ("scale_b", scale_b), ("input_scale", input_scale), ("bias", bias)]
+    )
     _arrays.float_dtype(x, "x")
     if len(x.shape) != 2:
         raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
@@ -484,5 +541,20 @@ def fp8_linear(x: Array, b: Array, scale_b: Scale, input_scale: Scale | None = N
     return backend(device).fp8_linear(x, b, sb, s_in, per_token, ub, _arrays.out_dtype_of(out_dtype), bias)
 
 
-__all__ = ["QuantizedActivation", "ActivationScheme", "Backend", "quantize_fp8", "dequantize_fp8", "encode_e4m3",
-           "decode_e4m3", "decode_e8m0", "SCALE_FORMATS", "E8M0_ROUNDINGS", "scaled_mm", "fp8_linear", "backend", "E4M3_MAX", "SCHEMES"]
+__all__ = [
+    "QuantizedActivation",
+    "ActivationScheme",
+    "Backend",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "encode_e4m3",
+    "decode_e4m3",
+    "decode_e8m0",
+    "SCALE_FORMATS",
+    "E8M0_ROUNDINGS",
+    "scaled_mm",
+    "fp8_linear",
+    "backend",
+    "E4M3_MAX",
+    "SCHEMES",
+]

@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .cuda import gpu_unavailable_reason
-from .timing import (NOISY_SPREAD, _device_of, _time_gpu, best_device_us, cpu_samples, cpu_time, device_us,
-                     host_us, p90)
+from .timing import NOISY_SPREAD, _device_of, _time_gpu, best_device_us, cpu_samples, cpu_time, device_us, host_us, p90
 
 __all__ = [
     "MissingDependencyError",
@@ -68,11 +67,12 @@ def require(module, extra, feature):
         return importlib.import_module(module)
     except ImportError:
         raise MissingDependencyError(
-            f"{feature} needs {module.split('.')[0]}, which is not installed: "
-            f"pip install 'vtnumba[{extra}]'") from None
+            f"{feature} needs {module.split('.')[0]}, which is not installed: pip install 'vtnumba[{extra}]'"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------- records
+
 
 @dataclass(frozen=True)
 class ProfileRecord:
@@ -120,8 +120,13 @@ class ProfileRecord:
 
     def as_dict(self):
         d = asdict(self)
-        d.update(gflops=self.gflops, gbytes_per_s=self.gbytes_per_s, intensity=self.intensity,
-                 spread=self.spread, noisy=self.noisy)
+        d.update(
+            gflops=self.gflops,
+            gbytes_per_s=self.gbytes_per_s,
+            intensity=self.intensity,
+            spread=self.spread,
+            noisy=self.noisy,
+        )
         return d
 
     def _repr_html_(self):
@@ -185,8 +190,19 @@ class ProfileResults(list):
         return roofline_plot(self, ceilings, path=path, ax=ax, title=title)
 
 
-def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=None, repeats=None,
-               warmup=3, method="queued", **kwargs):
+def profile_op(
+    fn,
+    *args,
+    name=None,
+    flops=None,
+    bytes=None,
+    shape="",
+    device=None,
+    repeats=None,
+    warmup=3,
+    method="queued",
+    **kwargs,
+):
     """Time ``fn(*args, **kwargs)`` on the device its array arguments live on.
 
     ``flops`` / ``bytes`` (per call) give the record its rates; ``method`` picks the GPU timing
@@ -213,11 +229,23 @@ def profile_op(fn, *args, name=None, flops=None, bytes=None, shape="", device=No
         median = float(np.median(times))
         spread = p90(times) / median
         note = f"noisy: p90 {spread:.1f}x the median" if spread > NOISY_SPREAD else ""
-        return ProfileRecord(name, "cpu", "median of repeats", median, min(times), repeats,
-                             flops=flops, bytes=bytes, shape=shape, note=note, p90_s=p90(times))
+        return ProfileRecord(
+            name,
+            "cpu",
+            "median of repeats",
+            median,
+            min(times),
+            repeats,
+            flops=flops,
+            bytes=bytes,
+            shape=shape,
+            note=note,
+            p90_s=p90(times),
+        )
     median, best, host, note = _time_gpu(call, repeats, warmup, method)
-    return ProfileRecord(name, "cuda", method, median, best, repeats, host_s=host, flops=flops,
-                         bytes=bytes, shape=shape, note=note)
+    return ProfileRecord(
+        name, "cuda", method, median, best, repeats, host_s=host, flops=flops, bytes=bytes, shape=shape, note=note
+    )
 
 
 def linear_cost(m, n, k, x_itemsize, w_itemsize, y_itemsize):
@@ -239,8 +267,10 @@ def _weight_geometry(method):
         return method.shape, 4  # it multiplies a float32 copy of the weight
     if hasattr(w, "shape") and hasattr(w, "dtype") and len(w.shape) == 2:
         return tuple(int(d) for d in w.shape), np.dtype(w.dtype).itemsize
-    raise TypeError(f"layer must be an Fp8Weight, a float weight [N, K] or a linear method with a "
-                    f"'weight' of shape [N, K], got {type(method).__name__}")
+    raise TypeError(
+        f"layer must be an Fp8Weight, a float weight [N, K] or a linear method with a "
+        f"'weight' of shape [N, K], got {type(method).__name__}"
+    )
 
 
 def profile_linear(layer, x, *, out_dtype=None, name=None, **options):
@@ -257,8 +287,9 @@ def profile_linear(layer, x, *, out_dtype=None, name=None, **options):
     y = method.apply(x, out_dtype=out_dtype)  # one call outside timing gives the out dtype
     flops, moved = linear_cost(m, n, k, np.dtype(x.dtype).itemsize, w_itemsize, np.dtype(y.dtype).itemsize)
     label = name or getattr(method, "name", type(method).__name__)
-    return profile_op(method.apply, x, name=label, flops=flops, bytes=moved, shape=f"{m}x{n}x{k}",
-                      out_dtype=out_dtype, **options)
+    return profile_op(
+        method.apply, x, name=label, flops=flops, bytes=moved, shape=f"{m}x{n}x{k}", out_dtype=out_dtype, **options
+    )
 
 
 @dataclass(frozen=True)
@@ -276,23 +307,33 @@ class ExpertsRecord:
     steps: ProfileResults
 
     def as_dict(self):
-        return dict(name=self.name, device=self.device, rows_per_expert=list(self.rows_per_expert),
-                    experts_hit=self.experts_hit, expert_bytes=self.expert_bytes, total=self.total.as_dict(),
-                    steps=[r.as_dict() for r in self.steps])
+        return dict(
+            name=self.name,
+            device=self.device,
+            rows_per_expert=list(self.rows_per_expert),
+            experts_hit=self.experts_hit,
+            expert_bytes=self.expert_bytes,
+            total=self.total.as_dict(),
+            steps=[r.as_dict() for r in self.steps],
+        )
 
     def table(self):
         rows = np.asarray(self.rows_per_expert)
         hit = rows[rows > 0]
-        head = (f"{self.name} on {self.device}: {self.experts_hit} of {len(rows)} experts hit, rows per hit expert "
-                f"{int(hit.min()) if hit.size else 0}..{int(hit.max()) if hit.size else 0}, "
-                f"{self.expert_bytes / 1e6:.1f} MB of FP8 expert weights touched")
+        head = (
+            f"{self.name} on {self.device}: {self.experts_hit} of {len(rows)} experts hit, rows per hit expert "
+            f"{int(hit.min()) if hit.size else 0}..{int(hit.max()) if hit.size else 0}, "
+            f"{self.expert_bytes / 1e6:.1f} MB of FP8 expert weights touched"
+        )
         return head + "\n" + ProfileResults([self.total] + list(self.steps)).table()
 
     __str__ = table
 
     def _repr_html_(self):
-        return f"<p>{html.escape(self.table().splitlines()[0])}</p>" + \
-            ProfileResults([self.total] + list(self.steps))._repr_html_()
+        return (
+            f"<p>{html.escape(self.table().splitlines()[0])}</p>"
+            + ProfileResults([self.total] + list(self.steps))._repr_html_()
+        )
 
 
 def profile_moe(x, gate_up, down, topk_ids, topk_weights, *, name="moe_fp8", **options):
@@ -304,21 +345,32 @@ def profile_moe(x, gate_up, down, topk_ids, topk_weights, *, name="moe_fp8", **o
     call = MoeCall(x, gate_up, down, topk_ids, topk_weights)
     call.run()  # fills every step's inputs, so each step can be timed alone
     offsets = call.state.get("offsets")
-    offsets = np.zeros(call.gate_up.shape[0] + 1, np.int64) if offsets is None else np.asarray(
-        offsets if isinstance(offsets, np.ndarray) else offsets.get(), dtype=np.int64)
+    offsets = (
+        np.zeros(call.gate_up.shape[0] + 1, np.int64)
+        if offsets is None
+        else np.asarray(offsets if isinstance(offsets, np.ndarray) else offsets.get(), dtype=np.int64)
+    )
     rows = tuple(int(r) for r in np.diff(offsets))
     hit = sum(1 for r in rows if r)
-    per_expert = (int(call.gate_up.data[0].nbytes) + int(call.down.data[0].nbytes)
-                  + (int(call.gate_up.weight_scale.nbytes) + int(call.down.weight_scale.nbytes)) // len(rows))
+    per_expert = (
+        int(call.gate_up.data[0].nbytes)
+        + int(call.down.data[0].nbytes)
+        + (int(call.gate_up.weight_scale.nbytes) + int(call.down.weight_scale.nbytes)) // len(rows)
+    )
     device = "cpu" if call.device == "cpu" else "cuda"
-    total = profile_op(lambda: MoeCall(x, gate_up, down, topk_ids, topk_weights).run(), name=name,
-                       bytes=float(hit * per_expert), device=device, **options)
-    steps = ProfileResults(profile_op(step, name=f"  {label}", device=device, **options)
-                           for label, step in call.steps)
+    total = profile_op(
+        lambda: MoeCall(x, gate_up, down, topk_ids, topk_weights).run(),
+        name=name,
+        bytes=float(hit * per_expert),
+        device=device,
+        **options,
+    )
+    steps = ProfileResults(profile_op(step, name=f"  {label}", device=device, **options) for label, step in call.steps)
     return ExpertsRecord(name, device, rows, hit, hit * per_expert, total, steps)
 
 
 # ----------------------------------------------------------------------------- ceilings, roofline
+
 
 @dataclass(frozen=True)
 class Ceilings:
@@ -355,8 +407,7 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
         a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
         b = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
         gemm_t, _ = cpu_time(lambda: a @ b, repeats, 1)
-        return Ceilings("cpu", 2 * src.nbytes / copy_t / 1e9, 2.0 * n ** 3 / gemm_t / 1e9,
-                        f"numpy sgemm {n}^3")
+        return Ceilings("cpu", 2 * src.nbytes / copy_t / 1e9, 2.0 * n**3 / gemm_t / 1e9, f"numpy sgemm {n}^3")
     import cupy as cp
 
     src = cp.random.standard_normal(count, dtype=cp.float32)
@@ -368,14 +419,15 @@ def measure_ceilings(device="cpu", size_mb=64, gemm_n=None, repeats=5):
         a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(dt)
         b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(dt)
         rec = profile_op(cp.matmul, a, b, repeats=10, device="cuda")
-        peaks[f"{label} {n}^3"] = 2.0 * n ** 3 / rec.time_s / 1e9
+        peaks[f"{label} {n}^3"] = 2.0 * n**3 / rec.time_s / 1e9
     try:  # the FP8 GEMM's own peak (cuBLASLt for this shape): FP8 layers can run above hgemm's
         from . import ops
 
         codes = cp.random.randint(0, 0x7E, size=(n, n), dtype=cp.uint8)  # finite e4m3 codes
-        rec = profile_op(ops.scaled_mm, codes, codes, np.float32(1), np.float32(1), out_dtype="bfloat16",
-                         repeats=10, device="cuda")
-        peaks[f"vtnumba scaled_mm FP8 {n}^3"] = 2.0 * n ** 3 / rec.time_s / 1e9
+        rec = profile_op(
+            ops.scaled_mm, codes, codes, np.float32(1), np.float32(1), out_dtype="bfloat16", repeats=10, device="cuda"
+        )
+        peaks[f"vtnumba scaled_mm FP8 {n}^3"] = 2.0 * n**3 / rec.time_s / 1e9
     except Exception as exc:  # a GPU without FP8 (before sm_89) still has the other ceilings
         peaks[f"vtnumba scaled_mm FP8 unavailable ({exc.__class__.__name__})"] = 0.0
     best = max(peaks, key=peaks.get)
@@ -415,27 +467,48 @@ def roofline_plot(records, ceilings, path=None, ax=None, title=None):
     else:
         fig = ax.figure
     bw, peak = ceilings.copy_gbytes_per_s, ceilings.peak_gflops
-    others = {label: value for label, value in (ceilings.extra or {}).items()
-              if label != ceilings.peak_label and value > 0}  # 0: a peak that could not be measured
+    others = {
+        label: value for label, value in (ceilings.extra or {}).items() if label != ceilings.peak_label and value > 0
+    }  # 0: a peak that could not be measured
     ridges = [value / bw for value in [peak, *others.values()]]
     xs = [p.intensity for p in points]
     lo, hi = min(xs + ridges) / 4, max(xs + ridges) * 4
     grid = np.logspace(math.log10(lo), math.log10(hi), 200)
     ax.loglog(grid, np.minimum(peak, grid * bw), color="black", lw=1.5)
-    ax.annotate(f"copy {bw:.0f} GB/s", (grid[0], grid[0] * bw), textcoords="offset points",
-                xytext=(4, 6), fontsize=8)
-    ax.annotate(f"{ceilings.peak_label}: {peak:.0f} GFLOP/s", (hi, peak), textcoords="offset points",
-                xytext=(-4, 4), ha="right", fontsize=8)
+    ax.annotate(f"copy {bw:.0f} GB/s", (grid[0], grid[0] * bw), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.annotate(
+        f"{ceilings.peak_label}: {peak:.0f} GFLOP/s",
+        (hi, peak),
+        textcoords="offset points",
+        xytext=(-4, 4),
+        ha="right",
+        fontsize=8,
+    )
     for label, value in others.items():
         ax.loglog(grid, np.minimum(value, grid * bw), color="gray", lw=1.0, ls="--")
-        ax.annotate(f"{label}: {value:.0f} GFLOP/s", (hi, value), textcoords="offset points",
-                    xytext=(-4, 4), ha="right", fontsize=8, color="dimgray")
+        ax.annotate(
+            f"{label}: {value:.0f} GFLOP/s",
+            (hi, value),
+            textcoords="offset points",
+            xytext=(-4, 4),
+            ha="right",
+            fontsize=8,
+            color="dimgray",
+        )
     labels = []
     for p in points:
         dot = ax.scatter([p.intensity], [p.gflops], s=24, zorder=3)
         # in its point's colour: a label moved off a crowded point (below) still says whose it is
-        labels.append(ax.annotate(p.name, (p.intensity, p.gflops), textcoords="offset points", xytext=(4, -10),
-                                  fontsize=7, color=dot.get_facecolor()[0]))
+        labels.append(
+            ax.annotate(
+                p.name,
+                (p.intensity, p.gflops),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize=7,
+                color=dot.get_facecolor()[0],
+            )
+        )
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title or f"roofline, {ceilings.device} (measured ceilings)")

@@ -17,7 +17,16 @@ import numpy as np
 
 from . import _arrays
 
-__all__ = ["cpu_time", "cpu_samples", "interleaved_cpu_samples", "NOISY_SPREAD", "device_us", "best_device_us", "host_us", "paired_host_time"]
+__all__ = [
+    "cpu_time",
+    "cpu_samples",
+    "interleaved_cpu_samples",
+    "NOISY_SPREAD",
+    "device_us",
+    "best_device_us",
+    "host_us",
+    "paired_host_time",
+]
 
 
 def _device_of(args):

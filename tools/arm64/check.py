@@ -26,7 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 
-
 def g1(report):
     """Quantization against the oracle, bitwise: the G1 population of tests/test_quant_cpu.py at every
     DESIGN.md scale, dynamic, per-token and per-group 32, on every path, serial and parallel."""
@@ -46,7 +45,11 @@ def g1(report):
                 bad = 0
                 for scale in fst.DESIGN_SCALES:
                     x, _ = population(scale, rng)
-                    bad += int(np.count_nonzero(vt.quantize_fp8(x, scale=scale).data != reference.quantize(x, scale=scale).data))
+                    bad += int(
+                        np.count_nonzero(
+                            vt.quantize_fp8(x, scale=scale).data != reference.quantize(x, scale=scale).data
+                        )
+                    )
                     total += x.size
                 x = (rng.standard_normal((64, 512)) * 3).astype(np.float32)
                 for kwargs in ({}, {"per_token": True}):
@@ -56,8 +59,11 @@ def g1(report):
                 bad += int(np.count_nonzero(q.data != ref.data)) + int(np.count_nonzero(q.scale != ref.scale))
                 total += 3 * x.size
             label = f"{path.name}, {'parallel' if threads == '0' else 'serial'}"
-            report(f"G1 {label}: static at {len(fst.DESIGN_SCALES)} scales, dynamic, per-token, group 32", bad == 0,
-                   f"{bad} mismatches")
+            report(
+                f"G1 {label}: static at {len(fst.DESIGN_SCALES)} scales, dynamic, per-token, group 32",
+                bad == 0,
+                f"{bad} mismatches",
+            )
     os.environ.pop("VT_CPU_PARALLEL_MIN_WORK", None)
     return total
 
@@ -80,8 +86,12 @@ def g3(report):
             with paths.use(path.name):
                 try:
                     for m, n, k in SHAPES:
-                        a = rng.integers(0, 0x7E, size=(m, k), dtype=np.uint8) | (rng.integers(0, 2, (m, k), np.uint8) << 7)
-                        b = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), np.uint8) << 7)
+                        a = rng.integers(0, 0x7E, size=(m, k), dtype=np.uint8) | (
+                            rng.integers(0, 2, (m, k), np.uint8) << 7
+                        )
+                        b = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8) | (
+                            rng.integers(0, 2, (n, k), np.uint8) << 7
+                        )
                         sa, sb = np.float32(0.02), rng.uniform(0.001, 0.1, n).astype(np.float32)
                         for kernel in ("small_m", "blas", None):
                             compared += assert_g3(vt.scaled_mm(a, b, sa, sb, kernel=kernel), a, b, sa, sb)
@@ -93,8 +103,11 @@ def g3(report):
                 except AssertionError as exc:
                     failure = str(exc).splitlines()[0]
             label = f"{path.name}, {'parallel' if threads == '0' else 'serial'}"
-            report(f"G3 {label}: {len(SHAPES)} shapes x (small_m, blas, auto) + block", not failure and compared > 0,
-                   failure or f"{compared} outputs compared")
+            report(
+                f"G3 {label}: {len(SHAPES)} shapes x (small_m, blas, auto) + block",
+                not failure and compared > 0,
+                failure or f"{compared} outputs compared",
+            )
     os.environ.pop("VT_CPU_PARALLEL_MIN_WORK", None)
 
 
@@ -119,8 +132,12 @@ def lookup_decode(report):
                     out = np.empty((1, 256), np.float32)
                     gemm.gemv_lookup_kernel(x, b, one, one, bias, out)
                     wrong += int(np.count_nonzero(~((out[0] == want) | (np.isnan(out[0]) & np.isnan(want)))))
-            report(f"byte-lookup decode {path.name}, {'parallel' if threads == '0' else 'serial'}: 256 codes x "
-                   f"{k} positions", wrong == 0, f"{wrong} wrong")
+            report(
+                f"byte-lookup decode {path.name}, {'parallel' if threads == '0' else 'serial'}: 256 codes x "
+                f"{k} positions",
+                wrong == 0,
+                f"{wrong} wrong",
+            )
     os.environ.pop("VT_CPU_PARALLEL_MIN_WORK", None)
 
 
@@ -149,10 +166,13 @@ def summarize(asm_lines):
         if parts and not parts[0].endswith(":") and not parts[0].startswith("."):
             ops[parts[0]] += 1
     text = "\n".join(asm_lines)
-    kinds = {"SVE z registers": len(re.findall(r"\bz\d+\.[bhsd]", text)),
-             "SVE predicates": len(re.findall(r"\bp\d+/[zm]|\bp\d+\.[bhsd]", text)),
-             "NEON v registers": len(re.findall(r"\bv\d+\.\d*[bhsd]", text)),
-             "zmm": text.count("%zmm"), "ymm": text.count("%ymm")}
+    kinds = {
+        "SVE z registers": len(re.findall(r"\bz\d+\.[bhsd]", text)),
+        "SVE predicates": len(re.findall(r"\bp\d+/[zm]|\bp\d+\.[bhsd]", text)),
+        "NEON v registers": len(re.findall(r"\bv\d+\.\d*[bhsd]", text)),
+        "zmm": text.count("%zmm"),
+        "ymm": text.count("%ymm"),
+    }
     return ops, {k: v for k, v in kinds.items() if v}
 
 
@@ -177,8 +197,11 @@ def assembly(report):
             name = os.environ.get("NUMBA_CPU_NAME") or "host"
             with open(os.path.join(os.environ["VT_ARM64_ASM_DIR"], f"gemv-{name}-{path.name}.s"), "w") as f:
                 f.write(asm)
-        report(f"assembly of the M = 1 kernel read ({path.name})", any(op == "fmla" or op.startswith("vfmadd") for op in ops),
-               "an FMA loop found" if loop else "no loop found (cached code cannot be inspected: VT_NUMBA_CACHE=0)")
+        report(
+            f"assembly of the M = 1 kernel read ({path.name})",
+            any(op == "fmla" or op.startswith("vfmadd") for op in ops),
+            "an FMA loop found" if loop else "no loop found (cached code cannot be inspected: VT_NUMBA_CACHE=0)",
+        )
 
 
 def main():
@@ -208,9 +231,12 @@ def main():
 
     from vtnumba.cpu import paths
 
-    print(f"  {platform.machine()}, numba {numba.__version__}, LLVM CPU {config.CPU_NAME or ll.get_host_cpu_name()}, "
-          f"vector ISA {paths.vector_isa()}, path {paths.active().name} (runnable: "
-          f"{', '.join(p.name for p in paths.runnable())})", flush=True)
+    print(
+        f"  {platform.machine()}, numba {numba.__version__}, LLVM CPU {config.CPU_NAME or ll.get_host_cpu_name()}, "
+        f"vector ISA {paths.vector_isa()}, path {paths.active().name} (runnable: "
+        f"{', '.join(p.name for p in paths.runnable())})",
+        flush=True,
+    )
     if args.target is None:
         values = g1(report)
         print(f"  G1 compared {values:,} values", flush=True)

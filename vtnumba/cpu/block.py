@@ -32,13 +32,31 @@ scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 
 import numpy as np
 from numba import njit, prange
 
-from .._config import (CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS,
-                       CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION)
+from .._config import (
+    CPU_CHUNK,
+    CPU_INLINE,
+    CPU_PARALLEL_MIN_ELEMENTS,
+    CPU_PARALLEL_MIN_MACS,
+    CPU_SERIAL_KERNEL,
+    CPU_STRICT_FUNCTION,
+)
 from . import _kernel_input
-from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3, per_group_scale
-from .gemm import (_K_CHUNK, _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector,
-                   blas_tiles, decode_rows, gemm_macs, to_out_dtype)
+from .gemm import (
+    _K_CHUNK,
+    _REASSOC,
+    _SMALL_M_ROWS,
+    KERNELS,
+    SMALL_M_ELEMENTS,
+    accumulate_rows,
+    add_bias,
+    bias_vector,
+    blas_tiles,
+    decode_rows,
+    gemm_macs,
+    to_out_dtype,
+)
+from .paths import cpu_kernel, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
 
 __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
@@ -84,8 +102,9 @@ def quantize_per_group(x, group_size, scale_ue8m0=False, column_major_scales=Fal
     x.shape[:-1] + (ceil(K / group_size),)). ``column_major_scales`` (2-D x only): the scales array
     has the same shape but column-major memory ([groups, M] underneath, m contiguous), the layout
     upstream's cutlass / DeepGEMM paths and cuBLASLt's VEC128 activation scales read."""
-    return run_group_kernel(quantize_per_group_kernel, x, group_size, bool(scale_ue8m0), column_major_scales,
-                            np.float32)
+    return run_group_kernel(
+        quantize_per_group_kernel, x, group_size, bool(scale_ue8m0), column_major_scales, np.float32
+    )
 
 
 def run_group_kernel(kernel, x, group_size, rule, column_major_scales, scale_dtype):
@@ -235,7 +254,6 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     n_rows = b.shape[0]
     nkb = sat.shape[0]
     chunk = min(bk, _K_CHUNK, k_len)
-    m_full = m_rows - m_rows % _SMALL_M_ROWS
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
@@ -251,38 +269,12 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
             for k0 in range(kb * bk, k_hi, chunk):
                 kc = min(chunk, k_hi - k0)
                 for j in range(valid):
-                    w = b[n0 + j, k0:k0 + kc]
+                    w = b[n0 + j, k0 : k0 + kc]
                     dst = rows[j]
                     for k in range(kc):
                         dst[k] = decode_e4m3(w[k])
                 w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
-                c0, c1, c2, c3 = acc[0], acc[1], acc[2], acc[3]
-                for m0 in range(0, m_full, _SMALL_M_ROWS):
-                    x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
-                    x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
-                    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
-                    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-                    for k in range(kc):
-                        p0, p1, p2, p3 = w0[k], w1[k], w2[k], w3[k]
-                        u = x0[k]
-                        a00 += u * p0; a01 += u * p1; a02 += u * p2; a03 += u * p3  # noqa: E702
-                        u = x1[k]
-                        a10 += u * p0; a11 += u * p1; a12 += u * p2; a13 += u * p3  # noqa: E702
-                        u = x2[k]
-                        a20 += u * p0; a21 += u * p1; a22 += u * p2; a23 += u * p3  # noqa: E702
-                        u = x3[k]
-                        a30 += u * p0; a31 += u * p1; a32 += u * p2; a33 += u * p3  # noqa: E702
-                    c0[m0] += a00; c1[m0] += a01; c2[m0] += a02; c3[m0] += a03  # noqa: E702
-                    c0[m0 + 1] += a10; c1[m0 + 1] += a11; c2[m0 + 1] += a12; c3[m0 + 1] += a13  # noqa: E702
-                    c0[m0 + 2] += a20; c1[m0 + 2] += a21; c2[m0 + 2] += a22; c3[m0 + 2] += a23  # noqa: E702
-                    c0[m0 + 3] += a30; c1[m0 + 3] += a31; c2[m0 + 3] += a32; c3[m0 + 3] += a33  # noqa: E702
-                for m in range(m_full, m_rows):
-                    xm = x[m, k0:k0 + kc]
-                    a0 = a1 = a2 = a3 = np.float32(0.0)
-                    for k in range(kc):
-                        u = xm[k]
-                        a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                    c0[m] += a0; c1[m] += a1; c2[m] += a2; c3[m] += a3  # noqa: E702
+                accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc.T)  # acc.T: acc is [4, M]
             _block_steps(total, p, sat, scale_b, kb, nb0, nb1, nb2, nb3, valid)
         for m in range(m_rows):
             for j in range(valid):
@@ -299,7 +291,7 @@ def _decode_blocked(codes, bk, out):
         lo = kb * bk
         width = min(bk, k_len - lo)
         for r in range(codes.shape[0]):
-            src = codes[r, lo:lo + width]
+            src = codes[r, lo : lo + width]
             dst = out[kb, r]
             for k in range(width):
                 dst[k] = decode_e4m3(src[k])
@@ -337,22 +329,22 @@ def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows):
     sb_row = np.empty(nb_max, dtype=np.float32)
     for m0 in range(0, m_rows, block_rows):
         mb = min(block_rows, m_rows - m0)
-        a_dec = a_tile[:nkb * mb * bk].reshape((nkb, mb, bk))
-        _decode_blocked(a[m0:m0 + mb], bk, a_dec)
+        a_dec = a_tile[: nkb * mb * bk].reshape((nkb, mb, bk))
+        _decode_blocked(a[m0 : m0 + mb], bk, a_dec)
         for n0 in range(0, n_rows, panel_rows):
             nb = min(panel_rows, n_rows - n0)
-            b_dec = b_tile[:nkb * nb * bk].reshape((nkb, nb, bk))
-            _decode_blocked(b[n0:n0 + nb], bk, b_dec)
-            p = p_tile[:mb * nb].reshape((mb, nb))
-            total = t_tile[:mb * nb].reshape((mb, nb))
+            b_dec = b_tile[: nkb * nb * bk].reshape((nkb, nb, bk))
+            _decode_blocked(b[n0 : n0 + nb], bk, b_dec)
+            p = p_tile[: mb * nb].reshape((mb, nb))
+            total = t_tile[: mb * nb].reshape((mb, nb))
             total[:] = 0.0
             for kb in range(nkb):
                 np.dot(a_dec[kb], b_dec[kb].T, p)  # sgemm, float32 accumulate
                 for j in range(nb):
                     sb_row[j] = scale_b[(n0 + j) // bn, kb]
-                _block_epilogue(p, total, sat[kb, m0:m0 + mb], sb_row[:nb])
+                _block_epilogue(p, total, sat[kb, m0 : m0 + mb], sb_row[:nb])
             for i in range(mb):
-                dst = out[m0 + i, n0:n0 + nb]
+                dst = out[m0 + i, n0 : n0 + nb]
                 src = total[i]
                 for j in range(nb):
                     dst[j] = add_bias(src[j], bias, n0 + j)

@@ -17,8 +17,9 @@ _bf16_to_f32 = _format.compile_for_target(_format.bfloat16_bits_to_float32, njit
 per_group_scale = _format.compile_for_target(_format.per_group_scale, njit(**CPU_INLINE), **_targets)
 e8m0_scale_byte = _format.compile_for_target(_format.e8m0_scale_byte, njit(**CPU_INLINE), **_targets)
 decode_e8m0 = _format.compile_for_target(_format.decode_e8m0_scalar, njit(**CPU_INLINE), **_targets)
-e8m0_reciprocal = _format.compile_for_target(_format.e8m0_reciprocal, njit(**CPU_INLINE), decode_e8m0_scalar=decode_e8m0,
-                                             **_targets)
+e8m0_reciprocal = _format.compile_for_target(
+    _format.e8m0_reciprocal, njit(**CPU_INLINE), decode_e8m0_scalar=decode_e8m0, **_targets
+)
 
 
 def load_float32(v):

@@ -62,7 +62,15 @@ from . import _kernel_input, block, gemm, mx, paths
 from .paths import CpuKernel, cpu_kernel, vector_width_hint
 from .quant import _encode_times
 
-__all__ = ["moe_align", "active_experts", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "moe_combine"]
+__all__ = [
+    "moe_align",
+    "active_experts",
+    "gather_rows",
+    "quantize_rows_static",
+    "grouped_scaled_mm",
+    "silu_mul",
+    "moe_combine",
+]
 
 # Weight rows per work item of the grouped GEMM: a multiple of the 4-row register block (and of 64,
 # the M = 1 MX kernel's rows per item) that gives a 1536 x 2048 gate_up expert 24 items, enough for
@@ -164,6 +172,11 @@ def _driver_work(macs, *_):
     return macs
 
 
+# The dense kernels a grouped driver calls: bound per CPU path by ``_with_globals`` (``_inner_kernels``
+# names them). None here, so the names exist for readers and linters, and an unbound driver fails at once.
+_rows_kernel = _one_row_kernel = _lookup_kernel = None
+
+
 def _with_globals(fn, suffix, names):
     """``fn`` with ``names`` among its globals and ``suffix`` on its name (Numba's disk cache keys a
     function by module, qualified name and bytecode, not by what its globals hold)."""
@@ -188,15 +201,15 @@ def _tensor_driver(macs, x, b, items, offsets, scale_a, scale_b, bias, out):
         rows = offsets[e + 1] - lo
         sb = scale_b[e] if scale_b.shape[1] == 1 else scale_b[e, n0:n1]
         if rows > 1:
-            sa = scale_a if scale_a.size == 1 else scale_a[lo:lo + rows]
+            sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + rows]
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sa, sb, bias, tile)
-            out[lo:lo + rows, n0:n1] = tile
+            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+            out[lo : lo + rows, n0:n1] = tile
         else:
-            sa = scale_a if scale_a.size == 1 else scale_a[lo:lo + 1]
+            sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + 1]
             tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sa, sb, bias, tile)
-            out[lo:lo + 1, n0:n1] = tile
+            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sa, sb, bias, tile)
+            out[lo : lo + 1, n0:n1] = tile
 
 
 def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
@@ -209,17 +222,17 @@ def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
         e, n0, n1, s = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
         lo = offsets[e]
         rows = offsets[e + 1] - lo
-        sb = scale_b[s, n0 // bn:(n1 + bn - 1) // bn]
+        sb = scale_b[s, n0 // bn : (n1 + bn - 1) // bn]
         if rows > 1:
-            sat_e = sat[lo * nkb:(lo + rows) * nkb].reshape((nkb, rows))
+            sat_e = sat[lo * nkb : (lo + rows) * nkb].reshape((nkb, rows))
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
-            out[lo:lo + rows, n0:n1] = tile
+            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            out[lo : lo + rows, n0:n1] = tile
         else:
-            sat_e = sat[lo * nkb:(lo + 1) * nkb].reshape((nkb, 1))
+            sat_e = sat[lo * nkb : (lo + 1) * nkb].reshape((nkb, 1))
             tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
-            out[lo:lo + 1, n0:n1] = tile
+            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            out[lo : lo + 1, n0:n1] = tile
 
 
 def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias, out, bad):
@@ -231,16 +244,16 @@ def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias
         e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
         lo = offsets[e]
         rows = offsets[e + 1] - lo
-        sb = scale_b[e, n0 // bn:(n1 + bn - 1) // bn]
+        sb = scale_b[e, n0 // bn : (n1 + bn - 1) // bn]
         w_lo, w_hi = windows[e, 0], windows[e, 1]
         if rows > 1:
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo:lo + rows], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e:e + 1])
-            out[lo:lo + rows, n0:n1] = tile
+            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e : e + 1])
+            out[lo : lo + rows, n0:n1] = tile
         else:
             tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo:lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e:e + 1])
-            out[lo:lo + 1, n0:n1] = tile
+            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e : e + 1])
+            out[lo : lo + 1, n0:n1] = tile
 
 
 def _mx_one_row(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
@@ -260,13 +273,16 @@ def _inner_kernels(kind, path):
         one = gemm.gemv_lookup_kernel if path.byte_lookup_decode else gemm.gemv_kernel
         return {"_rows_kernel": gemm.small_m_kernel.variant(name, False), "_one_row_kernel": one.variant(name, False)}
     if kind == "block":
-        return {"_rows_kernel": block.small_m_kernel.variant(name, False),
-                "_one_row_kernel": block.gemv_kernel.variant(name, False)}
+        return {
+            "_rows_kernel": block.small_m_kernel.variant(name, False),
+            "_one_row_kernel": block.gemv_kernel.variant(name, False),
+        }
     rows = mx.small_m_kernel.variant(name, False)
     if "dot4_e4m3_mx" not in path.kernel_globals:  # mx._lookup_path: no lookup kernel on this path
         return {"_rows_kernel": rows, "_one_row_kernel": rows}
-    one = _with_globals(_mx_one_row, "_" + name, {"_lookup_kernel": mx.gemv_lookup_kernel.variant(name, False),
-                                                  "_rows_kernel": rows})
+    one = _with_globals(
+        _mx_one_row, "_" + name, {"_lookup_kernel": mx.gemv_lookup_kernel.variant(name, False), "_rows_kernel": rows}
+    )
     return {"_rows_kernel": rows, "_one_row_kernel": njit(**CPU_SERIAL_KERNEL)(one)}
 
 
@@ -425,8 +441,21 @@ def _grouped_mx(a, scale_a, b, scale_b, offs, counts, routed, block_size, out):
         mx.decode_scaled_rows(a, np.ascontiguousarray(scale_a, dtype=np.uint8), bk, x)
         items = _items(small, n, _tile_rows(bn))[:, :3].copy()
         bad = np.zeros(e_count, dtype=np.uint8)
-        _driver("mx")(_macs(small, counts, n, k), x, b, items, offs, sb, bn, bk, mx._chunk_bounds(k, bk), windows,
-                      gemm.bias_vector(None), out, bad)
+        _driver("mx")(
+            _macs(small, counts, n, k),
+            x,
+            b,
+            items,
+            offs,
+            sb,
+            bn,
+            bk,
+            mx._chunk_bounds(k, bk),
+            windows,
+            gemm.bias_vector(None),
+            out,
+            bad,
+        )
         dense += [e for e in small if bad[e]]  # a weight byte outside the window: the dense call's fallback
     for e in dense:
         lo, hi = offs[e], offs[e + 1]

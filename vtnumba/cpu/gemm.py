@@ -36,8 +36,8 @@ from numba import njit, prange
 
 from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
 from . import paths
-from .paths import cpu_kernel, vector_width_hint
 from .codec import decode_e4m3
+from .paths import cpu_kernel, vector_width_hint
 from .vbmi import dot4_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
@@ -166,7 +166,7 @@ def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
             a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps)
             for k in range(k_tail, k_len):  # the K % 64 tail (written apart from gemv_kernel's loop:
-                t = xr[k]                     # tools/mutations_cpu_gemm.toml edits that one by its text)
+                t = xr[k]  # tools/mutations_cpu_gemm.toml edits that one by its text)
                 a0 += t * decode_e4m3(w0[k])
                 a1 += t * decode_e4m3(w1[k])
                 a2 += t * decode_e4m3(w2[k])
@@ -184,15 +184,62 @@ def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
                 out[0, n] = _epilogue_value(acc1, scale_a[0], _scale_at(scale_b, n), bias, n)
 
 
+@njit(**CPU_INLINE)
+def accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc):
+    """acc[m, j] += x[m, k0:k0 + kc] . wj for every row m of x and j < 4: the small-M kernels'
+    register block, written once (the dense, block-scaled and MX kernels each decode four weight rows
+    into w0..w3 and call this).
+
+    Four rows of x at a time against the four decoded rows: 16 accumulators, 8 loads per 16 FMAs,
+    which runs near the core's FMA peak. Rows of x past a multiple of 4 take a 1 x 4 loop. Inlined
+    (Numba IR), so it compiles with the calling kernel's fastmath flags."""
+    m_rows = x.shape[0]
+    m_full = m_rows - m_rows % _SMALL_M_ROWS
+    for m0 in range(0, m_full, _SMALL_M_ROWS):
+        # one row index, then a slice: Numba keeps these 1-D views contiguous ('C')
+        x0, x1 = x[m0, k0 : k0 + kc], x[m0 + 1, k0 : k0 + kc]
+        x2, x3 = x[m0 + 2, k0 : k0 + kc], x[m0 + 3, k0 : k0 + kc]
+        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+        a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+        # fmt: off
+        for k in range(kc):
+            p, q, r, s = w0[k], w1[k], w2[k], w3[k]
+            u = x0[k]
+            a00 += u * p; a01 += u * q; a02 += u * r; a03 += u * s  # noqa: E702
+            u = x1[k]
+            a10 += u * p; a11 += u * q; a12 += u * r; a13 += u * s  # noqa: E702
+            u = x2[k]
+            a20 += u * p; a21 += u * q; a22 += u * r; a23 += u * s  # noqa: E702
+            u = x3[k]
+            a30 += u * p; a31 += u * q; a32 += u * r; a33 += u * s  # noqa: E702
+        acc[m0, 0] += a00; acc[m0, 1] += a01; acc[m0, 2] += a02; acc[m0, 3] += a03  # noqa: E702
+        acc[m0 + 1, 0] += a10; acc[m0 + 1, 1] += a11; acc[m0 + 1, 2] += a12; acc[m0 + 1, 3] += a13  # noqa: E702
+        acc[m0 + 2, 0] += a20; acc[m0 + 2, 1] += a21; acc[m0 + 2, 2] += a22; acc[m0 + 2, 3] += a23  # noqa: E702
+        acc[m0 + 3, 0] += a30; acc[m0 + 3, 1] += a31; acc[m0 + 3, 2] += a32; acc[m0 + 3, 3] += a33  # noqa: E702
+    for m in range(m_full, m_rows):
+        xm = x[m, k0 : k0 + kc]
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for k in range(kc):
+            u = xm[k]
+            a0 += u * w0[k]
+            a1 += u * w1[k]
+            a2 += u * w2[k]
+            a3 += u * w3[k]  # noqa: E702
+        acc[m, 0] += a0
+        acc[m, 1] += a1
+        acc[m, 2] += a2
+        acc[m, 3] += a3  # noqa: E702
+        # fmt: on
+
+
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def small_m_kernel(x, b, scale_a, scale_b, bias, out):
     """Small M > 1: out from x = dec(a) and codes b.
 
-    Four rows of b at a time are decoded into a float32 buffer, then multiplied with four rows of x
-    at a time: 16 accumulators, 8 loads per 16 FMAs, which runs near the core's FMA peak. K is
-    walked in chunks of _K_CHUNK so the buffer stays in L1 (see _K_CHUNK); each chunk's partial
-    sums are added into float32 accumulators. Rows past the edge of b are zeros in the buffer and are not stored;
-    rows of x past a multiple of 4 take a 1 x 4 loop."""
+    Four rows of b at a time are decoded into a float32 buffer, then multiplied with every row of x
+    by accumulate_rows (the 4 x 4 register block). K is walked in chunks of _K_CHUNK so the buffer
+    stays in L1 (see _K_CHUNK); each chunk's partial sums are added into float32 accumulators. Rows
+    past the edge of b are zeros in the buffer and are not stored."""
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
     chunk = min(k_len, _K_CHUNK)
@@ -205,39 +252,12 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
         for k0 in range(0, k_len, chunk):
             kc = min(chunk, k_len - k0)
             for j in range(valid):
-                w = b[n0 + j, k0:k0 + kc]
+                w = b[n0 + j, k0 : k0 + kc]
                 dst = rows[j]
                 for k in range(kc):
                     dst[k] = decode_e4m3(w[k])
             w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
-            m_full = m_rows - m_rows % _SMALL_M_ROWS
-            for m0 in range(0, m_full, _SMALL_M_ROWS):
-                # one row index, then a slice: Numba keeps these 1-D views contiguous ('C')
-                x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
-                x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
-                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
-                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-                for k in range(kc):
-                    p, q, r, s = w0[k], w1[k], w2[k], w3[k]
-                    u = x0[k]
-                    a00 += u * p; a01 += u * q; a02 += u * r; a03 += u * s  # noqa: E702
-                    u = x1[k]
-                    a10 += u * p; a11 += u * q; a12 += u * r; a13 += u * s  # noqa: E702
-                    u = x2[k]
-                    a20 += u * p; a21 += u * q; a22 += u * r; a23 += u * s  # noqa: E702
-                    u = x3[k]
-                    a30 += u * p; a31 += u * q; a32 += u * r; a33 += u * s  # noqa: E702
-                acc[m0, 0] += a00; acc[m0, 1] += a01; acc[m0, 2] += a02; acc[m0, 3] += a03  # noqa: E702
-                acc[m0 + 1, 0] += a10; acc[m0 + 1, 1] += a11; acc[m0 + 1, 2] += a12; acc[m0 + 1, 3] += a13  # noqa: E702
-                acc[m0 + 2, 0] += a20; acc[m0 + 2, 1] += a21; acc[m0 + 2, 2] += a22; acc[m0 + 2, 3] += a23  # noqa: E702
-                acc[m0 + 3, 0] += a30; acc[m0 + 3, 1] += a31; acc[m0 + 3, 2] += a32; acc[m0 + 3, 3] += a33  # noqa: E702
-            for m in range(m_full, m_rows):
-                xm = x[m, k0:k0 + kc]
-                a0 = a1 = a2 = a3 = np.float32(0.0)
-                for k in range(kc):
-                    u = xm[k]
-                    a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                acc[m, 0] += a0; acc[m, 1] += a1; acc[m, 2] += a2; acc[m, 3] += a3  # noqa: E702
+            accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc)
         for m in range(m_rows):
             sa = _scale_at(scale_a, m)
             for j in range(valid):
@@ -272,12 +292,12 @@ def _blas_epilogue(acc, m0, n0, scale_a, scale_b, bias, out):
     for i in range(acc.shape[0]):
         sa = _scale_at(scale_a, m0 + i)
         src = acc[i]
-        dst = out[m0 + i, n0:n0 + nb]
+        dst = out[m0 + i, n0 : n0 + nb]
         if scale_b.size == 1:
             for j in range(nb):
                 dst[j] = _epilogue_value(src[j], sa, scale_b[0], bias, n0 + j)
         else:
-            sb = scale_b[n0:n0 + nb]
+            sb = scale_b[n0 : n0 + nb]
             for j in range(nb):
                 dst[j] = _epilogue_value(src[j], sa, sb[j], bias, n0 + j)
 
@@ -294,12 +314,12 @@ def blas_kernel(a, b, scale_a, scale_b, bias, out, block_rows, panel_rows):
     for m0 in range(0, m_rows, block_rows):
         mb = min(block_rows, m_rows - m0)
         a_dec = a_tile[:mb]
-        decode_rows(a[m0:m0 + mb], a_dec)
+        decode_rows(a[m0 : m0 + mb], a_dec)
         for n0 in range(0, n_rows, panel_rows):
             nb = min(panel_rows, n_rows - n0)
             b_dec = b_tile[:nb]
-            decode_rows(b[n0:n0 + nb], b_dec)
-            acc = acc_tile[:mb * nb].reshape((mb, nb))
+            decode_rows(b[n0 : n0 + nb], b_dec)
+            acc = acc_tile[: mb * nb].reshape((mb, nb))
             np.dot(a_dec, b_dec.T, acc)  # sgemm, float32 accumulate (no fast-accumulate mode)
             _blas_epilogue(acc, m0, n0, scale_a, scale_b, bias, out)
 

@@ -37,15 +37,31 @@ pass through at most bk_eff + nchunks roundings.
 import numpy as np
 from numba import njit, prange
 
-from .._config import (CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL,
-                       CPU_STRICT_FUNCTION)
 from .. import _arrays
+from .._config import (
+    CPU_CHUNK,
+    CPU_INLINE,
+    CPU_PARALLEL_MIN_ELEMENTS,
+    CPU_PARALLEL_MIN_MACS,
+    CPU_SERIAL_KERNEL,
+    CPU_STRICT_FUNCTION,
+)
+from .._format import MX_GROUP
 from . import block, paths
 from .codec import bits_float32, decode_e4m3, decode_e8m0, e8m0_reciprocal, e8m0_scale_byte
-from .gemm import _REASSOC, _SMALL_M_ROWS, KERNELS, SMALL_M_ELEMENTS, add_bias, bias_vector, gemm_macs, to_out_dtype
+from .gemm import (
+    _REASSOC,
+    _SMALL_M_ROWS,
+    KERNELS,
+    SMALL_M_ELEMENTS,
+    accumulate_rows,
+    add_bias,
+    bias_vector,
+    gemm_macs,
+    to_out_dtype,
+)
 from .paths import cpu_kernel, vector_width_hint
 from .quant import _elements, _encode_times, _finite_amax
-from .._format import MX_GROUP
 from .vbmi import dot4_e4m3_mx
 
 __all__ = ["quantize_mx", "mx_scaled_mm", "decode_e8m0_array", "KERNELS"]
@@ -123,8 +139,8 @@ def _decode_span(src, srow, bk, k0, k1, dst):
     if bk % MX_GROUP == 0 and (k1 - k0) % MX_GROUP == 0:
         for k in range(k0, k1, MX_GROUP):
             s = decode_e8m0(srow[k // bk])
-            run = src[k:k + MX_GROUP]
-            d = dst[k - k0:k - k0 + MX_GROUP]
+            run = src[k : k + MX_GROUP]
+            d = dst[k - k0 : k - k0 + MX_GROUP]
             for i in range(MX_GROUP):
                 d[i] = decode_e4m3(run[i]) * s
     else:
@@ -167,10 +183,9 @@ def small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
     width = 0
     for c in range(edges.size - 1):
         width = max(width, edges[c + 1] - edges[c])
-    m_full = m_rows - m_rows % _SMALL_M_ROWS
-    for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+    for tile in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        n0 = block * _SMALL_M_ROWS
+        n0 = tile * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         outside = 0
         for j in range(valid):
@@ -186,32 +201,7 @@ def small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
             for j in range(valid):
                 _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, rows[j])
             w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
-            for m0 in range(0, m_full, _SMALL_M_ROWS):
-                x0, x1 = x[m0, k0:k0 + kc], x[m0 + 1, k0:k0 + kc]
-                x2, x3 = x[m0 + 2, k0:k0 + kc], x[m0 + 3, k0:k0 + kc]
-                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
-                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-                for k in range(kc):
-                    p, q, r, s = w0[k], w1[k], w2[k], w3[k]
-                    u = x0[k]
-                    a00 += u * p; a01 += u * q; a02 += u * r; a03 += u * s  # noqa: E702
-                    u = x1[k]
-                    a10 += u * p; a11 += u * q; a12 += u * r; a13 += u * s  # noqa: E702
-                    u = x2[k]
-                    a20 += u * p; a21 += u * q; a22 += u * r; a23 += u * s  # noqa: E702
-                    u = x3[k]
-                    a30 += u * p; a31 += u * q; a32 += u * r; a33 += u * s  # noqa: E702
-                acc[m0, 0] += a00; acc[m0, 1] += a01; acc[m0, 2] += a02; acc[m0, 3] += a03  # noqa: E702
-                acc[m0 + 1, 0] += a10; acc[m0 + 1, 1] += a11; acc[m0 + 1, 2] += a12; acc[m0 + 1, 3] += a13  # noqa: E702
-                acc[m0 + 2, 0] += a20; acc[m0 + 2, 1] += a21; acc[m0 + 2, 2] += a22; acc[m0 + 2, 3] += a23  # noqa: E702
-                acc[m0 + 3, 0] += a30; acc[m0 + 3, 1] += a31; acc[m0 + 3, 2] += a32; acc[m0 + 3, 3] += a33  # noqa: E702
-            for m in range(m_full, m_rows):
-                xm = x[m, k0:k0 + kc]
-                a0 = a1 = a2 = a3 = np.float32(0.0)
-                for k in range(kc):
-                    u = xm[k]
-                    a0 += u * w0[k]; a1 += u * w1[k]; a2 += u * w2[k]; a3 += u * w3[k]  # noqa: E702
-                acc[m, 0] += a0; acc[m, 1] += a1; acc[m, 2] += a2; acc[m, 3] += a3  # noqa: E702
+            accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc)
         for m in range(m_rows):
             for j in range(valid):
                 out[m, n0 + j] = add_bias(acc[m, j], bias, n0 + j)
@@ -342,21 +332,21 @@ def blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias, out, block_rows, pane
     t_tile = np.empty(mb_max * nb_max, dtype=np.float32)
     for m0 in range(0, m_rows, block_rows):
         mb = min(block_rows, m_rows - m0)
-        a_dec = a_tile[:nch * mb * width].reshape((nch, mb, width))
-        _decode_chunks(a[m0:m0 + mb], sa, m0, 1, bk, edges, 0, 255, a_dec)
+        a_dec = a_tile[: nch * mb * width].reshape((nch, mb, width))
+        _decode_chunks(a[m0 : m0 + mb], sa, m0, 1, bk, edges, 0, 255, a_dec)
         for n0 in range(0, n_rows, panel_rows):
             nb = min(panel_rows, n_rows - n0)
-            b_dec = b_tile[:nch * nb * width].reshape((nch, nb, width))
-            if _decode_chunks(b[n0:n0 + nb], sb, n0, bn, bk, edges, lo, hi, b_dec):
+            b_dec = b_tile[: nch * nb * width].reshape((nch, nb, width))
+            if _decode_chunks(b[n0 : n0 + nb], sb, n0, bn, bk, edges, lo, hi, b_dec):
                 return 1
-            p = p_tile[:mb * nb].reshape((mb, nb))
-            total = t_tile[:mb * nb].reshape((mb, nb))
+            p = p_tile[: mb * nb].reshape((mb, nb))
+            total = t_tile[: mb * nb].reshape((mb, nb))
             total[:] = 0.0
             for c in range(nch):
                 np.dot(a_dec[c], b_dec[c].T, p)  # sgemm over one chunk, float32 accumulate
                 _add_chunk(total, p)
             for i in range(mb):
-                dst = out[m0 + i, n0:n0 + nb]
+                dst = out[m0 + i, n0 : n0 + nb]
                 src = total[i]
                 for j in range(nb):
                     dst[j] = add_bias(src[j], bias, n0 + j)
@@ -413,8 +403,7 @@ def mx_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=Non
         y = _fast(a, b, sa, sb, bn, bk, bias, kernel, window)
         if y is not None:
             return to_out_dtype(y, out_dtype)
-    return block.block_scaled_mm(a, b, decode_e8m0_array(sa), decode_e8m0_array(sb), (bn, bk), out_dtype, bias,
-                                 kernel)
+    return block.block_scaled_mm(a, b, decode_e8m0_array(sa), decode_e8m0_array(sb), (bn, bk), out_dtype, bias, kernel)
 
 
 def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):

@@ -47,8 +47,8 @@ def emit_dot4(builder, xptr, wptrs, nblocks):
     fma = cgutils.get_or_insert_function(module, ir.FunctionType(_V4F32, [_V4F32] * 3), "llvm.fma.v4f32")
     zero = ir.Constant(_V4F32, [ir.Constant(_F32, 0.0)] * 4)
     accs = [cgutils.alloca_once_value(builder, zero) for _ in range(ROWS)]
-    hi_tables = [_bytes(HI[16 * t:16 * t + 16]) for t in range(8)]
-    lo_tables = [_bytes(LO[16 * t:16 * t + 16]) for t in range(8)]
+    hi_tables = [_bytes(HI[16 * t : 16 * t + 16]) for t in range(8)]
+    lo_tables = [_bytes(LO[16 * t : 16 * t + 16]) for t in range(8)]
     magnitude, sign, sixty_four = _bytes([0x7F] * 16), _bytes([0x80] * 16), _bytes([64] * 16)
     zeros8h = ir.Constant(_V8I16, [ir.Constant(_I16, 0)] * 8)
 
@@ -58,8 +58,15 @@ def emit_dot4(builder, xptr, wptrs, nblocks):
 
     with cgutils.for_range(builder, builder.mul(nblocks, ir.Constant(nblocks.type, BLOCK // 16))) as loop:
         base = builder.mul(loop.index, ir.Constant(loop.index.type, 16))
-        xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 4 * r))]),
-                                           _V4F32.as_pointer()), align=4) for r in range(4)]
+        xs = [
+            builder.load(
+                builder.bitcast(
+                    builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 4 * r))]), _V4F32.as_pointer()
+                ),
+                align=4,
+            )
+            for r in range(4)
+        ]
         for row in range(ROWS):
             codes = builder.load(builder.bitcast(builder.gep(wptrs[row], [base]), _V16I8.as_pointer()), align=1)
             index = builder.and_(codes, magnitude)
@@ -91,10 +98,13 @@ def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks):
     sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks)
 
     def codegen(context, builder, signature, args):
-        xptr = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data,
-                               _F32.as_pointer())
-        wptrs = [builder.bitcast(context.make_array(signature.args[1 + i])(context, builder, args[1 + i]).data,
-                                 _I8.as_pointer()) for i in range(ROWS)]
+        xptr = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data, _F32.as_pointer())
+        wptrs = [
+            builder.bitcast(
+                context.make_array(signature.args[1 + i])(context, builder, args[1 + i]).data, _I8.as_pointer()
+            )
+            for i in range(ROWS)
+        ]
         sums = emit_dot4(builder, xptr, wptrs, args[5])
         return context.make_tuple(builder, signature.return_type, sums)
 

@@ -88,17 +88,33 @@ class CpuPath:
 
 _AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 PATHS = (
-    CpuPath("avx512_vbmi", "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
-            _AVX512 + ("avx512vbmi",), {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3,
-                                        "dot4_e4m3_mx": vbmi.dot4_e4m3_mx},
-            byte_lookup_decode=True),
-    CpuPath("avx512", "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
-            _AVX512, {"vector_width_hint": _width_hint(512)}),
-    CpuPath("neon_tbl", "LLVM's own vector choices, and at M = 1 a byte-lookup decode (NEON tbl/tbx) into fmla",
-            (), {"vector_width_hint": _width_hint(None), "dot4_e4m3": neon.dot4_e4m3}, byte_lookup_decode=True,
-            machines=("aarch64", "arm64")),
-    CpuPath("portable", "LLVM's own vector choices for this CPU; bit-arithmetic decode", (),
-            {"vector_width_hint": _width_hint(None)}),
+    CpuPath(
+        "avx512_vbmi",
+        "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
+        _AVX512 + ("avx512vbmi",),
+        {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3, "dot4_e4m3_mx": vbmi.dot4_e4m3_mx},
+        byte_lookup_decode=True,
+    ),
+    CpuPath(
+        "avx512",
+        "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
+        _AVX512,
+        {"vector_width_hint": _width_hint(512)},
+    ),
+    CpuPath(
+        "neon_tbl",
+        "LLVM's own vector choices, and at M = 1 a byte-lookup decode (NEON tbl/tbx) into fmla",
+        (),
+        {"vector_width_hint": _width_hint(None), "dot4_e4m3": neon.dot4_e4m3},
+        byte_lookup_decode=True,
+        machines=("aarch64", "arm64"),
+    ),
+    CpuPath(
+        "portable",
+        "LLVM's own vector choices for this CPU; bit-arithmetic decode",
+        (),
+        {"vector_width_hint": _width_hint(None)},
+    ),
 )
 _BY_NAME = {p.name: p for p in PATHS}
 # What the kernels' source calls; a path's kernel_globals replace it (the plain name keeps the source
@@ -135,8 +151,10 @@ def choose(features=None, forced=None, machine=None):
         path = _BY_NAME[forced]
         missing = path.missing(host_features() if features is None else features, machine)
         if missing:
-            raise ValueError(f"VT_CPU_PATH must name a path this CPU can run, got {forced!r} "
-                             f"(this CPU lacks {', '.join(missing)}); unset it to let vtnumba choose")
+            raise ValueError(
+                f"VT_CPU_PATH must name a path this CPU can run, got {forced!r} "
+                f"(this CPU lacks {', '.join(missing)}); unset it to let vtnumba choose"
+            )
         return path
     return runnable(features, machine)[0]
 
@@ -251,8 +269,14 @@ def _cpu_model():
 def vector_isa(features=None):
     """The widest vector instruction set LLVM can use here, in words."""
     features = host_features() if features is None else features
-    for feature, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve2", "SVE2"), ("sve", "SVE"),
-                          ("neon", "NEON"), ("sse4.2", "SSE4.2")):
+    for feature, name in (
+        ("avx512f", "AVX-512"),
+        ("avx2", "AVX2"),
+        ("sve2", "SVE2"),
+        ("sve", "SVE"),
+        ("neon", "NEON"),
+        ("sse4.2", "SSE4.2"),
+    ):
         if feature in features:
             return name
     import platform
@@ -271,18 +295,27 @@ def describe():
     from .. import _config
 
     features = host_features()
-    return dict(model=_cpu_model(), machine=platform.machine(), llvm_cpu=config.CPU_NAME or ll.get_host_cpu_name(),
-                cores=os.cpu_count(), vector_isa=vector_isa(features), path=_active.name,
-                path_summary=_active.summary, runnable_paths=[p.name for p in runnable(features)],
-                numba_threads=int(config.NUMBA_NUM_THREADS),
-                serial_below_macs=parallel_min_work(_config.CPU_PARALLEL_MIN_MACS),
-                serial_below_elements=parallel_min_work(_config.CPU_PARALLEL_MIN_ELEMENTS))
+    return dict(
+        model=_cpu_model(),
+        machine=platform.machine(),
+        llvm_cpu=config.CPU_NAME or ll.get_host_cpu_name(),
+        cores=os.cpu_count(),
+        vector_isa=vector_isa(features),
+        path=_active.name,
+        path_summary=_active.summary,
+        runnable_paths=[p.name for p in runnable(features)],
+        numba_threads=int(config.NUMBA_NUM_THREADS),
+        serial_below_macs=parallel_min_work(_config.CPU_PARALLEL_MIN_MACS),
+        serial_below_elements=parallel_min_work(_config.CPU_PARALLEL_MIN_ELEMENTS),
+    )
 
 
 def header_line(info=None):
     """The main command's CPU header, one line."""
     d = describe() if info is None else info
-    return (f"CPU: {d['model']} ({d['llvm_cpu']}, {d['cores']} cores, {d['vector_isa']}); kernels: path "
-            f"{d['path']} ({d['path_summary']}; runnable here: {', '.join(d['runnable_paths'])}); Numba threads "
-            f"{d['numba_threads']}, one thread below {d['serial_below_macs']:,} multiply-adds / "
-            f"{d['serial_below_elements']:,} elements")
+    return (
+        f"CPU: {d['model']} ({d['llvm_cpu']}, {d['cores']} cores, {d['vector_isa']}); kernels: path "
+        f"{d['path']} ({d['path_summary']}; runnable here: {', '.join(d['runnable_paths'])}); Numba threads "
+        f"{d['numba_threads']}, one thread below {d['serial_below_macs']:,} multiply-adds / "
+        f"{d['serial_below_elements']:,} elements"
+    )

@@ -12,12 +12,11 @@ from numba import njit, prange
 
 from .._config import CPU_CHUNK, CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS
 from .._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ZERO
-from .paths import cpu_kernel, vector_width_hint
 from .codec import bits_float32, encode_e4m3, float32_bits, load_float32
+from .paths import cpu_kernel, vector_width_hint
 
 _U32_ABS_MASK = np.uint32(0x7FFFFFFF)
 _U32_INF_BITS = np.uint32(0x7F800000)
-
 
 
 def _elements(x, *_):

@@ -63,10 +63,15 @@ class _Decode:
 
     def __init__(self, builder):
         self.builder = builder
-        self.perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64I8, [_V64I8] * 3),
-                                                   "llvm.x86.avx512.vpermi2var.qi.512")
-        self.hi_low, self.hi_high, self.lo_low, self.lo_high = (_bytes(HI[:64]), _bytes(HI[64:]), _bytes(LO[:64]),
-                                                                _bytes(LO[64:]))
+        self.perm = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V64I8, [_V64I8] * 3), "llvm.x86.avx512.vpermi2var.qi.512"
+        )
+        self.hi_low, self.hi_high, self.lo_low, self.lo_high = (
+            _bytes(HI[:64]),
+            _bytes(HI[64:]),
+            _bytes(LO[:64]),
+            _bytes(LO[64:]),
+        )
         self.sign = _bytes([0x80] * BLOCK)
         self.top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
         self.expand = [_bytes(_expand_indices(r)) for r in range(4)]
@@ -75,8 +80,10 @@ class _Decode:
         b = self.builder
         hi = b.or_(b.call(self.perm, [self.hi_low, codes, self.hi_high]), b.and_(codes, self.sign))
         lo = b.call(self.perm, [self.lo_low, codes, self.lo_high])
-        return [b.bitcast(b.and_(b.bitcast(b.call(self.perm, [lo, self.expand[r], hi]), _V16I32), self.top_half),
-                          _V16F32) for r in range(4)]
+        return [
+            b.bitcast(b.and_(b.bitcast(b.call(self.perm, [lo, self.expand[r], hi]), _V16I32), self.top_half), _V16F32)
+            for r in range(4)
+        ]
 
 
 def _fma(builder):
@@ -90,8 +97,15 @@ def _data(context, builder, signature, args, i, ty):
 
 def _activation(builder, xptr, base):
     """x[base .. base + 63] as four <16 x float> vectors."""
-    return [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]),
-                                         _V16F32.as_pointer()), align=4) for r in range(4)]
+    return [
+        builder.load(
+            builder.bitcast(
+                builder.gep(xptr, [builder.add(base, ir.Constant(base.type, 16 * r))]), _V16F32.as_pointer()
+            ),
+            align=4,
+        )
+        for r in range(4)
+    ]
 
 
 def _row_sums(builder, accs):

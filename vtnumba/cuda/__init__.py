@@ -77,6 +77,21 @@ def capture(fn, *example_args, stream=None, warmup=1):
     return graphs.capture(fn, *example_args, stream=stream, warmup=warmup)
 
 
-__all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "decode", "dequantize",
-           "quantize_per_group", "quantize_per_group_e8m0", "quantize_launches", "scaled_mm", "block_scaled_mm", "fp8_linear", "capture",
-           "encoder_in_use", "gpu_unavailable_reason", "capabilities"]
+__all__ = [
+    "scale_array",
+    "quantize_static",
+    "quantize_dynamic",
+    "quantize_per_token",
+    "decode",
+    "dequantize",
+    "quantize_per_group",
+    "quantize_per_group_e8m0",
+    "quantize_launches",
+    "scaled_mm",
+    "block_scaled_mm",
+    "fp8_linear",
+    "capture",
+    "encoder_in_use",
+    "gpu_unavailable_reason",
+    "capabilities",
+]

@@ -38,8 +38,8 @@ import numpy as np
 from .. import _arrays, _config
 from .._format import MX_BLOCK
 from .gemm import Kernel, Launch, Matmul, choose, execute
-from .kernels import tc_gemm, tc_gemv
 from .kernels import sm90_wgmma_gemm as wg_gemm
+from .kernels import tc_gemm, tc_gemv
 from .kernels.epilogue import OUT_KIND, bias_bits, out_bits
 from .kernels.tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
 from .ptx.target import SIMULATOR
@@ -53,8 +53,26 @@ _E8M0_ACTIVATION = "the activation's scales are E8M0 bytes: tiled_block or tenso
 class BlockCall:
     """One block-scaled call, normalized once for every kernel's can_implement / run."""
 
-    __slots__ = ("a", "b", "scale_a", "scale_b", "block_n", "block_k", "out_dtype", "bias", "m", "n", "k",
-                 "device", "plan", "state", "scale_b_padded", "scale_a_cols", "mx", "e8m0_a")
+    __slots__ = (
+        "a",
+        "b",
+        "scale_a",
+        "scale_b",
+        "block_n",
+        "block_k",
+        "out_dtype",
+        "bias",
+        "m",
+        "n",
+        "k",
+        "device",
+        "plan",
+        "state",
+        "scale_b_padded",
+        "scale_a_cols",
+        "mx",
+        "e8m0_a",
+    )
 
     def __init__(self, a, b, scale_a, scale_b, block_size, out_dtype, bias):
         self.device = device.current()
@@ -105,23 +123,43 @@ class CublasLtBlock(Kernel):
         if call.m % 4:
             return False, f"cuBLASLt's block scaling needs M % 4 == 0 (it refuses M = 1), got M = {call.m}"
         a, b = call.a, call.b
-        if a.strides[1] != 1 or b.strides[1] != 1 or a.strides[0] % 16 or b.strides[0] % 16 or a.data.ptr % 16 \
-                or b.data.ptr % 16:
+        if (
+            a.strides[1] != 1
+            or b.strides[1] != 1
+            or a.strides[0] % 16
+            or b.strides[0] % 16
+            or a.data.ptr % 16
+            or b.data.ptr % 16
+        ):
             return False, "cuBLASLt FP8 needs 16-byte aligned rows with contiguous K"
         if call.bias is not None:
             bias_dt = np.dtype(call.bias.dtype)
-            if bias_dt != cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype] or not call.bias.flags.c_contiguous \
-                    or call.bias.data.ptr % 16:
-                return False, f"cuBLASLt's bias epilogue takes a contiguous aligned {cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]} bias for {call.out_dtype} output"
+            if (
+                bias_dt != cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]
+                or not call.bias.flags.c_contiguous
+                or call.bias.data.ptr % 16
+            ):
+                return (
+                    False,
+                    f"cuBLASLt's bias epilogue takes a contiguous aligned {cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]} bias for {call.out_dtype} output",
+                )
         # the layouts cuBLASLt reads: activation scales m-contiguous, weight scales padded
         sa = call.scale_a
         call.scale_a_cols = sa if sa.strides == (4, 4 * call.m) else device.xp.ascontiguousarray(sa.T).T
         call.scale_b_padded = _padded_weight_scales(call.scale_b)
         state = call.device.cublaslt()
-        key = cublaslt.plan_key(call.a, call.b, call.out_dtype, None if call.bias is None else np.dtype(call.bias.dtype),
-                                cublaslt.GROUP_128, cublaslt.BLOCK_128x128)
-        plan = state.plan_or_reason(key, (call.scale_a_cols.data.ptr, call.scale_b_padded.data.ptr,
-                                          0 if call.bias is None else call.bias.data.ptr))
+        key = cublaslt.plan_key(
+            call.a,
+            call.b,
+            call.out_dtype,
+            None if call.bias is None else np.dtype(call.bias.dtype),
+            cublaslt.GROUP_128,
+            cublaslt.BLOCK_128x128,
+        )
+        plan = state.plan_or_reason(
+            key,
+            (call.scale_a_cols.data.ptr, call.scale_b_padded.data.ptr, 0 if call.bias is None else call.bias.data.ptr),
+        )
         if isinstance(plan, str):
             return False, plan
         call.plan, call.state = plan, state
@@ -195,9 +233,11 @@ class TensorCoreMx(Kernel):
 
     def can_implement(self, call):
         if not call.mx:
-            return False, (f"the MX kernel takes E8M0 scales on both operands with block_size {MX_BLOCK}, got "
-                           f"block_size {(call.block_n, call.block_k)}"
-                           f"{'' if call.scale_a.dtype == _U8 and call.scale_b.dtype == _U8 else ' and float scales'}")
+            return False, (
+                f"the MX kernel takes E8M0 scales on both operands with block_size {MX_BLOCK}, got "
+                f"block_size {(call.block_n, call.block_k)}"
+                f"{'' if call.scale_a.dtype == _U8 and call.scale_b.dtype == _U8 else ' and float scales'}"
+            )
         reason = tc_gemm.unavailable_reason(call.device, self.simulate) or tc_gemm.shape_reason(call)
         return (False, reason) if reason else (True, "")
 
@@ -215,9 +255,25 @@ class TiledBlock(Kernel):
         bias, bias_kind = bias_bits(call.bias, call.device)
         grid = ((call.n + TILE_N - 1) // TILE_N, (call.m + TILE_M - 1) // TILE_M)
         kernel = tiled_block_kernel(call.out_dtype == np.float32, call.scale_a.dtype == _U8, call.scale_b.dtype == _U8)
-        return [Launch(kernel, grid, TILED_THREADS,
-                       (call.a, call.b, call.scale_a, call.scale_b, call.block_n, call.block_k, bias, bias_kind,
-                        out_bits(y), OUT_KIND[call.out_dtype]))]
+        return [
+            Launch(
+                kernel,
+                grid,
+                TILED_THREADS,
+                (
+                    call.a,
+                    call.b,
+                    call.scale_a,
+                    call.scale_b,
+                    call.block_n,
+                    call.block_k,
+                    bias,
+                    bias_kind,
+                    out_bits(y),
+                    OUT_KIND[call.out_dtype],
+                ),
+            )
+        ]
 
 
 KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TensorCoreMx(), TiledBlock())

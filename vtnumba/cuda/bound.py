@@ -80,8 +80,9 @@ class _Layout:
 
     def __init__(self, x, y, *scratches):
         self.ranges = [(_pointer(x), x.nbytes, _X, 0), (_pointer(y), y.nbytes, _Y, 0)]
-        self.ranges += [(ptr, nbytes, scratch.source, offset) for scratch in scratches
-                        for ptr, nbytes, offset, _ in scratch.parts]
+        self.ranges += [
+            (ptr, nbytes, scratch.source, offset) for scratch in scratches for ptr, nbytes, offset, _ in scratch.parts
+        ]
 
     def locate(self, arg):
         """(source, offset) of an argument's address: source _X / _Y / _QUANT / _GEMM, or (_FIXED,
@@ -179,8 +180,17 @@ class BoundLinear:
     that call's block as ``quant_ptr``: the quantization launches are skipped and the GEMM reads
     those codes (the layers that share an input -- q, k, v; gate, up -- quantize it once)."""
 
-    __slots__ = ("quant_steps", "gemm_steps", "quant_bytes", "scratch_bytes", "out_shape", "out_dtype", "kernels",
-                 "_gemm_offset", "_lock")
+    __slots__ = (
+        "quant_steps",
+        "gemm_steps",
+        "quant_bytes",
+        "scratch_bytes",
+        "out_shape",
+        "out_dtype",
+        "kernels",
+        "_gemm_offset",
+        "_lock",
+    )
 
     def __init__(self, x, weight, out_dtype):
         self.out_dtype = np.dtype(out_dtype)
@@ -190,21 +200,29 @@ class BoundLinear:
         scheme = str(weight.activation_scheme)
         e8m0 = weight.activation_scale_rounding if weight.activation_scale_format == "e8m0" else None
         launches, codes, scale_a = quantize_launches(
-            x, scheme, weight.input_scale, None if weight.block_size is None else weight.block_size[1],
-            weight.scale_ue8m0, quant_scratch, e8m0)
+            x,
+            scheme,
+            weight.input_scale,
+            None if weight.block_size is None else weight.block_size[1],
+            weight.scale_ue8m0,
+            quant_scratch,
+            e8m0,
+        )
         y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
         if weight.block_size is None:
             call = gemm.GemmCall(codes, weight.data, scale_a, weight.weight_scale, self.out_dtype, weight.bias)
             kernel = gemm.select(call)
         else:
-            call = block.BlockCall(codes, weight.data, scale_a, weight.weight_scale, weight.block_size,
-                                   self.out_dtype, weight.bias)
+            call = block.BlockCall(
+                codes, weight.data, scale_a, weight.weight_scale, weight.block_size, self.out_dtype, weight.bias
+            )
             kernel = block.select(call)
         gemm_steps = kernel.steps(call, y, gemm_scratch)
         layout = _Layout(x, y, quant_scratch, gemm_scratch)
         self.quant_steps = tuple(_LaunchStep(launch, layout) for launch in launches)
-        self.gemm_steps = tuple(_LaunchStep(step, layout) if type(step) is gemm.Launch else _MatmulStep(step, layout)
-                                for step in gemm_steps)
+        self.gemm_steps = tuple(
+            _LaunchStep(step, layout) if type(step) is gemm.Launch else _MatmulStep(step, layout) for step in gemm_steps
+        )
         self.quant_bytes = quant_scratch.nbytes
         self._gemm_offset = _aligned(quant_scratch.nbytes)
         self.scratch_bytes = self._gemm_offset + gemm_scratch.nbytes
@@ -227,7 +245,7 @@ class BoundLinear:
         y = xp.empty(self.out_shape, dtype=self.out_dtype)
         scratch = xp.empty(max(self.scratch_bytes, 1), dtype=np.uint8)
         if SIMULATOR:
-            arrays = (np.ascontiguousarray(x), y, scratch, scratch[self._gemm_offset:])
+            arrays = (np.ascontiguousarray(x), y, scratch, scratch[self._gemm_offset :])
             with self._lock:
                 for step in self.quant_steps + self.gemm_steps:
                     step.simulate(arrays)

@@ -94,39 +94,54 @@ def path_rules(cc, cublaslt_version, simulator=False, cublaslt_reason=None):
     if simulator:
         no_lt = "the CUDA simulator has no cuBLASLt (the Numba GEMM kernels run)"
         no_ptx = "the CUDA simulator runs no inline PTX"
-        return {"cublaslt_per_tensor": no_lt, "cublaslt_outer_vector": no_lt, "cublaslt_block_128x128": no_lt,
-                "hardware_e4m3_cvt": no_ptx + " (the portable encoder runs)", "tensor_core_mma": no_ptx,
-                "tensor_core_wgmma": no_ptx, "tensor_core_block_scaled_mma": no_ptx,
-                "mxfp8_tensor_core": no_ptx + " (the tiled CUDA-core kernel reads the E8M0 scales)"}
+        return {
+            "cublaslt_per_tensor": no_lt,
+            "cublaslt_outer_vector": no_lt,
+            "cublaslt_block_128x128": no_lt,
+            "hardware_e4m3_cvt": no_ptx + " (the portable encoder runs)",
+            "tensor_core_mma": no_ptx,
+            "tensor_core_wgmma": no_ptx,
+            "tensor_core_block_scaled_mma": no_ptx,
+            "mxfp8_tensor_core": no_ptx + " (the tiled CUDA-core kernel reads the E8M0 scales)",
+        }
     cc = tuple(int(v) for v in cc)
     rules = {}
     if cc < FP8_TENSOR_CORE_MIN_CC:
-        rules["cublaslt_per_tensor"] = (f"cuBLASLt's FP8 GEMM needs FP8 tensor cores (sm_89+), "
-                                        f"this GPU is {sm(cc)}")
+        rules["cublaslt_per_tensor"] = f"cuBLASLt's FP8 GEMM needs FP8 tensor cores (sm_89+), this GPU is {sm(cc)}"
     elif cublaslt_version is None:
         rules["cublaslt_per_tensor"] = cublaslt_reason or "cuBLASLt could not be loaded"
     elif cublaslt_version < CUBLASLT_FP8_MIN_VERSION:
-        rules["cublaslt_per_tensor"] = (f"cuBLASLt's FP8 GEMM needs cuBLASLt >= 11.11 (CUDA 11.8), found "
-                                        f"{version_text(cublaslt_version)}")
+        rules["cublaslt_per_tensor"] = (
+            f"cuBLASLt's FP8 GEMM needs cuBLASLt >= 11.11 (CUDA 11.8), found {version_text(cublaslt_version)}"
+        )
     else:
         rules["cublaslt_per_tensor"] = None
     base = rules["cublaslt_per_tensor"]
     rules["cublaslt_outer_vector"] = base or cublaslt.outer_vec_reason(cc, cublaslt_version)
     rules["cublaslt_block_128x128"] = base or cublaslt.block_reason(cc, cublaslt_version)
-    rules["hardware_e4m3_cvt"] = (None if cc >= tuple(HARDWARE_MIN_CC) else
-                                  f"the e4m3 cvt instructions need {sm(HARDWARE_MIN_CC)}+, this GPU is {sm(cc)} "
-                                  f"(the portable encoder runs, same bytes)")
-    rules["tensor_core_mma"] = (None if cc >= FP8_TENSOR_CORE_MIN_CC else
-                                f"mma.sync with e4m3 operands needs sm_89+, this GPU is {sm(cc)}")
-    rules["tensor_core_wgmma"] = (None if cc == WGMMA_CC else
-                                  f"wgmma is an sm_90a instruction (arch-specific: Hopper only), this GPU is {sm(cc)}")
+    rules["hardware_e4m3_cvt"] = (
+        None
+        if cc >= tuple(HARDWARE_MIN_CC)
+        else f"the e4m3 cvt instructions need {sm(HARDWARE_MIN_CC)}+, this GPU is {sm(cc)} "
+        f"(the portable encoder runs, same bytes)"
+    )
+    rules["tensor_core_mma"] = (
+        None if cc >= FP8_TENSOR_CORE_MIN_CC else f"mma.sync with e4m3 operands needs sm_89+, this GPU is {sm(cc)}"
+    )
+    rules["tensor_core_wgmma"] = (
+        None if cc == WGMMA_CC else f"wgmma is an sm_90a instruction (arch-specific: Hopper only), this GPU is {sm(cc)}"
+    )
     rules["tensor_core_block_scaled_mma"] = (
-        None if cc in BLOCK_SCALED_CCS else
-        f"the block-scaled mma (kind::mxf8f6f4) is an sm_120a / sm_121a instruction (Blackwell workstations, GB10), "
-        f"this GPU is {sm(cc)}")
-    rules["mxfp8_tensor_core"] = (None if cc >= FP8_TENSOR_CORE_MIN_CC else
-                                  f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)} (the tiled CUDA-core kernel "
-                                  f"reads the E8M0 scales)")
+        None
+        if cc in BLOCK_SCALED_CCS
+        else f"the block-scaled mma (kind::mxf8f6f4) is an sm_120a / sm_121a instruction (Blackwell workstations, GB10), "
+        f"this GPU is {sm(cc)}"
+    )
+    rules["mxfp8_tensor_core"] = (
+        None
+        if cc >= FP8_TENSOR_CORE_MIN_CC
+        else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)} (the tiled CUDA-core kernel reads the E8M0 scales)"
+    )
     return rules
 
 
@@ -141,7 +156,8 @@ def moe_path_rules(cc, cublaslt_reason, simulator=False, tensor_core_reason=None
         return rules
     cc = tuple(int(v) for v in cc)
     rules["moe_grouped_tensor_core"] = tensor_core_reason or (
-        None if cc >= FP8_TENSOR_CORE_MIN_CC else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)}")
+        None if cc >= FP8_TENSOR_CORE_MIN_CC else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)}"
+    )
     rules["moe_per_expert_cublaslt"] = cublaslt_reason
     return rules
 
@@ -168,13 +184,21 @@ class Capabilities:
         return self.paths[path] is None
 
     def as_dict(self):
-        return dict(gpu=self.gpu, cc=None if self.cc is None else list(self.cc), sm_count=self.sm_count,
-                    cuda_runtime=self.cuda_runtime, cuda_driver=self.cuda_driver, cublaslt=self.cublaslt,
-                    reason=self.reason,
-                    paths={key: dict(available=self.paths[key] is None, why_not=self.paths[key])
-                           for key, _ in PATHS},
-                    moe_paths={key: dict(available=self.moe_paths[key] is None, why_not=self.moe_paths[key])
-                               for key, _ in MOE_PATHS if key in self.moe_paths})
+        return dict(
+            gpu=self.gpu,
+            cc=None if self.cc is None else list(self.cc),
+            sm_count=self.sm_count,
+            cuda_runtime=self.cuda_runtime,
+            cuda_driver=self.cuda_driver,
+            cublaslt=self.cublaslt,
+            reason=self.reason,
+            paths={key: dict(available=self.paths[key] is None, why_not=self.paths[key]) for key, _ in PATHS},
+            moe_paths={
+                key: dict(available=self.moe_paths[key] is None, why_not=self.moe_paths[key])
+                for key, _ in MOE_PATHS
+                if key in self.moe_paths
+            },
+        )
 
     def header(self):
         """One line: the GPU and the versions (or why there is no GPU)."""
@@ -182,26 +206,37 @@ class Capabilities:
             return f"no GPU: {self.reason}"
         arch = "" if self.cc is None else f", {sm(self.cc)}"
         sms = "" if self.sm_count is None else f", {self.sm_count} SMs"
-        versions = ", ".join(f"{label} {value or 'n/a'}" for label, value in
-                             (("CUDA runtime", self.cuda_runtime), ("driver", self.cuda_driver),
-                              ("cuBLASLt", self.cublaslt)))
+        versions = ", ".join(
+            f"{label} {value or 'n/a'}"
+            for label, value in (
+                ("CUDA runtime", self.cuda_runtime),
+                ("driver", self.cuda_driver),
+                ("cuBLASLt", self.cublaslt),
+            )
+        )
         return f"{self.gpu}{arch}{sms}; {versions}"
 
     def lines(self):
         rows = [(label, self.paths[key]) for key, label in PATHS]
         rows += [(label, self.moe_paths[key]) for key, label in MOE_PATHS if key in self.moe_paths]
         width = max(len(label) for label, _ in rows)
-        return [self.header()] + [f"  {label:{width}s}  {'yes' if why is None else 'no: ' + why}"
-                                  for label, why in rows]
+        return [self.header()] + [
+            f"  {label:{width}s}  {'yes' if why is None else 'no: ' + why}" for label, why in rows
+        ]
 
     def __str__(self):
         return "\n".join(self.lines())
 
     def _repr_html_(self):
-        rows = "".join(f"<tr><td>{html.escape(label)}</td><td>{'yes' if self.paths[key] is None else 'no'}</td>"
-                       f"<td>{html.escape(self.paths[key] or '')}</td></tr>" for key, label in PATHS)
-        return (f"<p>{html.escape(self.header())}</p><table><thead><tr><th>path</th><th>here</th>"
-                f"<th>why not</th></tr></thead><tbody>{rows}</tbody></table>")
+        rows = "".join(
+            f"<tr><td>{html.escape(label)}</td><td>{'yes' if self.paths[key] is None else 'no'}</td>"
+            f"<td>{html.escape(self.paths[key] or '')}</td></tr>"
+            for key, label in PATHS
+        )
+        return (
+            f"<p>{html.escape(self.header())}</p><table><thead><tr><th>path</th><th>here</th>"
+            f"<th>why not</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
 
 
 def _cublaslt_version(dev):
@@ -223,8 +258,16 @@ def capabilities():
 
     dev = device.current()
     if SIMULATOR:
-        return Capabilities(dev.name, None, dev.sm_count, None, None, None, path_rules(None, None, simulator=True),
-                            moe_paths=moe_path_rules(None, None, simulator=True))
+        return Capabilities(
+            dev.name,
+            None,
+            dev.sm_count,
+            None,
+            None,
+            None,
+            path_rules(None, None, simulator=True),
+            moe_paths=moe_path_rules(None, None, simulator=True),
+        )
     runtime = device.xp.cuda.runtime
     version, why = _cublaslt_version(dev)
     paths = path_rules(dev.cc, version, cublaslt_reason=why)
@@ -232,9 +275,16 @@ def capabilities():
         for key in CUBLASLT_PATHS:
             if paths[key] is None:
                 paths[key] = "turned off by the lever VT_DENSE_CUBLASLT_FP8=0 (the Numba GEMM kernels run)"
-    return Capabilities(dev.name, dev.cc, dev.sm_count, version_text(runtime.runtimeGetVersion(), 2),
-                        version_text(runtime.driverGetVersion(), 2), version_text(version), paths,
-                        moe_paths=moe_path_rules(dev.cc, paths["cublaslt_per_tensor"]))
+    return Capabilities(
+        dev.name,
+        dev.cc,
+        dev.sm_count,
+        version_text(runtime.runtimeGetVersion(), 2),
+        version_text(runtime.driverGetVersion(), 2),
+        version_text(version),
+        paths,
+        moe_paths=moe_path_rules(dev.cc, paths["cublaslt_per_tensor"]),
+    )
 
 
 __all__ = ["capabilities", "Capabilities", "path_rules", "PATHS", "version_text", "MOE_PATHS", "moe_path_rules"]

@@ -120,6 +120,7 @@ def _f32_2d_placeholder(dev):
 
 # -- routing -----------------------------------------------------------------------------------------
 
+
 def moe_align(topk_ids, num_experts):
     """(offsets int32 [E + 1], pair_row int32 [T, k], row_token int32 [P]) as the CPU's, in one
     launch (kernels/moe.py: the CPU's stable order, ids outside [0, E) skipped)."""
@@ -128,8 +129,10 @@ def moe_align(topk_ids, num_experts):
     t, k = (int(d) for d in ids.shape)
     e = int(num_experts)
     if e > moe.MAX_ALIGN_EXPERTS:
-        raise ValueError(f"num_experts must be <= {moe.MAX_ALIGN_EXPERTS} for the GPU align (its counters live in "
-                         f"shared memory), got {e}")
+        raise ValueError(
+            f"num_experts must be <= {moe.MAX_ALIGN_EXPERTS} for the GPU align (its counters live in "
+            f"shared memory), got {e}"
+        )
     flat = ids.reshape(-1)
     if np.dtype(flat.dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
         flat = flat.astype(np.int64)  # every other integer type widens exactly
@@ -153,8 +156,15 @@ def gather_rows(src, row_token):
         return out
     unit = next(u for u in (16, 4, 2, 1) if row_bytes % u == 0 and (u < 16 or (_aligned(src) and _aligned(out))))
     view = moe.UNIT_DTYPES[unit]
-    _run(moe.gather_launch(src.reshape(-1).view(np.uint8).view(view), out.reshape(-1).view(np.uint8).view(view),
-                           _array(row_token), unit, row_bytes // unit))
+    _run(
+        moe.gather_launch(
+            src.reshape(-1).view(np.uint8).view(view),
+            out.reshape(-1).view(np.uint8).view(view),
+            _array(row_token),
+            unit,
+            row_bytes // unit,
+        )
+    )
     return out
 
 
@@ -172,22 +182,49 @@ def quantize_rows_static(x, offsets, input_scales):
         return codes, scales
     kind = quantize._KINDS[np.dtype(x.dtype)]
     table = _scale_table(input_scales)
-    _run(moe.static_rows_launch(quantize._flat(x), kind, quantize.encoder_in_use(), quantize._flat(codes), scales,
-                                _array(offsets), table, int(table.shape[0]), p, k, _aligned(x)))
+    _run(
+        moe.static_rows_launch(
+            quantize._flat(x),
+            kind,
+            quantize.encoder_in_use(),
+            quantize._flat(codes),
+            scales,
+            _array(offsets),
+            table,
+            int(table.shape[0]),
+            p,
+            k,
+            _aligned(x),
+        )
+    )
     return codes, scales
 
 
-def _silu(h, offsets, mode, codes, scales, scale_bytes, partials, table, group_size, blocks, act=None, ue8m0=False,
-          e8m0=None):
+def _silu(
+    h, offsets, mode, codes, scales, scale_bytes, partials, table, group_size, blocks, act=None, ue8m0=False, e8m0=None
+):
     moe = _moe
     dev = _device.current()
     f32 = dev.placeholder("f32")
-    _run(moe.silu_launch(mode, quantize.encoder_in_use(), h, _f32_2d_placeholder(dev) if act is None else act,
-                         dev.placeholder("u8_2d") if codes is None else codes,
-                         f32 if scales is None else scales.reshape(-1),
-                         dev.placeholder("u8_2d").reshape(-1) if scale_bytes is None else scale_bytes.reshape(-1),
-                         f32 if partials is None else partials, offsets, f32 if table is None else table,
-                         int(offsets.shape[0]) - 1, group_size, blocks, ue8m0, e8m0))
+    _run(
+        moe.silu_launch(
+            mode,
+            quantize.encoder_in_use(),
+            h,
+            _f32_2d_placeholder(dev) if act is None else act,
+            dev.placeholder("u8_2d") if codes is None else codes,
+            f32 if scales is None else scales.reshape(-1),
+            dev.placeholder("u8_2d").reshape(-1) if scale_bytes is None else scale_bytes.reshape(-1),
+            f32 if partials is None else partials,
+            offsets,
+            f32 if table is None else table,
+            int(offsets.shape[0]) - 1,
+            group_size,
+            blocks,
+            ue8m0,
+            e8m0,
+        )
+    )
 
 
 def _hidden(h):
@@ -202,8 +239,19 @@ def silu_mul(h, offsets):
     p, half = int(h.shape[0]), int(h.shape[1]) // 2
     act = _device.xp.empty((p, half), dtype=np.float32)
     if p and half:
-        _silu(h, _array(offsets), moe.SiluMode.PLAIN, None, None, None, None, None, 1,
-              moe.silu_blocks(p, moe.SiluMode.PLAIN, 1), act=act)
+        _silu(
+            h,
+            _array(offsets),
+            moe.SiluMode.PLAIN,
+            None,
+            None,
+            None,
+            None,
+            None,
+            1,
+            moe.silu_blocks(p, moe.SiluMode.PLAIN, 1),
+            act=act,
+        )
     return act
 
 
@@ -244,15 +292,28 @@ def silu_mul_quantize(h, offsets, down_experts):
             _silu(h, offsets, mode.PER_TOKEN, codes, scales, None, None, None, 1, blocks)
         return codes, scales
     if scheme != "per_group":
-        raise ValueError(f"down_experts.activation_scheme must be static, dynamic, per_token or per_group, got "
-                         f"{dn.activation_scheme!r}")
+        raise ValueError(
+            f"down_experts.activation_scheme must be static, dynamic, per_token or per_group, got "
+            f"{dn.activation_scheme!r}"
+        )
     g = int(dn.block_size[1])
     groups = -(-half // g)
     if dn.activation_scale_format == "e8m0":
         scales = xp.empty((p, groups), dtype=np.uint8)
         if p and half:
-            _silu(h, offsets, mode.PER_GROUP, codes, None, scales, None, None, g, blocks,
-                  e8m0=dn.activation_scale_rounding or "rceil")
+            _silu(
+                h,
+                offsets,
+                mode.PER_GROUP,
+                codes,
+                None,
+                scales,
+                None,
+                None,
+                g,
+                blocks,
+                e8m0=dn.activation_scale_rounding or "rceil",
+            )
         return codes, scales
     scales = xp.empty((p, groups), dtype=np.float32)
     if p and half:
@@ -285,6 +346,7 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
 
 # -- the grouped GEMM ----------------------------------------------------------------------------------
 
+
 class GroupedCall:
     """One grouped_scaled_mm call, normalized once for every kernel's reason / run.
 
@@ -295,9 +357,33 @@ class GroupedCall:
     ``scale_a`` / ``scale_b`` as given but float32 (or uint8) and contiguous; ``block_size`` as given;
     ``out_dtype``; ``device``."""
 
-    __slots__ = ("a", "b", "b2d", "offsets", "p", "n", "k", "e", "sa", "sa_e8m0", "sa_row", "sa_kb", "sb", "sb_e8m0",
-                 "sb_e", "sb_nb", "sb_kb", "blocked", "block_n", "block_k", "block_size", "scale_a", "scale_b",
-                 "out_dtype", "device")
+    __slots__ = (
+        "a",
+        "b",
+        "b2d",
+        "offsets",
+        "p",
+        "n",
+        "k",
+        "e",
+        "sa",
+        "sa_e8m0",
+        "sa_row",
+        "sa_kb",
+        "sb",
+        "sb_e8m0",
+        "sb_e",
+        "sb_nb",
+        "sb_kb",
+        "blocked",
+        "block_n",
+        "block_k",
+        "block_size",
+        "scale_a",
+        "scale_b",
+        "out_dtype",
+        "device",
+    )
 
     def __init__(self, a, scale_a, b, scale_b, offsets, out_dtype, block_size):
         self.device = _device.current()
@@ -363,8 +449,10 @@ class TensorCoreGroupedGemv:
             return "kernels/tc_gemv.py has no grouped_gemv_launch (the tensor-core grouped GEMV)"
         why = tc_gemv.grouped_gemv_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
         if why is None and not forced and PerExpert().reason(call, False) is None:
-            why = (f"a prefill-sized call ({call.p} rows over {call.e} experts): per_expert takes it, past "
-                   f"{PER_EXPERT_MIN_ROWS} rows per expert on average")
+            why = (
+                f"a prefill-sized call ({call.p} rows over {call.e} experts): per_expert takes it, past "
+                f"{PER_EXPERT_MIN_ROWS} rows per expert on average"
+            )
         return why
 
     def run(self, call, y, active):
@@ -374,9 +462,21 @@ class TensorCoreGroupedGemv:
         # at most 8 rows per expert on average (decode: T <= 8 tokens of top-k): the 8-row passes, which
         # ran 171 against 236 us at 8 rows over 128 experts (H200); an expert with more takes more passes
         hint = 8 if call.p <= 8 * call.e else None
-        _run(tc_gemv.grouped_gemv_launch(call.a, call.scale_a, call.b, call.scale_b, call.offsets, y_bits,
-                                         call.out_dtype, call.block_size, call.device, rows_hint=hint,
-                                         active=active))
+        _run(
+            tc_gemv.grouped_gemv_launch(
+                call.a,
+                call.scale_a,
+                call.b,
+                call.scale_b,
+                call.offsets,
+                y_bits,
+                call.out_dtype,
+                call.block_size,
+                call.device,
+                rows_hint=hint,
+                active=active,
+            )
+        )
 
 
 class PerExpert:
@@ -397,8 +497,10 @@ class PerExpert:
         if not _config.dense_cublaslt_fp8_enabled():
             return "turned off by the lever VT_DENSE_CUBLASLT_FP8 (its point is cuBLASLt)"
         if call.p < PER_EXPERT_MIN_ROWS * call.e:
-            return (f"it reads offsets back (a synchronization), taken from {PER_EXPERT_MIN_ROWS} rows per expert on "
-                    f"average, got P = {call.p} rows over E = {call.e} experts")
+            return (
+                f"it reads offsets back (a synchronization), taken from {PER_EXPERT_MIN_ROWS} rows per expert on "
+                f"average, got P = {call.p} rows over E = {call.e} experts"
+            )
         return None
 
     def run(self, call, y, active):
@@ -411,13 +513,21 @@ class PerExpert:
                 continue
             sa = _aligned_copy(call.scale_a[lo:hi]) if per_row_a else call.scale_a
             if call.blocked:
-                part = _block.block_scaled_mm(call.a[lo:hi], call.b[e], sa, _aligned_copy(call.scale_b[e]),
-                                              call.block_size, call.out_dtype, None, None)
+                part = _block.block_scaled_mm(
+                    call.a[lo:hi],
+                    call.b[e],
+                    sa,
+                    _aligned_copy(call.scale_b[e]),
+                    call.block_size,
+                    call.out_dtype,
+                    None,
+                    None,
+                )
             else:
-                sb = call.scale_b[e] if call.scale_b.ndim == 2 else call.scale_b[e:e + 1]
+                sb = call.scale_b[e] if call.scale_b.ndim == 2 else call.scale_b[e : e + 1]
                 part = _gemm.scaled_mm(call.a[lo:hi], call.b[e], sa, _aligned_copy(sb), call.out_dtype, None, None)
             bits[lo:hi] = _epilogue.out_bits(part)
-        bits[max(0, int(offs[call.e])):] = 0
+        bits[max(0, int(offs[call.e])) :] = 0
 
 
 def _aligned_copy(view):
@@ -493,8 +603,9 @@ def select(call, kernel=None):
     if kernel is not None:
         chosen = KERNELS_BY_NAME.get(kernel)
         if chosen is None:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None for a grouped GEMM call, got "
-                             f"{kernel!r}")
+            raise ValueError(
+                f"kernel must be one of {sorted(KERNELS_BY_NAME)} or None for a grouped GEMM call, got {kernel!r}"
+            )
         if chosen.name in disabled:
             raise ValueError(f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS")
         why = chosen.reason(call, True)
@@ -510,8 +621,10 @@ def select(call, kernel=None):
         if why is None:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
-    raise ValueError(f"no GPU grouped GEMM kernel can run a [{call.p}, {call.k}] x {call.e} experts of [{call.n}, "
-                     f"{call.k}]^T call:\n  " + "\n  ".join(reasons))
+    raise ValueError(
+        f"no GPU grouped GEMM kernel can run a [{call.p}, {call.k}] x {call.e} experts of [{call.n}, "
+        f"{call.k}]^T call:\n  " + "\n  ".join(reasons)
+    )
 
 
 def grouped_kernel_for(a, scale_a, b, scale_b, offsets, out_dtype, block_size=None, kernel=None):
@@ -548,11 +661,28 @@ def moe_paths():
     _backend()
     from .kernels import tc_gemv
 
-    hook = None if getattr(tc_gemv, "grouped_gemv_launch", None) is not None else (
-        "kernels/tc_gemv.py has no grouped_gemv_launch yet (the tensor-core grouped GEMV is to come)")
+    hook = (
+        None
+        if getattr(tc_gemv, "grouped_gemv_launch", None) is not None
+        else ("kernels/tc_gemv.py has no grouped_gemv_launch yet (the tensor-core grouped GEMV is to come)")
+    )
     return caps.moe_path_rules(base.cc, base.paths["cublaslt_per_tensor"], SIMULATOR, hook)
 
 
-__all__ = ["moe_align", "active_experts", "gather_rows", "quantize_rows_static", "grouped_scaled_mm", "silu_mul", "silu_mul_quantize",
-           "moe_combine", "grouped_kernel_for", "select", "GroupedCall", "KERNELS", "KERNELS_BY_NAME",
-           "PER_EXPERT_MIN_ROWS", "moe_paths"]
+__all__ = [
+    "moe_align",
+    "active_experts",
+    "gather_rows",
+    "quantize_rows_static",
+    "grouped_scaled_mm",
+    "silu_mul",
+    "silu_mul_quantize",
+    "moe_combine",
+    "grouped_kernel_for",
+    "select",
+    "GroupedCall",
+    "KERNELS",
+    "KERNELS_BY_NAME",
+    "PER_EXPERT_MIN_ROWS",
+    "moe_paths",
+]

@@ -84,8 +84,22 @@ OUTER_VEC_MIN_M = 128
 class GemmCall:
     """One scaled_mm call, normalized once and shared by every kernel's can_implement / run."""
 
-    __slots__ = ("a", "b", "scale_a", "sa_step", "scale_b", "sb_step", "out_dtype", "bias", "m", "n", "k",
-                 "device", "plan", "state")
+    __slots__ = (
+        "a",
+        "b",
+        "scale_a",
+        "sa_step",
+        "scale_b",
+        "sb_step",
+        "out_dtype",
+        "bias",
+        "m",
+        "n",
+        "k",
+        "device",
+        "plan",
+        "state",
+    )
 
     def __init__(self, a, b, scale_a, scale_b, out_dtype, bias):
         self.device = dev = device.current()
@@ -240,8 +254,10 @@ class CublasLt(_OnCublasLt):
             bias_dt = np.dtype(call.bias.dtype)
             want = cublaslt.BIAS_TYPE_FOR_OUT[call.out_dtype]
             if bias_dt != want:
-                return False, (f"cuBLASLt's FP8 bias epilogue takes a {want} bias for {call.out_dtype} "
-                               f"output, got {bias_dt} (it would be rounded)")
+                return False, (
+                    f"cuBLASLt's FP8 bias epilogue takes a {want} bias for {call.out_dtype} "
+                    f"output, got {bias_dt} (it would be rounded)"
+                )
             if call.bias.data.ptr % 16:
                 return False, "cuBLASLt's bias must be 16-byte aligned"
         mode_a = mode_b = cublaslt.SCALAR
@@ -253,11 +269,15 @@ class CublasLt(_OnCublasLt):
             # the H200 (every per-token call at M = 1 fell to the f32-staged path). A scalar is the
             # vector of a one-row operand; a per-tensor weight scale beside per-row ones is not.
             if (not call.sb_step and call.n > 1) or (not call.sa_step and call.m > 1):
-                return False, ("cuBLASLt's per-row x per-channel scales (OUTER_VEC_32F) need a vector on both "
-                               "sides: a per-tensor scale beside per-row ones takes the f32-staged path")
+                return False, (
+                    "cuBLASLt's per-row x per-channel scales (OUTER_VEC_32F) need a vector on both "
+                    "sides: a per-tensor scale beside per-row ones takes the f32-staged path"
+                )
             if call.m < OUTER_VEC_MIN_M:
-                return False, (f"cuBLASLt's OUTER_VEC_32F plans are slower than the f32-staged path below "
-                               f"M = {OUTER_VEC_MIN_M} (measured), got M = {call.m}")
+                return False, (
+                    f"cuBLASLt's OUTER_VEC_32F plans are slower than the f32-staged path below "
+                    f"M = {OUTER_VEC_MIN_M} (measured), got M = {call.m}"
+                )
             mode_a = mode_b = cublaslt.VECTOR
         return _take_plan(call, call.out_dtype, bias_dt, mode_a, mode_b, _vector_pointers(call, call.bias))
 
@@ -274,9 +294,21 @@ class CublasLtF32Epilogue(_OnCublasLt):
     def steps(self, call, y, scratch):
         acc = scratch((call.m, call.n), _F32)
         one = call.device.scalar(1.0)
-        return [Matmul(call.plan, call.state, call.a, call.b, one, one, None, acc),  # f32(sum_k ...)
-                Launch(*epilogue_launch(acc, out_bits(y), call.scale_a, call.sa_step, call.scale_b, call.sb_step,
-                                        *bias_bits(call.bias, call.device), OUT_KIND[call.out_dtype]))]
+        return [
+            Matmul(call.plan, call.state, call.a, call.b, one, one, None, acc),  # f32(sum_k ...)
+            Launch(
+                *epilogue_launch(
+                    acc,
+                    out_bits(y),
+                    call.scale_a,
+                    call.sa_step,
+                    call.scale_b,
+                    call.sb_step,
+                    *bias_bits(call.bias, call.device),
+                    OUT_KIND[call.out_dtype],
+                )
+            ),
+        ]
 
 
 class DecodeGemv(_NumbaKernel):
@@ -299,9 +331,23 @@ class Tiled(_NumbaKernel):
     def launch(self, call, y_bits):
         bias, bias_kind = bias_bits(call.bias, call.device)
         grid = ((call.n + tiled.TILE_N - 1) // tiled.TILE_N, (call.m + tiled.TILE_M - 1) // tiled.TILE_M)
-        return (tiled.tiled_kernel(call.out_dtype == np.float32), grid, tiled.TILED_THREADS,
-                (call.a, call.b, call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-                 OUT_KIND[call.out_dtype]))
+        return (
+            tiled.tiled_kernel(call.out_dtype == np.float32),
+            grid,
+            tiled.TILED_THREADS,
+            (
+                call.a,
+                call.b,
+                call.scale_a,
+                call.sa_step,
+                call.scale_b,
+                call.sb_step,
+                bias,
+                bias_kind,
+                y_bits,
+                OUT_KIND[call.out_dtype],
+            ),
+        )
 
 
 class TensorCoreGemv(_NumbaKernel):
@@ -398,7 +444,9 @@ def choose(call, kernel, candidates, by_name, what):
         if chosen is None:
             raise ValueError(f"kernel must be one of {sorted(by_name)} or None for a {what} call, got {kernel!r}")
         if chosen.name in disabled:
-            raise ValueError(f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS={os.environ['VT_DISABLE_KERNELS']!r}")
+            raise ValueError(
+                f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS={os.environ['VT_DISABLE_KERNELS']!r}"
+            )
         ok, why = chosen.can_implement(call)
         if not ok:
             raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
@@ -412,8 +460,9 @@ def choose(call, kernel, candidates, by_name, what):
         if ok:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
-    raise ValueError(f"no GPU {what} kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  "
-                     + "\n  ".join(reasons))
+    raise ValueError(
+        f"no GPU {what} kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  " + "\n  ".join(reasons)
+    )
 
 
 def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=None):
@@ -457,6 +506,24 @@ def fp8_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias)
     return scaled_mm(codes, b, scale_a, scale_b, out_dtype, bias)
 
 
-__all__ = ["Kernel", "Launch", "Matmul", "run_steps", "execute", "fresh_scratch", "out_bits", "scaled_mm", "fp8_linear",
-           "fused_linear_reason", "select", "choose", "kernel_order", "disabled_kernels", "GemmCall", "KERNELS",
-           "KERNELS_BY_NAME", "DECODE_GEMV_PREFERRED_MAX_M", "OUTER_VEC_MIN_M"]
+__all__ = [
+    "Kernel",
+    "Launch",
+    "Matmul",
+    "run_steps",
+    "execute",
+    "fresh_scratch",
+    "out_bits",
+    "scaled_mm",
+    "fp8_linear",
+    "fused_linear_reason",
+    "select",
+    "choose",
+    "kernel_order",
+    "disabled_kernels",
+    "GemmCall",
+    "KERNELS",
+    "KERNELS_BY_NAME",
+    "DECODE_GEMV_PREFERRED_MAX_M",
+    "OUTER_VEC_MIN_M",
+]

@@ -41,8 +41,9 @@ def _stream_ptr_of(stream):
         value = getattr(stream, attr, None)
         if isinstance(value, int):
             return value
-    raise TypeError(f"stream must be a cupy or torch CUDA stream (or None for cupy's current one), "
-                    f"got {type(stream).__name__}")
+    raise TypeError(
+        f"stream must be a cupy or torch CUDA stream (or None for cupy's current one), got {type(stream).__name__}"
+    )
 
 
 def _is_gpu_array(value):
@@ -90,8 +91,7 @@ class CapturedCall:
             self._launch_stream = cupy.cuda.ExternalStream(_stream_ptr_of(stream))
         self.graph.upload(self._capture_stream)
         self._capture_stream.synchronize()  # once, at capture time: replays never synchronize
-        self._arg_specs = [(i, a.shape, a.dtype, a.nbytes) for i, a in enumerate(self.static_args)
-                           if _is_gpu_array(a)]
+        self._arg_specs = [(i, a.shape, a.dtype, a.nbytes) for i, a in enumerate(self.static_args) if _is_gpu_array(a)]
 
     def __call__(self, *args):
         if len(args) != len(self.static_args):
@@ -102,8 +102,10 @@ class CapturedCall:
         for i, shape, dtype, nbytes in self._arg_specs:
             new = args[i]
             if new.shape != shape or new.dtype != dtype:
-                raise ValueError(f"argument {i} must have the captured shape {shape} and dtype {dtype}, "
-                                 f"got shape {tuple(new.shape)} and dtype {new.dtype}")
+                raise ValueError(
+                    f"argument {i} must have the captured shape {shape} and dtype {dtype}, "
+                    f"got shape {tuple(new.shape)} and dtype {new.dtype}"
+                )
             if not new.flags.c_contiguous:
                 raise ValueError(f"argument {i} must be C-contiguous like the captured one, got a strided view")
             memcpy(self.static_args[i].data.ptr, new.data.ptr, nbytes, 3, stream_ptr)  # 3: device to device
@@ -120,8 +122,9 @@ def capture(fn, *example_args, stream=None, warmup=1):
         raise ValueError(f"warmup must be an int >= 1 (kernels compile and plans are made there), got {warmup!r}")
     for i, a in enumerate(example_args):
         if _is_gpu_array(a) and not a.flags.c_contiguous:
-            raise ValueError(f"example_args[{i}] must be C-contiguous (the graph reads it in place), got a strided view")
+            raise ValueError(
+                f"example_args[{i}] must be C-contiguous (the graph reads it in place), got a strided view"
+            )
     if stream is not None:
         _stream_ptr_of(stream)  # refuse a wrong type now, not at the first replay
     return CapturedCall(fn, example_args, stream, warmup)
-

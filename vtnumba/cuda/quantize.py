@@ -132,6 +132,7 @@ def scale_array(scale):
 # Each quantization is written as the launches it makes -- (kernel, grid, block, args), the flat
 # input first -- so that a call and a prepared (bound) call run the very same launches.
 
+
 def _static_launches(xin, kind, n, aligned, out, scale, encoder):
     quant = _quant
     device_scale, scale_arg = _scalar_arg(scale)
@@ -163,8 +164,10 @@ def _dynamic_launches(xin, kind, n, aligned, out, scale, partials, parts, encode
     if n <= quant.SMALL_DYNAMIC_MAX:  # one launch (quant.py says why)
         return [(quant.dynamic_small_kernel(kind, encoder), 1, quant.SMALL_THREADS, (xin, _flat(out), scale, ngroups))]
     blocks = min(_elementwise_grid(n, ngroups), dev.sm_count * quant.DYNAMIC_BLOCKS_PER_SM)
-    return [(quant.amax_kernel(kind), parts, quant.THREADS, (xin, partials, ngroups)),
-            (quant.dynamic_kernel(kind, encoder), blocks, quant.THREADS, (xin, _flat(out), partials, scale, ngroups))]
+    return [
+        (quant.amax_kernel(kind), parts, quant.THREADS, (xin, partials, ngroups)),
+        (quant.dynamic_kernel(kind, encoder), blocks, quant.THREADS, (xin, _flat(out), partials, scale, ngroups)),
+    ]
 
 
 def _per_token_launches(xin, kind, shape, aligned, out, scales, scale_ub, encoder):
@@ -214,8 +217,9 @@ def quantize_per_token(x, scale_ub, *, encoder=None):
     return out, scales
 
 
-def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales,
-                        encoder, e8m0=None):
+def _per_group_launches(
+    xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales, encoder, e8m0=None
+):
     """The per-group quantization launch; ``e8m0`` ('rceil' / 'floor'): MX, E8M0 byte scales."""
     quant = _quant
     rows, cols = shape
@@ -232,8 +236,14 @@ def _per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scal
     blocks = max(1, min(-(-rows * groups // per_block), quant.MAX_BLOCKS))
     row_stride, group_stride = (1, rows) if column_major_scales else (groups, 1)
     flat_scales = scales.T if column_major_scales else scales
-    return [(kernel, blocks, threads, (xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride,
-                                       group_stride))]
+    return [
+        (
+            kernel,
+            blocks,
+            threads,
+            (xin, _flat(out), _flat(flat_scales), rows, cols, group_size, row_stride, group_stride),
+        )
+    ]
 
 
 def _group_scales(rows, groups, column_major, scratch=_fresh, dtype=np.float32):
@@ -249,8 +259,20 @@ def quantize_per_group(x, group_size, scale_ue8m0, column_major_scales, *, encod
     scales = _group_scales(rows, -(-cols // group_size), column_major_scales)
     if rows == 0 or cols == 0:
         return out, scales
-    _run(_per_group_launches(xin, kind, shape, aligned, out, scales, group_size, scale_ue8m0, column_major_scales,
-                             _encoder(encoder, _device.current())))
+    _run(
+        _per_group_launches(
+            xin,
+            kind,
+            shape,
+            aligned,
+            out,
+            scales,
+            group_size,
+            scale_ue8m0,
+            column_major_scales,
+            _encoder(encoder, _device.current()),
+        )
+    )
     del owner  # see quantize_static
     return out, scales
 
@@ -265,8 +287,21 @@ def quantize_per_group_e8m0(x, group_size, rounding, column_major_scales, *, enc
     scales = _group_scales(rows, -(-cols // group_size), column_major_scales, dtype=np.uint8)
     if rows == 0 or cols == 0:
         return out, scales
-    _run(_per_group_launches(xin, kind, shape, aligned, out, scales, group_size, False, column_major_scales,
-                             _encoder(encoder, _device.current()), rounding))
+    _run(
+        _per_group_launches(
+            xin,
+            kind,
+            shape,
+            aligned,
+            out,
+            scales,
+            group_size,
+            False,
+            column_major_scales,
+            _encoder(encoder, _device.current()),
+            rounding,
+        )
+    )
     del owner  # see quantize_static
     return out, scales
 
@@ -293,11 +328,17 @@ def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch, 
         return _static_launches(xin, kind, n, aligned, codes, input_scale, encoder), codes, scale_array(input_scale)
     if e8m0 is not None:  # MX: E8M0 bytes, row-major (the seam's layout for them)
         scales = _group_scales(shape[0], -(-shape[1] // group_size), False, scratch, np.uint8)
-        return (_per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, False, False, encoder, e8m0),
-                codes, scales)
+        return (
+            _per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, False, False, encoder, e8m0),
+            codes,
+            scales,
+        )
     scales = _group_scales(shape[0], -(-shape[1] // group_size), True, scratch)
-    return (_per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, True, encoder),
-            codes, scales)
+    return (
+        _per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, True, encoder),
+        codes,
+        scales,
+    )
 
 
 def decode(codes):
@@ -330,6 +371,16 @@ def encoder_in_use():
     return _encoder(None, _device.current())
 
 
-__all__ = ["scale_array", "quantize_static", "quantize_dynamic", "quantize_per_token", "quantize_per_group",
-           "quantize_per_group_e8m0",
-           "quantize_launches", "quantize_activation", "decode", "dequantize", "encoder_in_use"]
+__all__ = [
+    "scale_array",
+    "quantize_static",
+    "quantize_dynamic",
+    "quantize_per_token",
+    "quantize_per_group",
+    "quantize_per_group_e8m0",
+    "quantize_launches",
+    "quantize_activation",
+    "decode",
+    "dequantize",
+    "encoder_in_use",
+]

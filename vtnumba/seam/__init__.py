@@ -13,13 +13,20 @@ MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spel
 
 from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, load_fp8_linear
 from .config import Fp8Config
-from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .experts import Fp8Experts, grouped_matmul_fp8, moe_debug_checks, moe_fp8
 from .experts_checkpoint import load_fp8_experts
 from .fusion import fuse_fp8_shards, requantize_with_max_scale
-from .parallel import (ColumnParallelLinearMethod, RowParallelLinearMethod, combine_partials, nccl_all_reduce,
-                       shard_range, shard_weight, torch_all_reduce)
+from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant, quantize_activation
+from .parallel import (
+    ColumnParallelLinearMethod,
+    RowParallelLinearMethod,
+    combine_partials,
+    nccl_all_reduce,
+    shard_range,
+    shard_weight,
+    torch_all_reduce,
+)
 from .weights import DeviceLoadStats, Fp8Weight, ResidentFp8, load_stats, reset_load_stats
 
 __all__ = [

@@ -70,14 +70,18 @@ class Checkpoint:
             else:
                 files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
                 if not files:
-                    raise ValueError(f"path must hold model.safetensors, {_INDEX} or *.safetensors files, "
-                                     f"got a directory without them: {path!r}")
+                    raise ValueError(
+                        f"path must hold model.safetensors, {_INDEX} or *.safetensors files, "
+                        f"got a directory without them: {path!r}"
+                    )
         elif path.endswith(".json"):
             files = self._from_index(path)
         elif os.path.isfile(path):
             files = [path]
         else:
-            raise ValueError(f"path must be a .safetensors file, an index .json or a model directory, got {path!r} (not found)")
+            raise ValueError(
+                f"path must be a .safetensors file, an index .json or a model directory, got {path!r} (not found)"
+            )
         self._where = {}  # tensor name -> (file, header entry, data start)
         self._data_end = {}  # file -> the byte where its last tensor ends, by its header
         self._checked = set()  # files whose size was found to match their header
@@ -101,7 +105,9 @@ class Checkpoint:
         files = sorted({os.path.join(base, f) for f in weight_map.values()})
         for file in files:
             if not os.path.isfile(file):
-                raise ValueError(f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing")
+                raise ValueError(
+                    f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing"
+                )
         return files
 
     def __contains__(self, name: object) -> bool:
@@ -133,15 +139,19 @@ class Checkpoint:
                 with safe_open(file, framework="np") as f:
                     return f.get_tensor(name)
             except SafetensorError as exc:  # safetensors' own message names neither the file nor the tensor
-                raise ValueError(f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must be readable by "
-                                 f"safetensors, got {exc}; the file is damaged: download or copy it "
-                                 f"again") from None
+                raise ValueError(
+                    f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must be readable by "
+                    f"safetensors, got {exc}; the file is damaged: download or copy it "
+                    f"again"
+                ) from None
         start, end = entry["data_offsets"]
         count = math.prod(shape)
         if end - start != count:
-            raise ValueError(f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must span {count} bytes for "
-                             f"shape {list(shape)} ({dtype}), got data_offsets {entry['data_offsets']}; the "
-                             f"file's header is wrong: write the checkpoint again")
+            raise ValueError(
+                f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must span {count} bytes for "
+                f"shape {list(shape)} ({dtype}), got data_offsets {entry['data_offsets']}; the "
+                f"file's header is wrong: write the checkpoint again"
+            )
         codes = np.fromfile(file, dtype=np.uint8, count=count, offset=data_start + start)
         return codes.reshape(shape)
 
@@ -156,12 +166,14 @@ class Checkpoint:
             raise ValueError(
                 f"layer {_layer(name)!r}: file {file!r} must hold the {want} bytes its header describes, got "
                 f"{size}: the file is truncated (an interrupted download or copy), cutting off {len(cut)} "
-                f"tensor(s) ({', '.join(cut[:3])}{', ...' if len(cut) > 3 else ''}); download or copy it again")
+                f"tensor(s) ({', '.join(cut[:3])}{', ...' if len(cut) > 3 else ''}); download or copy it again"
+            )
         if size > want:
             raise ValueError(
                 f"layer {_layer(name)!r}: file {file!r} must end where its last tensor ends (byte {want}), got "
                 f"{size - want} bytes more: the file is damaged or not one safetensors file; download or "
-                f"copy it again")
+                f"copy it again"
+            )
         self._checked.add(file)
 
 
@@ -189,15 +201,19 @@ def _read_header(file):
     with open(file, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
-            raise ValueError(f"{file!r} must be a safetensors file, got {len(raw)} bytes: the file is empty or "
-                             f"truncated; download or copy it again")
+            raise ValueError(
+                f"{file!r} must be a safetensors file, got {len(raw)} bytes: the file is empty or "
+                f"truncated; download or copy it again"
+            )
         (length,) = struct.unpack("<Q", raw)
         if length > 100 * 2**20:  # the format caps headers at 100 MB
             raise ValueError(f"{file!r} must be a safetensors file, got a header length of {length}")
         text = f.read(length)
         if len(text) < length:
-            raise ValueError(f"{file!r} must hold its {length}-byte header, got {len(text)} bytes of it: the file "
-                             f"is truncated (an interrupted download or copy); download or copy it again")
+            raise ValueError(
+                f"{file!r} must hold its {length}-byte header, got {len(text)} bytes of it: the file "
+                f"is truncated (an interrupted download or copy); download or copy it again"
+            )
         try:
             header = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -237,9 +253,15 @@ def _scalar(ckpt, name):
     return value
 
 
-def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str | None = None,
-                    block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
-                    activation_scale_format: str | None = None) -> Fp8Weight:
+def load_fp8_linear(
+    path: CheckpointLike,
+    prefix: str,
+    *,
+    activation_scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
+    scale_ue8m0: bool = False,
+    activation_scale_format: str | None = None,
+) -> Fp8Weight:
     """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
     checkpoint (file, directory or sharded index; or a ``Checkpoint``).
 
@@ -261,53 +283,72 @@ def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str
     wname = f"{prefix}.weight"
     if wname not in ckpt:
         near = ckpt.names(prefix + ".")
-        raise ValueError(f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none"
-                         + (f" (tensors under {prefix!r}: {near})" if near else f" (no tensor starts with {prefix!r})"))
+        raise ValueError(
+            f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none"
+            + (f" (tensors under {prefix!r}: {near})" if near else f" (no tensor starts with {prefix!r})")
+        )
     dtype, shape = ckpt.dtype(wname), ckpt.shape(wname)
     if dtype != "F8_E4M3":
-        raise ValueError(f"layer {prefix!r}: tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
-                         + _not_fp8_hint(ckpt, wname, dtype))
+        raise ValueError(
+            f"layer {prefix!r}: tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
+            + _not_fp8_hint(ckpt, wname, dtype)
+        )
     if len(shape) != 2:
         raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(shape)}")
     n, k = shape
 
     present = [s for s in (f"{prefix}.weight_scale", f"{prefix}.weight_scale_inv", f"{prefix}.scale") if s in ckpt]
     if not present:
-        raise ValueError(f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv, or {prefix}.scale) must be in "
-                         f"the checkpoint for the FP8 weight {wname!r}, got none: without it the codes cannot be "
-                         f"dequantized")
+        raise ValueError(
+            f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv, or {prefix}.scale) must be in "
+            f"the checkpoint for the FP8 weight {wname!r}, got none: without it the codes cannot be "
+            f"dequantized"
+        )
     if len(present) > 1:
-        raise ValueError(f"tensors {' and '.join(map(repr, present))} must not all be present (which one "
-                         f"scales the weight is ambiguous), got {len(present)}")
+        raise ValueError(
+            f"tensors {' and '.join(map(repr, present))} must not all be present (which one "
+            f"scales the weight is ambiguous), got {len(present)}"
+        )
     sname = present[0]
     sshape = ckpt.shape(sname)
     if block_size is not None:
-        return _load_block_fp8(ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme,
-                               activation_scale_format)
+        return _load_block_fp8(
+            ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme, activation_scale_format
+        )
     if ckpt.dtype(sname) in _E8M0_DTYPES and sshape == (n, -(-k // 32)):
-        raise ValueError(f"tensor {sname!r} holds E8M0 bytes ({ckpt.dtype(sname)}) of shape {list(sshape)} for a weight "
-                         f"of shape {[n, k]}: an MXFP8 layer; pass block_size=(1, 32), or read it through "
-                         f"Fp8Config.from_hf(config).load_linear")
+        raise ValueError(
+            f"tensor {sname!r} holds E8M0 bytes ({ckpt.dtype(sname)}) of shape {list(sshape)} for a weight "
+            f"of shape {[n, k]}: an MXFP8 layer; pass block_size=(1, 32), or read it through "
+            f"Fp8Config.from_hf(config).load_linear"
+        )
     if sshape in ((), (1,), (1, 1)):
         scale_kind = "per-tensor"
     elif sshape in ((n,), (n, 1)):
         scale_kind = "per-channel"
     elif len(sshape) == 2 and sshape[0] < n and sshape[1] < k:
-        raise ValueError(f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: a "
-                         f"block-scaled layer; pass block_size (the checkpoint's weight_block_size), or read it "
-                         f"through Fp8Config.from_hf(config).load_linear")
+        raise ValueError(
+            f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: a "
+            f"block-scaled layer; pass block_size (the checkpoint's weight_block_size), or read it "
+            f"through Fp8Config.from_hf(config).load_linear"
+        )
     else:
-        raise ValueError(f"tensor {sname!r} must have shape [] or [1] (per-tensor), [{n}] or [{n}, 1] "
-                         f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)}")
+        raise ValueError(
+            f"tensor {sname!r} must have shape [] or [1] (per-tensor), [{n}] or [{n}, 1] "
+            f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)}"
+        )
     scale = _read_float(ckpt, sname).astype(np.float32).reshape(-1)
     bad = ~(np.isfinite(scale) & (scale > 0))
     if bad.any():
-        raise ValueError(f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
-                         f"at {np.flatnonzero(bad)[:4].tolist()}")
+        raise ValueError(
+            f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
+            f"at {np.flatnonzero(bad)[:4].tolist()}"
+        )
     if not sname.endswith(".weight_scale"):
         name = sname.rsplit(".", 1)[1]
-        convention = (f"{name} read as the dequantization multiplier (w = codes * {name}), "
-                      "the DeepSeek-V3 / vLLM meaning despite the name")
+        convention = (
+            f"{name} read as the dequantization multiplier (w = codes * {name}), "
+            "the DeepSeek-V3 / vLLM meaning despite the name"
+        )
     else:
         convention = "weight_scale read as the dequantization multiplier (w = codes * weight_scale)"
 
@@ -336,11 +377,18 @@ def load_fp8_linear(path: CheckpointLike, prefix: str, *, activation_scheme: str
         "tensors": tensors,
         "weight_scale": f"{sname} ({scale_kind}, shape {list(sshape)}, {ckpt.dtype(sname)})",
         "scale_convention": convention,
-        "input_scale": iname if read_input_scale else (f"{iname} ignored (activation_scheme="
-                                                       f"{activation_scheme!r})" if input_scale is not None else None),
+        "input_scale": iname
+        if read_input_scale
+        else (f"{iname} ignored (activation_scheme={activation_scheme!r})" if input_scale is not None else None),
     }
-    return Fp8Weight(codes, scale, input_scale=input_scale if read_input_scale else None, bias=bias,
-                     activation_scheme=activation_scheme, source=source)
+    return Fp8Weight(
+        codes,
+        scale,
+        input_scale=input_scale if read_input_scale else None,
+        bias=bias,
+        activation_scheme=activation_scheme,
+        source=source,
+    )
 
 
 def _not_fp8_hint(ckpt, wname, dtype):
@@ -349,10 +397,12 @@ def _not_fp8_hint(ckpt, wname, dtype):
         return ": the layer is not FP8-quantized (read it with load_float_linear)"
     if dtype == "U8":
         # some exporters write e4m3 codes as plain bytes: the bits are right, the dtype tag is not
-        return (f" in {ckpt.file(wname)!r}: uint8 bytes, which may be e4m3fn codes stored without their dtype. "
-                f"If they are, view them as float8_e4m3fn and save again (numpy: codes.view(ml_dtypes.float8_e4m3fn); "
-                f"torch: t.view(torch.float8_e4m3fn); safetensors then writes F8_E4M3), or build the weight from "
-                f"them: seam.Fp8Weight(seam.Checkpoint(path).read({wname!r}), weight_scale)")
+        return (
+            f" in {ckpt.file(wname)!r}: uint8 bytes, which may be e4m3fn codes stored without their dtype. "
+            f"If they are, view them as float8_e4m3fn and save again (numpy: codes.view(ml_dtypes.float8_e4m3fn); "
+            f"torch: t.view(torch.float8_e4m3fn); safetensors then writes F8_E4M3), or build the weight from "
+            f"them: seam.Fp8Weight(seam.Checkpoint(path).read({wname!r}), weight_scale)"
+        )
     return f" in {ckpt.file(wname)!r}: vtnumba reads e4m3fn (F8_E4M3) FP8 weights only"
 
 
@@ -360,21 +410,26 @@ def _finite_codes(ckpt, wname):
     codes = ckpt.read(wname)
     nan = (codes & 0x7F) == 0x7F
     if nan.any():
-        raise ValueError(f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
-                         f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}")
+        raise ValueError(
+            f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
+            f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}"
+        )
     return codes
 
 
-def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme,
-                    activation_scale_format=None):
+def _load_block_fp8(
+    ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme, activation_scale_format=None
+):
     """A block-scaled layer: codes, [ceil(N / bn), ceil(K / bk)] scales (each block's checked, named):
     float scales widened to float32, E8M0 ones (F8_E8M0, U8) kept as bytes."""
     n, k = shape
     bn, bk = (int(v) for v in block_size)
     want = [-(-n // bn), -(-k // bk)]
     if list(ckpt.shape(sname)) != want:
-        raise ValueError(f"tensor {sname!r} must have shape {want} for a weight of shape {[n, k]} in {bn} x {bk} "
-                         f"blocks, got shape {list(ckpt.shape(sname))}")
+        raise ValueError(
+            f"tensor {sname!r} must have shape {want} for a weight of shape {[n, k]} in {bn} x {bk} "
+            f"blocks, got shape {list(ckpt.shape(sname))}"
+        )
     sdtype = ckpt.dtype(sname)
     if sdtype in _E8M0_DTYPES:
         scale = ckpt.read(sname).view(np.uint8)
@@ -386,11 +441,14 @@ def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, 
         kind = "positive finite block scales"
     if bad.any():
         first = np.argwhere(bad)[0].tolist()
-        raise ValueError(f"layer {prefix!r}: tensor {sname!r} must hold {kind}, got "
-                         f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks)")
+        raise ValueError(
+            f"layer {prefix!r}: tensor {sname!r} must hold {kind}, got "
+            f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks)"
+        )
     if activation_scheme not in (None, "per_group"):
-        raise ValueError(f"activation_scheme must be 'per_group' for the block-scaled layer {prefix!r}, "
-                         f"got {activation_scheme!r}")
+        raise ValueError(
+            f"activation_scheme must be 'per_group' for the block-scaled layer {prefix!r}, got {activation_scheme!r}"
+        )
     bname = f"{prefix}.bias"
     bias = _read_float(ckpt, bname) if bname in ckpt else None
     tensors = [wname, sname] + ([bname] if bias is not None else [])
@@ -399,23 +457,49 @@ def _load_block_fp8(ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, 
         "files": sorted({os.path.basename(ckpt.file(t)) for t in tensors}),
         "tensors": tensors,
         "weight_scale": f"{sname} (block {bn} x {bk}, shape {want}, {sdtype}{', E8M0 bytes' if e8m0 else ''})",
-        "scale_convention": (f"{sname} read as the dequantization multiplier of each block (w = codes * "
-                             + ("2^(byte - 127))" if e8m0 else "scale)")),
+        "scale_convention": (
+            f"{sname} read as the dequantization multiplier of each block (w = codes * "
+            + ("2^(byte - 127))" if e8m0 else "scale)")
+        ),
     }
-    return Fp8Weight(_finite_codes(ckpt, wname), scale, bias=bias, block_size=(bn, bk), scale_ue8m0=scale_ue8m0,
-                     activation_scheme="per_group", source=source, activation_scale_format=activation_scale_format)
+    return Fp8Weight(
+        _finite_codes(ckpt, wname),
+        scale,
+        bias=bias,
+        block_size=(bn, bk),
+        scale_ue8m0=scale_ue8m0,
+        activation_scheme="per_group",
+        source=source,
+        activation_scale_format=activation_scale_format,
+    )
 
 
-def load_fp8_fused_linear(path: CheckpointLike, prefixes: Sequence[str], *, activation_scheme: str | None = None,
-                          block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
-                          activation_scale_format: str | None = None) -> Fp8Weight:
+def load_fp8_fused_linear(
+    path: CheckpointLike,
+    prefixes: Sequence[str],
+    *,
+    activation_scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
+    scale_ue8m0: bool = False,
+    activation_scale_format: str | None = None,
+) -> Fp8Weight:
     """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the
     order given, with ``fuse_fp8_shards`` (max-scale requantization for per-tensor scales; block
     scales concatenated)."""
     ckpt = _checkpoint(path, prefixes[0] if len(prefixes) else None)
-    return fuse_fp8_shards([load_fp8_linear(ckpt, p, activation_scheme=activation_scheme, block_size=block_size,
-                                            scale_ue8m0=scale_ue8m0, activation_scale_format=activation_scale_format)
-                             for p in prefixes])
+    return fuse_fp8_shards(
+        [
+            load_fp8_linear(
+                ckpt,
+                p,
+                activation_scheme=activation_scheme,
+                block_size=block_size,
+                scale_ue8m0=scale_ue8m0,
+                activation_scale_format=activation_scale_format,
+            )
+            for p in prefixes
+        ]
+    )
 
 
 def load_float_linear(path: CheckpointLike, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:

@@ -63,8 +63,10 @@ def _quantization_section(config, where=""):
                     section = _quantization_section(_read_json(candidate, "config"), f" in {candidate!r}")
                     if section is not None:
                         return section
-            raise ValueError(f"config must be a model directory with a quantization_config in config.json "
-                             f"or an hf_quant_config.json, got {path!r} without either")
+            raise ValueError(
+                f"config must be a model directory with a quantization_config in config.json "
+                f"or an hf_quant_config.json, got {path!r} without either"
+            )
         config, where = _read_json(path, "config"), f" in {path!r}"
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
@@ -80,7 +82,8 @@ def _quantization_section(config, where=""):
             f"config's 'producer' must be a dict naming who wrote the ModelOpt 'quantization' section "
             f"(hf_quant_config.json: {{\"producer\": {{\"name\": \"modelopt\", ...}}, \"quantization\": {{...}}}}), "
             f"got {repr(config['producer']) if 'producer' in config else 'none'}{where}; add it to the file, or pass the section itself: "
-            f"Fp8Config.from_hf({{\"quant_method\": \"modelopt\", **config[\"quantization\"]}})")
+            f"Fp8Config.from_hf({{\"quant_method\": \"modelopt\", **config[\"quantization\"]}})"
+        )
     if "quant_method" in config:  # the quantization_config itself
         return config
     return None
@@ -128,8 +131,10 @@ class Fp8Config:
         if self.weight_strategy not in ("tensor", "channel", "block"):
             raise ValueError(f"weight_strategy must be 'tensor', 'channel' or 'block', got {self.weight_strategy!r}")
         if self.activation_scheme not in _ACTIVATION_SCHEMES:
-            raise ValueError(f"activation_scheme must be one of {', '.join(map(repr, _ACTIVATION_SCHEMES))}, "
-                             f"got {self.activation_scheme!r}")
+            raise ValueError(
+                f"activation_scheme must be one of {', '.join(map(repr, _ACTIVATION_SCHEMES))}, "
+                f"got {self.activation_scheme!r}"
+            )
         ignore = self.ignore
         if isinstance(ignore, str) or not all(isinstance(p, str) for p in ignore):
             raise TypeError(f"ignore must be a sequence of layer names or patterns, got {ignore!r}")
@@ -143,14 +148,22 @@ class Fp8Config:
         if self.weight_block_size is not None:
             block = tuple(self.weight_block_size)
             if len(block) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block):
-                raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {self.weight_block_size!r}")
+                raise ValueError(
+                    f"weight_block_size must be two positive ints [rows, cols], got {self.weight_block_size!r}"
+                )
             object.__setattr__(self, "weight_block_size", block)
         self._check_block_scheme()
         if self.activation_scale_format not in ("float32", "e8m0"):
-            raise ValueError(f"activation_scale_format must be 'float32' or 'e8m0', got {self.activation_scale_format!r}")
-        if self.activation_scale_format == "e8m0" and (self.activation_scheme != "per_group" or self.activation_scale_ue8m0):
-            raise ValueError(f"activation_scale_format 'e8m0' needs activation_scheme 'per_group' without "
-                             f"activation_scale_ue8m0, got {self.activation_scheme!r}, {self.activation_scale_ue8m0!r}")
+            raise ValueError(
+                f"activation_scale_format must be 'float32' or 'e8m0', got {self.activation_scale_format!r}"
+            )
+        if self.activation_scale_format == "e8m0" and (
+            self.activation_scheme != "per_group" or self.activation_scale_ue8m0
+        ):
+            raise ValueError(
+                f"activation_scale_format 'e8m0' needs activation_scheme 'per_group' without "
+                f"activation_scale_ue8m0, got {self.activation_scheme!r}, {self.activation_scale_ue8m0!r}"
+            )
 
     @property
     def mxfp8(self) -> bool:
@@ -161,28 +174,38 @@ class Fp8Config:
         """Block-scaled weights and per-group activations come together, with group size = bk."""
         block = self.weight_block_size
         if (self.weight_strategy == "block") != (block is not None):
-            raise ValueError(f"weight_block_size must be given exactly when weight_strategy is 'block', got "
-                             f"weight_strategy={self.weight_strategy!r} with weight_block_size={block!r}")
+            raise ValueError(
+                f"weight_block_size must be given exactly when weight_strategy is 'block', got "
+                f"weight_strategy={self.weight_strategy!r} with weight_block_size={block!r}"
+            )
         if block is not None and self.activation_scheme != "per_group":
-            raise ValueError(f"activation_scheme must be 'per_group' with block-scaled weights (weight_block_size "
-                             f"{list(block)}), got {self.activation_scheme!r}")
+            raise ValueError(
+                f"activation_scheme must be 'per_group' with block-scaled weights (weight_block_size "
+                f"{list(block)}), got {self.activation_scheme!r}"
+            )
         group = self.activation_group_size
         if self.activation_scheme != "per_group":
             if group is not None:
-                raise ValueError(f"activation_group_size must be None unless activation_scheme is 'per_group', "
-                                 f"got {group!r} with {self.activation_scheme!r}")
+                raise ValueError(
+                    f"activation_group_size must be None unless activation_scheme is 'per_group', "
+                    f"got {group!r} with {self.activation_scheme!r}"
+                )
             if self.activation_scale_ue8m0:
-                raise ValueError(f"activation_scale_ue8m0 needs activation_scheme 'per_group', got "
-                                 f"{self.activation_scheme!r}")
+                raise ValueError(
+                    f"activation_scale_ue8m0 needs activation_scheme 'per_group', got {self.activation_scheme!r}"
+                )
             return
         if block is None:
-            raise ValueError("activation_scheme 'per_group' needs block-scaled weights: weight_block_size must be "
-                             "given, got None")
+            raise ValueError(
+                "activation_scheme 'per_group' needs block-scaled weights: weight_block_size must be given, got None"
+            )
         if group is None:
             object.__setattr__(self, "activation_group_size", block[1])
         elif isinstance(group, bool) or not isinstance(group, int) or group != block[1]:
-            raise ValueError(f"activation_group_size must equal the weight's bk = {block[1]} (weight_block_size "
-                             f"{list(block)}), got {group!r}")
+            raise ValueError(
+                f"activation_group_size must equal the weight's bk = {block[1]} (weight_block_size "
+                f"{list(block)}), got {group!r}"
+            )
 
     # -- reading -----------------------------------------------------------------------------
     @classmethod
@@ -192,9 +215,11 @@ class Fp8Config:
         hf_quant_config.json dict, or a path to either file or to the model directory."""
         section = _quantization_section(config)
         if section is None:
-            raise ValueError("config must contain a quantization_config (config.json) or a ModelOpt "
-                             "'quantization' section (hf_quant_config.json), got none: the checkpoint "
-                             "is not quantized")
+            raise ValueError(
+                "config must contain a quantization_config (config.json) or a ModelOpt "
+                "'quantization' section (hf_quant_config.json), got none: the checkpoint "
+                "is not quantized"
+            )
         if not isinstance(section, dict):
             raise TypeError(f"quantization_config must be a dict, got {type(section).__name__}")
         return _formats().parse(section)
@@ -213,8 +238,9 @@ class Fp8Config:
     def is_ignored(self, prefix: str) -> bool:
         return self.ignored_by(prefix) is not None
 
-    def linear_method(self, prefix: str, weight: Fp8Weight | ResidentFp8 | Array,
-                      bias: Array | None = None) -> LinearMethod:
+    def linear_method(
+        self, prefix: str, weight: Fp8Weight | ResidentFp8 | Array, bias: Array | None = None
+    ) -> LinearMethod:
         """The linear method for layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj').
 
         Ignored layers get ``UnquantizedLinearMethod`` and need a float weight; quantized layers need an
@@ -224,24 +250,34 @@ class Fp8Config:
         pattern = self.ignored_by(prefix)
         if pattern is not None:
             if isinstance(weight, (Fp8Weight, ResidentFp8)):
-                raise TypeError(f"weight of layer {prefix!r} must be a float array: the config leaves it "
-                                f"unquantized (ignore entry {pattern!r}), got {type(weight).__name__}")
+                raise TypeError(
+                    f"weight of layer {prefix!r} must be a float array: the config leaves it "
+                    f"unquantized (ignore entry {pattern!r}), got {type(weight).__name__}"
+                )
             if not isinstance(weight, np.ndarray) and not hasattr(weight, "__cuda_array_interface__"):
                 raise TypeError(f"weight of layer {prefix!r} must be a float array, got {type(weight).__name__}")
             return UnquantizedLinearMethod(weight, bias)
         if not isinstance(weight, (Fp8Weight, ResidentFp8)):
-            raise TypeError(f"weight of layer {prefix!r} must be an Fp8Weight (the {self.quant_method} config "
-                            f"quantizes it; read it with seam.load_fp8_linear), got {type(weight).__name__}")
+            raise TypeError(
+                f"weight of layer {prefix!r} must be an Fp8Weight (the {self.quant_method} config "
+                f"quantizes it; read it with seam.load_fp8_linear), got {type(weight).__name__}"
+            )
         if weight.activation_scheme != self.activation_scheme:
-            raise ValueError(f"weight of layer {prefix!r} must have activation_scheme "
-                             f"{self.activation_scheme!r} like the config, got {weight.activation_scheme!r}")
+            raise ValueError(
+                f"weight of layer {prefix!r} must have activation_scheme "
+                f"{self.activation_scheme!r} like the config, got {weight.activation_scheme!r}"
+            )
         w = weight.weight if isinstance(weight, ResidentFp8) else weight
         if w.block_size != self.weight_block_size:
-            raise ValueError(f"weight of layer {prefix!r} must have block_size {self.weight_block_size} like the "
-                             f"config's weight_block_size, got {w.block_size}")
+            raise ValueError(
+                f"weight of layer {prefix!r} must have block_size {self.weight_block_size} like the "
+                f"config's weight_block_size, got {w.block_size}"
+            )
         if w.block_size is not None and w.activation_scale_format != self.activation_scale_format:
-            raise ValueError(f"weight of layer {prefix!r} must have activation_scale_format "
-                             f"{self.activation_scale_format!r} like the config, got {w.activation_scale_format!r}")
+            raise ValueError(
+                f"weight of layer {prefix!r} must have activation_scale_format "
+                f"{self.activation_scale_format!r} like the config, got {w.activation_scale_format!r}"
+            )
         return make_linear_method(weight, bias)
 
     def load_linear(self, path: str | os.PathLike, prefix: str) -> LinearMethod:
@@ -256,11 +292,20 @@ class Fp8Config:
         if self.quant_method == "mxfp8" and _float_weight(path, prefix):
             # vLLM's online mxfp8 (Mxfp8OnlineLinearMethod): a checkpoint in float, quantized as it loads
             weight, bias = load_float_linear(path, prefix)
-            return self.linear_method(prefix, Fp8Weight.from_float(weight, bias=bias, block_size=MX_BLOCK,
-                                                                   scale_format="e8m0"))
-        return self.linear_method(prefix, load_fp8_linear(
-            path, prefix, activation_scheme=self.activation_scheme, block_size=self.weight_block_size,
-            scale_ue8m0=self.activation_scale_ue8m0, activation_scale_format=self.activation_scale_format))
+            return self.linear_method(
+                prefix, Fp8Weight.from_float(weight, bias=bias, block_size=MX_BLOCK, scale_format="e8m0")
+            )
+        return self.linear_method(
+            prefix,
+            load_fp8_linear(
+                path,
+                prefix,
+                activation_scheme=self.activation_scheme,
+                block_size=self.weight_block_size,
+                scale_ue8m0=self.activation_scale_ue8m0,
+                activation_scale_format=self.activation_scale_format,
+            ),
+        )
 
     # -- mixture-of-experts layers -------------------------------------------------------------
     @staticmethod
@@ -275,8 +320,9 @@ class Fp8Config:
 
         return experts_layout(checkpoint, prefix)
 
-    def load_experts(self, checkpoint: str | os.PathLike | Checkpoint, prefix: str, *,
-                     num_experts: int | None = None) -> tuple[Fp8Experts, Fp8Experts]:
+    def load_experts(
+        self, checkpoint: str | os.PathLike | Checkpoint, prefix: str, *, num_experts: int | None = None
+    ) -> tuple[Fp8Experts, Fp8Experts]:
         """``(gate_up, down)`` ``seam.Fp8Experts`` of the MoE layer ``prefix``, read by
         ``seam.load_fp8_experts`` with this config's activation scheme and block size (for
         ``seam.moe_fp8``). ``num_experts``: the model config's expert count, so a missing last expert
@@ -285,16 +331,27 @@ class Fp8Config:
         from .experts_checkpoint import _checkpoint, _expert_indices, load_fp8_experts
 
         ckpt = _checkpoint(checkpoint, prefix)
-        layers = [prefix] + [f"{prefix}.{e}.{p}" for e in sorted(_expert_indices(ckpt, prefix))
-                             for p in ("gate_proj", "up_proj", "down_proj")]
+        layers = [prefix] + [
+            f"{prefix}.{e}.{p}"
+            for e in sorted(_expert_indices(ckpt, prefix))
+            for p in ("gate_proj", "up_proj", "down_proj")
+        ]
         for layer in layers:
             pattern = self.ignored_by(layer)
             if pattern is not None:
-                raise ValueError(f"experts {prefix!r} must be FP8-quantized to load as seam.Fp8Experts, got {layer!r} "
-                                 f"left unquantized by the ignore entry {pattern!r}")
-        return load_fp8_experts(ckpt, prefix, num_experts=num_experts, activation_scheme=self.activation_scheme,
-                                block_size=self.weight_block_size, scale_ue8m0=self.activation_scale_ue8m0,
-                                activation_scale_format=self.activation_scale_format)
+                raise ValueError(
+                    f"experts {prefix!r} must be FP8-quantized to load as seam.Fp8Experts, got {layer!r} "
+                    f"left unquantized by the ignore entry {pattern!r}"
+                )
+        return load_fp8_experts(
+            ckpt,
+            prefix,
+            num_experts=num_experts,
+            activation_scheme=self.activation_scheme,
+            block_size=self.weight_block_size,
+            scale_ue8m0=self.activation_scale_ue8m0,
+            activation_scale_format=self.activation_scale_format,
+        )
 
 
 def _float_weight(path, prefix):

@@ -99,24 +99,31 @@ class Fp8Experts:
         device = _arrays.device_of(self.data, "data")
         data = _arrays.codes_uint8(self.data, "data")
         if len(data.shape) != 3:
-            raise ValueError(f"data must be 3-D codes [E, N, K] (one nn.Linear weight per expert), got shape "
-                             f"{tuple(data.shape)}")
+            raise ValueError(
+                f"data must be 3-D codes [E, N, K] (one nn.Linear weight per expert), got shape {tuple(data.shape)}"
+            )
         e, n, k = (int(d) for d in data.shape)
         if e < 1 or n < 1 or k < 1:
             raise ValueError(f"data must have E >= 1 experts of N >= 1 rows and K >= 1 columns, got shape {(e, n, k)}")
         scale = self.weight_scale
         if _is_host_scalar(scale) or not hasattr(scale, "shape"):
-            raise ValueError(f"weight_scale must be an array with one scale (or one set of scales) per expert, "
-                             f"leading dimension E = {e}, got {type(scale).__name__}")
+            raise ValueError(
+                f"weight_scale must be an array with one scale (or one set of scales) per expert, "
+                f"leading dimension E = {e}, got {type(scale).__name__}"
+            )
         shape = tuple(int(d) for d in scale.shape)
         if self.block_size is None and shape[-1:] == (1,) and len(shape) in (2, 3):
             scale = scale.reshape(shape[:-1])
             shape = shape[:-1]
         if not shape or shape[0] != e:
-            raise ValueError(f"weight_scale must have leading dimension E = {e} (one entry per expert), got shape {shape}")
+            raise ValueError(
+                f"weight_scale must have leading dimension E = {e} (one entry per expert), got shape {shape}"
+            )
         if self.block_size is None and shape not in ((e,), (e, n)):
-            raise ValueError(f"weight_scale must be [E] = ({e},) (per-tensor) or [E, N] = ({e}, {n}) (per-channel), "
-                             f"got shape {shape}")
+            raise ValueError(
+                f"weight_scale must be [E] = ({e},) (per-tensor) or [E, N] = ({e}, {n}) (per-channel), "
+                f"got shape {shape}"
+            )
         input_scale = self.input_scale
         if input_scale is not None:
             host = np.asarray(input_scale if _is_host_scalar(input_scale) else _host_values(input_scale))
@@ -124,21 +131,29 @@ class Fp8Experts:
             if host.size == 1:
                 host = np.repeat(host, e)
             if host.size != e:
-                raise ValueError(f"input_scale must be one number or [E] = ({e},) static scales, got shape "
-                                 f"{tuple(np.shape(input_scale))}")
+                raise ValueError(
+                    f"input_scale must be one number or [E] = ({e},) static scales, got shape "
+                    f"{tuple(np.shape(input_scale))}"
+                )
             bad = ~(np.isfinite(host) & (host > 0))
             if bad.any():
                 first = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"input_scale must be positive and finite for every expert, got {host[first]!r} for "
-                                 f"expert {first}")
+                raise ValueError(
+                    f"input_scale must be positive and finite for every expert, got {host[first]!r} for expert {first}"
+                )
             input_scale = host
         # Expert 0 as an Fp8Weight settles the activation scheme and formats with Fp8Weight's own
         # checks and words; every expert's scales are then checked the way that weight's were.
-        probe = Fp8Weight(data[0], scale[0:1] if len(shape) == 1 else scale[0],
-                          input_scale=None if input_scale is None else float(input_scale[0]),
-                          activation_scheme=self.activation_scheme, block_size=self.block_size,
-                          scale_ue8m0=self.scale_ue8m0, activation_scale_format=self.activation_scale_format,
-                          activation_scale_rounding=self.activation_scale_rounding)
+        probe = Fp8Weight(
+            data[0],
+            scale[0:1] if len(shape) == 1 else scale[0],
+            input_scale=None if input_scale is None else float(input_scale[0]),
+            activation_scheme=self.activation_scheme,
+            block_size=self.block_size,
+            scale_ue8m0=self.scale_ue8m0,
+            activation_scale_format=self.activation_scale_format,
+            activation_scale_rounding=self.activation_scale_rounding,
+        )
         checked = _checked_scales(scale, probe, device, e)
         set_(self, "data", data)
         set_(self, "device", device)
@@ -146,17 +161,30 @@ class Fp8Experts:
         set_(self, "weight_scale", checked)
         set_(self, "input_scale", input_scale)
         set_(self, "per_channel", probe.per_channel)
-        for name in ("activation_scheme", "block_size", "scale_ue8m0", "activation_scale_format",
-                     "activation_scale_rounding"):
+        for name in (
+            "activation_scheme",
+            "block_size",
+            "scale_ue8m0",
+            "activation_scale_format",
+            "activation_scale_rounding",
+        ):
             set_(self, name, getattr(probe, name))
 
     # -- constructors ------------------------------------------------------------------------
     @classmethod
     @interop
-    def from_float(cls, w: Array, input_scale: Scale | None = None, per_channel: bool = False, *,
-                   activation_scheme: str | None = None, block_size: tuple[int, int] | None = None,
-                   scale_ue8m0: bool = False, scale_format: str = "float32",
-                   scale_rounding: str | None = None) -> "Fp8Experts":
+    def from_float(
+        cls,
+        w: Array,
+        input_scale: Scale | None = None,
+        per_channel: bool = False,
+        *,
+        activation_scheme: str | None = None,
+        block_size: tuple[int, int] | None = None,
+        scale_ue8m0: bool = False,
+        scale_format: str = "float32",
+        scale_rounding: str | None = None,
+    ) -> "Fp8Experts":
         """Quantize float expert weights [E, N, K], each expert exactly as ``Fp8Weight.from_float``
         quantizes ``w[e]`` with the same keywords (so expert e's codes and scales are that
         weight's). ``input_scale``: one number or [E]."""
@@ -166,16 +194,28 @@ class Fp8Experts:
         e = int(w.shape[0])
         scales_in = None
         if input_scale is not None:
-            host = np.asarray(input_scale if _is_host_scalar(input_scale) else _host_values(input_scale),
-                              dtype=np.float64).reshape(-1)
+            host = np.asarray(
+                input_scale if _is_host_scalar(input_scale) else _host_values(input_scale), dtype=np.float64
+            ).reshape(-1)
             if host.size not in (1, e):
-                raise ValueError(f"input_scale must be one number or [E] = ({e},) static scales, got shape "
-                                 f"{tuple(np.shape(input_scale))}")
+                raise ValueError(
+                    f"input_scale must be one number or [E] = ({e},) static scales, got shape "
+                    f"{tuple(np.shape(input_scale))}"
+                )
             scales_in = np.broadcast_to(host, (e,))
-        weights = [Fp8Weight.from_float(w[i], None if scales_in is None else float(scales_in[i]), per_channel,
-                                        activation_scheme=activation_scheme, block_size=block_size,
-                                        scale_ue8m0=scale_ue8m0, scale_format=scale_format,
-                                        scale_rounding=scale_rounding) for i in range(e)]
+        weights = [
+            Fp8Weight.from_float(
+                w[i],
+                None if scales_in is None else float(scales_in[i]),
+                per_channel,
+                activation_scheme=activation_scheme,
+                block_size=block_size,
+                scale_ue8m0=scale_ue8m0,
+                scale_format=scale_format,
+                scale_rounding=scale_rounding,
+            )
+            for i in range(e)
+        ]
         return cls.stack(weights)
 
     @classmethod
@@ -185,15 +225,26 @@ class Fp8Experts:
         if not weights:
             raise ValueError("weights must hold at least one expert's Fp8Weight, got none")
         first = weights[0]
-        keys = ("shape", "activation_scheme", "block_size", "scale_ue8m0", "activation_scale_format",
-                "activation_scale_rounding", "per_channel", "device", "scale_format")
+        keys = (
+            "shape",
+            "activation_scheme",
+            "block_size",
+            "scale_ue8m0",
+            "activation_scale_format",
+            "activation_scale_rounding",
+            "per_channel",
+            "device",
+            "scale_format",
+        )
         for i, w in enumerate(weights):
             if not isinstance(w, Fp8Weight):
                 raise TypeError(f"weights[{i}] must be an Fp8Weight, got {type(w).__name__}")
             for key in keys:
                 if getattr(w, key) != getattr(first, key):
-                    raise ValueError(f"weights[{i}].{key} must be {getattr(first, key)!r} like expert 0's (one "
-                                     f"scheme for all experts), got {getattr(w, key)!r}")
+                    raise ValueError(
+                        f"weights[{i}].{key} must be {getattr(first, key)!r} like expert 0's (one "
+                        f"scheme for all experts), got {getattr(w, key)!r}"
+                    )
             if w.bias is not None:
                 raise ValueError(f"weights[{i}].bias must be None: experts take no bias here, got a bias")
         xp = _arrays.array_module(first.data)
@@ -204,10 +255,17 @@ class Fp8Experts:
         input_scale = None
         if first.input_scale is not None:
             input_scale = np.array([w.input_scale for w in weights], dtype=np.float32)
-        return cls(data, scale, input_scale=input_scale, activation_scheme=first.activation_scheme,
-                   source=source, block_size=first.block_size, scale_ue8m0=first.scale_ue8m0,
-                   activation_scale_format=first.activation_scale_format,
-                   activation_scale_rounding=first.activation_scale_rounding)
+        return cls(
+            data,
+            scale,
+            input_scale=input_scale,
+            activation_scheme=first.activation_scheme,
+            source=source,
+            block_size=first.block_size,
+            scale_ue8m0=first.scale_ue8m0,
+            activation_scale_format=first.activation_scale_format,
+            activation_scale_rounding=first.activation_scale_rounding,
+        )
 
     # -- views -------------------------------------------------------------------------------
     @property
@@ -237,10 +295,20 @@ class Fp8Experts:
         if not 0 <= int(e) < self.shape[0]:
             raise ValueError(f"e must be in [0, {self.shape[0]}), got {e!r}")
         e = int(e)
-        scale = self.weight_scale[e:e + 1] if self.weight_scale.ndim == 1 else self.weight_scale[e]
-        return Fp8Weight._trusted(self.data[e], scale, None if self.input_scale is None else self.input_scale[e],
-                                  None, self.activation_scheme, self.source, self.per_channel, self.block_size,
-                                  self.scale_ue8m0, self.activation_scale_format, self.activation_scale_rounding)
+        scale = self.weight_scale[e : e + 1] if self.weight_scale.ndim == 1 else self.weight_scale[e]
+        return Fp8Weight._trusted(
+            self.data[e],
+            scale,
+            None if self.input_scale is None else self.input_scale[e],
+            None,
+            self.activation_scheme,
+            self.source,
+            self.per_channel,
+            self.block_size,
+            self.scale_ue8m0,
+            self.activation_scale_format,
+            self.activation_scale_rounding,
+        )
 
     def dequantize(self, dtype: DType = np.float32) -> Array:
         """decode(codes) * scale, expert by expert: [E, N, K] in ``dtype``."""
@@ -250,8 +318,10 @@ class Fp8Experts:
     def host_data(self, name: str = "experts") -> Array:
         """The codes, or a clear error if they were released after an upload."""
         if self.data is None:
-            raise ValueError(f"{name}.data must be present, got None: the host codes were released after upload "
-                             f"to {self.released_to} (ResidentFp8(..., release_host=True)); use that ResidentFp8")
+            raise ValueError(
+                f"{name}.data must be present, got None: the host codes were released after upload "
+                f"to {self.released_to} (ResidentFp8(..., release_host=True)); use that ResidentFp8"
+            )
         return self.data
 
     def _upload_copy(self, data, device):
@@ -265,8 +335,17 @@ class Fp8Experts:
             parts = [_to_device(np.ascontiguousarray(data), device), _to_device(self.weight_scale, device)]
         copy = object.__new__(type(self))
         set_ = object.__setattr__
-        for name in ("input_scale", "activation_scheme", "source", "block_size", "scale_ue8m0",
-                     "activation_scale_format", "activation_scale_rounding", "shape", "per_channel"):
+        for name in (
+            "input_scale",
+            "activation_scheme",
+            "source",
+            "block_size",
+            "scale_ue8m0",
+            "activation_scale_format",
+            "activation_scale_rounding",
+            "shape",
+            "per_channel",
+        ):
             set_(copy, name, getattr(self, name))
         set_(copy, "data", parts[0])
         set_(copy, "weight_scale", parts[1])
@@ -276,18 +355,26 @@ class Fp8Experts:
         return copy
 
     def __repr__(self):
-        kind = (f"block {self.block_size}" + (" e8m0" if self.scale_format == "e8m0" else "")
-                if self.block_size is not None else "per-channel" if self.per_channel else "per-tensor")
-        return (f"Fp8Experts(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
-                f"activation_scheme={self.activation_scheme!r})")
+        kind = (
+            f"block {self.block_size}" + (" e8m0" if self.scale_format == "e8m0" else "")
+            if self.block_size is not None
+            else "per-channel"
+            if self.per_channel
+            else "per-tensor"
+        )
+        return (
+            f"Fp8Experts(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
+            f"activation_scheme={self.activation_scheme!r})"
+        )
 
 
 def _checked_scales(scale, probe, device, e):
     """The weight scales of every expert, checked as ``probe`` (expert 0's Fp8Weight) was: float32
     positive and finite, or E8M0 bytes other than 0xFF; on ``device``. The first bad expert is named."""
     if _arrays.device_of(scale, "weight_scale") != device and not isinstance(scale, np.ndarray):
-        raise ValueError(f"weight_scale must be on the data's device {device}, got "
-                         f"{_arrays.device_of(scale, 'weight_scale')}")
+        raise ValueError(
+            f"weight_scale must be on the data's device {device}, got {_arrays.device_of(scale, 'weight_scale')}"
+        )
     dt = _arrays.dtype_of(scale)
     host = np.asarray(scale if isinstance(scale, np.ndarray) else _host_values(scale))
     if probe.scale_format == "e8m0":
@@ -302,8 +389,10 @@ def _checked_scales(scale, probe, device, e):
         rule = "be positive and finite"
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"weight_scale must {rule} for every expert, got {host[at]!r} at {at} (expert {at[0]}, "
-                         f"{int(bad.sum())} bad entries)")
+        raise ValueError(
+            f"weight_scale must {rule} for every expert, got {host[at]!r} at {at} (expert {at[0]}, "
+            f"{int(bad.sum())} bad entries)"
+        )
     host = np.ascontiguousarray(host)
     if device == "cpu":
         return host
@@ -313,6 +402,7 @@ def _checked_scales(scale, probe, device, e):
 
 
 # -- on which device, and checks ---------------------------------------------------------------
+
 
 def _experts_for(experts, x, name):
     """The ``Fp8Experts`` whose arrays live where ``x`` does (a host object is made resident on x's
@@ -350,8 +440,11 @@ def _offsets_array(offsets, e, m, device):
         steps = np.diff(host.astype(np.int64))
         if host[0] != 0 or (steps < 0).any() or host[-1] != m:
             where = int(np.flatnonzero(steps < 0)[0]) if (steps < 0).any() else None
-            what = (f"offsets[{where + 1}] = {int(host[where + 1])} < offsets[{where}] = {int(host[where])}"
-                    if where is not None else f"offsets[0] = {int(host[0])}, offsets[{e}] = {int(host[-1])}")
+            what = (
+                f"offsets[{where + 1}] = {int(host[where + 1])} < offsets[{where}] = {int(host[where])}"
+                if where is not None
+                else f"offsets[0] = {int(host[0])}, offsets[{e}] = {int(host[-1])}"
+            )
             raise ValueError(f"offsets must start at 0, never decrease and end at M = {m} (the rows of x), got {what}")
         host = host.astype(np.int32)
         if device == "cpu":
@@ -374,6 +467,7 @@ def _float_rows(x, name):
 
 # -- quantizing routed rows ----------------------------------------------------------------------
 
+
 def _quantize_rows(x, ex, offsets, backend):
     """(codes [M, K], scale) of rows x [M, K] already in expert order, quantized by ``ex``'s
     activation scheme: scale float32 [1] (dynamic), [M] (per-token, static per expert), [M, KB]
@@ -392,8 +486,14 @@ def _quantize_tokens(x, ex):
         return quantize_fp8(x)
     if scheme == ActivationScheme.PER_TOKEN:
         return quantize_fp8(x, per_token=True)
-    return quantize_fp8(x, group_size=ex.block_size[1], scale_ue8m0=ex.scale_ue8m0, column_major_scales=False,
-                        scale_format=ex.activation_scale_format, scale_rounding=ex.activation_scale_rounding)
+    return quantize_fp8(
+        x,
+        group_size=ex.block_size[1],
+        scale_ue8m0=ex.scale_ue8m0,
+        column_major_scales=False,
+        scale_format=ex.activation_scale_format,
+        scale_rounding=ex.activation_scale_rounding,
+    )
 
 
 def _row_scale(scale, ex):
@@ -406,9 +506,11 @@ def _row_scale(scale, ex):
 
 # -- the grouped GEMM ------------------------------------------------------------------------------
 
+
 @interop
-def grouped_matmul_fp8(x: Array, experts: "Fp8Experts | ResidentFp8", offsets: Array,
-                       out_dtype: DType | None = None) -> Array:
+def grouped_matmul_fp8(
+    x: Array, experts: "Fp8Experts | ResidentFp8", offsets: Array, out_dtype: DType | None = None
+) -> Array:
     """``y[offsets[e]:offsets[e + 1]] = matmul_fp8(x[offsets[e]:offsets[e + 1]], experts.expert(e))``
     for every expert, in one call: x [M, K] (float32, float16 or bfloat16; rows sorted by expert),
     ``offsets`` int [E + 1] (0 first, never decreasing, M last; empty experts allowed). The rows are
@@ -422,8 +524,9 @@ def grouped_matmul_fp8(x: Array, experts: "Fp8Experts | ResidentFp8", offsets: A
     e, n, k = ex.shape
     m = int(x.shape[0])
     if int(x.shape[1]) != k:
-        raise ValueError(f"x must be [M, K] with K = {k} (the experts are [E, N, K] = {ex.shape}), got shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [M, K] with K = {k} (the experts are [E, N, K] = {ex.shape}), got shape {tuple(x.shape)}"
+        )
     device = "cpu" if isinstance(x, np.ndarray) else _arrays.device_of(x, "x")
     offs = _offsets_array(offsets, e, m, device)
     out_dt = _arrays.out_dtype_of(x.dtype if out_dtype is None else out_dtype)
@@ -432,11 +535,13 @@ def grouped_matmul_fp8(x: Array, experts: "Fp8Experts | ResidentFp8", offsets: A
         return xp.zeros((0, n), dtype=out_dt)
     backend = _backend(device)
     codes, scale = _quantize_rows(x, ex, offs, backend)
-    return backend.grouped_scaled_mm(codes, _row_scale(scale, ex), ex.data, ex.weight_scale, offs, out_dt,
-                                     ex.block_size)
+    return backend.grouped_scaled_mm(
+        codes, _row_scale(scale, ex), ex.data, ex.weight_scale, offs, out_dt, ex.block_size
+    )
 
 
 # -- the MoE layer --------------------------------------------------------------------------------
+
 
 def _check_pair(gate_up, down):
     """gate_up [E, 2I, H] and down [E, H, I]: one scheme, agreeing shapes."""
@@ -444,23 +549,28 @@ def _check_pair(gate_up, down):
     if down.shape[0] != e:
         raise ValueError(f"down must hold E = {e} experts like gate_up, got {down.shape[0]} (down is {down.shape})")
     if two_i % 2:
-        raise ValueError(f"gate_up must have an even N = 2I (gate rows, then up rows), got N = {two_i} "
-                         f"(gate_up is {gate_up.shape})")
+        raise ValueError(
+            f"gate_up must have an even N = 2I (gate rows, then up rows), got N = {two_i} (gate_up is {gate_up.shape})"
+        )
     if down.shape[1] != h or down.shape[2] != two_i // 2:
-        raise ValueError(f"down must be [E, H, I] = ({e}, {h}, {two_i // 2}) for gate_up {gate_up.shape}, got "
-                         f"{down.shape}")
+        raise ValueError(
+            f"down must be [E, H, I] = ({e}, {h}, {two_i // 2}) for gate_up {gate_up.shape}, got {down.shape}"
+        )
     for key in ("activation_scheme", "block_size", "scale_format", "activation_scale_format", "scale_ue8m0"):
         if getattr(gate_up, key) != getattr(down, key):
-            raise ValueError(f"down.{key} must be gate_up's {getattr(gate_up, key)!r} (experts with mixed schemes "
-                             f"are not one layer), got {getattr(down, key)!r}")
+            raise ValueError(
+                f"down.{key} must be gate_up's {getattr(gate_up, key)!r} (experts with mixed schemes "
+                f"are not one layer), got {getattr(down, key)!r}"
+            )
 
 
 def _check_routing(topk_ids, topk_weights, t, e, device):
     if len(topk_ids.shape) != 2 or int(topk_ids.shape[0]) != t:
         raise ValueError(f"topk_ids must be [T, k] with T = {t} (the rows of x), got shape {tuple(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got "
-                         f"{tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}"
+        )
     if _arrays.dtype_of(topk_ids).kind not in "iu":
         raise TypeError(f"topk_ids must be an integer array, got dtype {_arrays.dtype_of(topk_ids)}")
     _arrays.float_dtype(topk_weights, "topk_weights")
@@ -469,13 +579,21 @@ def _check_routing(topk_ids, topk_weights, t, e, device):
         bad = (ids < -1) | (ids > e)
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"topk_ids must be in [-1, {e}] (an expert, or -1 / {e} for none), got {int(ids[at])} at "
-                             f"{at} ({int(bad.sum())} such ids)")
+            raise ValueError(
+                f"topk_ids must be in [-1, {e}] (an expert, or -1 / {e} for none), got {int(ids[at])} at "
+                f"{at} ({int(bad.sum())} such ids)"
+            )
 
 
 @interop
-def moe_fp8(x: Array, gate_up: "Fp8Experts | ResidentFp8", down: "Fp8Experts | ResidentFp8", topk_ids: Array,
-            topk_weights: Array, activation: str = "silu") -> Array:
+def moe_fp8(
+    x: Array,
+    gate_up: "Fp8Experts | ResidentFp8",
+    down: "Fp8Experts | ResidentFp8",
+    topk_ids: Array,
+    topk_weights: Array,
+    activation: str = "silu",
+) -> Array:
     """The whole FP8 mixture-of-experts layer (module docstring): x [T, H] (float32, float16 or
     bfloat16), ``gate_up`` experts [E, 2I, H] (gate rows, then up rows), ``down`` experts [E, H, I],
     ``topk_ids`` int [T, k] (ids -1 and E route nothing) and ``topk_weights`` [T, k]. Returns
@@ -491,15 +609,18 @@ class MoeCall:
 
     def __init__(self, x, gate_up, down, topk_ids, topk_weights, activation="silu"):
         if activation != "silu":
-            raise ValueError(f"activation must be 'silu' (SiLU-and-multiply, the gated MLP of Qwen3-MoE, Mixtral, "
-                             f"DeepSeek-V3), got {activation!r}")
+            raise ValueError(
+                f"activation must be 'silu' (SiLU-and-multiply, the gated MLP of Qwen3-MoE, Mixtral, "
+                f"DeepSeek-V3), got {activation!r}"
+            )
         x = _float_rows(x, "x")
         gu = _experts_for(gate_up, x, "gate_up")
         dn = _experts_for(down, x, "down")
         e, _, h = gu.shape
         if int(x.shape[1]) != h:
-            raise ValueError(f"x must be [T, H] with H = {h} (gate_up is [E, 2I, H] = {gu.shape}), got shape "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"x must be [T, H] with H = {h} (gate_up is [E, 2I, H] = {gu.shape}), got shape {tuple(x.shape)}"
+            )
         _check_pair(gu, dn)
         t = int(x.shape[0])
         self.device = "cpu" if isinstance(x, np.ndarray) else _arrays.device_of(x, "x")
@@ -518,36 +639,61 @@ class MoeCall:
 
         def quantize():
             if gu.activation_scheme == ActivationScheme.STATIC:
-                st["a"], st["sa"] = backend.quantize_rows_static(backend.gather_rows(x, st["row_token"]),
-                                                                 st["offsets"], gu.input_scale)
+                st["a"], st["sa"] = backend.quantize_rows_static(
+                    backend.gather_rows(x, st["row_token"]), st["offsets"], gu.input_scale
+                )
                 return
             q = _quantize_tokens(x, gu)
             st["a"] = backend.gather_rows(q.data, st["row_token"])
-            st["sa"] = (q.scale if gu.activation_scheme == ActivationScheme.DYNAMIC
-                        else backend.gather_rows(_row_scale(q.scale, gu), st["row_token"]))
+            st["sa"] = (
+                q.scale
+                if gu.activation_scheme == ActivationScheme.DYNAMIC
+                else backend.gather_rows(_row_scale(q.scale, gu), st["row_token"])
+            )
 
         def gemm_gate_up():
-            st["hidden"] = backend.grouped_scaled_mm(st["a"], _row_scale(st["sa"], gu), gu.data, gu.weight_scale,
-                                                     st["offsets"], np.dtype(np.float32), gu.block_size,
-                                                     active=st["active"])
+            st["hidden"] = backend.grouped_scaled_mm(
+                st["a"],
+                _row_scale(st["sa"], gu),
+                gu.data,
+                gu.weight_scale,
+                st["offsets"],
+                np.dtype(np.float32),
+                gu.block_size,
+                active=st["active"],
+            )
 
         def act_quantize():
             if fused is not None:
                 st["act"], st["sact"] = fused(st["hidden"], st["offsets"], dn)
             else:
-                st["act"], st["sact"] = _quantize_rows(backend.silu_mul(st["hidden"], st["offsets"]), dn,
-                                                       st["offsets"], backend)
+                st["act"], st["sact"] = _quantize_rows(
+                    backend.silu_mul(st["hidden"], st["offsets"]), dn, st["offsets"], backend
+                )
 
         def gemm_down():
-            st["y"] = backend.grouped_scaled_mm(st["act"], _row_scale(st["sact"], dn), dn.data, dn.weight_scale,
-                                                st["offsets"], np.dtype(np.float32), dn.block_size,
-                                                active=st["active"])
+            st["y"] = backend.grouped_scaled_mm(
+                st["act"],
+                _row_scale(st["sact"], dn),
+                dn.data,
+                dn.weight_scale,
+                st["offsets"],
+                np.dtype(np.float32),
+                dn.block_size,
+                active=st["active"],
+            )
 
         def combine():
             st["out"] = backend.moe_combine(st["y"], st["pair_row"], topk_weights, x.dtype)
 
-        self.steps = (("align", align), ("quantize", quantize), ("gate_up", gemm_gate_up),
-                      ("act_quantize", act_quantize), ("down", gemm_down), ("combine", combine))
+        self.steps = (
+            ("align", align),
+            ("quantize", quantize),
+            ("gate_up", gemm_gate_up),
+            ("act_quantize", act_quantize),
+            ("down", gemm_down),
+            ("combine", combine),
+        )
 
     def run(self):
         if self.empty:

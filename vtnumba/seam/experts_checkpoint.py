@@ -69,16 +69,24 @@ def experts_layout(path: CheckpointLike, prefix: str) -> str | None:
     fused = [n for n in (f"{prefix}.gate_up_proj", f"{prefix}.down_proj") if n in ckpt]
     per_expert = bool(_expert_indices(ckpt, prefix))
     if fused and per_expert:
-        raise ValueError(f"experts under {prefix!r} must be stored either per expert ({prefix}.<e>.gate_proj.weight "
-                         f"...) or fused ({prefix}.gate_up_proj ...), got both ({fused[0]!r} and per-expert tensors) "
-                         f"in {ckpt.path!r}")
+        raise ValueError(
+            f"experts under {prefix!r} must be stored either per expert ({prefix}.<e>.gate_proj.weight "
+            f"...) or fused ({prefix}.gate_up_proj ...), got both ({fused[0]!r} and per-expert tensors) "
+            f"in {ckpt.path!r}"
+        )
     return "fused" if fused else "per_expert" if per_expert else None
 
 
-def load_fp8_experts(path: CheckpointLike, prefix: str, *, num_experts: int | None = None,
-                     activation_scheme: str | None = None, block_size: tuple[int, int] | None = None,
-                     scale_ue8m0: bool = False,
-                     activation_scale_format: str | None = None) -> tuple[Fp8Experts, Fp8Experts]:
+def load_fp8_experts(
+    path: CheckpointLike,
+    prefix: str,
+    *,
+    num_experts: int | None = None,
+    activation_scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
+    scale_ue8m0: bool = False,
+    activation_scale_format: str | None = None,
+) -> tuple[Fp8Experts, Fp8Experts]:
     """``(gate_up, down)``: the FP8 experts of the MoE layer ``prefix`` (e.g.
     'model.layers.3.mlp.experts') from a safetensors checkpoint (file, directory, sharded index, or a
     ``Checkpoint`` -- pass one ``Checkpoint`` for every layer of a model so its headers are parsed
@@ -91,23 +99,31 @@ def load_fp8_experts(path: CheckpointLike, prefix: str, *, num_experts: int | No
     convention read.
     """
     ckpt = _checkpoint(path, prefix)
-    if num_experts is not None and (isinstance(num_experts, bool) or not isinstance(num_experts, int)
-                                    or num_experts < 1):
+    if num_experts is not None and (
+        isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1
+    ):
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     layout = experts_layout(ckpt, prefix)
     if layout is None:
         near = ckpt.names(prefix + ".")[:4]
-        raise ValueError(f"checkpoint must hold the experts of {prefix!r} ({prefix}.0.gate_proj.weight ..., or "
-                         f"{prefix}.gate_up_proj), got none in {ckpt.path!r}"
-                         + (f" (tensors under it: {near})" if near else f" (no tensor starts with {prefix!r})"))
-    kw = dict(activation_scheme=activation_scheme, block_size=block_size, scale_ue8m0=scale_ue8m0,
-              activation_scale_format=activation_scale_format)
+        raise ValueError(
+            f"checkpoint must hold the experts of {prefix!r} ({prefix}.0.gate_proj.weight ..., or "
+            f"{prefix}.gate_up_proj), got none in {ckpt.path!r}"
+            + (f" (tensors under it: {near})" if near else f" (no tensor starts with {prefix!r})")
+        )
+    kw = dict(
+        activation_scheme=activation_scheme,
+        block_size=block_size,
+        scale_ue8m0=scale_ue8m0,
+        activation_scale_format=activation_scale_format,
+    )
     if layout == "per_expert":
         return _load_per_expert(ckpt, prefix, num_experts, kw)
     return _load_fused(ckpt, prefix, num_experts, kw)
 
 
 # -- per-expert tensors ------------------------------------------------------------------------
+
 
 def _scheme(ckpt, layer, with_input_scale):
     """A projection's quantization scheme, from the headers alone: which scale, its granularity, E8M0
@@ -137,8 +153,10 @@ def _load_per_expert(ckpt, prefix, num_experts, kw):
     indices = _expert_indices(ckpt, prefix)
     e_count = max(indices) + 1 if num_experts is None else num_experts
     if max(indices) >= e_count:
-        raise ValueError(f"num_experts must cover every expert stored under {prefix!r}, got {num_experts} with "
-                         f"expert {max(indices)} in {ckpt.path!r}")
+        raise ValueError(
+            f"num_experts must cover every expert stored under {prefix!r}, got {num_experts} with "
+            f"expert {max(indices)} in {ckpt.path!r}"
+        )
     # Every name and shape is checked on the headers first, so a bad checkpoint fails before any
     # expert's data is read.
     for e in range(e_count):
@@ -148,8 +166,9 @@ def _load_per_expert(ckpt, prefix, num_experts, kw):
                 raise ValueError(f"checkpoint must hold {name} (expert {e} of {e_count}), got none in {ckpt.path!r}")
             bname = f"{prefix}.{e}.{proj}.bias"
             if bname in ckpt:
-                raise ValueError(f"tensor {bname!r} must be absent (seam.Fp8Experts takes no bias), got one in "
-                                 f"{ckpt.file(bname)!r}")
+                raise ValueError(
+                    f"tensor {bname!r} must be absent (seam.Fp8Experts takes no bias), got one in {ckpt.file(bname)!r}"
+                )
     gate0 = f"{prefix}.0.gate_proj.weight"
     gshape = ckpt.shape(gate0)
     if len(gshape) != 2:
@@ -163,13 +182,17 @@ def _load_per_expert(ckpt, prefix, num_experts, kw):
             name = f"{prefix}.{e}.{proj}.weight"
             if list(ckpt.shape(name)) != want[proj]:
                 what = "[I, H]" if proj != "down_proj" else "[H, I]"
-                raise ValueError(f"tensor {name!r} must have shape {what} = {want[proj]} (expert 0's gate_proj is "
-                                 f"[I, H] = {[i_dim, h_dim]}), got {list(ckpt.shape(name))} in {ckpt.file(name)!r}")
+                raise ValueError(
+                    f"tensor {name!r} must have shape {what} = {want[proj]} (expert 0's gate_proj is "
+                    f"[I, H] = {[i_dim, h_dim]}), got {list(ckpt.shape(name))} in {ckpt.file(name)!r}"
+                )
             scheme = _scheme(ckpt, f"{prefix}.{e}.{proj}", with_input_scale)
             if scheme0 is not None and scheme is not None and scheme != scheme0:
-                raise ValueError(f"expert {e}'s {proj} ({prefix}.{e}.{proj}) must be quantized like expert 0's "
-                                 f"gate_proj ({scheme0}; one scheme for the whole MoE layer), got {scheme} in "
-                                 f"{ckpt.file(name)!r}")
+                raise ValueError(
+                    f"expert {e}'s {proj} ({prefix}.{e}.{proj}) must be quantized like expert 0's "
+                    f"gate_proj ({scheme0}; one scheme for the whole MoE layer), got {scheme} in "
+                    f"{ckpt.file(name)!r}"
+                )
     gate_ups, downs, read = [], [], {"gate_up": [], "down": []}
     for e in range(e_count):
         gate, up, down = (load_fp8_linear(ckpt, f"{prefix}.{e}.{proj}", **kw) for proj in _PROJECTIONS)
@@ -177,8 +200,10 @@ def _load_per_expert(ckpt, prefix, num_experts, kw):
         downs.append(down)
         read["gate_up"] += [gate.source, up.source]
         read["down"].append(down.source)
-    return (_stack(gate_ups, ckpt, prefix, "gate_up", _source(ckpt, "per_expert", read["gate_up"], gate_ups, True)),
-            _stack(downs, ckpt, prefix, "down", _source(ckpt, "per_expert", read["down"], downs, False)))
+    return (
+        _stack(gate_ups, ckpt, prefix, "gate_up", _source(ckpt, "per_expert", read["gate_up"], gate_ups, True)),
+        _stack(downs, ckpt, prefix, "down", _source(ckpt, "per_expert", read["down"], downs, False)),
+    )
 
 
 def _stack(weights, ckpt, prefix, what, source):
@@ -186,13 +211,16 @@ def _stack(weights, ckpt, prefix, what, source):
     try:
         return Fp8Experts.stack(weights, source=source)
     except ValueError as exc:
-        raise ValueError(f"experts {prefix!r} ({what}) in {ckpt.path!r}: {str(exc).replace('weights[', 'expert [')}"
-                         ) from None
+        raise ValueError(
+            f"experts {prefix!r} ({what}) in {ckpt.path!r}: {str(exc).replace('weights[', 'expert [')}"
+        ) from None
 
 
-_FUSION = ("gate rows [0, I) then up rows [I, 2I) of each expert, fused by fuse_fp8_shards as vLLM fuses "
-           "w1 / w3: per-tensor scales requantized to the larger of the two, per-channel and block scales "
-           "concatenated, the static input scale the max of gate's and up's")
+_FUSION = (
+    "gate rows [0, I) then up rows [I, 2I) of each expert, fused by fuse_fp8_shards as vLLM fuses "
+    "w1 / w3: per-tensor scales requantized to the larger of the two, per-channel and block scales "
+    "concatenated, the static input scale the max of gate's and up's"
+)
 
 
 def _source(ckpt, layout, sources, weights, fused):
@@ -207,7 +235,8 @@ def _source(ckpt, layout, sources, weights, fused):
         "weight_scale": sources[0]["weight_scale"],
         "scale_convention": sources[0]["scale_convention"],
         "input_scale": "per expert" + (" (max of gate's and up's)" if fused else "")
-        if weights[0].input_scale is not None else sources[0].get("input_scale"),
+        if weights[0].input_scale is not None
+        else sources[0].get("input_scale"),
     }
     if fused:
         source["fusion"] = _FUSION
@@ -215,6 +244,7 @@ def _source(ckpt, layout, sources, weights, fused):
 
 
 # -- transformers' fused tensors ---------------------------------------------------------------
+
 
 class _ExpertSlices(Checkpoint):
     """A view of a checkpoint in which slices of 3-D expert tensors are dense layers: virtual tensor
@@ -258,8 +288,12 @@ class _ExpertSlices(Checkpoint):
 
 
 def _fused_names(prefix, proj):
-    return {"weight": f"{prefix}.{proj}", "weight_scale_inv": f"{prefix}.{proj}_scale_inv",
-            "input_scale": f"{prefix}.{proj}_activation_scale", "bias": f"{prefix}.{proj}_bias"}
+    return {
+        "weight": f"{prefix}.{proj}",
+        "weight_scale_inv": f"{prefix}.{proj}_scale_inv",
+        "input_scale": f"{prefix}.{proj}_activation_scale",
+        "bias": f"{prefix}.{proj}_bias",
+    }
 
 
 def _load_fused(ckpt, prefix, num_experts, kw):
@@ -267,29 +301,41 @@ def _load_fused(ckpt, prefix, num_experts, kw):
     for names in (gu, dn):
         for part in ("weight", "weight_scale_inv"):
             if names[part] not in ckpt:
-                raise ValueError(f"checkpoint must hold {names[part]} (transformers' fused FP8 experts: "
-                                 f"{gu['weight']}, {dn['weight']} and their _scale_inv), got none in {ckpt.path!r}")
+                raise ValueError(
+                    f"checkpoint must hold {names[part]} (transformers' fused FP8 experts: "
+                    f"{gu['weight']}, {dn['weight']} and their _scale_inv), got none in {ckpt.path!r}"
+                )
         if names["bias"] in ckpt:
-            raise ValueError(f"tensor {names['bias']!r} must be absent (seam.Fp8Experts takes no bias), got one in "
-                             f"{ckpt.file(names['bias'])!r}")
+            raise ValueError(
+                f"tensor {names['bias']!r} must be absent (seam.Fp8Experts takes no bias), got one in "
+                f"{ckpt.file(names['bias'])!r}"
+            )
     gshape, dshape = ckpt.shape(gu["weight"]), ckpt.shape(dn["weight"])
     if len(gshape) != 3 or gshape[1] % 2:
-        raise ValueError(f"tensor {gu['weight']!r} must be [E, 2I, H] (gate rows, then up rows), got shape "
-                         f"{list(gshape)} in {ckpt.file(gu['weight'])!r}")
+        raise ValueError(
+            f"tensor {gu['weight']!r} must be [E, 2I, H] (gate rows, then up rows), got shape "
+            f"{list(gshape)} in {ckpt.file(gu['weight'])!r}"
+        )
     e_count, two_i, h_dim = gshape
     if list(dshape) != [e_count, h_dim, two_i // 2]:
-        raise ValueError(f"tensor {dn['weight']!r} must be [E, H, I] = {[e_count, h_dim, two_i // 2]} for "
-                         f"{gu['weight']} [E, 2I, H] = {list(gshape)}, got {list(dshape)} in "
-                         f"{ckpt.file(dn['weight'])!r}")
+        raise ValueError(
+            f"tensor {dn['weight']!r} must be [E, H, I] = {[e_count, h_dim, two_i // 2]} for "
+            f"{gu['weight']} [E, 2I, H] = {list(gshape)}, got {list(dshape)} in "
+            f"{ckpt.file(dn['weight'])!r}"
+        )
     if num_experts is not None and e_count != num_experts:
-        raise ValueError(f"tensor {gu['weight']!r} must hold num_experts = {num_experts} experts, got {e_count} in "
-                         f"{ckpt.file(gu['weight'])!r}")
+        raise ValueError(
+            f"tensor {gu['weight']!r} must hold num_experts = {num_experts} experts, got {e_count} in "
+            f"{ckpt.file(gu['weight'])!r}"
+        )
     for names in (gu, dn):
         for part in ("weight_scale_inv", "input_scale"):
             name = names[part]
             if name in ckpt and (not ckpt.shape(name) or ckpt.shape(name)[0] != e_count):
-                raise ValueError(f"tensor {name!r} must have leading dimension E = {e_count} (one entry per expert), "
-                                 f"got shape {list(ckpt.shape(name))} in {ckpt.file(name)!r}")
+                raise ValueError(
+                    f"tensor {name!r} must have leading dimension E = {e_count} (one entry per expert), "
+                    f"got shape {list(ckpt.shape(name))} in {ckpt.file(name)!r}"
+                )
     # Without blocks transformers keeps one scale per half of gate_up ([E, 2, 1]): the halves are two
     # per-tensor layers to fuse, as per-expert gate and up are.
     halves = kw["block_size"] is None and ckpt.shape(gu["weight_scale_inv"]) == (e_count, 2, 1)
@@ -298,8 +344,10 @@ def _load_fused(ckpt, prefix, num_experts, kw):
     gate_ups, downs, read = [], [], {"gate_up": [], "down": []}
     for e in range(e_count):
         if halves:
-            parts = [(f"{gu['weight']}[{e}].gate", slice(0, half), 0),
-                     (f"{gu['weight']}[{e}].up", slice(half, two_i), 1)]
+            parts = [
+                (f"{gu['weight']}[{e}].gate", slice(0, half), 0),
+                (f"{gu['weight']}[{e}].up", slice(half, two_i), 1),
+            ]
             shards = [_load_slice(ckpt, arrays, gu, e, layer, rows, row, kw) for layer, rows, row in parts]
             read["gate_up"] += [s.source for s in shards]
             gate_ups.append(fuse_fp8_shards(shards))
@@ -310,8 +358,10 @@ def _load_fused(ckpt, prefix, num_experts, kw):
         w = _load_slice(ckpt, arrays, dn, e, f"{dn['weight']}[{e}]", None, None, kw)
         read["down"].append(w.source)
         downs.append(w)
-    return (_stack(gate_ups, ckpt, prefix, "gate_up", _source(ckpt, "fused", read["gate_up"], gate_ups, halves)),
-            _stack(downs, ckpt, prefix, "down", _source(ckpt, "fused", read["down"], downs, False)))
+    return (
+        _stack(gate_ups, ckpt, prefix, "gate_up", _source(ckpt, "fused", read["gate_up"], gate_ups, halves)),
+        _stack(downs, ckpt, prefix, "down", _source(ckpt, "fused", read["down"], downs, False)),
+    )
 
 
 def _load_slice(ckpt, arrays, names, e, layer, rows, scale_row, kw):

@@ -13,8 +13,9 @@ from .weights import Fp8Weight
 __all__ = ["requantize_with_max_scale", "fuse_fp8_shards"]
 
 
-def requantize_with_max_scale(codes: Array, weight_scales: Array | Sequence[float],
-                              logical_widths: Sequence[int]) -> tuple[np.float32, np.ndarray]:
+def requantize_with_max_scale(
+    codes: Array, weight_scales: Array | Sequence[float], logical_widths: Sequence[int]
+) -> tuple[np.float32, np.ndarray]:
     """Requantize stacked shards [sum(widths), K] that each have their own per-tensor scale to the
     largest of those scales; returns ``(max_scale float32, new codes)``.
 
@@ -27,8 +28,10 @@ def requantize_with_max_scale(codes: Array, weight_scales: Array | Sequence[floa
     """
     codes = _arrays.codes_uint8(codes, "codes")
     if not isinstance(codes, np.ndarray) or codes.ndim != 2:
-        raise ValueError(f"codes must be a 2-D numpy array [sum(logical_widths), K], got "
-                         f"{type(codes).__name__} of shape {tuple(getattr(codes, 'shape', ()))}")
+        raise ValueError(
+            f"codes must be a 2-D numpy array [sum(logical_widths), K], got "
+            f"{type(codes).__name__} of shape {tuple(getattr(codes, 'shape', ()))}"
+        )
     widths = [int(w) for w in logical_widths]
     scales = np.asarray(weight_scales, dtype=np.float32).reshape(-1)
     if len(widths) < 1 or min(widths) < 1:
@@ -36,7 +39,9 @@ def requantize_with_max_scale(codes: Array, weight_scales: Array | Sequence[floa
     if scales.size != len(widths):
         raise ValueError(f"weight_scales must have one scale per shard ({len(widths)}), got {scales.size}")
     if sum(widths) != codes.shape[0]:
-        raise ValueError(f"logical_widths must sum to the {codes.shape[0]} rows of codes, got {widths} (sum {sum(widths)})")
+        raise ValueError(
+            f"logical_widths must sum to the {codes.shape[0]} rows of codes, got {widths} (sum {sum(widths)})"
+        )
     bad = ~(np.isfinite(scales) & (scales > 0))
     if bad.any():
         raise ValueError(f"weight_scales must be positive and finite, got {scales.tolist()}")
@@ -81,7 +86,9 @@ def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
         raise ValueError(f"shards must share one activation_scheme, got {sorted(schemes)}")
     with_bias = [s.bias is not None for s in shards]
     if any(with_bias) and not all(with_bias):
-        raise ValueError(f"shards must all have a bias or none, got bias on shards {[i for i, b in enumerate(with_bias) if b]}")
+        raise ValueError(
+            f"shards must all have a bias or none, got bias on shards {[i for i, b in enumerate(with_bias) if b]}"
+        )
     widths = [s.shape[0] for s in shards]
     blocks = {s.block_size for s in shards}
     if blocks != {None}:
@@ -90,30 +97,46 @@ def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
         data = np.concatenate([s.data for s in shards], axis=0)
         scale = np.concatenate([np.broadcast_to(s.weight_scale, (s.shape[0],)) for s in shards])
     else:
-        scale, data = requantize_with_max_scale(np.concatenate([s.data for s in shards], axis=0),
-                                                [s.weight_scale[0] for s in shards], widths)
+        scale, data = requantize_with_max_scale(
+            np.concatenate([s.data for s in shards], axis=0), [s.weight_scale[0] for s in shards], widths
+        )
     input_scale = None
     if schemes == {ActivationScheme.STATIC}:
         input_scale = max(np.float32(s.input_scale) for s in shards)
     bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
-    return Fp8Weight(data, scale, input_scale=input_scale, bias=bias, activation_scheme=schemes.pop(),
-                     source={"fused_from": [s.source for s in shards], "logical_widths": widths})
+    return Fp8Weight(
+        data,
+        scale,
+        input_scale=input_scale,
+        bias=bias,
+        activation_scheme=schemes.pop(),
+        source={"fused_from": [s.source for s in shards], "logical_widths": widths},
+    )
 
 
 def _fuse_block_shards(shards, blocks, widths, with_bias):
     if len(blocks) != 1:
         raise ValueError(f"shards must share one block_size, got {sorted(map(str, blocks))}")
-    (bn, bk), = blocks
+    ((bn, bk),) = blocks
     kinds = {(s.scale_format, s.activation_scale_format, s.activation_scale_rounding) for s in shards}
     if len(kinds) != 1:
-        raise ValueError(f"shards must share one scale format (weight, activation, rounding), got {sorted(map(str, kinds))}")
+        raise ValueError(
+            f"shards must share one scale format (weight, activation, rounding), got {sorted(map(str, kinds))}"
+        )
     for i, s in enumerate(shards[:-1]):
         if s.shape[0] % bn:
-            raise ValueError(f"shards[{i}] must have N a multiple of bn = {bn} to be fused (its last block would "
-                             f"straddle the next shard), got N = {s.shape[0]}")
+            raise ValueError(
+                f"shards[{i}] must have N a multiple of bn = {bn} to be fused (its last block would "
+                f"straddle the next shard), got N = {s.shape[0]}"
+            )
     bias = np.concatenate([np.asarray(s.bias, dtype=np.float32) for s in shards]) if all(with_bias) else None
-    return Fp8Weight(np.concatenate([s.data for s in shards], axis=0),
-                     np.concatenate([s.weight_scale for s in shards], axis=0), bias=bias, block_size=(bn, bk),
-                     scale_ue8m0=shards[0].scale_ue8m0, activation_scale_format=shards[0].activation_scale_format,
-                     activation_scale_rounding=shards[0].activation_scale_rounding,
-                     source={"fused_from": [s.source for s in shards], "logical_widths": widths})
+    return Fp8Weight(
+        np.concatenate([s.data for s in shards], axis=0),
+        np.concatenate([s.weight_scale for s in shards], axis=0),
+        bias=bias,
+        block_size=(bn, bk),
+        scale_ue8m0=shards[0].scale_ue8m0,
+        activation_scale_format=shards[0].activation_scale_format,
+        activation_scale_rounding=shards[0].activation_scale_rounding,
+        source={"fused_from": [s.source for s in shards], "logical_widths": widths},
+    )

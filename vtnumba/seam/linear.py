@@ -71,7 +71,9 @@ class UnquantizedLinearMethod:
         n = int(weight.shape[0])
         if bias is not None:
             if _arrays.device_of(bias, "bias") != self.device:
-                raise ValueError(f"bias must be on the weight's device {self.device}, got {_arrays.device_of(bias, 'bias')}")
+                raise ValueError(
+                    f"bias must be on the weight's device {self.device}, got {_arrays.device_of(bias, 'bias')}"
+                )
             _arrays.bias_vector(bias, n)
         self.weight, self.bias = weight, bias
         self._w32_t = weight.astype(np.float32).T
@@ -87,8 +89,9 @@ class UnquantizedLinearMethod:
         dt = _arrays.float_dtype(x, "x") if out_dtype is None else _arrays.out_dtype_of(out_dtype)
         k = self._w32_t.shape[0]
         if len(x.shape) < 1 or x.shape[-1] != k:
-            raise ValueError(f"x must be [..., K] with K = {k} (the weight is [N, K] = {self.shape}), "
-                             f"got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"x must be [..., K] with K = {k} (the weight is [N, K] = {self.shape}), got shape {tuple(x.shape)}"
+            )
         y = x.astype(np.float32) @ self._w32_t
         if self._bias32 is not None:
             y += self._bias32
@@ -118,14 +121,18 @@ def make_linear_method(weight: Any, bias: Array | None = None) -> LinearMethod:
     """
     if hasattr(weight, "__cuda_array_interface__"):  # cupy / numba / torch CUDA: no import needed
         return _float_array(weight, bias)
-    raise TypeError(f"weight must be an Fp8Weight, a ResidentFp8 or a float array (numpy or cupy), "
-                    f"got {type(weight).__name__}; register other types with @make_linear_method.register")
+    raise TypeError(
+        f"weight must be an Fp8Weight, a ResidentFp8 or a float array (numpy or cupy), "
+        f"got {type(weight).__name__}; register other types with @make_linear_method.register"
+    )
 
 
 def _fp8(weight, bias=None):
     if bias is not None:
-        raise ValueError("bias must be None for an FP8 weight (it travels inside the Fp8Weight: "
-                         f"Fp8Weight(..., bias=b)), got {type(bias).__name__}")
+        raise ValueError(
+            "bias must be None for an FP8 weight (it travels inside the Fp8Weight: "
+            f"Fp8Weight(..., bias=b)), got {type(bias).__name__}"
+        )
     return Fp8W8A8LinearMethod(weight)
 
 
@@ -137,6 +144,8 @@ make_linear_method.register(ResidentFp8, _fp8)
 def _float_array(weight, bias=None):
     dt = np.dtype(weight.dtype)
     if dt in (np.dtype(np.uint8), _arrays.FLOAT8_E4M3):
-        raise TypeError("weight must be a float array or an Fp8Weight, got e4m3 codes without scales "
-                        f"(dtype {dt}); wrap them: seam.Fp8Weight(codes, weight_scale, ...)")
+        raise TypeError(
+            "weight must be a float array or an Fp8Weight, got e4m3 codes without scales "
+            f"(dtype {dt}); wrap them: seam.Fp8Weight(codes, weight_scale, ...)"
+        )
     return UnquantizedLinearMethod(weight, bias)

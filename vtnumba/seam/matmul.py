@@ -29,13 +29,19 @@ _QUANTIZERS = {
     # column-major float32 group scales: the layout cuBLASLt's block scaling reads, and the CPU's block
     # kernels' K-block-major one, so no kernel has to transpose them; E8M0 ones row-major, the layout
     # of the OCP MX formats and of the MX kernels
-    ActivationScheme.PER_GROUP: (lambda x, w: quantize_fp8(x, group_size=w.block_size[1], scale_ue8m0=w.scale_ue8m0,
-                                                           column_major_scales=w.activation_scale_format == "float32",
-                                                           scale_format=w.activation_scale_format,
-                                                           scale_rounding=w.activation_scale_rounding),
-                                 "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0, "
-                                 "scale_format=weight.activation_scale_format, "
-                                 "scale_rounding=weight.activation_scale_rounding)"),
+    ActivationScheme.PER_GROUP: (
+        lambda x, w: quantize_fp8(
+            x,
+            group_size=w.block_size[1],
+            scale_ue8m0=w.scale_ue8m0,
+            column_major_scales=w.activation_scale_format == "float32",
+            scale_format=w.activation_scale_format,
+            scale_rounding=w.activation_scale_rounding,
+        ),
+        "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0, "
+        "scale_format=weight.activation_scale_format, "
+        "scale_rounding=weight.activation_scale_rounding)",
+    ),
 }
 
 
@@ -152,14 +158,19 @@ def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | Non
     return _matmul_fp8(x, weight, out_dtype)[0]
 
 
-
-
 def _matmul_fp8(x, weight, out_dtype=None):
     """The full path of ``matmul_fp8``: (y, the Fp8Weight used, on x's device)."""
     w = _weight_for(weight, x, "x")
     q = _QUANTIZERS[w.activation_scheme][0](_rows(x, w, "x"), w)
-    y = scaled_mm(q.data, w.data, q.scale, w.weight_scale,
-                  out_dtype=x.dtype if out_dtype is None else out_dtype, bias=w.bias, block_size=w.block_size)
+    y = scaled_mm(
+        q.data,
+        w.data,
+        q.scale,
+        w.weight_scale,
+        out_dtype=x.dtype if out_dtype is None else out_dtype,
+        bias=w.bias,
+        block_size=w.block_size,
+    )
     return _unflatten(y, x.shape, w), w
 
 
@@ -169,8 +180,9 @@ def _rows(x, w, name):
     shape = x.shape
     k = w.shape[1]
     if len(shape) < 1 or shape[-1] != k:
-        raise ValueError(f"{name} must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), "
-                         f"got shape {tuple(shape)}")
+        raise ValueError(
+            f"{name} must be [..., K] with K = {k} (the weight is [N, K] = {w.shape}), got shape {tuple(shape)}"
+        )
     return x if len(shape) == 2 else x.reshape(-1, k)
 
 
@@ -180,8 +192,9 @@ def _unflatten(y, shape, w):
 
 
 @interop
-def matmul_fp8_prequant(q: QuantizedActivation, weight: Fp8Weight | ResidentFp8,
-                        out_dtype: DType | None = None) -> Array:
+def matmul_fp8_prequant(
+    q: QuantizedActivation, weight: Fp8Weight | ResidentFp8, out_dtype: DType | None = None
+) -> Array:
     """The GEMM of ``matmul_fp8`` on an activation already quantized (``vt.QuantizedActivation``,
     codes [..., K]), for a caller that quantizes once and feeds several layers. ``q.scheme`` must
     be the weight's ``activation_scheme``; the GEMM uses ``q.scale`` as it is. ``out_dtype``
@@ -191,16 +204,29 @@ def matmul_fp8_prequant(q: QuantizedActivation, weight: Fp8Weight | ResidentFp8,
         raise TypeError(f"q must be a vt.QuantizedActivation (from vt.quantize_fp8), got {type(q).__name__}")
     w = _weight_for(weight, q.data, "q.data")
     if q.scheme != w.activation_scheme:
-        raise ValueError(f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
-                         f"got {q.scheme!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
-                         f"(or seam.quantize_activation(x, weight))")
+        raise ValueError(
+            f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
+            f"got {q.scheme!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+            f"(or seam.quantize_activation(x, weight))"
+        )
     if w.block_size is not None and q.group_size != w.block_size[1]:
-        raise ValueError(f"q.group_size must be the weight's bk = {w.block_size[1]} (block_size {w.block_size}): "
-                         f"the GEMM scales each K-block by one activation scale, got {q.group_size}")
+        raise ValueError(
+            f"q.group_size must be the weight's bk = {w.block_size[1]} (block_size {w.block_size}): "
+            f"the GEMM scales each K-block by one activation scale, got {q.group_size}"
+        )
     if w.block_size is not None and q.scale_format != w.activation_scale_format:
-        raise ValueError(f"q.scale_format must be the weight's activation_scale_format {w.activation_scale_format!r}, "
-                         f"got {q.scale_format!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
-                         f"(or seam.quantize_activation(x, weight))")
-    y = scaled_mm(_rows(q.data, w, "q.data"), w.data, q.scale, w.weight_scale,
-                  out_dtype=np.float32 if out_dtype is None else out_dtype, bias=w.bias, block_size=w.block_size)
+        raise ValueError(
+            f"q.scale_format must be the weight's activation_scale_format {w.activation_scale_format!r}, "
+            f"got {q.scale_format!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+            f"(or seam.quantize_activation(x, weight))"
+        )
+    y = scaled_mm(
+        _rows(q.data, w, "q.data"),
+        w.data,
+        q.scale,
+        w.weight_scale,
+        out_dtype=np.float32 if out_dtype is None else out_dtype,
+        bias=w.bias,
+        block_size=w.block_size,
+    )
     return _unflatten(y, q.data.shape, w)

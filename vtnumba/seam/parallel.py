@@ -39,8 +39,17 @@ from .linear import Fp8W8A8LinearMethod
 from .matmul import matmul_fp8, matmul_fp8_prequant
 from .weights import Fp8Weight, ResidentFp8
 
-__all__ = ["COLUMN", "ROW", "shard_range", "shard_weight", "combine_partials", "ColumnParallelLinearMethod",
-           "RowParallelLinearMethod", "torch_all_reduce", "nccl_all_reduce"]
+__all__ = [
+    "COLUMN",
+    "ROW",
+    "shard_range",
+    "shard_weight",
+    "combine_partials",
+    "ColumnParallelLinearMethod",
+    "RowParallelLinearMethod",
+    "torch_all_reduce",
+    "nccl_all_reduce",
+]
 
 COLUMN = "column"
 ROW = "row"
@@ -59,8 +68,7 @@ def _check_rank(rank, world_size):
         raise ValueError(f"rank must be in [0, {world_size}) for world_size={world_size}, got {rank}")
 
 
-def shard_range(size: int, rank: int, world_size: int, *, multiple: int = 1,
-                name: str = "size") -> tuple[int, int]:
+def shard_range(size: int, rank: int, world_size: int, *, multiple: int = 1, name: str = "size") -> tuple[int, int]:
     """``(start, stop)`` of rank ``rank``'s shard of a dimension of ``size`` split ``world_size`` ways.
 
     Even splits only, as vLLM's ``divide(size, tp_size)`` asserts: ``size % world_size == 0``, else
@@ -75,8 +83,10 @@ def shard_range(size: int, rank: int, world_size: int, *, multiple: int = 1,
         raise ValueError(f"{name} must be divisible by world_size={world_size} (vLLM splits evenly), got {size}")
     per = size // world_size
     if world_size > 1 and per % multiple:
-        raise ValueError(f"{name} / world_size = {size} / {world_size} = {per} must be a multiple of the block "
-                         f"size {multiple} along the split (a block would straddle two ranks), got {per}")
+        raise ValueError(
+            f"{name} / world_size = {size} / {world_size} = {per} must be a multiple of the block "
+            f"size {multiple} along the split (a block would straddle two ranks), got {per}"
+        )
     return rank * per, (rank + 1) * per
 
 
@@ -109,12 +119,20 @@ def _slices(w, mode, rank, world_size, logical_widths):
             start += width
         return rows, (0, k)
     if logical_widths is not None:
-        raise ValueError(f"logical_widths applies to mode='column' only (row-parallel splits K), got {list(logical_widths)}")
+        raise ValueError(
+            f"logical_widths applies to mode='column' only (row-parallel splits K), got {list(logical_widths)}"
+        )
     return [(0, n)], shard_range(k, rank, world_size, multiple=bk, name="K")
 
 
-def shard_weight(weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *, mode: str,
-                 logical_widths: Sequence[int] | None = None) -> Fp8Weight:
+def shard_weight(
+    weight: Fp8Weight | ResidentFp8,
+    rank: int,
+    world_size: int,
+    *,
+    mode: str,
+    logical_widths: Sequence[int] | None = None,
+) -> Fp8Weight:
     """Rank ``rank``'s shard of ``weight`` for tensor parallelism over ``world_size`` ranks, as an
     ``Fp8Weight`` on the weight's device (numpy or cupy arrays sliced and copied contiguous; nothing
     is requantized, so the shard's codes and scales are exactly the unsharded ones').
@@ -148,7 +166,7 @@ def shard_weight(weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
     if w.block_size is not None:
         bn, bk = w.block_size
         kb0, kb1 = k0 // bk, -(-k1 // bk)
-        scale = concat([w.weight_scale[r0 // bn:-(-r1 // bn), kb0:kb1] for r0, r1 in rows], axis=0).copy()
+        scale = concat([w.weight_scale[r0 // bn : -(-r1 // bn), kb0:kb1] for r0, r1 in rows], axis=0).copy()
     elif w.per_channel and mode == COLUMN:
         scale = concat([w.weight_scale[r0:r1] for r0, r1 in rows]).copy()
     else:
@@ -161,11 +179,23 @@ def shard_weight(weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
         source["logical_widths"] = [r1 - r0 for r0, r1 in rows]
     # The parts are slices of a validated weight: valid by construction, so no second validation
     # (and, for a device weight, no host round trip of its scales).
-    return Fp8Weight._trusted(data, scale, w.input_scale, bias, w.activation_scheme, source, w.per_channel,
-                              w.block_size, w.scale_ue8m0, w.activation_scale_format, w.activation_scale_rounding)
+    return Fp8Weight._trusted(
+        data,
+        scale,
+        w.input_scale,
+        bias,
+        w.activation_scheme,
+        source,
+        w.per_channel,
+        w.block_size,
+        w.scale_ue8m0,
+        w.activation_scale_format,
+        w.activation_scale_rounding,
+    )
 
 
 # -- the combine step: all-reduce of float32 partials, then the epilogue ---------------------------
+
 
 def _is_torch(a):
     return type(a).__module__.startswith("torch")
@@ -175,12 +205,14 @@ def _torch_dtype(torch, out_dtype):
     if isinstance(out_dtype, torch.dtype):
         return out_dtype
     dt = _arrays.out_dtype_of(out_dtype)
-    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-            _arrays.BFLOAT16: torch.bfloat16}[dt]
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, _arrays.BFLOAT16: torch.bfloat16}[
+        dt
+    ]
 
 
-def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Array | None = None,
-                     out_dtype: DType = np.float32) -> Array:
+def combine_partials(
+    partial: Array, all_reduce: AllReduce | None, *, bias: Array | None = None, out_dtype: DType = np.float32
+) -> Array:
     """The row-parallel combine: ``round_out(all_reduce(partial) + bias)``.
 
     ``partial`` is this rank's float32 ``x_r @ w_r.T`` with its scales applied and no bias (numpy,
@@ -206,8 +238,10 @@ def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Arra
         total = all_reduce(partial) if all_reduce is not None else None
         total = partial if total is None else total
         if tuple(total.shape) != tuple(partial.shape) or total.dtype != torch.float32:
-            raise ValueError(f"all_reduce must return the float32 sum of shape {tuple(partial.shape)} (or None after "
-                             f"summing in place), got {total.dtype} of shape {tuple(total.shape)}")
+            raise ValueError(
+                f"all_reduce must return the float32 sum of shape {tuple(partial.shape)} (or None after "
+                f"summing in place), got {total.dtype} of shape {tuple(total.shape)}"
+            )
         if bias is not None:
             total = total + bias.to(device=total.device, dtype=torch.float32)
         return total.to(_torch_dtype(torch, out_dtype))
@@ -216,14 +250,17 @@ def combine_partials(partial: Array, all_reduce: AllReduce | None, *, bias: Arra
     total = all_reduce(partial) if all_reduce is not None else None
     total = partial if total is None else total
     if tuple(total.shape) != tuple(partial.shape) or _arrays.dtype_of(total) != np.float32:
-        raise ValueError(f"all_reduce must return the float32 sum of shape {tuple(partial.shape)} (or None after "
-                         f"summing in place), got {_arrays.dtype_of(total)} of shape {tuple(total.shape)}")
+        raise ValueError(
+            f"all_reduce must return the float32 sum of shape {tuple(partial.shape)} (or None after "
+            f"summing in place), got {_arrays.dtype_of(total)} of shape {tuple(total.shape)}"
+        )
     if bias is not None:
         total = total + bias.astype(np.float32)  # a new array: the reduced buffer is the caller's
     return _arrays.round_float32(total, _arrays.out_dtype_of(out_dtype))
 
 
 # -- linear methods (seam.linear's protocol: name, apply, apply_prequant) --------------------------
+
 
 class ColumnParallelLinearMethod(Fp8W8A8LinearMethod):
     """Rank ``rank``'s part of a column-parallel FP8 layer (vLLM's ``ColumnParallelLinear`` with
@@ -234,8 +271,14 @@ class ColumnParallelLinearMethod(Fp8W8A8LinearMethod):
     name = "fp8_w8a8_column_parallel"
     __slots__ = ("rank", "world_size")  # and the base's weight: the rank's shard
 
-    def __init__(self, weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, *,
-                 logical_widths: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        weight: Fp8Weight | ResidentFp8,
+        rank: int,
+        world_size: int,
+        *,
+        logical_widths: Sequence[int] | None = None,
+    ) -> None:
         w = _fp8_weight(weight)
         if logical_widths is None and isinstance(w.source, dict):
             logical_widths = w.source.get("logical_widths")
@@ -257,8 +300,9 @@ class RowParallelLinearMethod:
     name = "fp8_w8a8_row_parallel"
     __slots__ = ("weight", "bias", "all_reduce", "rank", "world_size", "_torch_bias")
 
-    def __init__(self, weight: Fp8Weight | ResidentFp8, rank: int, world_size: int,
-                 all_reduce: AllReduce | None) -> None:
+    def __init__(
+        self, weight: Fp8Weight | ResidentFp8, rank: int, world_size: int, all_reduce: AllReduce | None
+    ) -> None:
         w = _fp8_weight(weight)
         if all_reduce is not None and not callable(all_reduce):
             raise TypeError(f"all_reduce must be a callable (partial -> sum) or None, got {type(all_reduce).__name__}")
@@ -285,19 +329,22 @@ class RowParallelLinearMethod:
 
     def apply(self, x: Array, out_dtype: DType | None = None) -> Array:
         p = self.partial(x)
-        return combine_partials(p, self.all_reduce, bias=self._bias_for(p), out_dtype=x.dtype if out_dtype is None
-                                else out_dtype)
+        return combine_partials(
+            p, self.all_reduce, bias=self._bias_for(p), out_dtype=x.dtype if out_dtype is None else out_dtype
+        )
 
     def apply_prequant(self, q: QuantizedActivation, out_dtype: DType | None = None) -> Array:
         p = matmul_fp8_prequant(q, self.weight, np.float32)
-        return combine_partials(p, self.all_reduce, bias=self._bias_for(p),
-                                out_dtype=np.float32 if out_dtype is None else out_dtype)
+        return combine_partials(
+            p, self.all_reduce, bias=self._bias_for(p), out_dtype=np.float32 if out_dtype is None else out_dtype
+        )
 
     def __repr__(self):
         return f"RowParallelLinearMethod(rank={self.rank}/{self.world_size}, {self.weight!r}, bias={self.bias is not None})"
 
 
 # -- all-reduce callables for real process groups (not run here: they need two GPUs) --------------
+
 
 def torch_all_reduce(group: Any = None) -> AllReduce:
     """``all_reduce`` for torch callers: ``torch.distributed.all_reduce`` (SUM, in place) on
@@ -324,8 +371,14 @@ def nccl_all_reduce(comm: Any) -> AllReduce:
     def all_reduce(partial):
         if not partial.flags.c_contiguous:
             raise ValueError("partial must be C-contiguous for an in-place NCCL all-reduce")
-        comm.allReduce(partial.data.ptr, partial.data.ptr, partial.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                       cupy.cuda.get_current_stream().ptr)
+        comm.allReduce(
+            partial.data.ptr,
+            partial.data.ptr,
+            partial.size,
+            nccl.NCCL_FLOAT32,
+            nccl.NCCL_SUM,
+            cupy.cuda.get_current_stream().ptr,
+        )
         return partial
 
     return all_reduce

@@ -14,12 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from .. import _arrays
-from .. import _format
+from .. import _arrays, _format
 from .._arrays import Array, DType, Scale
 from .._interop import interop
-from ..ops import (ActivationScheme, _e8m0_rounding, _scale_format, block_size_of, decode_e8m0, dequantize_fp8,
-                   encode_e4m3, quant_scale, quantize_fp8)
+from ..ops import (
+    ActivationScheme,
+    _e8m0_rounding,
+    _scale_format,
+    block_size_of,
+    decode_e8m0,
+    dequantize_fp8,
+    encode_e4m3,
+    quant_scale,
+    quantize_fp8,
+)
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
 
@@ -124,17 +132,25 @@ class Fp8Weight:
         try:
             scheme = ActivationScheme(scheme)
         except ValueError:
-            raise ValueError(f"activation_scheme must be one of {', '.join(ActivationScheme)}, got {scheme!r}") from None
+            raise ValueError(
+                f"activation_scheme must be one of {', '.join(ActivationScheme)}, got {scheme!r}"
+            ) from None
         if scheme == ActivationScheme.STATIC and self.input_scale is None:
             raise ValueError("input_scale must be given for activation_scheme='static', got None")
         if scheme != ActivationScheme.STATIC and self.input_scale is not None:
-            raise ValueError(f"input_scale must be None for activation_scheme={scheme!r} "
-                             f"(its scales come from each input), got {self.input_scale!r}")
+            raise ValueError(
+                f"input_scale must be None for activation_scheme={scheme!r} "
+                f"(its scales come from each input), got {self.input_scale!r}"
+            )
         if (scheme == ActivationScheme.PER_GROUP) != (self.block_size is not None):
-            raise ValueError(f"activation_scheme 'per_group' goes with block-scaled weights and only with them: "
-                             f"got activation_scheme={str(scheme)!r} with block_size={self.block_size!r}")
+            raise ValueError(
+                f"activation_scheme 'per_group' goes with block-scaled weights and only with them: "
+                f"got activation_scheme={str(scheme)!r} with block_size={self.block_size!r}"
+            )
         if self.scale_ue8m0 and scheme != ActivationScheme.PER_GROUP:
-            raise ValueError(f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}")
+            raise ValueError(
+                f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}"
+            )
         set_(self, "scale_ue8m0", bool(self.scale_ue8m0))
         set_(self, "activation_scheme", scheme)
         fmt = self.activation_scale_format
@@ -144,16 +160,24 @@ class Fp8Weight:
         fmt = _scale_format(fmt, "activation_scale_format")
         if fmt == "e8m0":
             if scheme != ActivationScheme.PER_GROUP:
-                raise ValueError(f"activation_scale_format 'e8m0' needs per-group activations (a block-scaled weight), "
-                                 f"got activation_scheme={str(scheme)!r}")
+                raise ValueError(
+                    f"activation_scale_format 'e8m0' needs per-group activations (a block-scaled weight), "
+                    f"got activation_scheme={str(scheme)!r}"
+                )
             if self.scale_ue8m0:
-                raise ValueError("scale_ue8m0 must be False with activation_scale_format='e8m0' (an E8M0 scale is "
-                                 "rounded by activation_scale_rounding), got True")
-            rounding = _e8m0_rounding("rceil" if self.activation_scale_rounding is None
-                                      else self.activation_scale_rounding, "activation_scale_rounding")
+                raise ValueError(
+                    "scale_ue8m0 must be False with activation_scale_format='e8m0' (an E8M0 scale is "
+                    "rounded by activation_scale_rounding), got True"
+                )
+            rounding = _e8m0_rounding(
+                "rceil" if self.activation_scale_rounding is None else self.activation_scale_rounding,
+                "activation_scale_rounding",
+            )
         elif self.activation_scale_rounding is not None:
-            raise ValueError(f"activation_scale_rounding applies to activation_scale_format='e8m0' only, got "
-                             f"{self.activation_scale_rounding!r} with {fmt!r}")
+            raise ValueError(
+                f"activation_scale_rounding applies to activation_scale_format='e8m0' only, got "
+                f"{self.activation_scale_rounding!r} with {fmt!r}"
+            )
         else:
             rounding = None
         set_(self, "activation_scale_format", fmt)
@@ -168,10 +192,19 @@ class Fp8Weight:
     # -- constructors ------------------------------------------------------------------------
     @classmethod
     @interop
-    def from_float(cls, w: Array, input_scale: Scale | None = None, per_channel: bool = False, *,
-                   activation_scheme: str | None = None, bias: Array | None = None,
-                   block_size: tuple[int, int] | None = None, scale_ue8m0: bool = False,
-                   scale_format: str = "float32", scale_rounding: str | None = None) -> "Fp8Weight":
+    def from_float(
+        cls,
+        w: Array,
+        input_scale: Scale | None = None,
+        per_channel: bool = False,
+        *,
+        activation_scheme: str | None = None,
+        bias: Array | None = None,
+        block_size: tuple[int, int] | None = None,
+        scale_ue8m0: bool = False,
+        scale_format: str = "float32",
+        scale_rounding: str | None = None,
+    ) -> "Fp8Weight":
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
         that are not FP8-serialized).
 
@@ -201,8 +234,10 @@ class Fp8Weight:
             raise ValueError(f"scale_rounding applies to scale_format='e8m0' only, got {scale_rounding!r}")
         if block_size is not None:
             if per_channel or input_scale is not None:
-                raise ValueError("per_channel and input_scale do not apply to a block-scaled weight, got "
-                                 f"per_channel={per_channel!r}, input_scale={input_scale!r}")
+                raise ValueError(
+                    "per_channel and input_scale do not apply to a block-scaled weight, got "
+                    f"per_channel={per_channel!r}, input_scale={input_scale!r}"
+                )
             block = block_size_of(block_size)
             rounding = _e8m0_rounding("rceil" if scale_rounding is None else scale_rounding) if e8m0 else None
             if e8m0 and block[0] == 1:  # MX: per row, groups of bk -- the activation quantizer itself
@@ -211,11 +246,20 @@ class Fp8Weight:
             else:
                 codes, scale = _quantize_blocks(w, block, rounding)
             mx = e8m0 and block[0] == 1
-            return cls(codes, scale, bias=bias, activation_scheme=activation_scheme, block_size=block_size,
-                       scale_ue8m0=scale_ue8m0, activation_scale_rounding=rounding if mx else None)
+            return cls(
+                codes,
+                scale,
+                bias=bias,
+                activation_scheme=activation_scheme,
+                block_size=block_size,
+                scale_ue8m0=scale_ue8m0,
+                activation_scale_rounding=rounding if mx else None,
+            )
         if e8m0:
-            raise ValueError("scale_format='e8m0' must come with block_size (E8M0 scales are per block; MXFP8 is "
-                             "block_size=(1, 32)), got block_size=None")
+            raise ValueError(
+                "scale_format='e8m0' must come with block_size (E8M0 scales are per block; MXFP8 is "
+                "block_size=(1, 32)), got block_size=None"
+            )
         if per_channel:
             q = quantize_fp8(w, per_token=True)
             scale = q.scale.reshape(-1)
@@ -225,28 +269,57 @@ class Fp8Weight:
         return cls(q.data, scale, input_scale=input_scale, bias=bias, activation_scheme=activation_scheme)
 
     @classmethod
-    def _trusted(cls, data, weight_scale, input_scale, bias, activation_scheme, source, per_channel, block_size=None,
-                 scale_ue8m0=False, activation_scale_format="float32", activation_scale_rounding=None):
+    def _trusted(
+        cls,
+        data,
+        weight_scale,
+        input_scale,
+        bias,
+        activation_scheme,
+        source,
+        per_channel,
+        block_size=None,
+        scale_ue8m0=False,
+        activation_scale_format="float32",
+        activation_scale_rounding=None,
+    ):
         """Build from parts already validated (a resident copy of a validated weight): no checks,
         no device synchronization."""
         self = object.__new__(cls)
         set_ = object.__setattr__
-        for name, value in (("data", data), ("weight_scale", weight_scale), ("input_scale", input_scale),
-                            ("bias", bias), ("activation_scheme", activation_scheme), ("source", source),
-                            ("device", _arrays.device_of(data, "data")), ("shape", tuple(int(d) for d in data.shape)),
-                            ("per_channel", per_channel), ("released_to", None), ("bound_calls", None),
-                            ("block_size", block_size), ("scale_ue8m0", scale_ue8m0),
-                            ("activation_scale_format", activation_scale_format),
-                            ("activation_scale_rounding", activation_scale_rounding)):
+        for name, value in (
+            ("data", data),
+            ("weight_scale", weight_scale),
+            ("input_scale", input_scale),
+            ("bias", bias),
+            ("activation_scheme", activation_scheme),
+            ("source", source),
+            ("device", _arrays.device_of(data, "data")),
+            ("shape", tuple(int(d) for d in data.shape)),
+            ("per_channel", per_channel),
+            ("released_to", None),
+            ("bound_calls", None),
+            ("block_size", block_size),
+            ("scale_ue8m0", scale_ue8m0),
+            ("activation_scale_format", activation_scale_format),
+            ("activation_scale_rounding", activation_scale_rounding),
+        ):
             set_(self, name, value)
         return self
 
     def __repr__(self):
-        kind = (f"block {self.block_size}" + (" e8m0" if self.scale_format == "e8m0" else "")
-                if self.block_size is not None else "per-channel" if self.per_channel else "per-tensor")
-        return (f"Fp8Weight(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
-                f"activation_scheme={self.activation_scheme!r}, bias={self.bias is not None}"
-                + (f", released_to={self.released_to!r})" if self.released_to else ")"))
+        kind = (
+            f"block {self.block_size}" + (" e8m0" if self.scale_format == "e8m0" else "")
+            if self.block_size is not None
+            else "per-channel"
+            if self.per_channel
+            else "per-tensor"
+        )
+        return (
+            f"Fp8Weight(shape={self.shape}, device={self.device!r}, weight_scale={kind}, "
+            f"activation_scheme={self.activation_scheme!r}, bias={self.bias is not None}"
+            + (f", released_to={self.released_to!r})" if self.released_to else ")")
+        )
 
     # -- views -------------------------------------------------------------------------------
     @property
@@ -271,9 +344,11 @@ class Fp8Weight:
     def host_data(self, name: str = "weight") -> Array:
         """The codes, or a clear error if they were released after an upload."""
         if self.data is None:
-            raise ValueError(f"{name}.data must be present, got None: the host codes were released after "
-                             f"upload to {self.released_to} (ResidentFp8(..., release_host=True)); "
-                             f"use that ResidentFp8 instead")
+            raise ValueError(
+                f"{name}.data must be present, got None: the host codes were released after "
+                f"upload to {self.released_to} (ResidentFp8(..., release_host=True)); "
+                f"use that ResidentFp8 instead"
+            )
         return self.data
 
     def dequantize(self, dtype: DType = np.float32) -> Array:
@@ -292,16 +367,19 @@ def _weight_scale(value, n, device):
     """(float32 array of shape (1,) or (n,), per_channel) on ``device``; '> 0 and finite' checked."""
     xp_host = _is_host_scalar(value) or isinstance(value, np.ndarray)
     if not xp_host and _arrays.device_of(value, "weight_scale") != device:
-        raise ValueError(f"weight_scale must be on the weight's device {device}, "
-                         f"got {_arrays.device_of(value, 'weight_scale')}")
+        raise ValueError(
+            f"weight_scale must be on the weight's device {device}, got {_arrays.device_of(value, 'weight_scale')}"
+        )
     shape = () if _is_host_scalar(value) else tuple(int(d) for d in value.shape)
     if int(np.prod(shape)) == 1 and len(shape) <= 2:
         per_channel = False
     elif shape in ((n,), (n, 1)):
         per_channel = True
     else:
-        raise ValueError(f"weight_scale must be a scalar, shape (1,) (per-tensor), ({n},) or ({n}, 1) "
-                         f"(per-channel), got shape {shape}")
+        raise ValueError(
+            f"weight_scale must be a scalar, shape (1,) (per-tensor), ({n},) or ({n}, 1) "
+            f"(per-channel), got shape {shape}"
+        )
     host = np.asarray(value if xp_host else _host_values(value))
     if host.dtype.kind != "f" and host.dtype != _arrays.BFLOAT16:
         if _is_host_scalar(value):
@@ -311,8 +389,10 @@ def _weight_scale(value, n, device):
     host32 = host.astype(np.float32).reshape(-1)
     bad = ~(np.isfinite(host32) & (host32 > 0))
     if bad.any():
-        raise ValueError(f"weight_scale must be positive and finite, got {host32[bad][:4].tolist()} "
-                         f"at {np.flatnonzero(bad)[:4].tolist()}")
+        raise ValueError(
+            f"weight_scale must be positive and finite, got {host32[bad][:4].tolist()} "
+            f"at {np.flatnonzero(bad)[:4].tolist()}"
+        )
     if device == "cpu":
         return host32, per_channel
     if not xp_host and np.dtype(value.dtype) == np.float32:
@@ -328,19 +408,24 @@ def _block_weight_scale(value, shape, block, device):
     want = (-(-n // bn), -(-k // bk))
     got = tuple(int(d) for d in getattr(value, "shape", ()))
     if got != want:
-        raise ValueError(f"weight_scale must have shape {want} for a weight {shape} in {bn} x {bk} blocks, got "
-                         f"{got if hasattr(value, 'shape') else type(value).__name__}")
+        raise ValueError(
+            f"weight_scale must have shape {want} for a weight {shape} in {bn} x {bk} blocks, got "
+            f"{got if hasattr(value, 'shape') else type(value).__name__}"
+        )
     on_host = isinstance(value, np.ndarray)
     if not on_host and _arrays.device_of(value, "weight_scale") != device:
-        raise ValueError(f"weight_scale must be on the weight's device {device}, got {_arrays.device_of(value, 'weight_scale')}")
+        raise ValueError(
+            f"weight_scale must be on the weight's device {device}, got {_arrays.device_of(value, 'weight_scale')}"
+        )
     dt = _arrays.dtype_of(value)
     if dt == np.uint8 or dt == _arrays.FLOAT8_E8M0:
         return _e8m0_block_scale(_arrays.e8m0_bytes(value, "weight_scale"), on_host, device)
     if dt.kind != "f" and dt != _arrays.BFLOAT16:
         raise TypeError(f"weight_scale must be a float array or uint8 E8M0 bytes, got dtype {dt}")
     host = (value if on_host else _host_values(value)).astype(np.float32)  # bf16 / f16 widen exactly
-    _refuse_blocks(~(np.isfinite(host) & (host > 0)), "be positive and finite in every block", lambda at: repr(host[at]),
-                   "bad")
+    _refuse_blocks(
+        ~(np.isfinite(host) & (host > 0)), "be positive and finite in every block", lambda at: repr(host[at]), "bad"
+    )
     if device == "cpu":
         return np.ascontiguousarray(host)
     if not on_host and dt == np.float32:
@@ -353,7 +438,9 @@ def _refuse_blocks(bad, rule, shown, kind):
     many blocks are ``kind``."""
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"weight_scale must {rule}, got {shown(first)} at block {first} ({int(bad.sum())} {kind} blocks)")
+        raise ValueError(
+            f"weight_scale must {rule}, got {shown(first)} at block {first} ({int(bad.sum())} {kind} blocks)"
+        )
 
 
 def _e8m0_block_scale(value, on_host, device):
@@ -401,6 +488,7 @@ def _to_device(host, device):
 
 # -- resident weights and load accounting ----------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DeviceLoadStats:
     """What ``ResidentFp8`` moved onto one device: uploads (count, bytes) and host copies released
@@ -421,8 +509,12 @@ _RESIDENT = weakref.WeakKeyDictionary()
 
 def _record(device, **add):
     old = _STATS.get(device, DeviceLoadStats())
-    _STATS[device] = DeviceLoadStats(**{k: getattr(old, k) + add.get(k, 0) for k in
-                                        ("uploads", "upload_bytes", "released_host", "released_host_bytes")})
+    _STATS[device] = DeviceLoadStats(
+        **{
+            k: getattr(old, k) + add.get(k, 0)
+            for k in ("uploads", "upload_bytes", "released_host", "released_host_bytes")
+        }
+    )
 
 
 def load_stats() -> dict[str, DeviceLoadStats]:
@@ -457,12 +549,15 @@ class ResidentFp8:
     device: str
     nbytes: int
 
-    def __new__(cls, weight: "Fp8Weight | ResidentFp8", device: str = "cpu", *,
-                release_host: bool = False) -> "ResidentFp8":
+    def __new__(
+        cls, weight: "Fp8Weight | ResidentFp8", device: str = "cpu", *, release_host: bool = False
+    ) -> "ResidentFp8":
         if isinstance(weight, ResidentFp8):
             if weight.device != _arrays.parse_device(device):
-                raise ValueError(f"device must be {weight.device} for a ResidentFp8 already there, got {device!r}; "
-                                 f"make the host Fp8Weight resident on the other device instead")
+                raise ValueError(
+                    f"device must be {weight.device} for a ResidentFp8 already there, got {device!r}; "
+                    f"make the host Fp8Weight resident on the other device instead"
+                )
             return weight
         # seam.Fp8Experts (E experts in one object) is made resident the same way, by its _upload_copy
         experts = not isinstance(weight, Fp8Weight) and hasattr(type(weight), "_upload_copy")
@@ -474,8 +569,10 @@ class ResidentFp8:
             self = None if per_device is None else per_device.get(dev)
             if self is None:
                 if weight.device != "cpu":
-                    raise ValueError(f"weight must hold host (numpy) arrays to be uploaded, got arrays on "
-                                     f"{weight.device}; a device Fp8Weight is used as is by matmul_fp8")
+                    raise ValueError(
+                        f"weight must hold host (numpy) arrays to be uploaded, got arrays on "
+                        f"{weight.device}; a device Fp8Weight is used as is by matmul_fp8"
+                    )
                 data = weight.host_data()
                 self = object.__new__(cls)
                 self.device = dev
@@ -505,14 +602,30 @@ def _upload(weight, data, device):
     bias = None if weight.bias is None else np.asarray(weight.bias, dtype=np.float32)
     scale = weight.weight_scale
     if device == "cpu":
-        parts = [np.array(data, order="C", copy=True), np.array(scale, copy=True),
-                 None if bias is None else np.array(bias, copy=True)]
+        parts = [
+            np.array(data, order="C", copy=True),
+            np.array(scale, copy=True),
+            None if bias is None else np.array(bias, copy=True),
+        ]
         for part in parts:
             if part is not None:
                 part.flags.writeable = False
     else:
-        parts = [_to_device(np.ascontiguousarray(data), device), _to_device(scale, device),
-                 None if bias is None else _to_device(bias, device)]
-    return Fp8Weight._trusted(parts[0], parts[1], weight.input_scale, parts[2], weight.activation_scheme,
-                              weight.source, weight.per_channel, weight.block_size, weight.scale_ue8m0,
-                              weight.activation_scale_format, weight.activation_scale_rounding)
+        parts = [
+            _to_device(np.ascontiguousarray(data), device),
+            _to_device(scale, device),
+            None if bias is None else _to_device(bias, device),
+        ]
+    return Fp8Weight._trusted(
+        parts[0],
+        parts[1],
+        weight.input_scale,
+        parts[2],
+        weight.activation_scheme,
+        weight.source,
+        weight.per_channel,
+        weight.block_size,
+        weight.scale_ue8m0,
+        weight.activation_scale_format,
+        weight.activation_scale_rounding,
+    )

@@ -22,14 +22,14 @@ def _grid():
     for code in range(0x7F):
         exponent, mantissa = code >> 3, code & 7
         if exponent == 0:
-            values.append(mantissa * 2.0 ** -9)  # subnormal: m/8 * 2^(1-7)
+            values.append(mantissa * 2.0**-9)  # subnormal: m/8 * 2^(1-7)
         else:
             values.append((1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7))
     return np.array(values, dtype=np.float64)
 
 
 GRID = _grid()
-assert GRID[0x7E] == MAX and GRID[0x08] == 2.0 ** -6 and GRID[0x01] == 2.0 ** -9
+assert GRID[0x7E] == MAX and GRID[0x08] == 2.0**-6 and GRID[0x01] == 2.0**-9
 
 
 def _widen(x):
@@ -48,7 +48,7 @@ def encode(x):
     out = np.empty(flat.size, dtype=np.uint8)
     step = 1 << 15
     for lo in range(0, flat.size, step):
-        v = flat[lo:lo + step].astype(np.float64)
+        v = flat[lo : lo + step].astype(np.float64)
         neg = np.signbit(v)
         a = np.abs(v)
         nan = np.isnan(a)
@@ -59,7 +59,7 @@ def encode(x):
         tie = (dist[np.arange(a.size), nxt] == dist[np.arange(a.size), best]) & (nxt != best)
         best = np.where(tie & (best % 2 == 1), nxt, best)  # even code = even significand
         code = best.astype(np.uint8) | np.where(neg, 0x80, 0).astype(np.uint8)
-        out[lo:lo + step] = np.where(nan, NAN_CODE, code)
+        out[lo : lo + step] = np.where(nan, NAN_CODE, code)
     return out.reshape(x.shape)
 
 
@@ -134,7 +134,7 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None):
 # 2^-13 of the chunk's magnitude; 4 groups per chunk give 132 * 2^-13 of the chunk's sum of |terms|.
 # A bit-level simulation of that model stays inside it (tests/test_cpu_gemm.py), and so does the
 # H200: its worst error, ~16x G3 at K = 256 (2^-9 of the sum of |terms|), is 8x inside the bound.
-TENSOR_CORE_REL = 132 * 2.0 ** -13
+TENSOR_CORE_REL = 132 * 2.0**-13
 
 
 def tensor_core_bound(a, b, scale_a, scale_b):
@@ -151,17 +151,17 @@ def out_rounding(ref, out_dtype):
     """Half an ulp of ``out_dtype`` at |ref| (the allowance for the final RNE rounding), with the
     float32 product-with-scales rounding folded in."""
     dt = np.dtype(out_dtype)
-    eps = {np.dtype(np.float32): 2.0 ** -23, np.dtype(np.float16): 2.0 ** -10,
-           np.dtype(ml_dtypes.bfloat16): 2.0 ** -7}[dt]
-    tiny = {np.dtype(np.float32): 2.0 ** -149, np.dtype(np.float16): 2.0 ** -24,
-            np.dtype(ml_dtypes.bfloat16): 2.0 ** -133}[dt]
+    eps = {np.dtype(np.float32): 2.0**-23, np.dtype(np.float16): 2.0**-10, np.dtype(ml_dtypes.bfloat16): 2.0**-7}[dt]
+    tiny = {np.dtype(np.float32): 2.0**-149, np.dtype(np.float16): 2.0**-24, np.dtype(ml_dtypes.bfloat16): 2.0**-133}[
+        dt
+    ]
     return np.abs(ref) * (eps / 2 + 2 * EPS32) + tiny
 
 
 # -- block-scaled FP8 (per-group activations, block-scaled weights) ---------------------------------
 
 GROUP_EPS = np.float32(1e-10)  # upstream's eps, as the float32 its kernels receive
-TINY32 = 2.0 ** -149  # float32's smallest subnormal: twice the most a product rounded into subnormals loses
+TINY32 = 2.0**-149  # float32's smallest subnormal: twice the most a product rounded into subnormals loses
 
 
 def _ceil_power_of_two(s):
@@ -187,12 +187,12 @@ def quantize_per_group(x, group_size, scale_ue8m0=False):
     codes = np.empty(rows.shape, dtype=np.uint8)
     scales = np.empty((rows.shape[0], groups), dtype=np.float32)
     for j in range(groups):
-        part = rows[:, j * group_size:(j + 1) * group_size]
+        part = rows[:, j * group_size : (j + 1) * group_size]
         s = (np.maximum(_finite_amax(part, axis=1, keepdims=True), GROUP_EPS) / np.float32(448.0)).astype(np.float32)
         if scale_ue8m0:
             s = _ceil_power_of_two(np.maximum(s, GROUP_EPS))
         with np.errstate(over="ignore", invalid="ignore"):
-            codes[:, j * group_size:(j + 1) * group_size] = encode((part / s).astype(np.float32))
+            codes[:, j * group_size : (j + 1) * group_size] = encode((part / s).astype(np.float32))
         scales[:, j] = s[:, 0]
     return Quantized(codes.reshape(xf.shape), scales.reshape(xf.shape[:-1] + (groups,)))
 
@@ -240,7 +240,7 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, bias=None):
         lo, hi = kb * bk, min(k, (kb + 1) * bk)
         p = da[:, lo:hi] @ db[:, lo:hi].T
         absum = np.abs(da[:, lo:hi]) @ np.abs(db[:, lo:hi]).T
-        s = sa[:, kb:kb + 1] * sb_rows[None, :, kb]
+        s = sa[:, kb : kb + 1] * sb_rows[None, :, kb]
         ref += p * s
         term = absum * np.abs(s)
         blocks_abs += term
@@ -256,8 +256,13 @@ def block_tensor_core_allowance(a, b, scale_a, scale_b, block_size):
     (cuBLASLt's block scaling, the wgmma kernels): ``TENSOR_CORE_REL`` of each block's scaled sum of
     |terms|, sum_kb |sa sb| sum |terms| -- the same reference run on magnitudes (codes without their
     sign bit)."""
-    magnitudes, _ = block_scaled_mm(np.asarray(a) & 0x7F, np.asarray(b) & 0x7F, np.abs(_block_scales(scale_a)),
-                                    np.abs(_block_scales(scale_b)), block_size)
+    magnitudes, _ = block_scaled_mm(
+        np.asarray(a) & 0x7F,
+        np.asarray(b) & 0x7F,
+        np.abs(_block_scales(scale_a)),
+        np.abs(_block_scales(scale_b)),
+        block_size,
+    )
     return TENSOR_CORE_REL * magnitudes
 
 
@@ -317,10 +322,10 @@ def quantize_mx(x, group_size=32, rounding="rceil"):
     codes = np.empty(rows.shape, dtype=np.uint8)
     scales = np.empty((rows.shape[0], groups), dtype=np.uint8)
     for j in range(groups):
-        part = rows[:, j * group_size:(j + 1) * group_size]
+        part = rows[:, j * group_size : (j + 1) * group_size]
         byte = e8m0_bytes(_finite_amax(part, axis=1), rounding)
         divisor = decode_e8m0(byte).astype(np.float32)[:, None]
         with np.errstate(over="ignore", invalid="ignore"):
-            codes[:, j * group_size:(j + 1) * group_size] = encode((part / divisor).astype(np.float32))
+            codes[:, j * group_size : (j + 1) * group_size] = encode((part / divisor).astype(np.float32))
         scales[:, j] = byte
     return Quantized(codes.reshape(xf.shape), scales.reshape(xf.shape[:-1] + (groups,)))

@@ -82,7 +82,7 @@ def e4m3_ties():
 def near_boundaries():
     """float32 values one ulp either side of the ties, of 448 and of the subnormal/normal edge."""
     grid = reference.GRID
-    anchors = np.concatenate([(grid[:-1] + grid[1:]) / 2.0, [448.0, 464.0, 2.0 ** -6, 2.0 ** -10]]).astype(np.float32)
+    anchors = np.concatenate([(grid[:-1] + grid[1:]) / 2.0, [448.0, 464.0, 2.0**-6, 2.0**-10]]).astype(np.float32)
     up = np.nextafter(anchors, np.float32(np.inf))
     down = np.nextafter(anchors, np.float32(0))
     vals = np.concatenate([up, down])
@@ -127,8 +127,9 @@ def code_arrays(shape):
     return hnp.arrays(np.uint8, shape, elements=e4m3_codes(include_nan=False))
 
 
-def quantizable_arrays(shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=24), dtype=np.float32,
-                       allow_nan=True, allow_infinity=True):
+def quantizable_arrays(
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=24), dtype=np.float32, allow_nan=True, allow_infinity=True
+):
     """float32 arrays for the quantizers, elements from ``float32_values``."""
     return hnp.arrays(np.dtype(dtype), shape, elements=float32_values(allow_nan, allow_infinity))
 
@@ -152,7 +153,7 @@ _TIES = (reference.GRID[:-1] + reference.GRID[1:]) / 2.0
 # The ties, then the top of the range: 448 itself, 464 (the tie above 448, which saturates) and
 # values past it.
 _TARGETS = np.concatenate([_TIES, [448.0, 464.0, 480.0, 512.0, 1024.0, 1e4]])
-_SPECIALS = _f32([0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e30, -1e30, 2.0 ** -149])
+_SPECIALS = _f32([0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e30, -1e30, 2.0**-149])
 _FREE = 4  # values drawn from float32_values() per case, beside the fixed specials
 _N_SPECIAL = len(_SPECIALS) + _FREE
 _DRAWN_PER_ELEMENT = 64  # larger arrays take their element choices from a drawn seed (cheap draws)
@@ -190,10 +191,10 @@ def _choose(draw, n):
     """``n`` (kind, index) pairs: kind 0 (1 in 8) a special, 1-4 a landing, 5-7 a parting landing;
     the index is taken modulo the length of the kind's pool."""
     if n <= _DRAWN_PER_ELEMENT:
-        picks = draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 2 ** 16 - 1)), min_size=n, max_size=n))
+        picks = draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 2**16 - 1)), min_size=n, max_size=n))
         return np.array(picks, dtype=np.int64).reshape(n, 2).T
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
-    return rng.integers(0, 8, size=n), rng.integers(0, 2 ** 16, size=n)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return rng.integers(0, 8, size=n), rng.integers(0, 2**16, size=n)
 
 
 def _f32_floats(lo, hi):
@@ -228,8 +229,8 @@ def _any_significand(min_exp, max_exp):
     """Positive float32 values 2^e * (1 + m / 2^23), e in [min_exp, max_exp), with m drawn as an
     integer: hypothesis's floats favour simple values (1.5, 3.0, 100.0), whose few significands
     decide whether a divide and a reciprocal multiply part at ties; these have all of them."""
-    parts = st.tuples(st.integers(min_exp, max_exp - 1), st.integers(0, 2 ** 23 - 1))
-    return parts.map(lambda t: float(np.float32(np.ldexp(1.0 + t[1] / 2.0 ** 23, t[0]))))
+    parts = st.tuples(st.integers(min_exp, max_exp - 1), st.integers(0, 2**23 - 1))
+    return parts.map(lambda t: float(np.float32(np.ldexp(1.0 + t[1] / 2.0**23, t[0]))))
 
 
 def case_scales():
@@ -310,8 +311,9 @@ def _grouped_rows(draw, group_size, max_rows, max_groups, amaxes, scale_of):
     for r in range(m):
         for g in range(groups):
             amax = np.float32(draw(amaxes))
-            x[r, g * group_size:(g + 1) * group_size] = _within_amax(draw, _values(draw, scale_of(amax), group_size),
-                                                                     amax)
+            x[r, g * group_size : (g + 1) * group_size] = _within_amax(
+                draw, _values(draw, scale_of(amax), group_size), amax
+            )
     return x
 
 
@@ -322,8 +324,14 @@ def group_quant_cases(group_size=128, max_rows=4, max_groups=4):
 
     @st.composite
     def cases(draw):
-        x = _grouped_rows(draw, group_size, max_rows, max_groups, _amaxes(),
-                          lambda amax: np.maximum(amax, np.float32(1e-10)) / np.float32(448.0))
+        x = _grouped_rows(
+            draw,
+            group_size,
+            max_rows,
+            max_groups,
+            _amaxes(),
+            lambda amax: np.maximum(amax, np.float32(1e-10)) / np.float32(448.0),
+        )
         return x, {"group_size": group_size}
 
     return cases()
@@ -332,6 +340,7 @@ def group_quant_cases(group_size=128, max_rows=4, max_groups=4):
 def _mx_amaxes():
     """MX group amax: any significand (the floor and rceil rules part where it exceeds 1.75), 448 * 2^k
     and its float32 neighbours (where rceil's rounding direction matters), tiny (subnormal) and 0."""
+
     def at_448(t):
         e, step = t
         base = np.float32(np.ldexp(448.0, e))
@@ -340,7 +349,7 @@ def _mx_amaxes():
     return st.one_of(
         _any_significand(-20, 20),
         st.tuples(st.integers(-30, 30), st.integers(-1, 1)).map(at_448),
-        st.sampled_from([0.0, float(np.float32(2.0 ** -140)), float(np.float32(448 * 2.0 ** -127)), 1.0, 448.0]),
+        st.sampled_from([0.0, float(np.float32(2.0**-140)), float(np.float32(448 * 2.0**-127)), 1.0, 448.0]),
     )
 
 
@@ -354,8 +363,14 @@ def mx_quant_cases(group_size=32, max_rows=4, max_groups=4, rounding=None):
     @st.composite
     def cases(draw):
         rule = draw(st.sampled_from(("rceil", "floor"))) if rounding is None else rounding
-        x = _grouped_rows(draw, group_size, max_rows, max_groups, _mx_amaxes(),
-                          lambda amax: np.float32(reference.decode_e8m0(reference.e8m0_bytes(amax, rule))))
+        x = _grouped_rows(
+            draw,
+            group_size,
+            max_rows,
+            max_groups,
+            _mx_amaxes(),
+            lambda amax: np.float32(reference.decode_e8m0(reference.e8m0_bytes(amax, rule))),
+        )
         return x, {"group_size": group_size, "scale_format": "e8m0", "scale_rounding": rule}
 
     return cases()
@@ -414,7 +429,7 @@ def gemm_cases(max_m=16, max_n=16, max_k=64, nan=True, out_dtypes=OUT_DTYPES):
         if (m + n) * k <= 256:  # small problems: hypothesis picks (and shrinks) every code
             a, b = draw(code_arrays((m, k))), draw(code_arrays((n, k)))
         else:  # larger ones: codes from a drawn seed, so generation stays cheap
-            rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
             a, b = (rng.integers(0, 256, size=s, dtype=np.uint8) for s in ((m, k), (n, k)))
             a[(a & 0x7F) == 0x7F] ^= 1  # NaN codes only where drawn below
             b[(b & 0x7F) == 0x7F] ^= 1
@@ -469,7 +484,7 @@ def mx_gemm_cases(max_m=8, max_n=12, max_k=160, nan=True, out_dtypes=OUT_DTYPES)
     def cases(draw):
         m, n, k = draw(st.integers(1, max_m)), draw(st.integers(1, max_n)), draw(st.integers(1, max_k))
         nkb = -(-k // 32)
-        rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         a, b = (rng.integers(0, 256, size=s, dtype=np.uint8) for s in ((m, k), (n, k)))
         a[(a & 0x7F) == 0x7F] ^= 1
         b[(b & 0x7F) == 0x7F] ^= 1

@@ -51,16 +51,27 @@ try:
     import torch
 except ImportError:
     raise ImportError("vtnumba.torch needs torch, which is not installed: pip install 'vtnumba[torch]'") from None
-from torch import nn
+from torch import nn  # noqa: F401 (vtt.nn is torch.nn: the real torch, not this package)
 
 if not hasattr(torch.library, "custom_op"):  # the layers are torch custom ops (torch.library, 2.4+)
-    raise ImportError(f"vtnumba.torch needs torch >= 2.4 (torch.library.custom_op), found torch {torch.__version__}: "
-                      f"pip install 'torch>=2.4'")
+    raise ImportError(
+        f"vtnumba.torch needs torch >= 2.4 (torch.library.custom_op), found torch {torch.__version__}: "
+        f"pip install 'torch>=2.4'"
+    )
 
 from .conversion import ConversionReport, calibrate, conversion_report, convert
 from .experts import Fp8Experts
 from .linear import Fp8Linear
 from .parallel import RowParallelFp8Linear, shard_linear, shard_model
 
-__all__ = ["Fp8Linear", "Fp8Experts", "RowParallelFp8Linear", "convert", "calibrate", "conversion_report",
-           "ConversionReport", "shard_linear", "shard_model"]
+__all__ = [
+    "Fp8Linear",
+    "Fp8Experts",
+    "RowParallelFp8Linear",
+    "convert",
+    "calibrate",
+    "conversion_report",
+    "ConversionReport",
+    "shard_linear",
+    "shard_model",
+]

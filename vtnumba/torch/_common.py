@@ -9,8 +9,11 @@ from ..ops import ActivationScheme
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
-_NUMPY_OUT = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
-              torch.bfloat16: _arrays.BFLOAT16}
+_NUMPY_OUT = {
+    torch.float32: np.dtype(np.float32),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: _arrays.BFLOAT16,
+}
 
 
 def _scheme(scheme, name="scheme"):
@@ -36,8 +39,9 @@ def _out_dtype(out_dtype):
     try:
         return _DTYPES[_arrays.out_dtype_of(out_dtype).name]
     except (TypeError, ValueError, KeyError):
-        raise ValueError(f"out_dtype must be torch.float32, torch.float16 or torch.bfloat16 (or None: x's dtype), "
-                         f"got {out_dtype!r}") from None
+        raise ValueError(
+            f"out_dtype must be torch.float32, torch.float16 or torch.bfloat16 (or None: x's dtype), got {out_dtype!r}"
+        ) from None
 
 
 def _tensor(arr):
@@ -71,9 +75,11 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _refuse_grad(x):
-    raise ValueError("x must not require grad: vtnumba's ops are not differentiable, so its gradient would be "
-                     "lost; got a tensor with requires_grad=True. Call under torch.no_grad() or "
-                     "torch.inference_mode(), or pass x.detach()")
+    raise ValueError(
+        "x must not require grad: vtnumba's ops are not differentiable, so its gradient would be "
+        "lost; got a tensor with requires_grad=True. Call under torch.no_grad() or "
+        "torch.inference_mode(), or pass x.detach()"
+    )
 
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)

@@ -31,14 +31,22 @@ def _plan(config, ignore):
     if isinstance(config, str):
         scheme = _scheme(config, "config")
         block = (128, 128) if scheme == ActivationScheme.PER_GROUP else None
-        rules = Fp8Config("fp8", "channel" if scheme == ActivationScheme.PER_TOKEN else "block" if block else "tensor",
-                          scheme.value, tuple(ignore), block)
+        rules = Fp8Config(
+            "fp8",
+            "channel" if scheme == ActivationScheme.PER_TOKEN else "block" if block else "tensor",
+            scheme.value,
+            tuple(ignore),
+            block,
+        )
         return scheme, scheme == ActivationScheme.PER_TOKEN, rules
-    raise TypeError(f"config must be a seam.Fp8Config or a scheme ('dynamic', 'static', 'per_token', 'per_group'), "
-                    f"got {type(config).__name__}")
+    raise TypeError(
+        f"config must be a seam.Fp8Config or a scheme ('dynamic', 'static', 'per_token', 'per_group'), "
+        f"got {type(config).__name__}"
+    )
 
 
 # -- what a module is -----------------------------------------------------------------------------
+
 
 def _holds_3d_float(module):
     return any(p.dim() == 3 and p.dtype in _FLOAT_DTYPES for p in module.parameters(recurse=False))
@@ -63,8 +71,13 @@ def _is_exempt_2d(name, module, modules):
     """Embeddings, norms and routers: 2-D weights left in float on purpose."""
     cls = type(module).__name__
     leaf = name.rpartition(".")[2]
-    return (isinstance(module, nn.Embedding) or "Embedding" in cls or "embed" in leaf or "Norm" in cls
-            or _is_router(name, module, modules))
+    return (
+        isinstance(module, nn.Embedding)
+        or "Embedding" in cls
+        or "embed" in leaf
+        or "Norm" in cls
+        or _is_router(name, module, modules)
+    )
 
 
 def _left_in_float(model, is_ignored):
@@ -90,8 +103,11 @@ def _left_in_float(model, is_ignored):
                 else:
                     why = f"{type(module).__name__} is not a layout vtnumba converts: {why}"
                 found.append(f"{what}: {why}")
-            elif (p.numel() * p.element_size() >= _REPORTED_2D_BYTES and not is_ignored(mname)
-                  and not _is_exempt_2d(mname, module, modules)):
+            elif (
+                p.numel() * p.element_size() >= _REPORTED_2D_BYTES
+                and not is_ignored(mname)
+                and not _is_exempt_2d(mname, module, modules)
+            ):
                 found.append(f"{what}: a {type(module).__name__} weight, not an nn.Linear")
     return found
 
@@ -102,6 +118,7 @@ def _replace(model, name, layer):
 
 
 # -- convert --------------------------------------------------------------------------------------
+
 
 def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint=None, out_dtype=None):
     """Replace, in place, every ``nn.Linear`` of ``model`` that ``config`` quantizes with an
@@ -148,11 +165,16 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     scheme, per_channel, rules = _plan(config, ignore)
     modules = dict(model.named_modules())
-    experts = [name for name, module in modules.items()
-               if _holds_3d_float(module) and not rules.is_ignored(name) and _unsupported_reason(module) is None]
-    targets = [name for name, module in modules.items()
-               if isinstance(module, nn.Linear) and not rules.is_ignored(name)
-               and not _is_router(name, module, modules)]
+    experts = [
+        name
+        for name, module in modules.items()
+        if _holds_3d_float(module) and not rules.is_ignored(name) and _unsupported_reason(module) is None
+    ]
+    targets = [
+        name
+        for name, module in modules.items()
+        if isinstance(module, nn.Linear) and not rules.is_ignored(name) and not _is_router(name, module, modules)
+    ]
     del modules
     block = dict(block_size=rules.weight_block_size, scale_ue8m0=getattr(rules, "activation_scale_ue8m0", False))
     mxfp8 = getattr(rules, "activation_scale_format", "float32") == "e8m0"
@@ -160,16 +182,20 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
     if static:
         for name in targets:
             if input_scales is None or name not in input_scales:
-                raise ValueError(f"input_scales must give a scale for layer {name!r} (static activations), got "
-                                 f"{'none' if input_scales is None else 'no entry for it'}; measure them with "
-                                 f"vtnumba.torch.calibrate(model, run)")
+                raise ValueError(
+                    f"input_scales must give a scale for layer {name!r} (static activations), got "
+                    f"{'none' if input_scales is None else 'no entry for it'}; measure them with "
+                    f"vtnumba.torch.calibrate(model, run)"
+                )
         for name in experts:
             missing = [f"{name}.{w}" for w in _WEIGHTS if input_scales is None or f"{name}.{w}" not in input_scales]
             if missing:
-                raise ValueError(f"input_scales must give the scales of experts {name!r} (static activations: "
-                                 f"{', '.join(repr(m) for m in missing)}), got "
-                                 f"{'none' if input_scales is None else 'no entry for them'}; measure them with "
-                                 f"vtnumba.torch.calibrate(model, run)")
+                raise ValueError(
+                    f"input_scales must give the scales of experts {name!r} (static activations: "
+                    f"{', '.join(repr(m) for m in missing)}), got "
+                    f"{'none' if input_scales is None else 'no entry for them'}; measure them with "
+                    f"vtnumba.torch.calibrate(model, run)"
+                )
     converted = None
     if checkpoint is not None and experts and not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint)  # every experts layer reads its tensors by the headers parsed once
@@ -177,13 +203,25 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
         module = model.get_submodule(name)
         if checkpoint is not None:
             layer = Fp8Experts.from_checkpoint(
-                checkpoint, name, num_experts=module.gate_up_proj.shape[0], activation_scheme=scheme,
-                block_size=rules.weight_block_size, scale_ue8m0=block["scale_ue8m0"],
-                activation_scale_format=getattr(rules, "activation_scale_format", None)).to(module.gate_up_proj.device)
+                checkpoint,
+                name,
+                num_experts=module.gate_up_proj.shape[0],
+                activation_scheme=scheme,
+                block_size=rules.weight_block_size,
+                scale_ue8m0=block["scale_ue8m0"],
+                activation_scale_format=getattr(rules, "activation_scale_format", None),
+            ).to(module.gate_up_proj.device)
         else:
             scales = {w: input_scales[f"{name}.{w}"] for w in _WEIGHTS} if static else None
-            layer = Fp8Experts.from_experts(module, scheme, input_scales=scales, block_size=rules.weight_block_size,
-                                            mxfp8=mxfp8, scale_ue8m0=block["scale_ue8m0"], release=True)
+            layer = Fp8Experts.from_experts(
+                module,
+                scheme,
+                input_scales=scales,
+                block_size=rules.weight_block_size,
+                mxfp8=mxfp8,
+                scale_ue8m0=block["scale_ue8m0"],
+                release=True,
+            )
         if name == "":
             converted = layer
             continue
@@ -192,12 +230,14 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
     for name in targets:  # names only: a float layer is released as soon as its replacement is in
         linear = model.get_submodule(name)
         if checkpoint is not None:
-            layer = Fp8Linear.from_checkpoint(checkpoint, name, activation_scheme=scheme, out_dtype=out_dtype,
-                                              **block).to(linear.weight.device)
+            layer = Fp8Linear.from_checkpoint(
+                checkpoint, name, activation_scheme=scheme, out_dtype=out_dtype, **block
+            ).to(linear.weight.device)
         else:
             scale = input_scales[name] if scheme == ActivationScheme.STATIC else None
-            layer = Fp8Linear.from_linear(linear, scheme, input_scale=scale, per_channel=per_channel,
-                                          out_dtype=out_dtype, **block)
+            layer = Fp8Linear.from_linear(
+                linear, scheme, input_scale=scale, per_channel=per_channel, out_dtype=out_dtype, **block
+            )
         if name == "":  # model is itself a Linear
             converted = layer
             continue
@@ -206,12 +246,16 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
     result = converted if converted is not None else model
     left = _left_in_float(result, rules.is_ignored)
     if left:
-        warnings.warn(f"vtnumba.torch.convert left {len(left)} weight(s) in floating point:\n  " + "\n  ".join(left),
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            f"vtnumba.torch.convert left {len(left)} weight(s) in floating point:\n  " + "\n  ".join(left),
+            UserWarning,
+            stacklevel=2,
+        )
     return result
 
 
 # -- what convert did -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class ConversionReport:
@@ -231,8 +275,10 @@ class ConversionReport:
     left_in_float: tuple
 
     def __str__(self) -> str:
-        lines = [f"converted: {', '.join(f'{n} {t}' for t, n in sorted(self.converted.items())) or 'nothing'} "
-                 f"({self.fp8_bytes / 2**20:.1f} MiB of FP8 codes and scales)"]
+        lines = [
+            f"converted: {', '.join(f'{n} {t}' for t, n in sorted(self.converted.items())) or 'nothing'} "
+            f"({self.fp8_bytes / 2**20:.1f} MiB of FP8 codes and scales)"
+        ]
         total = sum(self.float_bytes.values())
         lines.append(f"left in floating point: {total / 2**20:.1f} MiB")
         for kind, nbytes in sorted(self.float_bytes.items(), key=lambda kv: -kv[1]):
@@ -274,6 +320,7 @@ def conversion_report(model: nn.Module) -> ConversionReport:
 
 # -- calibrate ------------------------------------------------------------------------------------
 
+
 def _finite_amax(x):
     finite = x[torch.isfinite(x)]
     return float(finite.abs().max()) if finite.numel() else None
@@ -282,6 +329,7 @@ def _finite_amax(x):
 def _experts_observer(name, amax):
     """A pre-hook measuring, per expert, the amax of the tokens routed to it (gate_up's input) and
     of SiLU(gate) * up (down's input), computed here from the float weights as the layer does."""
+
     def hook(module, args, kwargs):
         given = dict(zip(_FORWARD_ARGS, args), **kwargs)
         x, ids = given["hidden_states"].detach(), given["top_k_index"]
@@ -301,6 +349,7 @@ def _experts_observer(name, amax):
             a = _finite_amax(module.act_fn(gate) * up)
             if a is not None:
                 seen_mid[expert] = max(seen_mid[expert], a)
+
     return hook
 
 
@@ -324,6 +373,7 @@ def calibrate(model, run):
             a = _finite_amax(args[0].detach())
             if a is not None:
                 amax[name] = max(amax.get(name, 0.0), a)
+
         return hook
 
     handles = []

@@ -12,7 +12,6 @@ An op sees only tensors, so it finds the seam's view of a layer's weights by the
 """
 
 import weakref
-from typing import Optional
 
 import numpy as np
 import torch
@@ -21,16 +20,27 @@ from .._config import kernel_settings
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
-from ..seam import Fp8Weight, ResidentFp8, matmul_fp8
+from ..seam import Fp8Weight, matmul_fp8
 from ..seam import moe_fp8 as seam_moe_fp8
-from ._common import (_DTYPE_NAMES, _DTYPES, _NUMPY_OUT, _current_device, _grad_enabled, _on_device, _raw_stream,
-                      _refuse_grad, _torch_bytes, _view)
+from ._common import (
+    _DTYPE_NAMES,
+    _DTYPES,
+    _NUMPY_OUT,
+    _current_device,
+    _grad_enabled,
+    _on_device,
+    _raw_stream,
+    _refuse_grad,
+    _torch_bytes,
+    _view,
+)
 
 # -- the layer's state on a device ------------------------------------------------------------------
 # A layer's forward on a device needs its weight as the seam sees it there (an Fp8Weight whose
 # arrays view the buffers) and, on a GPU, its bound calls. That state is keyed by the buffers it
 # views: the eager path keeps it on the module (dropped when the buffers move); the custom op finds
 # it by the tensors' addresses (``_state_for``).
+
 
 class _GpuState:
     """The FP8 weight on one GPU as the seam sees it, and its bound calls by input signature."""
@@ -44,7 +54,6 @@ class _GpuState:
         self.alloc = _torch_bytes(self.device)
 
 
-
 def _seam_weight(parts):
     """A trusted Fp8Weight viewing the layer's buffers where they are (they were validated when the
     layer was built). A GPU layer's static scale stays on the device (read there, never copied);
@@ -53,9 +62,17 @@ def _seam_weight(parts):
     if input_scale is not None:
         input_scale = _view(input_scale) if input_scale.is_cuda else np.float32(input_scale.item())
     per_channel = block is None and weight_scale.numel() > 1
-    return Fp8Weight._trusted(_view(weight.view(torch.uint8)), _view(weight_scale), input_scale,
-                              None if bias is None else _view(bias), ActivationScheme(scheme), source, per_channel,
-                              None if block is None else tuple(block), ue8m0)
+    return Fp8Weight._trusted(
+        _view(weight.view(torch.uint8)),
+        _view(weight_scale),
+        input_scale,
+        None if bias is None else _view(bias),
+        ActivationScheme(scheme),
+        source,
+        per_channel,
+        None if block is None else tuple(block),
+        ue8m0,
+    )
 
 
 _STATES = {}  # the custom op's states: (buffer addresses, scheme, block, ue8m0) -> _GpuState
@@ -63,8 +80,17 @@ _MAX_STATES = 4096
 
 
 def _state_for(weight, weight_scale, input_scale, bias, scheme, block, ue8m0, index):
-    key = (weight.data_ptr(), weight_scale.data_ptr(), 0 if input_scale is None else input_scale.data_ptr(),
-           0 if bias is None else bias.data_ptr(), tuple(weight.shape), scheme, block, ue8m0, index)
+    key = (
+        weight.data_ptr(),
+        weight_scale.data_ptr(),
+        0 if input_scale is None else input_scale.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        tuple(weight.shape),
+        scheme,
+        block,
+        ue8m0,
+        index,
+    )
     state = _STATES.get(key)
     if state is None:
         if len(_STATES) >= _MAX_STATES:
@@ -74,9 +100,7 @@ def _state_for(weight, weight_scale, input_scale, bias, scheme, block, ue8m0, in
     return state
 
 
-
 # -- the forward ----------------------------------------------------------------------------------
-
 
 
 def _check_input(x, k):
@@ -153,8 +177,13 @@ def _gpu_full(state, x, out_dtype):
     _check_input(x, state.weight.shape[1])
     index = state.index
     with cupy.cuda.Device(index), torch.cuda.device(index):
-        if (x.dtype in _DTYPE_NAMES and x.is_contiguous() and not x.data_ptr() & 15 and x.numel() > 0
-                and not cupy.cuda.runtime.streamIsCapturing(_raw_stream(index))):
+        if (
+            x.dtype in _DTYPE_NAMES
+            and x.is_contiguous()
+            and not x.data_ptr() & 15
+            and x.numel() > 0
+            and not cupy.cuda.runtime.streamIsCapturing(_raw_stream(index))
+        ):
             x2d = _view(x.reshape(-1, x.shape[-1]))
             # what the binding keeps (a copy of a scale, say) comes from cupy's own pool, never
             # from torch's or a graph's
@@ -163,7 +192,9 @@ def _gpu_full(state, x, out_dtype):
             if len(state.bound) >= _MAX_BOUND_PER_LAYER:  # a caller sweeping over shapes: start over
                 state.bound.clear()
             entry = state.bound[(x.shape, x.dtype, out_dtype, kernel_settings())] = (
-                bound, (*x.shape[:-1], state.weight.shape[0]))
+                bound,
+                (*x.shape[:-1], state.weight.shape[0]),
+            )
             return _run_bound(state, entry, x, out_dtype)
         return matmul_fp8(x, state.weight, out_dtype)  # results and temporaries from torch's allocator
 
@@ -177,10 +208,19 @@ def _cpu_forward(parts, x, out_dtype):
 
 # -- the custom op (torch.compile) -------------------------------------------------------------------
 
+
 @torch.library.custom_op("vtnumba::fp8_linear", mutates_args=())
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: Optional[torch.Tensor],
-               bias: Optional[torch.Tensor], scheme: str, block_size: Optional[list[int]], scale_ue8m0: bool,
-               out_dtype: str) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scheme: str,
+    block_size: list[int] | None,
+    scale_ue8m0: bool,
+    out_dtype: str,
+) -> torch.Tensor:
     """``Fp8Linear``'s forward as a torch op: ``seam.matmul_fp8`` of x with the FP8 weight held by
     these tensors (``weight`` float8_e4m3fn [N, K]; scales and bias as ``Fp8Linear`` holds them),
     ``scheme`` its activation scheme, ``out_dtype`` 'float32', 'float16', 'bfloat16' or '' (x's)."""
@@ -197,7 +237,6 @@ def _fp8_linear_fake(x, weight, weight_scale, input_scale, bias, scheme, block_s
     return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=_DTYPES.get(out_dtype, x.dtype))
 
 
-
 # -- the experts (Fp8Experts) ---------------------------------------------------------------------
 # An experts layer's state on a device is its two seam.Fp8Experts (gate_up [E, 2I, H], down
 # [E, H, I]) as the seam sees them there: on a GPU, views of the buffers, and the seam keeps the
@@ -206,6 +245,7 @@ def _fp8_linear_fake(x, weight, weight_scale, input_scale, bias, scheme, block_s
 # static input scales everywhere, so a state also records the buffers' versions (torch bumps
 # ``_version`` on every in-place write): a state whose buffers were written since is rebuilt.
 
+
 def _versions(tensors):
     """The buffers' version counters (-1 for a tensor made under inference mode, which has none)."""
     return tuple(-1 if t is None or t.is_inference() else t._version for t in tensors)
@@ -213,10 +253,16 @@ def _versions(tensors):
 
 def _seam_experts(codes, scale, input_scale, scheme, block, ue8m0, act_format, source=None):
     """A seam Fp8Experts over one weight's buffers where they are (numpy on the CPU, cupy on a GPU)."""
-    return SeamExperts(_view(codes.view(torch.uint8)), _view(scale),
-                       input_scale=None if input_scale is None else _view(input_scale), activation_scheme=scheme,
-                       source=source, block_size=block, scale_ue8m0=ue8m0,
-                       activation_scale_format=act_format or None)
+    return SeamExperts(
+        _view(codes.view(torch.uint8)),
+        _view(scale),
+        input_scale=None if input_scale is None else _view(input_scale),
+        activation_scheme=scheme,
+        source=source,
+        block_size=block,
+        scale_ue8m0=ue8m0,
+        activation_scale_format=act_format or None,
+    )
 
 
 def _experts_pair(parts, source=None):
@@ -231,8 +277,14 @@ _EXPERT_STATES = {}  # the op's GPU states: (addresses, shapes, versions, format
 
 def _experts_state_for(parts, index):
     tensors = parts[:6]
-    key = (tuple(0 if t is None else t.data_ptr() for t in tensors), tuple(parts[0].shape), tuple(parts[3].shape),
-           _versions(tensors), parts[6:], index)
+    key = (
+        tuple(0 if t is None else t.data_ptr() for t in tensors),
+        tuple(parts[0].shape),
+        tuple(parts[3].shape),
+        _versions(tensors),
+        parts[6:],
+        index,
+    )
     pair = _EXPERT_STATES.get(key)
     if pair is None:
         if len(_EXPERT_STATES) >= _MAX_STATES:
@@ -246,8 +298,9 @@ def _check_experts_input(x, top_k_index, top_k_weights, hidden):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if x.dim() < 1 or x.shape[-1] != hidden:
-        raise ValueError(f"hidden_states must be [..., H] with H = {hidden} (the experts' hidden size), got shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"hidden_states must be [..., H] with H = {hidden} (the experts' hidden size), got shape {tuple(x.shape)}"
+        )
     if top_k_index.dim() < 1:
         raise ValueError(f"top_k_index must be [T, k] (k experts per token), got shape {tuple(top_k_index.shape)}")
 
@@ -271,10 +324,21 @@ def _moe_forward(pair, x, top_k_index, top_k_weights):
 
 
 @torch.library.custom_op("vtnumba::moe_fp8", mutates_args=())
-def moe_fp8(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up: torch.Tensor,
-            gate_up_scale: torch.Tensor, gate_up_input_scale: Optional[torch.Tensor], down: torch.Tensor,
-            down_scale: torch.Tensor, down_input_scale: Optional[torch.Tensor], scheme: str,
-            block_size: Optional[list[int]], scale_ue8m0: bool, activation_scale_format: str) -> torch.Tensor:
+def moe_fp8(
+    x: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    gate_up_input_scale: torch.Tensor | None,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
+    down_input_scale: torch.Tensor | None,
+    scheme: str,
+    block_size: list[int] | None,
+    scale_ue8m0: bool,
+    activation_scale_format: str,
+) -> torch.Tensor:
     """``Fp8Experts``' forward as a torch op: ``seam.moe_fp8`` of tokens x [..., H] routed by
     ``top_k_index`` (int [T, k]; ids outside [0, E) route nothing) with ``top_k_weights`` [T, k],
     over the experts these tensors hold (``gate_up`` float8_e4m3fn [E, 2I, H], ``down`` [E, H, I];
@@ -282,8 +346,18 @@ def moe_fp8(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Ten
     activation scheme, ``activation_scale_format`` 'float32', 'e8m0' or '' (the seam's default for
     the weights' format). Returns [..., H] in x's dtype."""
     block = None if block_size is None else tuple(block_size)
-    parts = (gate_up, gate_up_scale, gate_up_input_scale, down, down_scale, down_input_scale, scheme, block,
-             scale_ue8m0, activation_scale_format)
+    parts = (
+        gate_up,
+        gate_up_scale,
+        gate_up_input_scale,
+        down,
+        down_scale,
+        down_input_scale,
+        scheme,
+        block,
+        scale_ue8m0,
+        activation_scale_format,
+    )
     if x.is_cuda:
         return _moe_forward(_experts_state_for(parts, x.get_device()), x, top_k_index, top_k_weights)
     # the CPU's state is rebuilt per call (tens of microseconds against milliseconds of GEMMs): an
@@ -292,7 +366,20 @@ def moe_fp8(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Ten
 
 
 @moe_fp8.register_fake
-def _moe_fp8_fake(x, top_k_index, top_k_weights, gate_up, gate_up_scale, gate_up_input_scale, down, down_scale,
-                  down_input_scale, scheme, block_size, scale_ue8m0, activation_scale_format):
+def _moe_fp8_fake(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up,
+    gate_up_scale,
+    gate_up_input_scale,
+    down,
+    down_scale,
+    down_input_scale,
+    scheme,
+    block_size,
+    scale_ue8m0,
+    activation_scale_format,
+):
     # float64 tokens are computed in float32 (the seam casts them), as the eager path returns
     return x.new_empty(x.shape, dtype=torch.float32 if x.dtype == torch.float64 else x.dtype)

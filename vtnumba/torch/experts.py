@@ -47,15 +47,19 @@ VERIFIED = ("Qwen3MoeExperts", "Qwen2MoeExperts", "OlmoeExperts", "MixtralExpert
 _FORWARD_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # transformers' @use_experts_implementation flags, at the values of the layout moe_fp8 computes
-_LAYOUT_FLAGS = {"is_transposed": False, "is_concatenated": True, "has_bias": False, "has_gate": True,
-                 "has_post_expert_norm": False}
+_LAYOUT_FLAGS = {
+    "is_transposed": False,
+    "is_concatenated": True,
+    "has_bias": False,
+    "has_gate": True,
+    "has_post_expert_norm": False,
+}
 _MX_BLOCK = (1, 32)
 _WEIGHTS = ("gate_up_proj", "down_proj")
 
 
 def _is_silu(act):
-    return (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
-            or act is torch.nn.functional.silu)
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is torch.nn.functional.silu
 
 
 def _unsupported_reason(module):
@@ -65,8 +69,9 @@ def _unsupported_reason(module):
     gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
     if gate_up is None or down is None:
         return f"its parameters are {sorted(params)}, not gate_up_proj and down_proj"
-    extra = sorted(set(params) - set(_WEIGHTS)) + [f"{child}.{p}" for child, sub in module.named_children()
-                                                   for p, _ in sub.named_parameters()]
+    extra = sorted(set(params) - set(_WEIGHTS)) + [
+        f"{child}.{p}" for child, sub in module.named_children() for p, _ in sub.named_parameters()
+    ]
     if extra:
         return f"it has parameters beside gate_up_proj and down_proj ({', '.join(extra)}: biases or norms)"
     if gate_up.dtype not in _FLOAT_DTYPES or down.dtype not in _FLOAT_DTYPES:
@@ -92,8 +97,9 @@ def _unsupported_reason(module):
     except (TypeError, ValueError):
         params = []
     names = tuple(p.name for p in params)
-    if names[:3] != _FORWARD_ARGS or any(p.default is inspect.Parameter.empty and p.kind not in
-                                         (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[3:]):
+    if names[:3] != _FORWARD_ARGS or any(
+        p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[3:]
+    ):
         return f"its forward takes ({', '.join(names)}), not ({', '.join(_FORWARD_ARGS)})"
     return None
 
@@ -142,10 +148,13 @@ def _quantize_stack(w, scheme, block, mx):
 def _input_scales(value, e, name):
     """Static input scales for E experts: one number or [E], as a float32 tensor [E]."""
     if value is None:
-        raise ValueError(f"{name} must be given for scheme 'static' (one scale or one per expert), got None; "
-                         f"measure them with vtnumba.torch.calibrate(model, run)")
-    host = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value,
-                      dtype=np.float32).reshape(-1)
+        raise ValueError(
+            f"{name} must be given for scheme 'static' (one scale or one per expert), got None; "
+            f"measure them with vtnumba.torch.calibrate(model, run)"
+        )
+    host = np.asarray(
+        value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value, dtype=np.float32
+    ).reshape(-1)
     if host.size == 1:
         host = np.repeat(host, e)
     if host.size != e:
@@ -170,8 +179,14 @@ class Fp8Experts(nn.Module):
     Inference only.
     """
 
-    _FORMAT_BUFFERS = ("gate_up_proj", "gate_up_proj_scale", "gate_up_proj_input_scale", "down_proj",
-                       "down_proj_scale", "down_proj_input_scale")
+    _FORMAT_BUFFERS = (
+        "gate_up_proj",
+        "gate_up_proj_scale",
+        "gate_up_proj_input_scale",
+        "down_proj",
+        "down_proj_scale",
+        "down_proj_input_scale",
+    )
 
     def __init__(self, gate_up, down, *, source=None):
         super().__init__()
@@ -185,17 +200,29 @@ class Fp8Experts(nn.Module):
         gate_up, down = pair
         e, two_i, h = gate_up.shape
         if two_i % 2 or down.shape != (e, h, two_i // 2):
-            raise ValueError(f"down must be [E, H, I] = ({e}, {h}, {two_i // 2}) for gate_up [E, 2I, H] = "
-                             f"{gate_up.shape}, got {down.shape}")
-        for key in ("activation_scheme", "block_size", "scale_ue8m0", "scale_format", "activation_scale_format",
-                    "per_channel"):
+            raise ValueError(
+                f"down must be [E, H, I] = ({e}, {h}, {two_i // 2}) for gate_up [E, 2I, H] = "
+                f"{gate_up.shape}, got {down.shape}"
+            )
+        for key in (
+            "activation_scheme",
+            "block_size",
+            "scale_ue8m0",
+            "scale_format",
+            "activation_scale_format",
+            "per_channel",
+        ):
             if getattr(gate_up, key) != getattr(down, key):
-                raise ValueError(f"down.{key} must be gate_up's {getattr(gate_up, key)!r} (one scheme per layer), "
-                                 f"got {getattr(down, key)!r}")
+                raise ValueError(
+                    f"down.{key} must be gate_up's {getattr(gate_up, key)!r} (one scheme per layer), "
+                    f"got {getattr(down, key)!r}"
+                )
         if gate_up.activation_scale_rounding not in (None, "rceil"):
             # the op carries no rounding: refused rather than computed with another one
-            raise ValueError(f"gate_up.activation_scale_rounding must be 'rceil' (the seam's default), got "
-                             f"{gate_up.activation_scale_rounding!r}")
+            raise ValueError(
+                f"gate_up.activation_scale_rounding must be 'rceil' (the seam's default), got "
+                f"{gate_up.activation_scale_rounding!r}"
+            )
         self.num_experts, self.hidden_dim, self.intermediate_dim = e, h, two_i // 2
         self.activation_scheme = ActivationScheme(gate_up.activation_scheme)
         self.block_size = gate_up.block_size
@@ -215,8 +242,17 @@ class Fp8Experts(nn.Module):
 
     # -- constructors ------------------------------------------------------------------------------
     @classmethod
-    def from_experts(cls, module, scheme="dynamic", *, input_scales=None, block_size=None, mxfp8=False,
-                     scale_ue8m0=False, release=False):
+    def from_experts(
+        cls,
+        module,
+        scheme="dynamic",
+        *,
+        input_scales=None,
+        block_size=None,
+        mxfp8=False,
+        scale_ue8m0=False,
+        release=False,
+    ):
         """Quantize a transformers experts module (``gate_up_proj`` [E, 2I, H], ``down_proj``
         [E, H, I]; the module docstring says which) where its weights live, expert by expert:
 
@@ -235,16 +271,20 @@ class Fp8Experts(nn.Module):
         the float model and one expert's work)."""
         reason = _unsupported_reason(module)
         if reason is not None:
-            raise ValueError(f"module must be a fused experts module (gate_up_proj [E, 2I, H], down_proj [E, H, I], "
-                             f"SiLU, no bias), got a {type(module).__name__}: {reason}")
+            raise ValueError(
+                f"module must be a fused experts module (gate_up_proj [E, 2I, H], down_proj [E, H, I], "
+                f"SiLU, no bias), got a {type(module).__name__}: {reason}"
+            )
         scheme = _scheme(scheme)
         if mxfp8:
             if scheme != ActivationScheme.PER_GROUP:
-                raise ValueError(f"scheme must be 'per_group' with mxfp8=True (MXFP8 is 1 x 32 E8M0 groups), got "
-                                 f"{scheme.value!r}")
+                raise ValueError(
+                    f"scheme must be 'per_group' with mxfp8=True (MXFP8 is 1 x 32 E8M0 groups), got {scheme.value!r}"
+                )
             if scale_ue8m0:
-                raise ValueError("scale_ue8m0 must be False with mxfp8=True (an E8M0 scale is a power of two "
-                                 "already), got True")
+                raise ValueError(
+                    "scale_ue8m0 must be False with mxfp8=True (an E8M0 scale is a power of two already), got True"
+                )
         block = None
         if scheme == ActivationScheme.PER_GROUP:
             block = _MX_BLOCK if mxfp8 else tuple(block_size or (128, 128))
@@ -263,28 +303,53 @@ class Fp8Experts(nn.Module):
             del w
             if release:  # the float weight goes (if nobody else holds it) before the next is quantized
                 setattr(module, name, None)
-        pair = [_seam_experts_of(parts[name], scheme, block, scale_ue8m0, "e8m0" if mxfp8 else None)
-                for name in _WEIGHTS]
+        pair = [
+            _seam_experts_of(parts[name], scheme, block, scale_ue8m0, "e8m0" if mxfp8 else None) for name in _WEIGHTS
+        ]
         return cls(*pair)
 
     @classmethod
-    def from_checkpoint(cls, path, prefix, *, num_experts=None, activation_scheme=None, block_size=None,
-                        scale_ue8m0=False, activation_scale_format=None):
+    def from_checkpoint(
+        cls,
+        path,
+        prefix,
+        *,
+        num_experts=None,
+        activation_scheme=None,
+        block_size=None,
+        scale_ue8m0=False,
+        activation_scale_format=None,
+    ):
         """The FP8 experts ``prefix`` (e.g. 'model.layers.0.mlp.experts') of a safetensors
         checkpoint (a path or a ``seam.Checkpoint``), stored per expert ('{prefix}.{e}.gate_proj.weight'
         ...: Qwen3-FP8, DeepSeek-V3, ModelOpt, compressed-tensors) or fused (transformers'
         '{prefix}.gate_up_proj'): ``seam.load_fp8_experts``, whose keywords these are."""
-        gate_up, down = load_fp8_experts(path, prefix, num_experts=num_experts, activation_scheme=activation_scheme,
-                                         block_size=block_size, scale_ue8m0=scale_ue8m0,
-                                         activation_scale_format=activation_scale_format)
+        gate_up, down = load_fp8_experts(
+            path,
+            prefix,
+            num_experts=num_experts,
+            activation_scheme=activation_scheme,
+            block_size=block_size,
+            scale_ue8m0=scale_ue8m0,
+            activation_scale_format=activation_scale_format,
+        )
         return cls(gate_up, down)
 
     # -- what the layer is ---------------------------------------------------------------------------
     def _parts(self):
         b = self._buffers
-        return (b["gate_up_proj"], b["gate_up_proj_scale"], b["gate_up_proj_input_scale"], b["down_proj"],
-                b["down_proj_scale"], b["down_proj_input_scale"], self.activation_scheme.value, self.block_size,
-                self.scale_ue8m0, self.activation_scale_format)
+        return (
+            b["gate_up_proj"],
+            b["gate_up_proj_scale"],
+            b["gate_up_proj_input_scale"],
+            b["down_proj"],
+            b["down_proj_scale"],
+            b["down_proj_input_scale"],
+            self.activation_scheme.value,
+            self.block_size,
+            self.scale_ue8m0,
+            self.activation_scale_format,
+        )
 
     @property
     def fp8_experts(self):
@@ -303,8 +368,10 @@ class Fp8Experts(nn.Module):
             pair = _experts_pair(parts, self.source)
         elif self.gate_up_proj.is_cuda:
             if self.gate_up_proj.get_device() != index:
-                raise ValueError(f"hidden_states must be on the layer's device {self.gate_up_proj.device}, got a "
-                                 f"tensor on cuda:{index}")
+                raise ValueError(
+                    f"hidden_states must be on the layer's device {self.gate_up_proj.device}, got a "
+                    f"tensor on cuda:{index}"
+                )
             pair = _on_device(index, lambda: _experts_pair(parts, self.source))
         else:  # CPU buffers, a GPU input: the host experts made resident there once
             resident = self._resident.get(index)
@@ -337,15 +404,24 @@ class Fp8Experts(nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         if _is_compiling():
-            return moe_fp8(hidden_states, top_k_index, top_k_weights, *self._parts()[:6], self.activation_scheme.value,
-                           None if self.block_size is None else list(self.block_size), self.scale_ue8m0,
-                           self.activation_scale_format)
+            return moe_fp8(
+                hidden_states,
+                top_k_index,
+                top_k_weights,
+                *self._parts()[:6],
+                self.activation_scheme.value,
+                None if self.block_size is None else list(self.block_size),
+                self.scale_ue8m0,
+                self.activation_scale_format,
+            )
         if not isinstance(hidden_states, torch.Tensor):
             raise TypeError(f"hidden_states must be a torch.Tensor, got {type(hidden_states).__name__}")
         index = hidden_states.get_device()
         if index < 0 and self.gate_up_proj.is_cuda:
-            raise ValueError(f"hidden_states must be on the layer's device {self.gate_up_proj.device}, got a tensor "
-                             f"on {hidden_states.device}")
+            raise ValueError(
+                f"hidden_states must be on the layer's device {self.gate_up_proj.device}, got a tensor "
+                f"on {hidden_states.device}"
+            )
         return _moe_forward(self._state(index), hidden_states, top_k_index, top_k_weights)
 
     def extra_repr(self):
@@ -355,15 +431,26 @@ class Fp8Experts(nn.Module):
             scale = f"block {self.block_size}"
         else:
             scale = "per-channel" if self.gate_up_proj_scale.dim() > 1 else "per-tensor"
-        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
-                f"intermediate_dim={self.intermediate_dim}, activation_scheme={self.activation_scheme.value!r}, "
-                f"weight_scale={scale}")
+        return (
+            f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+            f"intermediate_dim={self.intermediate_dim}, activation_scheme={self.activation_scheme.value!r}, "
+            f"weight_scale={scale}"
+        )
 
 
 def _seam_experts_of(part, scheme, block, ue8m0, act_format):
     """The seam Fp8Experts of freshly quantized (codes, scales, input scales), on their device."""
     codes, scale, scale_in = part
-    make = lambda: SeamExperts(_view(codes), _view(scale), input_scale=None if scale_in is None else _view(scale_in),  # noqa: E731
-                               activation_scheme=scheme.value, block_size=block, scale_ue8m0=ue8m0,
-                               activation_scale_format=act_format)
+
+    def make():
+        return SeamExperts(
+            _view(codes),
+            _view(scale),
+            input_scale=None if scale_in is None else _view(scale_in),
+            activation_scheme=scheme.value,
+            block_size=block,
+            scale_ue8m0=ue8m0,
+            activation_scale_format=act_format,
+        )
+
     return _on_device(codes.get_device(), make) if codes.is_cuda else make()

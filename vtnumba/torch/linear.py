@@ -37,10 +37,12 @@ class Fp8Linear(nn.Module):
             raise TypeError(f"weight must be a seam Fp8Weight or ResidentFp8, got {type(weight).__name__}")
         if weight.scale_format == "e8m0" or weight.activation_scale_format == "e8m0":
             # the custom op's signature carries no E8M0 scale format: refused, never computed otherwise
-            raise ValueError(f"weight must have float32 scales for vtnumba.torch's Fp8Linear, got an E8M0-scaled "
-                             f"weight (scale_format {weight.scale_format!r}, activation_scale_format "
-                             f"{weight.activation_scale_format!r}: MXFP8 or UE8M0 blocks); run it through "
-                             f"seam.matmul_fp8, which takes torch tensors too")
+            raise ValueError(
+                f"weight must have float32 scales for vtnumba.torch's Fp8Linear, got an E8M0-scaled "
+                f"weight (scale_format {weight.scale_format!r}, activation_scale_format "
+                f"{weight.activation_scale_format!r}: MXFP8 or UE8M0 blocks); run it through "
+                f"seam.matmul_fp8, which takes torch tensors too"
+            )
         self.out_features, self.in_features = weight.shape
         self.activation_scheme = weight.activation_scheme
         self.block_size = weight.block_size
@@ -59,14 +61,27 @@ class Fp8Linear(nn.Module):
         self._resident = {}  # device index -> ResidentFp8 of the host weight (CPU buffers, GPU input)
         self._scale_value = None  # (version, buffer, value) of the static scale (``_quant_key``)
         scheme = self.activation_scheme
-        self._fixed_quant_key = (None if scheme == ActivationScheme.STATIC else
-                                 (scheme, self.block_size[1], self.scale_ue8m0) if scheme == ActivationScheme.PER_GROUP
-                                 else (scheme,))
+        self._fixed_quant_key = (
+            None
+            if scheme == ActivationScheme.STATIC
+            else (scheme, self.block_size[1], self.scale_ue8m0)
+            if scheme == ActivationScheme.PER_GROUP
+            else (scheme,)
+        )
 
     # -- constructors ----------------------------------------------------------------------------
     @classmethod
-    def from_linear(cls, linear, scheme="dynamic", *, input_scale=None, per_channel=None, out_dtype=None,
-                    block_size=None, scale_ue8m0=False):
+    def from_linear(
+        cls,
+        linear,
+        scheme="dynamic",
+        *,
+        input_scale=None,
+        per_channel=None,
+        out_dtype=None,
+        block_size=None,
+        scale_ue8m0=False,
+    ):
         """Quantize ``linear``'s weight where it lives (CPU or GPU; online, as
         ``seam.Fp8Weight.from_float``; its bias kept exactly) for activations quantized by ``scheme``:
 
@@ -84,8 +99,10 @@ class Fp8Linear(nn.Module):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
         scheme = _scheme(scheme)
         if scheme == ActivationScheme.STATIC and input_scale is None:
-            raise ValueError("input_scale must be given for scheme 'static', got None; measure one with "
-                             "vtnumba.torch.calibrate(model, run)")
+            raise ValueError(
+                "input_scale must be given for scheme 'static', got None; measure one with "
+                "vtnumba.torch.calibrate(model, run)"
+            )
         if per_channel is None:
             per_channel = scheme == ActivationScheme.PER_TOKEN
         w = linear.weight.detach()
@@ -95,28 +112,51 @@ class Fp8Linear(nn.Module):
                 block = block_size or (128, 128)
                 if w.is_cuda:
                     codes, scale = _quantize_blocks_on_gpu(w, block)
-                    weight = Fp8Weight(_view(codes), _view(scale), bias=None if bias is None else _view(bias),
-                                       block_size=block, scale_ue8m0=scale_ue8m0)
+                    weight = Fp8Weight(
+                        _view(codes),
+                        _view(scale),
+                        bias=None if bias is None else _view(bias),
+                        block_size=block,
+                        scale_ue8m0=scale_ue8m0,
+                    )
                 else:
                     weight = Fp8Weight.from_float(w, bias=bias, block_size=block, scale_ue8m0=scale_ue8m0)
             else:
                 weight = Fp8Weight.from_float(
-                    w, input_scale=_host_scalar(input_scale, "input_scale"), per_channel=per_channel,
-                    activation_scheme=scheme, bias=bias, block_size=block_size)
+                    w,
+                    input_scale=_host_scalar(input_scale, "input_scale"),
+                    per_channel=per_channel,
+                    activation_scheme=scheme,
+                    bias=bias,
+                    block_size=block_size,
+                )
         return cls(weight, out_dtype=out_dtype)
 
     @classmethod
-    def from_checkpoint(cls, path, prefix, *, activation_scheme=None, out_dtype=None, block_size=None,
-                        scale_ue8m0=False):
+    def from_checkpoint(
+        cls, path, prefix, *, activation_scheme=None, out_dtype=None, block_size=None, scale_ue8m0=False
+    ):
         """The FP8 layer ``prefix`` of a safetensors checkpoint (``seam.load_fp8_linear``;
         ``block_size`` for a block-scaled one)."""
-        return cls(load_fp8_linear(path, prefix, activation_scheme=activation_scheme, block_size=block_size,
-                                   scale_ue8m0=scale_ue8m0), out_dtype=out_dtype)
+        return cls(
+            load_fp8_linear(
+                path, prefix, activation_scheme=activation_scheme, block_size=block_size, scale_ue8m0=scale_ue8m0
+            ),
+            out_dtype=out_dtype,
+        )
 
     # -- what the layer is ---------------------------------------------------------------------------
     def _parts(self):
-        return (self.weight, self.weight_scale, self.input_scale, self.bias, self.activation_scheme.value,
-                self.block_size, self.scale_ue8m0, self.source)
+        return (
+            self.weight,
+            self.weight_scale,
+            self.input_scale,
+            self.bias,
+            self.activation_scheme.value,
+            self.block_size,
+            self.scale_ue8m0,
+            self.source,
+        )
 
     @property
     def fp8_weight(self):
@@ -131,8 +171,9 @@ class Fp8Linear(nn.Module):
         if state is None:
             if self.weight.is_cuda:
                 if self.weight.get_device() != index:
-                    raise ValueError(f"x must be on the layer's device {self.weight.device}, got a tensor on "
-                                     f"cuda:{index}")
+                    raise ValueError(
+                        f"x must be on the layer's device {self.weight.device}, got a tensor on cuda:{index}"
+                    )
                 weight = _on_device(index, lambda: _seam_weight(self._parts()))
             else:  # CPU buffers, a GPU input: the host weight made resident there once (ResidentFp8)
                 with on_torch_stream(index):  # the upload is ordered before this forward's work
@@ -178,16 +219,25 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x):
         if _is_compiling():
-            return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias,
-                              self.activation_scheme.value, None if self.block_size is None else list(self.block_size),
-                              self.scale_ue8m0, _DTYPE_NAMES.get(self.out_dtype, ""))
+            return fp8_linear(
+                x,
+                self.weight,
+                self.weight_scale,
+                self.input_scale,
+                self.bias,
+                self.activation_scheme.value,
+                None if self.block_size is None else list(self.block_size),
+                self.scale_ue8m0,
+                _DTYPE_NAMES.get(self.out_dtype, ""),
+            )
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         index = x.get_device()
         if index >= 0:
             state = self._states.get(index)
-            return _gpu_forward(state if state is not None else self._gpu_state(index), x, self.out_dtype,
-                                self._quant_key())
+            return _gpu_forward(
+                state if state is not None else self._gpu_state(index), x, self.out_dtype, self._quant_key()
+            )
         if self.weight.is_cuda:
             raise ValueError(f"x must be on the layer's device {self.weight.device}, got a tensor on {x.device}")
         return _cpu_forward(self._parts(), x, self.out_dtype)
@@ -239,9 +289,11 @@ class Fp8Linear(nn.Module):
             scale = f"block {self.block_size}"
         else:
             scale = "per-channel" if self.weight_scale.numel() > 1 else "per-tensor"
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"activation_scheme={self.activation_scheme.value!r}, weight_scale={scale}, "
-                f"bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"activation_scheme={self.activation_scheme.value!r}, weight_scale={scale}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 def _quantize_blocks_on_gpu(w, block):
@@ -264,4 +316,3 @@ def _quantize_blocks_on_gpu(w, block):
     else:
         w32.div_(scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k])
     return encode_e4m3(w32), scale
-

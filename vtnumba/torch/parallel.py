@@ -1,8 +1,6 @@
 """Tensor parallelism for ``Fp8Linear`` (``seam.parallel``'s shard arithmetic over a
 ``torch.distributed`` group): ``shard_linear``, ``shard_model``, ``RowParallelFp8Linear``."""
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -33,16 +31,29 @@ class RowParallelFp8Linear(nn.Module):
         self.in_features, self.out_features = shard.shape[1], shard.shape[0]
 
     def forward(self, x):
-        return _parallel.combine_partials(self.partial(x), self._all_reduce, bias=self.bias,
-                                          out_dtype=x.dtype if self.out_dtype is None else self.out_dtype)
+        return _parallel.combine_partials(
+            self.partial(x),
+            self._all_reduce,
+            bias=self.bias,
+            out_dtype=x.dtype if self.out_dtype is None else self.out_dtype,
+        )
 
     def extra_repr(self):
-        return (f"in_features={self.in_features} (of {self.in_features * self.world_size}), "
-                f"out_features={self.out_features}, rank={self.rank}/{self.world_size}, bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features} (of {self.in_features * self.world_size}), "
+            f"out_features={self.out_features}, rank={self.rank}/{self.world_size}, bias={self.bias is not None}"
+        )
 
 
-def shard_linear(layer: "Fp8Linear", rank: int, world_size: int, *, mode: str, group: object = None,
-                 logical_widths: Optional[list] = None) -> nn.Module:
+def shard_linear(
+    layer: "Fp8Linear",
+    rank: int,
+    world_size: int,
+    *,
+    mode: str,
+    group: object = None,
+    logical_widths: list | None = None,
+) -> nn.Module:
     """Rank ``rank``'s part of ``layer`` (an ``Fp8Linear``) for tensor parallelism over ``group``
     (a ``torch.distributed`` process group; None: the default one) of ``world_size`` ranks:
 
@@ -60,8 +71,10 @@ def shard_linear(layer: "Fp8Linear", rank: int, world_size: int, *, mode: str, g
         weight = layer.fp8_weight
         if logical_widths is None and isinstance(weight.source, dict):  # a fused q/k/v or gate/up layer
             logical_widths = weight.source.get("logical_widths")  # as seam.ColumnParallelLinearMethod
-        return Fp8Linear(_parallel.shard_weight(weight, rank, world_size, mode=mode, logical_widths=logical_widths),
-                         out_dtype=layer.out_dtype)
+        return Fp8Linear(
+            _parallel.shard_weight(weight, rank, world_size, mode=mode, logical_widths=logical_widths),
+            out_dtype=layer.out_dtype,
+        )
     if mode == _parallel.ROW:
         if logical_widths is not None:
             raise ValueError(f"logical_widths applies to mode='column' only, got {logical_widths!r}")
@@ -79,9 +92,14 @@ def shard_model(model: nn.Module, plan: dict, rank: int, world_size: int, *, gro
     for name, mode in plan.items():
         layer = modules.get(name)
         if not isinstance(layer, Fp8Linear):
-            raise ValueError(f"plan names {name!r}, which must be an Fp8Linear of model, got "
-                             f"{type(layer).__name__ if layer is not None else 'no such module'}")
+            raise ValueError(
+                f"plan names {name!r}, which must be an Fp8Linear of model, got "
+                f"{type(layer).__name__ if layer is not None else 'no such module'}"
+            )
         parent_name, _, child = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child,
-                shard_linear(layer, rank, world_size, mode=mode, group=group))
+        setattr(
+            modules[parent_name] if parent_name else model,
+            child,
+            shard_linear(layer, rank, world_size, mode=mode, group=group),
+        )
     return model

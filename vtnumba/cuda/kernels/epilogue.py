@@ -53,10 +53,16 @@ class OutKind(enum.IntEnum):
     BFLOAT16 = 2
 
 
-BIAS_KIND = {np.dtype(np.float32): BiasKind.FLOAT32, np.dtype(np.float16): BiasKind.FLOAT16,
-             _arrays.BFLOAT16: BiasKind.BFLOAT16}
-OUT_KIND = {np.dtype(np.float32): OutKind.FLOAT32, np.dtype(np.float16): OutKind.FLOAT16,
-            _arrays.BFLOAT16: OutKind.BFLOAT16}
+BIAS_KIND = {
+    np.dtype(np.float32): BiasKind.FLOAT32,
+    np.dtype(np.float16): BiasKind.FLOAT16,
+    _arrays.BFLOAT16: BiasKind.BFLOAT16,
+}
+OUT_KIND = {
+    np.dtype(np.float32): OutKind.FLOAT32,
+    np.dtype(np.float16): OutKind.FLOAT16,
+    _arrays.BFLOAT16: OutKind.BFLOAT16,
+}
 
 
 def _load_bias(bias, kind, n):
@@ -78,8 +84,13 @@ def _scaled_value(acc, scale_a, scale_b, has_bias, bias_value):
 
 def _epilogue_value(acc, scale_a, scale_b, bias, bias_kind, n):
     """(acc * sa) * sb + float32(bias[n]), in float32."""
-    return scaled_value(acc, scale_a, scale_b, bias_kind != BiasKind.NONE,
-                        load_bias(bias, bias_kind, n) if bias_kind != BiasKind.NONE else np.float32(0.0))
+    return scaled_value(
+        acc,
+        scale_a,
+        scale_b,
+        bias_kind != BiasKind.NONE,
+        load_bias(bias, bias_kind, n) if bias_kind != BiasKind.NONE else np.float32(0.0),
+    )
 
 
 def _store_out(y, m, n, v, out_kind):
@@ -92,12 +103,14 @@ def _store_out(y, m, n, v, out_kind):
         y[m, n] = float32_to_bfloat16_bits(v)
 
 
-load_bias = compile_device(_load_bias, half_bits_to_float32=half_bits_to_float32,
-                           bfloat16_bits_to_float32=bfloat16_bits_to_float32)
+load_bias = compile_device(
+    _load_bias, half_bits_to_float32=half_bits_to_float32, bfloat16_bits_to_float32=bfloat16_bits_to_float32
+)
 scaled_value = compile_device(_scaled_value)
 epilogue_value = compile_device(_epilogue_value, load_bias=load_bias, scaled_value=scaled_value)
-store_out = compile_device(_store_out, float32_to_half_bits=float32_to_half_bits,
-                           float32_to_bfloat16_bits=float32_to_bfloat16_bits)
+store_out = compile_device(
+    _store_out, float32_to_half_bits=float32_to_half_bits, float32_to_bfloat16_bits=float32_to_bfloat16_bits
+)
 
 
 def _epilogue_kernel(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind):
@@ -130,8 +143,9 @@ def _pair_bits(v0, v1, out_kind):
     return np.uint32(float32_to_bfloat16_bits(v0)) | (np.uint32(float32_to_bfloat16_bits(v1)) << np.uint32(16))
 
 
-pair_bits = compile_device(_pair_bits, float32_to_half_bits=float32_to_half_bits,
-                           float32_to_bfloat16_bits=float32_to_bfloat16_bits)
+pair_bits = compile_device(
+    _pair_bits, float32_to_half_bits=float32_to_half_bits, float32_to_bfloat16_bits=float32_to_bfloat16_bits
+)
 
 
 def _epilogue_vector_kernel(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, n_total, groups):
@@ -159,8 +173,14 @@ def _epilogue_vector_kernel(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bi
             store_u32x4(y, 2 * g, float32_bits(v0), float32_bits(v1), float32_bits(v2), float32_bits(v3))
             store_u32x4(y, 2 * g + 1, float32_bits(v4), float32_bits(v5), float32_bits(v6), float32_bits(v7))
         else:
-            store_u32x4(y, g, pair_bits(v0, v1, out_kind), pair_bits(v2, v3, out_kind), pair_bits(v4, v5, out_kind),
-                        pair_bits(v6, v7, out_kind))
+            store_u32x4(
+                y,
+                g,
+                pair_bits(v0, v1, out_kind),
+                pair_bits(v2, v3, out_kind),
+                pair_bits(v4, v5, out_kind),
+                pair_bits(v6, v7, out_kind),
+            )
         g += stride
 
 
@@ -177,13 +197,13 @@ def out_type(out_is_float32):
     return types.float32[:, ::1] if out_is_float32 else types.uint16[:, ::1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def epilogue_kernel(out_is_float32):
     sig = (types.float32[:, ::1], out_type(out_is_float32), F32_1D, I64, F32_1D, I64, U16_1D, I32, I32)
     return compile_kernel(_epilogue_kernel, sig)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def epilogue_vector_kernel(out_is_float32):
     y_type = types.float32[::1] if out_is_float32 else types.uint16[::1]
     sig = (types.float32[::1], y_type, F32_1D, I64, F32_1D, I64, U16_1D, I32, I32, I64, I64)
@@ -206,12 +226,31 @@ def epilogue_launch(acc, y_bits, scale_a, sa_step, scale_b, sb_step, bias, bias_
     if n % EPILOGUE_VECTOR == 0 and _aligned16(acc) and _aligned16(y_bits):
         groups = m * n // EPILOGUE_VECTOR
         blocks = max(1, min(-(-groups // EPILOGUE_THREADS), _EPILOGUE_MAX_BLOCKS))
-        return (epilogue_vector_kernel(out_is_float32), blocks, EPILOGUE_THREADS,
-                (acc.reshape(-1), y_bits.reshape(-1), scale_a, sa_step, scale_b, sb_step, bias, bias_kind,
-                 int(out_kind), n, groups))
+        return (
+            epilogue_vector_kernel(out_is_float32),
+            blocks,
+            EPILOGUE_THREADS,
+            (
+                acc.reshape(-1),
+                y_bits.reshape(-1),
+                scale_a,
+                sa_step,
+                scale_b,
+                sb_step,
+                bias,
+                bias_kind,
+                int(out_kind),
+                n,
+                groups,
+            ),
+        )
     blocks = max(1, min((m * n + 255) // 256, 4096))  # grid-stride loop: a few thousand blocks fill any GPU
-    return (epilogue_kernel(out_is_float32), blocks, 256,
-            (acc, y_bits, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, int(out_kind)))
+    return (
+        epilogue_kernel(out_is_float32),
+        blocks,
+        256,
+        (acc, y_bits, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, int(out_kind)),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,6 +298,23 @@ def rows_aligned(arr):
     return arr.strides[1] == arr.itemsize and arr.strides[0] % 16 == 0 and arr.data.ptr % 16 == 0
 
 
-__all__ = ["BiasKind", "OutKind", "BIAS_KIND", "OUT_KIND", "load_bias", "scaled_value", "epilogue_value",
-           "store_out", "epilogue_kernel", "epilogue_vector_kernel", "epilogue_launch", "EPILOGUE_VECTOR", "out_type",
-           "scale_vector", "bias_bits", "out_bits", "empty_out", "rows_aligned"]
+__all__ = [
+    "BiasKind",
+    "OutKind",
+    "BIAS_KIND",
+    "OUT_KIND",
+    "load_bias",
+    "scaled_value",
+    "epilogue_value",
+    "store_out",
+    "epilogue_kernel",
+    "epilogue_vector_kernel",
+    "epilogue_launch",
+    "EPILOGUE_VECTOR",
+    "out_type",
+    "scale_vector",
+    "bias_bits",
+    "out_bits",
+    "empty_out",
+    "rows_aligned",
+]

@@ -38,14 +38,37 @@ import numpy as np
 
 from ... import _format
 from ..ptx import codec
-from ..ptx.codec import (bf16_high, bf16_low, bits_float32, e4m3x4_scaled, fill, finite_abs, hardware_available,
-                         nan_code_bits)
+from ..ptx.codec import (
+    bf16_high,
+    bf16_low,
+    bits_float32,
+    e4m3x4_scaled,
+    fill,
+    finite_abs,
+    hardware_available,
+    nan_code_bits,
+)
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
 from ..runtime.launch import compile_kernel
 from .epilogue import (
-    F32_1D, I32, I64, OUT_KIND, U8_2D, U16_1D, U16_2D, BiasKind, OutKind, bias_bits, empty_out, load_bias, out_type,
-    rows_aligned, scale_vector, scaled_value, store_out,
+    F32_1D,
+    I32,
+    I64,
+    OUT_KIND,
+    U8_2D,
+    U16_1D,
+    U16_2D,
+    BiasKind,
+    OutKind,
+    bias_bits,
+    empty_out,
+    load_bias,
+    out_type,
+    rows_aligned,
+    scale_vector,
+    scaled_value,
+    store_out,
 )
 from .quant import block_max_for
 
@@ -67,8 +90,8 @@ _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
 _F32_NAN = np.float32(np.nan)
 _U32_ZERO = np.uint32(0)
-_F32_2P60 = np.float32(2.0 ** 60)
-_F32_2P120 = np.float32(2.0 ** 120)
+_F32_2P60 = np.float32(2.0**60)
+_F32_2P120 = np.float32(2.0**120)
 
 # 128 threads a block: the fastest of 128 / 256 at every M in benchmarks/sweep_gemv.py (H200,
 # 2026-11-29); the simulator runs each thread as a Python thread, so it gets 64 (still two warps).
@@ -117,7 +140,7 @@ def _simulated_warp_sum(v, scratch, lane, warp):
 _warp_sum = cuda.jit(**DEVICE_INLINE)(_simulated_warp_sum if SIMULATOR else _shfl_warp_sum)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def x_loader(hardware):
     """``load_x16(x, x_kind, row, c, vals)``: vals[0 .. 16) = x[row, 16 c .. 16 c + 16) as float32,
     x the uint16 view of float32, float16 or bfloat16 rows (``XKind``), read 16 bytes at a time by
@@ -155,7 +178,7 @@ def x_loader(hardware):
     return load_x16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemv_kernel(m_tile, hardware, mode, rows, threads):
     """The GEMV kernel for up to ``m_tile`` activation rows (1, 2 or 4; compiled per value so the
     accumulators live in registers), with hardware loads and encoder (inline PTX, sm_89+) or
@@ -284,8 +307,28 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
                     acc[r * m_tile + m] = s
 
     @cuda.jit(**DEVICE_INLINE)
-    def reduce_and_store(acc, w_nan, x_nan, partial, scratch, y, out_kind, sa, sb, bias_value, bias_kind, row_scale,
-                         n_base, n_total, m_total, out_r, out_m, lane, warp, tid):
+    def reduce_and_store(
+        acc,
+        w_nan,
+        x_nan,
+        partial,
+        scratch,
+        y,
+        out_kind,
+        sa,
+        sb,
+        bias_value,
+        bias_kind,
+        row_scale,
+        n_base,
+        n_total,
+        m_total,
+        out_r,
+        out_m,
+        lane,
+        warp,
+        tid,
+    ):
         """NaN codes poison their outputs; the sums meet through warp shuffles and one shared step,
         are multiplied back by 2^60 (exact) and go through the epilogue. Every thread must call."""
         for r in range(rows):
@@ -304,8 +347,9 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
             total = np.float32(total * _F32_2P60)  # exact: undo the 2^-60
             if mode == GemvStage.DYNAMIC or mode == GemvStage.PER_TOKEN:
                 sa = row_scale[out_m]
-            store_out(y, out_m, n_base + out_r, scaled_value(total, sa, sb, bias_kind != BiasKind.NONE, bias_value),
-                      out_kind)
+            store_out(
+                y, out_m, n_base + out_r, scaled_value(total, sa, sb, bias_kind != BiasKind.NONE, bias_value), out_kind
+            )
 
     def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         n_total, k_total = b.shape
@@ -339,8 +383,9 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
         out_r = tid // m_tile
         out_m = tid - out_r * m_tile
         out_n = min(n_base + out_r, n_total - 1)
-        sa, sb, bias_value = epilogue_operands(scale_a, sa_step, scale_b, sb_step, bias, bias_kind, qscale, m_total,
-                                               out_m, out_n, tid)
+        sa, sb, bias_value = epilogue_operands(
+            scale_a, sa_step, scale_b, sb_step, bias, bias_kind, qscale, m_total, out_m, out_n, tid
+        )
         static_mult = _F32_ONE
         if mode == GemvStage.STATIC:
             static_mult = np.float32(_F32_ONE / qscale[0])  # each thread: the same float32 quotient
@@ -356,8 +401,28 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
             if c < k16:
                 load_rows(b, n_base, n_total, c, words)
 
-        reduce_and_store(acc, w_nan, x_nan, partial, scratch, y, out_kind, sa, sb, bias_value, bias_kind, row_scale,
-                         n_base, n_total, m_total, out_r, out_m, lane, warp, tid)
+        reduce_and_store(
+            acc,
+            w_nan,
+            x_nan,
+            partial,
+            scratch,
+            y,
+            out_kind,
+            sa,
+            sb,
+            bias_value,
+            bias_kind,
+            row_scale,
+            n_base,
+            n_total,
+            m_total,
+            out_r,
+            out_m,
+            lane,
+            warp,
+            tid,
+        )
 
     return gemv
 
@@ -370,7 +435,7 @@ def gemv_m_tile(m):
     raise ValueError(f"m must be <= {GEMV_MAX_M} for the decode GEMV, got {m}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemv_launcher(m, hardware, out_is_float32, mode, rows=None, threads=GEMV_THREADS, min_blocks=None):
     """The GEMV for M activation rows in activation stage ``mode`` (a ``GemvStage``), launched on ceil(N / rows) blocks of
     ``threads``; ``rows`` defaults to gemv_rows(M); ``min_blocks`` (resident per SM; default
@@ -380,8 +445,9 @@ def gemv_launcher(m, hardware, out_is_float32, mode, rows=None, threads=GEMV_THR
     if min_blocks is None:
         min_blocks = gemv_min_blocks(m, mode)
     bounds = None if SIMULATOR or not min_blocks else (threads, min_blocks)
-    return compile_kernel(gemv_kernel(gemv_m_tile(m), hardware, mode, rows or gemv_rows(m), threads), sig,
-                          launch_bounds=bounds)
+    return compile_kernel(
+        gemv_kernel(gemv_m_tile(m), hardware, mode, rows or gemv_rows(m), threads), sig, launch_bounds=bounds
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,10 +474,26 @@ def gemv_codes_launch(call, y_bits):
     dev = call.device
     bias, bias_kind = bias_bits(call.bias, dev)
     launcher = gemv_launcher(call.m, hardware_available(dev.cc), call.out_dtype == np.float32, GemvStage.CODES)
-    return (launcher, -(-call.n // gemv_rows(call.m)), GEMV_THREADS,
-            (call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b,
-             call.scale_a, call.sa_step, call.scale_b, call.sb_step, bias, bias_kind, y_bits,
-             OUT_KIND[call.out_dtype]))
+    return (
+        launcher,
+        -(-call.n // gemv_rows(call.m)),
+        GEMV_THREADS,
+        (
+            call.a,
+            dev.placeholder("u16_2d"),
+            0,
+            dev.placeholder("f32"),
+            call.b,
+            call.scale_a,
+            call.sa_step,
+            call.scale_b,
+            call.sb_step,
+            bias,
+            bias_kind,
+            y_bits,
+            OUT_KIND[call.out_dtype],
+        ),
+    )
 
 
 def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias):
@@ -435,11 +517,39 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
     y, y_bits = empty_out(m, n, out_dtype)
     bias_arg, bias_kind = bias_bits(bias, dev)
     launcher = gemv_launcher(m, hardware_available(dev.cc), out_dtype == np.float32, stage)
-    launcher(-(-n // gemv_rows(m)), GEMV_THREADS,
-             dev.placeholder("u8_2d"), x_bits, X_KIND[np.dtype(x.dtype)], qscale, b, dev.placeholder("f32"), 0,
-             scale_b_vec, sb_step, bias_arg, bias_kind, y_bits, OUT_KIND[out_dtype])
+    launcher(
+        -(-n // gemv_rows(m)),
+        GEMV_THREADS,
+        dev.placeholder("u8_2d"),
+        x_bits,
+        X_KIND[np.dtype(x.dtype)],
+        qscale,
+        b,
+        dev.placeholder("f32"),
+        0,
+        scale_b_vec,
+        sb_step,
+        bias_arg,
+        bias_kind,
+        y_bits,
+        OUT_KIND[out_dtype],
+    )
     return y
 
 
-__all__ = ["GemvStage", "XKind", "X_KIND", "GEMV_THREADS", "GEMV_MAX_M", "gemv_rows", "gemv_m_tile", "gemv_min_blocks",
-           "gemv_kernel", "gemv_launcher", "gemv_reason", "gemv_codes_launch", "fused_linear", "x_loader"]
+__all__ = [
+    "GemvStage",
+    "XKind",
+    "X_KIND",
+    "GEMV_THREADS",
+    "GEMV_MAX_M",
+    "gemv_rows",
+    "gemv_m_tile",
+    "gemv_min_blocks",
+    "gemv_kernel",
+    "gemv_launcher",
+    "gemv_reason",
+    "gemv_codes_launch",
+    "fused_linear",
+    "x_loader",
+]

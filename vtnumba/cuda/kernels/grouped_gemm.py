@@ -40,13 +40,13 @@ from ..ptx import codec
 from ..ptx.codec import decode_e4m3, decode_e8m0, e4m3x4_scaled, fill, nan_code_bits
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
-from .epilogue import store_out, out_type
+from .epilogue import out_type, store_out
 
 _F32_ZERO = np.float32(0.0)
 _F32_NAN = np.float32(np.nan)
 _U32_ZERO = np.uint32(0)
-_F32_2P60 = np.float32(2.0 ** 60)
-_F32_2P120 = np.float32(2.0 ** 120)
+_F32_2P60 = np.float32(2.0**60)
+_F32_2P120 = np.float32(2.0**120)
 
 GROUPED_THREADS = 128  # gemv.py's measured 128
 MAX_SEGMENT = 32  # lanes of one K-block: bk <= 16 * 32 bytes
@@ -107,7 +107,7 @@ def threads_for(k):
     return 64 if k16 > 32 else 32
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, hardware):
     """The decode grouped GEMM (module docstring) for up to ``m_tile`` rows a slice, ``rows`` weight
     rows and ``threads`` threads a block; ``blocked``: K-blocks of 16 * ``segment`` bytes scaled at
@@ -122,6 +122,7 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
     scratch_size = threads * n_acc if SIMULATOR else 1
 
     if SIMULATOR:  # no shuffles: every sum through shared memory at once, two barriers (each costs)
+
         @cuda.jit(**DEVICE_INLINE)
         def segment_sums(vals, sums, scratch, lane, warp, width):
             """sums[i] = the sum of vals[i] over this lane's run of ``width`` lanes, for every i."""
@@ -137,6 +138,7 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
                 sums[i] = total
             cuda.syncthreads()
     else:
+
         @cuda.jit(**DEVICE_INLINE)
         def segment_sums(vals, sums, scratch, lane, warp, width):
             for i in range(n_acc):
@@ -157,8 +159,26 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
                     s += f3 * xv[16 * m + 4 * q + 3]
                     part[r * m_tile + m] = s
 
-    def grouped(a, b, offsets, sa_f, sa_u, sa_row, sa_kb, sb_f, sb_u, sb_e, sb_nb, sb_kb, block_n, block_k,
-                num_experts, y, out_kind, active):
+    def grouped(
+        a,
+        b,
+        offsets,
+        sa_f,
+        sa_u,
+        sa_row,
+        sa_kb,
+        sb_f,
+        sb_u,
+        sb_e,
+        sb_nb,
+        sb_kb,
+        block_n,
+        block_k,
+        num_experts,
+        y,
+        out_kind,
+        active,
+    ):
         e = active[cuda.blockIdx.y]
         if e < 0:
             return
@@ -229,8 +249,12 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
                     for r in range(rows):
                         sb = _F32_ZERO
                         if lead:
-                            sb = _scale_at(sb_f, sb_u, sb_e8m0, e * sb_e + (min(n_base + r, n_total - 1) // block_n)
-                                           * sb_nb + kb * sb_kb)
+                            sb = _scale_at(
+                                sb_f,
+                                sb_u,
+                                sb_e8m0,
+                                e * sb_e + (min(n_base + r, n_total - 1) // block_n) * sb_nb + kb * sb_kb,
+                            )
                         for m in range(m_tile):
                             p = sums[r * m_tile + m]
                             if lead and m < live:
@@ -267,22 +291,59 @@ def _signature(out_is_float32):
     u8 = types.uint8[::1]
     f32 = types.float32[::1]
     i64 = types.int64
-    return (types.uint8[:, :], types.uint8[:, :], types.int32[::1], f32, u8, i64, i64, f32, u8, i64, i64, i64, i64,
-            i64, i64, out_type(out_is_float32), types.int32, types.int32[::1])
+    return (
+        types.uint8[:, :],
+        types.uint8[:, :],
+        types.int32[::1],
+        f32,
+        u8,
+        i64,
+        i64,
+        f32,
+        u8,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        out_type(out_is_float32),
+        types.int32,
+        types.int32[::1],
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grouped_launcher(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, hardware, out_is_float32):
-    return compile_kernel(grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, hardware),
-                          _signature(out_is_float32))
+    return compile_kernel(
+        grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, hardware), _signature(out_is_float32)
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def general_kernel(sa_e8m0, sb_e8m0):
     """The general grouped kernel (module docstring) for float32 or E8M0 scales on either side."""
 
-    def general(a, b, offsets, sa_f, sa_u, sa_row, sa_kb, sb_f, sb_u, sb_e, sb_nb, sb_kb, block_n, block_k,
-                num_experts, y, out_kind, active):
+    def general(
+        a,
+        b,
+        offsets,
+        sa_f,
+        sa_u,
+        sa_row,
+        sa_kb,
+        sb_f,
+        sb_u,
+        sb_e,
+        sb_nb,
+        sb_kb,
+        block_n,
+        block_k,
+        num_experts,
+        y,
+        out_kind,
+        active,
+    ):
         e = active[cuda.blockIdx.y]
         if e < 0:
             return
@@ -311,7 +372,7 @@ def general_kernel(sa_e8m0, sb_e8m0):
     return general
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def general_launcher(sa_e8m0, sb_e8m0, out_is_float32):
     return compile_kernel(general_kernel(sa_e8m0, sb_e8m0), _signature(out_is_float32))
 
@@ -333,8 +394,10 @@ def grouped_reason(call):
     if call.k % 16:
         return f"the grouped kernel reads 16 bytes at a time: K must be a multiple of 16, got {call.k}"
     if call.blocked and segment_for(call.block_k) is None:
-        return (f"the grouped kernel takes K-blocks of 16, 32, 64, 128, 256 or 512 (whole 16-byte steps of at "
-                f"most a warp), got block_k = {call.block_k}")
+        return (
+            f"the grouped kernel takes K-blocks of 16, 32, 64, 128, 256 or 512 (whole 16-byte steps of at "
+            f"most a warp), got block_k = {call.block_k}"
+        )
     if not SIMULATOR:
         for name, arr in (("a", call.a), ("b", call.b2d)):
             if arr.strides[1] != 1 or arr.strides[0] % 16 or arr.data.ptr % 16:
@@ -346,8 +409,20 @@ def _scale_args(call, dev):
     f32, u8 = dev.placeholder("f32"), dev.placeholder("u8_2d").reshape(-1)
     sa_f, sa_u = (f32, call.sa) if call.sa_e8m0 else (call.sa, u8)
     sb_f, sb_u = (f32, call.sb) if call.sb_e8m0 else (call.sb, u8)
-    return (sa_f, sa_u, call.sa_row, call.sa_kb, sb_f, sb_u, call.sb_e, call.sb_nb, call.sb_kb, call.block_n,
-            call.block_k, call.e)
+    return (
+        sa_f,
+        sa_u,
+        call.sa_row,
+        call.sa_kb,
+        sb_f,
+        sb_u,
+        call.sb_e,
+        call.sb_nb,
+        call.sb_kb,
+        call.block_n,
+        call.block_k,
+        call.e,
+    )
 
 
 def grouped_launch(call, y_bits, out_kind, active):
@@ -357,19 +432,49 @@ def grouped_launch(call, y_bits, out_kind, active):
     rows = rows_for(m_tile)
     threads = threads_for(call.k)
     segment = segment_for(call.block_k) if call.blocked else 1
-    kernel = grouped_launcher(m_tile, rows, threads, segment, call.blocked, call.sa_e8m0, call.sb_e8m0,
-                              codec.hardware_available(call.device.cc), call.out_dtype == np.float32)
-    return (kernel, (-(-call.n // rows), int(active.shape[0])), threads,
-            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active))
+    kernel = grouped_launcher(
+        m_tile,
+        rows,
+        threads,
+        segment,
+        call.blocked,
+        call.sa_e8m0,
+        call.sb_e8m0,
+        codec.hardware_available(call.device.cc),
+        call.out_dtype == np.float32,
+    )
+    return (
+        kernel,
+        (-(-call.n // rows), int(active.shape[0])),
+        threads,
+        (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active),
+    )
 
 
 def general_launch(call, y_bits, out_kind, active):
     """(kernel, grid, block, args) of the general grouped kernel (``active`` as grouped_launch's)."""
     kernel = general_launcher(call.sa_e8m0, call.sb_e8m0, call.out_dtype == np.float32)
-    return (kernel, (-(-call.n // GENERAL_THREADS), int(active.shape[0])), GENERAL_THREADS,
-            (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active))
+    return (
+        kernel,
+        (-(-call.n // GENERAL_THREADS), int(active.shape[0])),
+        GENERAL_THREADS,
+        (call.a, call.b2d, call.offsets) + _scale_args(call, call.device) + (y_bits, int(out_kind), active),
+    )
 
 
-__all__ = ["GROUPED_THREADS", "GENERAL_THREADS", "segment_sum", "m_tile_for", "rows_for", "threads_for",
-           "grouped_kernel", "grouped_launcher", "general_kernel", "general_launcher", "segment_for",
-           "grouped_reason", "grouped_launch", "general_launch"]
+__all__ = [
+    "GROUPED_THREADS",
+    "GENERAL_THREADS",
+    "segment_sum",
+    "m_tile_for",
+    "rows_for",
+    "threads_for",
+    "grouped_kernel",
+    "grouped_launcher",
+    "general_kernel",
+    "general_launcher",
+    "segment_for",
+    "grouped_reason",
+    "grouped_launch",
+    "general_launch",
+]

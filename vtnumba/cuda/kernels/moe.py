@@ -40,8 +40,8 @@ from ..ptx import codec
 from ..ptx.codec import bfloat16_bits_to_float32, finite_abs, half_bits_to_float32, load_u32x4, store_u32x4
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, libdevice, types
 from ..runtime.launch import compile_kernel
-from .epilogue import OutKind, store_out, out_type
-from .quant import GROUP, _LOADERS, _group_ops, _group_scale_rule, _times, _warp_max, block_max_for
+from .epilogue import OutKind, out_type, store_out
+from .quant import _LOADERS, GROUP, _group_ops, _group_scale_rule, _times, _warp_max, block_max_for
 
 # --- align -----------------------------------------------------------------------------------------
 # 16 warps: the scatter's batches are serial per warp, so more warps shorten it; the per-warp
@@ -154,7 +154,7 @@ def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
         row_token[r] = 0  # padding rows name token 0: a gather by them stays in bounds
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def align_kernel(ids_int64):
     ids_type = types.int64[::1] if ids_int64 else types.int32[::1]
     i32 = types.int32[::1]
@@ -167,8 +167,13 @@ def align_launch(ids, offsets, pair_row, row_token, num_experts, k):
     pairs = int(ids.shape[0])
     warps = align_warps(num_experts, pairs)
     shared = 4 * (warps + 1) * num_experts
-    return (align_kernel(np.dtype(ids.dtype) == np.int64), 1, 32 * warps,
-            (ids, offsets, pair_row, row_token, num_experts, k, pairs), shared)
+    return (
+        align_kernel(np.dtype(ids.dtype) == np.int64),
+        1,
+        32 * warps,
+        (ids, offsets, pair_row, row_token, num_experts, k, pairs),
+        shared,
+    )
 
 
 # --- the active experts ------------------------------------------------------------------------------
@@ -198,7 +203,7 @@ def _active_experts(offsets, num_experts, active, slots):
         active[slots] = num_experts  # the grid row after the experts' (the padding rows, where a kernel has one)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def active_experts_kernel():
     i32 = types.int32[::1]
     return compile_kernel(_active_experts, (i32, types.int64, i32, types.int64))
@@ -219,7 +224,7 @@ _UNIT_TYPES = {16: types.float32, 4: types.uint32, 2: types.uint16, 1: types.uin
 UNIT_DTYPES = {16: np.float32, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gather_kernel(unit):
     """dst[r, :] = src[row_token[r], :] over flat buffers of ``unit``-byte elements (16: 16-byte
     words), ``row_units`` of them a row."""
@@ -269,7 +274,7 @@ def expert_of(offsets, num_experts, row):
 
 
 # --- static per-expert quantization ----------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def static_rows_kernel(kind, encoder):
     """codes[r] = encode(x[r] * (1 / input_scales[e])) for the rows of expert e, scales[r] =
     input_scales[e]; padding rows (>= offsets[E]) get codes 0 and scale 1. A block per row, x flat,
@@ -302,16 +307,32 @@ def static_rows_kernel(kind, encoder):
                     out[start + j] = 0
 
     x_type = types.float32[::1] if kind == "float32" else types.uint16[::1]
-    return compile_kernel(quantize_rows_static, (x_type, types.uint8[::1], types.float32[::1], types.int32[::1],
-                                                 types.float32[::1], types.int64, types.int64, types.int64,
-                                                 types.int64))
+    return compile_kernel(
+        quantize_rows_static,
+        (
+            x_type,
+            types.uint8[::1],
+            types.float32[::1],
+            types.int32[::1],
+            types.float32[::1],
+            types.int64,
+            types.int64,
+            types.int64,
+            types.int64,
+        ),
+    )
 
 
-def static_rows_launch(x_flat, kind, encoder, out_flat, scales, offsets, input_scales, num_experts, rows, cols,
-                       aligned):
+def static_rows_launch(
+    x_flat, kind, encoder, out_flat, scales, offsets, input_scales, num_experts, rows, cols, aligned
+):
     row_groups = cols // GROUP if aligned and cols % GROUP == 0 else 0
-    return (static_rows_kernel(kind, encoder), max(1, min(rows, MAX_BLOCKS)), THREADS,
-            (x_flat, out_flat, scales, offsets, input_scales, num_experts, cols, row_groups, rows))
+    return (
+        static_rows_kernel(kind, encoder),
+        max(1, min(rows, MAX_BLOCKS)),
+        THREADS,
+        (x_flat, out_flat, scales, offsets, input_scales, num_experts, cols, row_groups, rows),
+    )
 
 
 # --- SiLU-and-multiply, plain or fused with the quantization ----------------------------------------
@@ -348,7 +369,7 @@ _block_max = block_max_for(THREADS)
 _GROUP_WARPS = THREADS // 32
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None):
     """The SiLU kernel of ``mode`` (a ``SiluMode``): a block per row (grid-stride over rows); per
     group, the block's warps take the row's groups in turn and each warp's lanes stride through its
@@ -431,17 +452,48 @@ def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None):
                 partials[cuda.blockIdx.x] = amax
 
     f32 = types.float32[::1]
-    return compile_kernel(silu, (types.float32[:, ::1], types.float32[:, ::1], types.uint8[:, ::1], f32,
-                                 types.uint8[::1], f32, types.int32[::1], f32, types.int64, types.int64,
-                                 types.int64))
+    return compile_kernel(
+        silu,
+        (
+            types.float32[:, ::1],
+            types.float32[:, ::1],
+            types.uint8[:, ::1],
+            f32,
+            types.uint8[::1],
+            f32,
+            types.int32[::1],
+            f32,
+            types.int64,
+            types.int64,
+            types.int64,
+        ),
+    )
 
 
-def silu_launch(mode, encoder, h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts,
-                group_size, blocks, ue8m0=False, e8m0=None):
+def silu_launch(
+    mode,
+    encoder,
+    h,
+    act,
+    codes,
+    scales,
+    scale_bytes,
+    partials,
+    offsets,
+    input_scales,
+    num_experts,
+    group_size,
+    blocks,
+    ue8m0=False,
+    e8m0=None,
+):
     """(kernel, grid, block, args) of one SiLU launch (``SiluMode``), ``blocks`` blocks."""
-    return (silu_kernel(mode, encoder, bool(ue8m0), e8m0), blocks, THREADS,
-            (h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size,
-             int(h.shape[0])))
+    return (
+        silu_kernel(mode, encoder, bool(ue8m0), e8m0),
+        blocks,
+        THREADS,
+        (h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size, int(h.shape[0])),
+    )
 
 
 def silu_blocks(rows, mode, sm_count):
@@ -454,10 +506,12 @@ def silu_blocks(rows, mode, sm_count):
 
 # --- combine ---------------------------------------------------------------------------------------
 if SIMULATOR:
+
     @cuda.jit(**DEVICE_INLINE)
     def mul_rn(a, b):
         return np.float32(a * b)
 else:
+
     @cuda.jit(**DEVICE_INLINE)
     def mul_rn(a, b):
         """a * b rounded on its own: NVVM contracts a multiply feeding an add into one FMA unless
@@ -473,7 +527,7 @@ class WeightKind(enum.IntEnum):
     BFLOAT16 = 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def combine_kernel(w_kind, out_is_float32):
     """out[t, c] = round_out(sum_j w[t, j] * y[pair_row[t, j], c]), a thread an output, grid-stride."""
 
@@ -500,17 +554,42 @@ def combine_kernel(w_kind, out_is_float32):
             i += stride
 
     w_type = types.float32[::1] if w_kind == WeightKind.FLOAT32 else types.uint16[::1]
-    return compile_kernel(combine, (types.float32[:, ::1], types.int32[::1], w_type, out_type(out_is_float32),
-                                    types.int32, types.int64))
+    return compile_kernel(
+        combine, (types.float32[:, ::1], types.int32[::1], w_type, out_type(out_is_float32), types.int32, types.int64)
+    )
 
 
 def combine_launch(y, pair_row, w_flat, w_kind, out_bits, out_kind, k):
     total = int(out_bits.shape[0]) * int(out_bits.shape[1])
-    return (combine_kernel(int(w_kind), int(out_kind) == OutKind.FLOAT32), _grid(total), THREADS,
-            (y, pair_row, w_flat, out_bits, int(out_kind), k))
+    return (
+        combine_kernel(int(w_kind), int(out_kind) == OutKind.FLOAT32),
+        _grid(total),
+        THREADS,
+        (y, pair_row, w_flat, out_bits, int(out_kind), k),
+    )
 
 
-__all__ = ["ALIGN_THREADS", "ALIGN_WARPS", "MAX_ALIGN_EXPERTS", "align_warps", "align_kernel", "align_launch",
-           "THREADS", "UNIT_DTYPES", "gather_kernel", "gather_launch", "expert_of", "static_rows_kernel",
-           "static_rows_launch", "SiluMode", "silu_mul_value", "silu_kernel", "silu_launch", "silu_blocks",
-           "WeightKind", "combine_kernel", "combine_launch", "mul_rn"]
+__all__ = [
+    "ALIGN_THREADS",
+    "ALIGN_WARPS",
+    "MAX_ALIGN_EXPERTS",
+    "align_warps",
+    "align_kernel",
+    "align_launch",
+    "THREADS",
+    "UNIT_DTYPES",
+    "gather_kernel",
+    "gather_launch",
+    "expert_of",
+    "static_rows_kernel",
+    "static_rows_launch",
+    "SiluMode",
+    "silu_mul_value",
+    "silu_kernel",
+    "silu_launch",
+    "silu_blocks",
+    "WeightKind",
+    "combine_kernel",
+    "combine_launch",
+    "mul_rn",
+]

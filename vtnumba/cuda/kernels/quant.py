@@ -110,18 +110,28 @@ def _chunk_ops(kind, encode_pair, scale_op):
 
         @cuda.jit(**DEVICE_INLINE)
         def encode_words(w, out, g, s):
-            store_u32x4(out, g, quad(w[0], w[1], w[2], w[3], s), quad(w[4], w[5], w[6], w[7], s),
-                        quad(w[8], w[9], w[10], w[11], s), quad(w[12], w[13], w[14], w[15], s))
+            store_u32x4(
+                out,
+                g,
+                quad(w[0], w[1], w[2], w[3], s),
+                quad(w[4], w[5], w[6], w[7], s),
+                quad(w[8], w[9], w[10], w[11], s),
+                quad(w[12], w[13], w[14], w[15], s),
+            )
 
         @cuda.jit(**DEVICE_INLINE)
         def amax4(w0, w1, w2, w3):
-            return max(max(finite_abs(bits_float32(w0)), finite_abs(bits_float32(w1))),
-                       max(finite_abs(bits_float32(w2)), finite_abs(bits_float32(w3))))
+            return max(
+                max(finite_abs(bits_float32(w0)), finite_abs(bits_float32(w1))),
+                max(finite_abs(bits_float32(w2)), finite_abs(bits_float32(w3))),
+            )
 
         @cuda.jit(**DEVICE_INLINE)
         def amax_words(w):
-            return max(max(amax4(w[0], w[1], w[2], w[3]), amax4(w[4], w[5], w[6], w[7])),
-                       max(amax4(w[8], w[9], w[10], w[11]), amax4(w[12], w[13], w[14], w[15])))
+            return max(
+                max(amax4(w[0], w[1], w[2], w[3]), amax4(w[4], w[5], w[6], w[7])),
+                max(amax4(w[8], w[9], w[10], w[11]), amax4(w[12], w[13], w[14], w[15])),
+            )
 
         return load_chunk, amax_words, encode_words
 
@@ -141,8 +151,14 @@ def _chunk_ops(kind, encode_pair, scale_op):
 
     @cuda.jit(**DEVICE_INLINE)
     def encode_words(w, out, g, s):
-        store_u32x4(out, g, pair_word(w[0], w[1], s), pair_word(w[2], w[3], s), pair_word(w[4], w[5], s),
-                    pair_word(w[6], w[7], s))
+        store_u32x4(
+            out,
+            g,
+            pair_word(w[0], w[1], s),
+            pair_word(w[2], w[3], s),
+            pair_word(w[4], w[5], s),
+            pair_word(w[6], w[7], s),
+        )
 
     @cuda.jit(**DEVICE_INLINE)
     def amax2(w):
@@ -150,8 +166,10 @@ def _chunk_ops(kind, encode_pair, scale_op):
 
     @cuda.jit(**DEVICE_INLINE)
     def amax_words(w):
-        return max(max(max(amax2(w[0]), amax2(w[1])), max(amax2(w[2]), amax2(w[3]))),
-                   max(max(amax2(w[4]), amax2(w[5])), max(amax2(w[6]), amax2(w[7]))))
+        return max(
+            max(max(amax2(w[0]), amax2(w[1])), max(amax2(w[2]), amax2(w[3]))),
+            max(max(amax2(w[4]), amax2(w[5])), max(amax2(w[6]), amax2(w[7]))),
+        )
 
     return load_chunk, amax_words, encode_words
 
@@ -175,7 +193,7 @@ def _group_ops(kind, encode_pair, scale_op):
 _LOADERS = {"float32": _load_f32, "bfloat16": _load_bf16, "float16": _load_f16}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _share_ops(kind, encoder):
     """(amax_share(x, first, step, ngroups), encode_share(x, out, inv, first, step, ngroups)) over
     the flat input: a thread's share is the 16-element groups first, first + step, ... below
@@ -204,7 +222,7 @@ def _share_ops(kind, encoder):
     return amax_share, encode_share
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def block_max_for(threads):
     """A device function: the max of ``v`` over a block of ``threads`` threads (a power of two),
     returned to every thread, through ``shared`` (``threads`` float32 slots). Every thread of the
@@ -241,22 +259,25 @@ def _signature_input(kind):
     return types.float32[::1] if kind == "float32" else types.uint16[::1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scalar_reader(on_device):
     """A device function reading a float32 kernel argument that is either a device float32[1] (read
     on the GPU, never synchronized) or a plain float32 passed by value."""
     if on_device:
+
         @cuda.jit(**DEVICE_INLINE)
         def read(value):
             return value[0]
     else:
+
         @cuda.jit(**DEVICE_INLINE)
         def read(value):
             return value
+
     return read
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def static_kernel(kind, encoder, device_scale):
     """codes = encode(x * (1 / scale)); ``scale`` a float32 argument or a device float32[1]."""
     _, encode_share = _share_ops(kind, encoder)
@@ -270,7 +291,7 @@ def static_kernel(kind, encoder, device_scale):
     return compile_kernel(quantize_static, (_signature_input(kind), types.uint8[::1], scale_type, types.int64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def amax_kernel(kind):
     """partials[block] = finite amax of the block's grid-stride share of x."""
     amax_share, _ = _share_ops(kind, "portable")  # the encoder is unused here
@@ -284,7 +305,7 @@ def amax_kernel(kind):
     return compile_kernel(finite_amax_partials, (_signature_input(kind), types.float32[::1], types.int64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dynamic_kernel(kind, encoder):
     """Each block reduces the amax partials, forms the dynamic scale, quantizes its share; block 0
     writes the scale."""
@@ -302,8 +323,10 @@ def dynamic_kernel(kind, encoder):
             scale_out[0] = s
         encode_share(x, out, F32_ONE / s, i, cuda.gridsize(1), ngroups)
 
-    return compile_kernel(quantize_dynamic, (_signature_input(kind), types.uint8[::1], types.float32[::1],
-                                             types.float32[::1], types.int64))
+    return compile_kernel(
+        quantize_dynamic,
+        (_signature_input(kind), types.uint8[::1], types.float32[::1], types.float32[::1], types.int64),
+    )
 
 
 # Small inputs take dynamic per-tensor quantization in ONE launch: a single block reduces the amax
@@ -317,7 +340,7 @@ SMALL_THREADS = 32 if SIMULATOR else 1024
 _small_block_max = block_max_for(SMALL_THREADS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dynamic_small_kernel(kind, encoder):
     """One block: scale = max(finite amax / 448, floor) over all of x, codes = encode(x * (1 / scale));
     the scale to ``scale_out[0]``."""
@@ -331,11 +354,12 @@ def dynamic_small_kernel(kind, encoder):
             scale_out[0] = s
         encode_share(x, out, F32_ONE / s, t, SMALL_THREADS, ngroups)
 
-    return compile_kernel(quantize_dynamic_small, (_signature_input(kind), types.uint8[::1], types.float32[::1],
-                                                   types.int64))
+    return compile_kernel(
+        quantize_dynamic_small, (_signature_input(kind), types.uint8[::1], types.float32[::1], types.int64)
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def per_token_kernel(kind, encoder, device_ub):
     """One block per row: t = min(finite amax, scale_ub) (no bound when scale_ub <= 0),
     s = max(t / 448, floor), codes = encode(x / s) -- a divide, as upstream's per-token kernel."""
@@ -369,8 +393,10 @@ def per_token_kernel(kind, encoder, device_ub):
             out[start + j] = encode(load(x, start + j) / s)
 
     ub_type = types.float32[::1] if device_ub else types.float32
-    return compile_kernel(quantize_per_token, (_signature_input(kind), types.uint8[::1], types.float32[::1],
-                                               ub_type, types.int64, types.int64))
+    return compile_kernel(
+        quantize_per_token,
+        (_signature_input(kind), types.uint8[::1], types.float32[::1], ub_type, types.int64, types.int64),
+    )
 
 
 # --- per-group (1 x g) quantization: one warp per group -------------------------------------------
@@ -436,7 +462,7 @@ def _group_scale_rule(ue8m0, e8m0):
     return scale_of_e8m0, types.uint8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def per_group_kernel(kind, encoder, ue8m0, e8m0=None):
     """codes = encode(x / s) per group of ``group_size`` along each row of x [rows, k] (flat); the
     group's scale to scales[row * row_stride + group * group_stride] (row- or column-major).
@@ -469,8 +495,16 @@ def per_group_kernel(kind, encoder, ue8m0, e8m0=None):
                 for j in range(lo + lane, hi, 32):
                     out[start + j] = encode(load(x, start + j) / s)
 
-    signature = (_signature_input(kind), types.uint8[::1], scale_type[::1], types.int64, types.int64,
-                 types.int64, types.int64, types.int64)
+    signature = (
+        _signature_input(kind),
+        types.uint8[::1],
+        scale_type[::1],
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+    )
     return compile_kernel(quantize_per_group, signature), threads
 
 
@@ -518,7 +552,7 @@ def _simulated_segment_max(v, scratch, lane, warp, width):
 _segment_max = cuda.jit(**DEVICE_INLINE)(_simulated_segment_max if SIMULATOR else _shfl_segment_max)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read, e8m0=None):
     """``per_group_kernel``'s arithmetic, 16 elements per lane-step (see above): groups of a
     multiple of 16 elements, K % 16 == 0, a 16-byte aligned input; ``width`` lanes per group.
@@ -566,10 +600,32 @@ def per_group_vector_kernel(kind, encoder, ue8m0, width, one_read, e8m0=None):
                     for c in range(sub, chunks, width):
                         encode_group(x, out, first + c, s)
 
-    signature = (_signature_input(kind), types.uint8[::1], scale_type[::1], types.int64, types.int64,
-                 types.int64, types.int64, types.int64)
+    signature = (
+        _signature_input(kind),
+        types.uint8[::1],
+        scale_type[::1],
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+    )
     return compile_kernel(quantize_per_group16, signature), threads, per_block
 
 
-__all__ = ["GROUP", "THREADS", "GROUP_WARPS", "DYNAMIC_BLOCKS_PER_SM", "INPUT_KINDS", "static_kernel", "amax_kernel",
-           "dynamic_kernel", "dynamic_small_kernel", "SMALL_DYNAMIC_MAX", "per_token_kernel", "per_group_kernel", "per_group_vector_kernel", "group_width"]
+__all__ = [
+    "GROUP",
+    "THREADS",
+    "GROUP_WARPS",
+    "DYNAMIC_BLOCKS_PER_SM",
+    "INPUT_KINDS",
+    "static_kernel",
+    "amax_kernel",
+    "dynamic_kernel",
+    "dynamic_small_kernel",
+    "SMALL_DYNAMIC_MAX",
+    "per_token_kernel",
+    "per_group_kernel",
+    "per_group_vector_kernel",
+    "group_width",
+]

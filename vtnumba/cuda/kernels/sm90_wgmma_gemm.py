@@ -142,8 +142,9 @@ def _check_config(cfg, block_scaled, promotion):
     if cfg.bn % rows_per_pass or not 32 <= cfg.bn <= 256:
         raise ValueError(f"BN must be a multiple of {rows_per_pass} in [32, 256] (whole copy passes), got {cfg.bn}")
     if cfg.stages < 3:
-        raise ValueError(f"the ring needs at least 3 stages (one computed, one draining, one landing), "
-                         f"got {cfg.stages}")
+        raise ValueError(
+            f"the ring needs at least 3 stages (one computed, one draining, one landing), got {cfg.stages}"
+        )
     if cfg.bn // 2 * WG_THREADS * cfg.warpgroups * 4 > cfg.stages * (block_rows(cfg) + cfg.bn) * BK:
         raise ValueError(f"the epilogue stages the accumulators in the ring: {cfg.stages} stages are too few")
     if shared_bytes(cfg) > SHARED_LIMIT:
@@ -157,7 +158,7 @@ def _check_config(cfg, block_scaled, promotion):
 KernelParts = namedtuple("KernelParts", "copy_plan issue_stage block_scales promote write_out")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_parts(cfg, block_scaled, copy_threads):
     """The device functions both kernel forms share, for a configuration whose copies are made by
     ``copy_threads`` threads: the stage copy, the block-scale read, the promotion and the epilogue."""
@@ -194,8 +195,16 @@ def kernel_parts(cfg, block_scaled, copy_threads):
         b_addr = global_address(b, min(n0 + r0, n_total - 1), 16 * chunk)
         a_rows = (m_total - m0 - r0 + rows_per_pass - 1) // rows_per_pass
         b_rows = (n_total - n0 - r0 + rows_per_pass - 1) // rows_per_pass
-        return (copy_word, a_addr, b_addr, rows_per_pass * a.strides[0], rows_per_pass * b.strides[0], a_rows, b_rows,
-                16 * chunk)
+        return (
+            copy_word,
+            a_addr,
+            b_addr,
+            rows_per_pass * a.strides[0],
+            rows_per_pass * b.strides[0],
+            a_rows,
+            b_rows,
+            16 * chunk,
+        )
 
     @cuda.jit(**DEVICE_INLINE)
     def issue_stage(smem, a, b, k_total, kt, slot_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows, chunk_code):
@@ -211,9 +220,11 @@ def kernel_parts(cfg, block_scaled, copy_threads):
     def block_scales(scale_a, scale_b, kb, row_a, m_total, block_n):
         """(sa[row_a, kb], sa[row_a + 8, kb], sb[n // 128, kb]): this thread's block scales of K block
         kb (1.0 each without block scales)."""
-        return (kblock_scale(scale_a, min(row_a, m_total - 1), kb),
-                kblock_scale(scale_a, min(row_a + 8, m_total - 1), kb),
-                kblock_scale(scale_b, block_n, kb))
+        return (
+            kblock_scale(scale_a, min(row_a, m_total - 1), kb),
+            kblock_scale(scale_a, min(row_a + 8, m_total - 1), kb),
+            kblock_scale(scale_b, block_n, kb),
+        )
 
     @cuda.jit(**DEVICE_INLINE)
     def promote(acc, part, sa0, sa1, sbv):
@@ -230,8 +241,25 @@ def kernel_parts(cfg, block_scaled, copy_threads):
         hold(acc)  # the adds happen here, not after the next wgmma (see wgmma.hold)
 
     @cuda.jit(**DEVICE_INLINE)
-    def write_out(acc, out, first, stride, y, m_total, n_total, n0, row_a, t, scale_a, sa_step, scale_b, sb_step,
-                  bias, bias_kind, out_kind):
+    def write_out(
+        acc,
+        out,
+        first,
+        stride,
+        y,
+        m_total,
+        n_total,
+        n0,
+        row_a,
+        t,
+        scale_a,
+        sa_step,
+        scale_b,
+        sb_step,
+        bias,
+        bias_kind,
+        out_kind,
+    ):
         """y = round_out((acc * sa) * sb + bias) for this thread's accumulators (block scales are
         already in acc). acc goes through shared memory ``out`` (free by now), element i at word
         first + i * stride (threads at consecutive words: conflict-free), so it is never indexed at
@@ -267,16 +295,20 @@ def kernel_parts(cfg, block_scaled, copy_threads):
                             elif out_kind == OUT_FLOAT32:
                                 store_pair(global_address(y, m, 4 * n), v0, v1)
                             elif out_kind == OUT_FLOAT16:
-                                store_pair(global_address(y, m, 2 * n), float32_to_half_bits(v0),
-                                           float32_to_half_bits(v1))
+                                store_pair(
+                                    global_address(y, m, 2 * n), float32_to_half_bits(v0), float32_to_half_bits(v1)
+                                )
                             else:
-                                store_pair(global_address(y, m, 2 * n), float32_to_bfloat16_bits(v0),
-                                           float32_to_bfloat16_bits(v1))
+                                store_pair(
+                                    global_address(y, m, 2 * n),
+                                    float32_to_bfloat16_bits(v0),
+                                    float32_to_bfloat16_bits(v1),
+                                )
 
     return KernelParts(copy_plan, issue_stage, block_scales, promote, write_out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_kernel(cfg, promotion, block_scaled):
     """The wgmma GEMM for one tile configuration, promotion and scale layout (arguments as
     tc_gemm.gemm_kernel's)."""
@@ -302,8 +334,35 @@ def gemm_kernel(cfg, promotion, block_scaled):
     wait_no_copies = mma_sync.cp_async_wait_group(0)
 
     @cuda.jit(**DEVICE_INLINE)
-    def k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                chunk_code, desc0, wg, acc, cur, prev, sa0, sa1, sbv, scale_a, scale_b, row_a, m_total, block_n):
+    def k_block(
+        smem,
+        a,
+        b,
+        k_total,
+        kt,
+        kt_total,
+        copy_word,
+        a_addr,
+        b_addr,
+        a_step,
+        b_step,
+        a_rows,
+        b_rows,
+        chunk_code,
+        desc0,
+        wg,
+        acc,
+        cur,
+        prev,
+        sa0,
+        sa1,
+        sbv,
+        scale_a,
+        scale_b,
+        row_a,
+        m_total,
+        block_n,
+    ):
         """K block kt: wait for its tile, refill the ring slot of tile kt - 2 (its wgmmas finished at
         the previous block's wait), issue this block's wgmmas into ``cur`` and, while they run,
         promote the previous block's partial ``prev`` (per_128). per_wgmma runs each k32 wgmma to
@@ -314,8 +373,21 @@ def gemm_kernel(cfg, promotion, block_scaled):
         cuda.syncthreads()  # everyone's; and every wgmma reading tile kt - 2 is done
         nk = kt + stages - 2
         if nk < kt_total:
-            issue_stage(smem, a, b, k_total, nk, copy_word + (nk % stages) * (stage_bytes // 4), a_addr, b_addr,
-                        a_step, b_step, a_rows, b_rows, chunk_code)
+            issue_stage(
+                smem,
+                a,
+                b,
+                k_total,
+                nk,
+                copy_word + (nk % stages) * (stage_bytes // 4),
+                a_addr,
+                b_addr,
+                a_step,
+                b_step,
+                a_rows,
+                b_rows,
+                chunk_code,
+            )
         commit_copies()
         slot = (kt % stages) * stage_bytes
         desc_a = desc0 + np.uint64((slot + wg * 64 * BK) >> 4)
@@ -373,25 +445,116 @@ def gemm_kernel(cfg, promotion, block_scaled):
 
         for s in range(stages - 2):  # tiles 0 .. stages - 3 in flight; tile kt + stages - 2 at block kt
             if s < kt_total:
-                issue_stage(smem, a, b, k_total, s, copy_word + s * (stage_bytes // 4), a_addr, b_addr, a_step,
-                            b_step, a_rows, b_rows, chunk_code)
+                issue_stage(
+                    smem,
+                    a,
+                    b,
+                    k_total,
+                    s,
+                    copy_word + s * (stage_bytes // 4),
+                    a_addr,
+                    b_addr,
+                    a_step,
+                    b_step,
+                    a_rows,
+                    b_rows,
+                    chunk_code,
+                )
             commit_copies()
         # two partials alternate (unrolled by two: a local array indexed at run time would leave
         # the registers): per_128, block kt in part0 / part1 by parity; per_wgmma, see k_block
         sa0 = sa1 = sbv = np.float32(1.0)  # block -1's scales: they multiply the zeros promoted before block 0
         kt = 0
         while kt + 1 < kt_total:
-            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
-                                    scale_b, row_a, m_total, block_n)
-            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt + 1, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part1, part0, sa0, sa1, sbv, scale_a,
-                                    scale_b, row_a, m_total, block_n)
+            sa0, sa1, sbv = k_block(
+                smem,
+                a,
+                b,
+                k_total,
+                kt,
+                kt_total,
+                copy_word,
+                a_addr,
+                b_addr,
+                a_step,
+                b_step,
+                a_rows,
+                b_rows,
+                chunk_code,
+                desc0,
+                wg,
+                acc,
+                part0,
+                part1,
+                sa0,
+                sa1,
+                sbv,
+                scale_a,
+                scale_b,
+                row_a,
+                m_total,
+                block_n,
+            )
+            sa0, sa1, sbv = k_block(
+                smem,
+                a,
+                b,
+                k_total,
+                kt + 1,
+                kt_total,
+                copy_word,
+                a_addr,
+                b_addr,
+                a_step,
+                b_step,
+                a_rows,
+                b_rows,
+                chunk_code,
+                desc0,
+                wg,
+                acc,
+                part1,
+                part0,
+                sa0,
+                sa1,
+                sbv,
+                scale_a,
+                scale_b,
+                row_a,
+                m_total,
+                block_n,
+            )
             kt += 2
         if kt < kt_total:  # an odd count: the last block in part0
-            sa0, sa1, sbv = k_block(smem, a, b, k_total, kt, kt_total, copy_word, a_addr, b_addr, a_step, b_step,
-                                    a_rows, b_rows, chunk_code, desc0, wg, acc, part0, part1, sa0, sa1, sbv, scale_a,
-                                    scale_b, row_a, m_total, block_n)
+            sa0, sa1, sbv = k_block(
+                smem,
+                a,
+                b,
+                k_total,
+                kt,
+                kt_total,
+                copy_word,
+                a_addr,
+                b_addr,
+                a_step,
+                b_step,
+                a_rows,
+                b_rows,
+                chunk_code,
+                desc0,
+                wg,
+                acc,
+                part0,
+                part1,
+                sa0,
+                sa1,
+                sbv,
+                scale_a,
+                scale_b,
+                row_a,
+                m_total,
+                block_n,
+            )
             kt += 1
         # per_128: the last block's partial is still in flight (part0 for an odd count, else part1;
         # none when K is 0)
@@ -408,13 +571,30 @@ def gemm_kernel(cfg, promotion, block_scaled):
         wait_no_copies()
         cuda.syncthreads()
         out = cuda.shared.array(0, types.float32)  # the same dynamic shared memory as smem
-        write_out(acc, out, pad // 4 + tid, nthreads, y, m_total, n_total, n0, row_a, t, scale_a, sa_step, scale_b,
-                  sb_step, bias, bias_kind, out_kind)
+        write_out(
+            acc,
+            out,
+            pad // 4 + tid,
+            nthreads,
+            y,
+            m_total,
+            n_total,
+            n0,
+            row_a,
+            t,
+            scale_a,
+            sa_step,
+            scale_b,
+            sb_step,
+            bias,
+            bias_kind,
+            out_kind,
+        )
 
     return gemm
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def specialized_kernel(cfg, promotion, block_scaled):
     """The warp-specialized form (``cfg.producer``): warpgroup 0 only copies, warpgroups 1 and 2
     only compute, and stages change hands through two mbarriers each, never a block barrier.
@@ -478,8 +658,21 @@ def specialized_kernel(cfg, promotion, block_scaled):
                 if kt >= stages:  # the consumers' (kt // stages)-th release of this slot
                     while bar_try_wait(smem, empty_word + 2 * slot, (kt // stages - 1) & 1) == 0:
                         pass
-                issue_stage(smem, a, b, k_total, kt, copy_word + slot * (stage_bytes // 4), a_addr, b_addr, a_step,
-                            b_step, a_rows, b_rows, chunk_code)
+                issue_stage(
+                    smem,
+                    a,
+                    b,
+                    k_total,
+                    kt,
+                    copy_word + slot * (stage_bytes // 4),
+                    a_addr,
+                    b_addr,
+                    a_step,
+                    b_step,
+                    a_rows,
+                    b_rows,
+                    chunk_code,
+                )
                 commit_copies()
                 if kt >= lag:
                     wait_lag()  # stage kt - lag has landed (for this thread)
@@ -520,19 +713,37 @@ def specialized_kernel(cfg, promotion, block_scaled):
         cuda.syncthreads()  # every copy landed and every wgmma read: the ring is free for the epilogue
         if wg > 0:
             out = cuda.shared.array(0, types.float32)
-            write_out(acc, out, pad // 4 + (tid - WG_THREADS), consumers, y, m_total, n_total, n0, row_a,
-                      (tid % 32) % 4, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind)
+            write_out(
+                acc,
+                out,
+                pad // 4 + (tid - WG_THREADS),
+                consumers,
+                y,
+                m_total,
+                n_total,
+                n0,
+                row_a,
+                (tid % 32) % 4,
+                scale_a,
+                sa_step,
+                scale_b,
+                sb_step,
+                bias,
+                bias_kind,
+                out_kind,
+            )
 
     return gemm
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_launcher(cfg, promotion, block_scaled, out_is_float32):
     """The compiled wgmma GEMM (a ``DynamicSharedKernel``): launch on grid (ceil(N / BN),
     ceil(M / block_rows(cfg))) of threads(cfg) threads."""
     sig = gemm_signature(block_scaled, out_is_float32)
-    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH,
-                            launch_bounds=(threads(cfg), cfg.blocks_per_sm))
+    kernel = compile_kernel(
+        gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH, launch_bounds=(threads(cfg), cfg.blocks_per_sm)
+    )
     return DynamicSharedKernel(kernel, shared_bytes(cfg))
 
 
@@ -553,11 +764,30 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     """(kernel, grid, block, args) of the wgmma GEMM for a ``gemm.GemmCall`` (or a
     ``block.BlockCall``: then the scales are 2-D and the steps unused)."""
     cfg = config or DEFAULTS[promotion]
-    return (gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
-            (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))), threads(cfg),
-            tc_gemm.gemm_args(call, y_bits, block_scaled))
+    return (
+        gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32),
+        (-(-call.n // cfg.bn), -(-call.m // block_rows(cfg))),
+        threads(cfg),
+        tc_gemm.gemm_args(call, y_bits, block_scaled),
+    )
 
 
-__all__ = ["PER_128", "PER_WGMMA", "PROMOTIONS", "block_rows", "threads", "WgConfig", "WG_CONFIGS", "WG_DEFAULT",
-           "DEFAULTS", "shared_bytes", "kernel_parts", "gemm_kernel", "specialized_kernel", "gemm_launcher",
-           "unavailable_reason", "shape_reason", "gemm_launch"]
+__all__ = [
+    "PER_128",
+    "PER_WGMMA",
+    "PROMOTIONS",
+    "block_rows",
+    "threads",
+    "WgConfig",
+    "WG_CONFIGS",
+    "WG_DEFAULT",
+    "DEFAULTS",
+    "shared_bytes",
+    "kernel_parts",
+    "gemm_kernel",
+    "specialized_kernel",
+    "gemm_launcher",
+    "unavailable_reason",
+    "shape_reason",
+    "gemm_launch",
+]

@@ -231,8 +231,10 @@ def _check_config(cfg, block_scaled):
         raise ValueError("the f16-staged kernel reads its fragments with ldmatrix: ldmatrix must be True")
     static, dynamic = shared_bytes(cfg)
     if static > SHARED_LIMIT or dynamic > F16_SHARED_LIMIT:
-        raise ValueError(f"{cfg.stages} stages of {bm} x {bn} tiles exceed "
-                         f"{F16_SHARED_LIMIT if cfg.f16 else SHARED_LIMIT} bytes of shared memory")
+        raise ValueError(
+            f"{cfg.stages} stages of {bm} x {bn} tiles exceed "
+            f"{F16_SHARED_LIMIT if cfg.f16 else SHARED_LIMIT} bytes of shared memory"
+        )
     if block_scaled and 128 % bn:
         raise ValueError(f"block-scaled tiles must divide the 128-wide weight blocks: BN = {bn}")
     return bm, bn, threads
@@ -243,12 +245,13 @@ def _split_accumulators(promotion, block_scaled):
     return promotion == PER_128 or block_scaled
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scale_readers(block_scaled):
     """(row_scale(scale, step, i), kblock_scale(scale, i, kb)) device functions: per-tensor and
     per-row x per-channel scales are read at the end (``scale[i * step]``), block scales at each
     K-block's promotion (``scale[i, kb]``); each form reads 1.0 where the other applies."""
     if block_scaled:
+
         @cuda.jit(**_DEVICE)
         def row_scale(scale, step, i):
             return _F32_ONE  # the block scales are applied in the main loop
@@ -257,6 +260,7 @@ def scale_readers(block_scaled):
         def kblock_scale(scale, i, kb):
             return scale[i, kb]
     else:
+
         @cuda.jit(**_DEVICE)
         def row_scale(scale, step, i):
             return scale[i * step]
@@ -264,10 +268,11 @@ def scale_readers(block_scaled):
         @cuda.jit(**_DEVICE)
         def kblock_scale(scale, i, kb):
             return _F32_ONE
+
     return row_scale, kblock_scale
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
@@ -282,8 +287,10 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         raise ValueError(f"mma_kind must be one of {MMA_KINDS}, got {mma_kind!r}")
     mx = mma_kind in MX_KINDS
     if mx and (promotion != PER_MMA or block_scaled or chain or cfg.f16):
-        raise ValueError("an MX kernel promotes per mma from C = 0 on the e4m3 ring, with its own scales: "
-                         f"got promotion={promotion!r}, block_scaled={block_scaled!r}, chain={chain!r}, f16={cfg.f16!r}")
+        raise ValueError(
+            "an MX kernel promotes per mma from C = 0 on the e4m3 ring, with its own scales: "
+            f"got promotion={promotion!r}, block_scaled={block_scaled!r}, chain={chain!r}, f16={cfg.f16!r}"
+        )
     if mma_kind != "plain" and cfg.f16:
         raise ValueError(f"the f16-staged kernel runs f16 HMMAs, not mma_kind {mma_kind!r}")
     mx_hardware = mma_kind == "mx"
@@ -310,8 +317,11 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     n_af, n_bf = (8, 4 * nt) if f16 else (4, 2 * nt)
     n_raw = 4 if f16 else 1  # e4m3 fragments of an unstaged operand, before conversion
     chained = promotion == PER_128 or chain
-    scratch_words = warps * (sm120_mma.SCRATCH_WORDS if mma_kind in ("unit", "mx") else mma.SCRATCH_WORDS_PER_WARP) \
-        if SIMULATOR else 1
+    scratch_words = (
+        warps * (sm120_mma.SCRATCH_WORDS if mma_kind in ("unit", "mx") else mma.SCRATCH_WORDS_PER_WARP)
+        if SIMULATOR
+        else 1
+    )
     own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
     if mma_kind == "unit":
@@ -327,8 +337,24 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     load_bias_value, finish, store = load_bias, scaled_value, store_out
 
     @cuda.jit(**_DEVICE)
-    def issue_tile(smem, a, b, k_total, kt, stage, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
-                   b_zero, chunk_code, copy_word):
+    def issue_tile(
+        smem,
+        a,
+        b,
+        k_total,
+        kt,
+        stage,
+        a_addr,
+        b_addr,
+        a_step,
+        b_step,
+        a_rows,
+        b_rows,
+        a_zero,
+        b_zero,
+        chunk_code,
+        copy_word,
+    ):
         """cp.async the A and B rows of K tile ``kt`` into ``stage``. This thread copies the 16-byte
         chunk at a_addr + i * a_step + kt * BK of copy i (rows r0 + i * rows_per_pass), valid for
         i < a_rows; rows past M / N and chunks past K are zero-filled from a valid address (zero
@@ -437,7 +463,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
             b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
             for j in range(nt // 2):
                 bf[4 * j], bf[4 * j + 1], bf[4 * j + 2], bf[4 * j + 3] = ldsm(
-                    smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane)
+                    smem, b_off + 16 * ROW_WORDS * j, scratch, warp, lane
+                )
         else:
             lo = 4 * ((2 * ks) ^ sw)
             hi = 4 * ((2 * ks + 1) ^ sw)
@@ -473,7 +500,8 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                 for j in range(nt // 2):
                     q = 2 * nt * h + 4 * j
                     bf[q], bf[q + 1], bf[q + 2], bf[q + 3] = ldsm(
-                        smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane)
+                        smem, b_off + 16 * F16_ROW_WORDS * j, scratch, warp, lane
+                    )
         else:
             # the lower code pair of e4m3 b0, b1 -> the first HMMA's b0, b1; the upper -> the second's
             b_off = sbase + b_lane + 4 * ((2 * ks + b_hi) ^ sw)
@@ -506,8 +534,9 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     @cuda.jit(**_DEVICE)
     def mma_into(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
         """c[q .. q + 4) += A B through the e4m3 mma's own C operand."""
-        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3],
-                                                    scratch, warp, lane)
+        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(
+            a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3], scratch, warp, lane
+        )
 
     @cuda.jit(**_DEVICE)
     def mma_step(acc, part, af, bf, q, j, scratch, warp, lane):
@@ -519,8 +548,21 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         elif chained:
             mma_into(acc, q, af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1], scratch, warp, lane)
         else:
-            d0, d1, d2, d3 = mma_op(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+            d0, d1, d2, d3 = mma_op(
+                af[0],
+                af[1],
+                af[2],
+                af[3],
+                bf[2 * j],
+                bf[2 * j + 1],
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                scratch,
+                warp,
+                lane,
+            )
             add_partial(acc, part, q, d0, d1, d2, d3)
 
     @cuda.jit(**_DEVICE)
@@ -529,8 +571,20 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         for h in range(2):
             b = lo if h == 0 else hi
             c[q], c[q + 1], c[q + 2], c[q + 3] = mma16(
-                af[4 * h], af[4 * h + 1], af[4 * h + 2], af[4 * h + 3], bf[b], bf[b + 1],
-                c[q], c[q + 1], c[q + 2], c[q + 3], scratch, warp, lane)
+                af[4 * h],
+                af[4 * h + 1],
+                af[4 * h + 2],
+                af[4 * h + 3],
+                bf[b],
+                bf[b + 1],
+                c[q],
+                c[q + 1],
+                c[q + 2],
+                c[q + 3],
+                scratch,
+                warp,
+                lane,
+            )
 
     @cuda.jit(**_DEVICE)
     def hmma_step(acc, part, af, bf, q, j, scratch, warp, lane):
@@ -544,10 +598,22 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         elif chained:
             hmma_pair_into(acc, q, af, bf, lo, hi, scratch, warp, lane)
         else:
-            d0, d1, d2, d3 = mma16(af[0], af[1], af[2], af[3], bf[lo], bf[lo + 1],
-                                   _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
-            d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1], d0, d1, d2, d3, scratch, warp,
-                                   lane)
+            d0, d1, d2, d3 = mma16(
+                af[0],
+                af[1],
+                af[2],
+                af[3],
+                bf[lo],
+                bf[lo + 1],
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                scratch,
+                warp,
+                lane,
+            )
+            d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1], d0, d1, d2, d3, scratch, warp, lane)
             add_partial(acc, part, q, d0, d1, d2, d3)
 
     @cuda.jit(**_DEVICE)
@@ -582,16 +648,43 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         scaled by its row's and its column's E8M0 scale (``sc``, from ``mx_scales``), added in
         float32."""
         if mx_hardware:  # the scales travel in the mma
-            d0, d1, d2, d3 = mma_mx(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, np.uint32(sc[i]),
-                                    np.uint32(sc[mt + j]), scratch, warp, lane)
+            d0, d1, d2, d3 = mma_mx(
+                af[0],
+                af[1],
+                af[2],
+                af[3],
+                bf[2 * j],
+                bf[2 * j + 1],
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                np.uint32(sc[i]),
+                np.uint32(sc[mt + j]),
+                scratch,
+                warp,
+                lane,
+            )
             acc[q] += d0
             acc[q + 1] += d1
             acc[q + 2] += d2
             acc[q + 3] += d3
         else:
-            d0, d1, d2, d3 = mma_op(af[0], af[1], af[2], af[3], bf[2 * j], bf[2 * j + 1],
-                                    _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
+            d0, d1, d2, d3 = mma_op(
+                af[0],
+                af[1],
+                af[2],
+                af[3],
+                bf[2 * j],
+                bf[2 * j + 1],
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                _F32_ZERO,
+                scratch,
+                warp,
+                lane,
+            )
             sa0, sa1 = sc[2 * i], sc[2 * i + 1]
             sb0, sb1 = sc[2 * mt + 2 * j], sc[2 * mt + 2 * j + 1]
             acc[q] += np.float32(d0 * sa0) * sb0
@@ -648,8 +741,9 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                         part[q + e] = _F32_ZERO
 
     @cuda.jit(**_DEVICE)
-    def write_out(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, m0, n0, m_total, n_total,
-                  wm, wn, g, t):
+    def write_out(
+        acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, m0, n0, m_total, n_total, wm, wn, g, t
+    ):
         """The epilogue: y = round_out((acc * sa) * sb + bias) over the warp's tiles (block scales are
         already in acc)."""
         has_bias = bias_kind != 0
@@ -696,26 +790,68 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         m0 = cuda.blockIdx.y * bm
         n0 = cuda.blockIdx.x * bn
         r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows = copy_plan(
-            a, b, m0, n0, m_total, n_total, tid)
+            a, b, m0, n0, m_total, n_total, tid
+        )
         plan = fragment_plan(lane, wm, wn, g, t)
-        mx_ctx = (scale_a, scale_b, m0 + wm * mt * 16 + g, n0 + wn * nt * 8, m_total - 1, n_total - 1, g, t,
-                  cuda.local.array(n_mx, types.float32))
+        mx_ctx = (
+            scale_a,
+            scale_b,
+            m0 + wm * mt * 16 + g,
+            n0 + wn * nt * 8,
+            m_total - 1,
+            n_total - 1,
+            g,
+            t,
+            cuda.local.array(n_mx, types.float32),
+        )
         kt_total = (k_total + BK - 1) // BK
         block_n = n0 // 128
 
         # prologue: the ring's first tiles in flight (f16: tile 0 converted too)
         for s in range(stages if early_refill else stages - 1):
             if s < kt_total:
-                issue_tile(smem, a, b, k_total, s, s, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero, b_zero,
-                           16 * chunk, copy_word)
+                issue_tile(
+                    smem,
+                    a,
+                    b,
+                    k_total,
+                    s,
+                    s,
+                    a_addr,
+                    b_addr,
+                    a_step,
+                    b_step,
+                    a_rows,
+                    b_rows,
+                    a_zero,
+                    b_zero,
+                    16 * chunk,
+                    copy_word,
+                )
             commit()
         if f16:
             wait_tile()
             convert_tile(smem, 0, 0, copy_word, r0, chunk)
             if early_refill:
                 if stages < kt_total:
-                    issue_tile(smem, a, b, k_total, stages, 0, a_addr, b_addr, a_step, b_step, a_rows, b_rows, a_zero,
-                               b_zero, 16 * chunk, copy_word)
+                    issue_tile(
+                        smem,
+                        a,
+                        b,
+                        k_total,
+                        stages,
+                        0,
+                        a_addr,
+                        b_addr,
+                        a_step,
+                        b_step,
+                        a_rows,
+                        b_rows,
+                        a_zero,
+                        b_zero,
+                        16 * chunk,
+                        copy_word,
+                    )
                 commit()
         st_read = 0  # the ring slot of tile kt
         st_write = stages - 1  # the ring slot of tile kt - 1 (refilled at iteration kt)
@@ -729,16 +865,48 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                 if not early_refill:
                     nk = kt + stages - 1
                     if nk < kt_total:
-                        issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                                   a_zero, b_zero, 16 * chunk, copy_word)
+                        issue_tile(
+                            smem,
+                            a,
+                            b,
+                            k_total,
+                            nk,
+                            st_write,
+                            a_addr,
+                            b_addr,
+                            a_step,
+                            b_step,
+                            a_rows,
+                            b_rows,
+                            a_zero,
+                            b_zero,
+                            16 * chunk,
+                            copy_word,
+                        )
                     commit()
                 if kt + 1 < kt_total:
                     wait_tile()  # this thread's copies of tile kt + 1
                     convert_tile(smem, st_next, (kt + 1) % 2, copy_word, r0, chunk)
                     # early refill: the slot just converted was all this thread's own
                     if early_refill and kt + 1 + stages < kt_total:
-                        issue_tile(smem, a, b, k_total, kt + 1 + stages, st_next, a_addr, b_addr, a_step, b_step,
-                                   a_rows, b_rows, a_zero, b_zero, 16 * chunk, copy_word)
+                        issue_tile(
+                            smem,
+                            a,
+                            b,
+                            k_total,
+                            kt + 1 + stages,
+                            st_next,
+                            a_addr,
+                            b_addr,
+                            a_step,
+                            b_step,
+                            a_rows,
+                            b_rows,
+                            a_zero,
+                            b_zero,
+                            16 * chunk,
+                            copy_word,
+                        )
                 if early_refill:
                     commit()
             else:
@@ -746,19 +914,66 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                 cuda.syncthreads()
                 nk = kt + stages - 1
                 if nk < kt_total:
-                    issue_tile(smem, a, b, k_total, nk, st_write, a_addr, b_addr, a_step, b_step, a_rows, b_rows,
-                               a_zero, b_zero, 16 * chunk, copy_word)
+                    issue_tile(
+                        smem,
+                        a,
+                        b,
+                        k_total,
+                        nk,
+                        st_write,
+                        a_addr,
+                        b_addr,
+                        a_step,
+                        b_step,
+                        a_rows,
+                        b_rows,
+                        a_zero,
+                        b_zero,
+                        16 * chunk,
+                        copy_word,
+                    )
                 commit()
             # mma steps over tile kt
-            mma_tile(smem, acc, part, af, bf, raw, ring_words + (kt % 2) * f16_words, st_read * stage_words, plan,
-                     kt, mx_ctx, scratch, warp, lane)
+            mma_tile(
+                smem,
+                acc,
+                part,
+                af,
+                bf,
+                raw,
+                ring_words + (kt % 2) * f16_words,
+                st_read * stage_words,
+                plan,
+                kt,
+                mx_ctx,
+                scratch,
+                warp,
+                lane,
+            )
             st_read = st_next
             st_write = 0 if st_write == stages - 1 else st_write + 1
             if split and (kt % 2 == 1 or kt == kt_total - 1):
                 promote(acc, part, scale_a, scale_b, kt // 2, block_n, m0, m_total, wm, g)
 
-        write_out(acc, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, m0, n0, m_total, n_total,
-                  wm, wn, g, t)
+        write_out(
+            acc,
+            y,
+            scale_a,
+            sa_step,
+            scale_b,
+            sb_step,
+            bias,
+            bias_kind,
+            out_kind,
+            m0,
+            n0,
+            m_total,
+            n_total,
+            wm,
+            wn,
+            g,
+            t,
+        )
 
     return gemm
 
@@ -814,15 +1029,18 @@ def gemm_signature(block_scaled, out_is_float32, mx=False):
     return (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32, mma_kind="plain"):
     """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
     32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``). The kernels of the
     block-scaled mma (``mma_kind`` 'unit', 'mx') are compiled for the arch-specific target (sm_120a,
     sm_121a): plain sm_12x refuses the instruction."""
     arch = "a" if mma_kind in ("unit", "mx") and not SIMULATOR else ""
-    kernel = compile_kernel(gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind),
-                            gemm_signature(block_scaled, out_is_float32, mma_kind in MX_KINDS), arch=arch)
+    kernel = compile_kernel(
+        gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind),
+        gemm_signature(block_scaled, out_is_float32, mma_kind in MX_KINDS),
+        arch=arch,
+    )
     dynamic = shared_bytes(cfg)[1]
     return DynamicSharedKernel(kernel, dynamic) if dynamic else kernel
 
@@ -846,8 +1064,14 @@ def unavailable_reason(dev, simulate=False):
     the CUDA simulator they run only when asked to (``simulate=True``): the portable emulation is for
     tests."""
     if SIMULATOR:
-        return None if simulate else ("the tensor-core kernels run under the CUDA simulator only through their "
-                                      "portable emulation (simulate=True)")
+        return (
+            None
+            if simulate
+            else (
+                "the tensor-core kernels run under the CUDA simulator only through their "
+                "portable emulation (simulate=True)"
+            )
+        )
     if not mma.available(dev.cc):
         return f"FP8 mma.sync needs compute capability >= {mma.MIN_CC}, got {dev.cc}"
     return None
@@ -858,8 +1082,10 @@ def rows_reason(arr, name):
     if SIMULATOR:
         return None
     if arr.strides[1] != 1 or arr.strides[0] % 16 or arr.data.ptr % 16:
-        return (f"the tensor-core kernels copy 16 bytes at a time: {name} needs 16-byte aligned rows "
-                f"(contiguous K, row stride % 16 == 0)")
+        return (
+            f"the tensor-core kernels copy 16 bytes at a time: {name} needs 16-byte aligned rows "
+            f"(contiguous K, row stride % 16 == 0)"
+        )
     return None
 
 
@@ -885,8 +1111,18 @@ def gemm_args(call, y_bits, block_scaled):
     ``block.BlockCall`` (2-D scales, the steps unused; an MX call's E8M0 bytes)."""
     bias, bias_kind = bias_bits(call.bias, call.device)
     sa_step, sb_step = (0, 0) if block_scaled or getattr(call, "mx", False) else (call.sa_step, call.sb_step)
-    return (call.a, call.b, call.scale_a, sa_step, call.scale_b, sb_step, bias, bias_kind, y_bits,
-            OUT_KIND[call.out_dtype])
+    return (
+        call.a,
+        call.b,
+        call.scale_a,
+        sa_step,
+        call.scale_b,
+        sb_step,
+        bias,
+        bias_kind,
+        y_bits,
+        OUT_KIND[call.out_dtype],
+    )
 
 
 def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_kind=None):
@@ -906,11 +1142,39 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_
     # the f16-staged kernel promotes per k32 explicitly; its chain is the tensor core's accumulation
     chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc) and not mx
     bm, bn = tile_shape(cfg)
-    return (gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32, mma_kind),
-            (-(-call.n // bn), -(-call.m // bm)), 32 * cfg.wm * cfg.wn, gemm_args(call, y_bits, block_scaled))
+    return (
+        gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32, mma_kind),
+        (-(-call.n // bn), -(-call.m // bm)),
+        32 * cfg.wm * cfg.wn,
+        gemm_args(call, y_bits, block_scaled),
+    )
 
 
-__all__ = ["PER_MMA", "PER_128", "PROMOTIONS", "MMA_KINDS", "MX_KINDS", "mma_kind_for", "TileConfig", "GEMM_CONFIGS", "GEMM_DEFAULT", "F16_DEFAULT",
-           "F16_SPLIT_DEFAULT", "MX_CONFIGS_BY_M", "mx_config", "default_config", "tile_shape", "shared_bytes", "gemm_kernel", "DynamicSharedKernel",
-           "gemm_signature", "gemm_launcher", "gemm_launch", "gemm_args", "chains_in_float32", "unavailable_reason",
-           "rows_reason", "shape_reason"]
+__all__ = [
+    "PER_MMA",
+    "PER_128",
+    "PROMOTIONS",
+    "MMA_KINDS",
+    "MX_KINDS",
+    "mma_kind_for",
+    "TileConfig",
+    "GEMM_CONFIGS",
+    "GEMM_DEFAULT",
+    "F16_DEFAULT",
+    "F16_SPLIT_DEFAULT",
+    "MX_CONFIGS_BY_M",
+    "mx_config",
+    "default_config",
+    "tile_shape",
+    "shared_bytes",
+    "gemm_kernel",
+    "DynamicSharedKernel",
+    "gemm_signature",
+    "gemm_launcher",
+    "gemm_launch",
+    "gemm_args",
+    "chains_in_float32",
+    "unavailable_reason",
+    "rows_reason",
+    "shape_reason",
+]

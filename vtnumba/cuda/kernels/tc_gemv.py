@@ -34,12 +34,33 @@ from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
 from ..runtime.launch import compile_kernel
 from .epilogue import (
-    F32_1D, I32, I64, OUT_KIND, U8_2D, U16_1D, U16_2D, bias_bits, empty_out, load_bias, out_type, scale_vector,
-    scaled_value, store_out,
+    F32_1D,
+    I32,
+    I64,
+    OUT_KIND,
+    U8_2D,
+    U16_1D,
+    U16_2D,
+    bias_bits,
+    empty_out,
+    load_bias,
+    out_type,
+    scale_vector,
+    scaled_value,
+    store_out,
 )
 from .gemv import X_KIND, GemvStage, x_loader
-from .tc_gemm import _ALIGN_16, _F32_ONE, _F32_ZERO, _U32_ZERO, chains_in_float32, rows_reason, scale_readers, \
-    shape_reason, unavailable_reason
+from .tc_gemm import (
+    _ALIGN_16,
+    _F32_ONE,
+    _F32_ZERO,
+    _U32_ZERO,
+    chains_in_float32,
+    rows_reason,
+    scale_readers,
+    shape_reason,
+    unavailable_reason,
+)
 
 _DEVICE = DEVICE_INLINE
 
@@ -106,6 +127,7 @@ def fused_shared_bytes(m, k):
 
 
 if SIMULATOR:
+
     def _octet_max(v, fscratch, warp, lane):
         """max of v over the eight lanes 8 j .. 8 j + 7 (every thread of the block must call)."""
         fscratch[warp * 32 + lane] = v
@@ -117,10 +139,12 @@ if SIMULATOR:
         cuda.syncthreads()
         return r
 else:
+
     def _octet_max(v, fscratch, warp, lane):
         v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 1))
         v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
         return max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 4))
+
 
 _octet_max = cuda.jit(**_DEVICE)(_octet_max)
 
@@ -145,7 +169,7 @@ def _block_max_rows_fn(threads, rows):
     return cuda.jit(**_DEVICE)(block_max_rows)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False):
     """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
     hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
@@ -273,8 +297,9 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                         row_deq[r] = s
 
     @cuda.jit(**_DEVICE)
-    def quantize_rows(x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch,
-                      warp, lane, tid):
+    def quantize_rows(
+        x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch, warp, lane, tid
+    ):
         """x's codes into shared memory (xs, row_words a row), 16 values an item, a group's 8 items
         in 8 lanes; 1 x 128 groups also write their scales (gs). Every thread must call."""
         segs = 8 * nchunks
@@ -319,8 +344,9 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                 row = 8 * i + g
                 for s in range(2):
                     if row < m_total and c < nchunks:
-                        xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], \
-                            xw[8 * i + 4 * s + 3] = lds4(xs, row * row_words + 32 * c + 16 * s + 4 * t)
+                        xw[8 * i + 4 * s], xw[8 * i + 4 * s + 1], xw[8 * i + 4 * s + 2], xw[8 * i + 4 * s + 3] = lds4(
+                            xs, row * row_words + 32 * c + 16 * s + 4 * t
+                        )
                     else:
                         for q in range(4):
                             xw[8 * i + 4 * s + q] = _U32_ZERO
@@ -331,14 +357,14 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     @cuda.jit(**_DEVICE)
     def mma_into(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
         """c[q .. q + 4) += A B through the mma's own C operand."""
-        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3],
-                                                    scratch, warp, lane)
+        c[q], c[q + 1], c[q + 2], c[q + 3] = mma_op(
+            a0, a1, a2, a3, b0, b1, c[q], c[q + 1], c[q + 2], c[q + 3], scratch, warp, lane
+        )
 
     @cuda.jit(**_DEVICE)
     def mma_added(c, q, a0, a1, a2, a3, b0, b1, scratch, warp, lane):
         """c[q .. q + 4) += A B, the mma from C = 0 and its partial added in float32 (promotion per mma)."""
-        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp,
-                                lane)
+        d0, d1, d2, d3 = mma_op(a0, a1, a2, a3, b0, b1, _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ZERO, scratch, warp, lane)
         c[q] += d0
         c[q + 1] += d1
         c[q + 2] += d2
@@ -399,8 +425,25 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     # -- the epilogue ------------------------------------------------------------------------------
 
     @cuda.jit(**_DEVICE)
-    def reduce_and_store(acc, red, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, row_deq, n0,
-                         n_total, m_total, warp, lane, tid):
+    def reduce_and_store(
+        acc,
+        red,
+        y,
+        scale_a,
+        sa_step,
+        scale_b,
+        sb_step,
+        bias,
+        bias_kind,
+        out_kind,
+        row_deq,
+        n0,
+        n_total,
+        m_total,
+        warp,
+        lane,
+        tid,
+    ):
         """The warps' partial sums, added in warp order through shared memory; then y =
         round_out((sum * sa) * sb + bias). Every thread must call."""
         for i in range(n_acc):
@@ -470,11 +513,25 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         gbase = m_total * row_words
         if fused:
             # (k // 16 here, not in the device function: there LLVM lost that K >= 0, +3 instructions)
-            activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq,
-                              tid)
+            activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq, tid)
             cuda.syncthreads()
-            quantize_rows(x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch,
-                          warp, lane, tid)
+            quantize_rows(
+                x,
+                x_kind,
+                m_total,
+                k_total,
+                nchunks,
+                row_words,
+                gbase,
+                xs,
+                gs,
+                vals,
+                row_mult,
+                fscratch,
+                warp,
+                lane,
+                tid,
+            )
             cuda.syncthreads()
 
         iters = (nchunks + warps - 1) // warps
@@ -491,8 +548,25 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                     # load: refill this slot with the chunk depth steps ahead
                     load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c + depth * warps, nchunks)
 
-        reduce_and_store(acc, red, y, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, out_kind, row_deq, n0,
-                         n_total, m_total, warp, lane, tid)
+        reduce_and_store(
+            acc,
+            red,
+            y,
+            scale_a,
+            sa_step,
+            scale_b,
+            sb_step,
+            bias,
+            bias_kind,
+            out_kind,
+            row_deq,
+            n0,
+            n_total,
+            m_total,
+            warp,
+            lane,
+            tid,
+        )
 
     if not grouped:
         return gemv
@@ -502,8 +576,9 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     # them alone with the same configuration.
     gemv_pass = cuda.jit(**_DEVICE)(gemv)
 
-    def gemv_grouped(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind,
-                     offsets, active):
+    def gemv_grouped(
+        a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind, offsets, active
+    ):
         """y[offsets[e]:offsets[e + 1]] of expert e = active[blockIdx.y] (-1: no expert, the block
         returns): b [E * N, K] holds the experts' weights one after another, scale_b is per expert
         ([E], sb_step 0) or per channel ([E * N], sb_step 1), or the block scales [E * NB, KB]; rows
@@ -527,7 +602,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         if rows <= 0:
             return  # the whole block at once: no barrier is left waiting
         w0 = e * n_total
-        we = b[w0:w0 + n_total]
+        we = b[w0 : w0 + n_total]
         # the views are taken here: a CUDA device function cannot return a view of an argument
         if block_scaled:
             blocks = (n_total + 127) // 128  # the weight's 128-row blocks
@@ -544,8 +619,21 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                 sa0, sa1 = r0, r1
             else:
                 sa0, sa1 = r0 * sa_step, scale_a.shape[0]
-            gemv_pass(a[r0:r1], x, x_kind, qscale, we, scale_a[sa0:sa1], sa_step, sbe, sb_step, bias, bias_kind,
-                      y[r0:r1], out_kind)
+            gemv_pass(
+                a[r0:r1],
+                x,
+                x_kind,
+                qscale,
+                we,
+                scale_a[sa0:sa1],
+                sa_step,
+                sbe,
+                sb_step,
+                bias,
+                bias_kind,
+                y[r0:r1],
+                out_kind,
+            )
 
     return gemv_grouped
 
@@ -569,9 +657,8 @@ def _grouped_launch_bounds(nb, cfg, bounded):
     return (threads, blocks) if blocks > 1 else None
 
 
-@functools.lru_cache(maxsize=None)
-def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False,
-                  bounded=True):
+@functools.cache
+def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False, bounded=True):
     """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
     32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a). ``grouped``: the
     grouped GEMV, M the rows of one pass (8 or 16), on grid (ceil(N / (16 rt)), E), with the int32
@@ -580,16 +667,19 @@ def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, u
         raise ValueError(f"m must be in 1..{GEMV_MAX_M} for the tensor-core GEMV, got {m}")
     nb = 1 if m <= 8 else 2
     scale = types.float32[:, :] if block_scaled else F32_1D
-    sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32,
-           out_type(out_is_float32), I32)
+    sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32, out_type(out_is_float32), I32)
     if grouped:
         bounds = None if SIMULATOR else _grouped_launch_bounds(nb, cfg, bounded)
         options = {"launch_bounds": bounds} if bounds else {}
-        return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True),
-                              sig + (I32_1D, I32_1D),
-                              arch="a" if unit and not SIMULATOR else "", **options)
-    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig,
-                          arch="a" if unit and not SIMULATOR else "")
+        return compile_kernel(
+            gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True),
+            sig + (I32_1D, I32_1D),
+            arch="a" if unit and not SIMULATOR else "",
+            **options,
+        )
+    return compile_kernel(
+        gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig, arch="a" if unit and not SIMULATOR else ""
+    )
 
 
 # Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
@@ -627,15 +717,31 @@ def _max_fused_k(config):
     return k
 
 
-def _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode,
-                     block_scaled, dev):
+def _fused_in_slices(
+    m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode, block_scaled, dev
+):
     """The fused GEMV over x's rows, ``rows`` at a time (rows are independent in these modes)."""
     y, y_bits = empty_out(m, b.shape[0], out_dtype)
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         kernel, grid, block, args, shared = gemv_launch(
-            r1 - r0, dev.placeholder("u8_2d"), x_bits[r0:r1], x_kind, qscale, b, scale_a, 0, scale_b, sb_step,
-            out_dtype, bias, mode, block_scaled, y_bits[r0:r1], dev)
+            r1 - r0,
+            dev.placeholder("u8_2d"),
+            x_bits[r0:r1],
+            x_kind,
+            qscale,
+            b,
+            scale_a,
+            0,
+            scale_b,
+            sb_step,
+            out_dtype,
+            bias,
+            mode,
+            block_scaled,
+            y_bits[r0:r1],
+            dev,
+        )
         kernel(grid, block, *args, shared_mem=shared)
     return y
 
@@ -651,17 +757,52 @@ def _device_flags(dev):
     return codec.hardware_available(dev.cc), chains_in_float32(dev.cc), sm120_mma.available(dev.cc)
 
 
-def gemv_launch(m, a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, out_dtype, bias, mode,
-                block_scaled, y_bits, dev, config=None):
+def gemv_launch(
+    m,
+    a,
+    x,
+    x_kind,
+    qscale,
+    b,
+    scale_a,
+    sa_step,
+    scale_b,
+    sb_step,
+    out_dtype,
+    bias,
+    mode,
+    block_scaled,
+    y_bits,
+    dev,
+    config=None,
+):
     """(kernel, grid, block, args, shared bytes) of the GEMV for M activation rows into ``y_bits``."""
     bias_arg, bias_kind = bias_bits(bias, dev)
     hardware, chain, unit = _device_flags(dev)
     cfg = config or gemv_config(m, b.shape[1])
     shared = 0 if mode == MODE_CODES else fused_shared_bytes(m, b.shape[1])
     kernel = gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, np.dtype(out_dtype) == np.float32, unit)
-    return (kernel, -(-b.shape[0] // (16 * cfg.rt)), 32 * cfg.warps,
-            (a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias_arg, bias_kind, y_bits,
-             OUT_KIND[np.dtype(out_dtype)]), shared)
+    return (
+        kernel,
+        -(-b.shape[0] // (16 * cfg.rt)),
+        32 * cfg.warps,
+        (
+            a,
+            x,
+            x_kind,
+            qscale,
+            b,
+            scale_a,
+            sa_step,
+            scale_b,
+            sb_step,
+            bias_arg,
+            bias_kind,
+            y_bits,
+            OUT_KIND[np.dtype(out_dtype)],
+        ),
+        shared,
+    )
 
 
 def gemv_codes_launch(call, y_bits, block_scaled):
@@ -669,8 +810,23 @@ def gemv_codes_launch(call, y_bits, block_scaled):
     dev = call.device
     sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
     kernel, grid, block, args, _ = gemv_launch(
-        call.m, call.a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b, call.scale_a, sa_step,
-        call.scale_b, sb_step, call.out_dtype, call.bias, MODE_CODES, block_scaled, y_bits, dev)
+        call.m,
+        call.a,
+        dev.placeholder("u16_2d"),
+        0,
+        dev.placeholder("f32"),
+        call.b,
+        call.scale_a,
+        sa_step,
+        call.scale_b,
+        sb_step,
+        call.out_dtype,
+        call.bias,
+        MODE_CODES,
+        block_scaled,
+        y_bits,
+        dev,
+    )
     return kernel, grid, block, args
 
 
@@ -711,8 +867,22 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
     x_bits = x.view(np.uint16)
     if block_scales is not None:
         rows = _fused_rows(k, MODE_PER_GROUP, None)
-        return _fused_in_slices(m, rows, x_bits, x_kind, dev.placeholder("f32"), b, block_scales[:1, :1],
-                                block_scales, 0, out_dtype, bias, MODE_PER_GROUP, True, dev)
+        return _fused_in_slices(
+            m,
+            rows,
+            x_bits,
+            x_kind,
+            dev.placeholder("f32"),
+            b,
+            block_scales[:1, :1],
+            block_scales,
+            0,
+            out_dtype,
+            bias,
+            MODE_PER_GROUP,
+            True,
+            dev,
+        )
     sb, sb_step = scale_vector(scale_b, n, dev)
     dynamic = input_scale is None and not per_token
     rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
@@ -720,9 +890,24 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
         codes, scale_a = quantize(x)
         sa, sa_step = scale_vector(scale_a, m, dev)
         y, y_bits = empty_out(m, n, out_dtype)
-        kernel, grid, block, args, _ = gemv_launch(m, codes, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"),
-                                                   b, sa, sa_step, sb, sb_step, out_dtype, bias, MODE_CODES, False,
-                                                   y_bits, dev)
+        kernel, grid, block, args, _ = gemv_launch(
+            m,
+            codes,
+            dev.placeholder("u16_2d"),
+            0,
+            dev.placeholder("f32"),
+            b,
+            sa,
+            sa_step,
+            sb,
+            sb_step,
+            out_dtype,
+            bias,
+            MODE_CODES,
+            False,
+            y_bits,
+            dev,
+        )
         kernel(grid, block, *args)
         return y
     if per_token:
@@ -731,8 +916,9 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
         mode, qscale = MODE_DYNAMIC, dev.scalar(1.0)
     else:
         mode, qscale = MODE_STATIC, scale_vector(input_scale, 1, dev)[0]
-    return _fused_in_slices(m, rows, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype,
-                            bias, mode, False, dev)
+    return _fused_in_slices(
+        m, rows, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype, bias, mode, False, dev
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -760,8 +946,10 @@ def _experts_reason(b):
     if SIMULATOR:
         return None
     if b.strides[2] != 1 or b.strides[1] % 16 or b.strides[0] != b.shape[1] * b.strides[1] or b.data.ptr % 16:
-        return ("the grouped tensor-core GEMV reads b [E, N, K] as [E * N, K] 16 bytes at a time: it needs "
-                "contiguous K, 16-byte aligned rows and the experts one after another")
+        return (
+            "the grouped tensor-core GEMV reads b [E, N, K] as [E * N, K] 16 bytes at a time: it needs "
+            "contiguous K, 16-byte aligned rows and the experts one after another"
+        )
     return None
 
 
@@ -769,8 +957,10 @@ def _f32_reason(arr, name, shapes):
     if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
         return f"the grouped tensor-core GEMV takes {name} as a float32 device array, got {type(arr).__name__}"
     if np.dtype(arr.dtype) == np.uint8:
-        return (f"the grouped tensor-core GEMV takes float32 scales: E8M0 (uint8) {name} is not supported "
-                "(decode it to float32, or run the grouped GEMM of another kernel)")
+        return (
+            f"the grouped tensor-core GEMV takes float32 scales: E8M0 (uint8) {name} is not supported "
+            "(decode it to float32, or run the grouped GEMM of another kernel)"
+        )
     if np.dtype(arr.dtype) != np.float32:
         return f"the grouped tensor-core GEMV takes float32 scales, got {name} of {np.dtype(arr.dtype)}"
     if tuple(arr.shape) not in shapes:
@@ -798,8 +988,9 @@ def grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev, simulate=False)
         return f"the tensor-core kernels need K to be a positive multiple of 16, got K = {k}"
     if block_size is None:
         reason = _f32_reason(scale_a, "scale_a", {(1,), (p,)}) or _f32_reason(scale_b, "scale_b", {(e,), (e, n)})
-        if reason is None and any(len(s.shape) == 1 and s.shape[0] > 1 and s.strides[0] != 4
-                                  for s in (scale_a, scale_b)):
+        if reason is None and any(
+            len(s.shape) == 1 and s.shape[0] > 1 and s.strides[0] != 4 for s in (scale_a, scale_b)
+        ):
             reason = "the grouped tensor-core GEMV reads contiguous scale vectors"
         if reason is None and len(scale_b.shape) == 2 and not scale_b.flags.c_contiguous:
             reason = "the grouped tensor-core GEMV reads scale_b [E, N] as one contiguous vector"
@@ -807,15 +998,29 @@ def grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev, simulate=False)
         if tuple(block_size) != (128, 128):
             return f"the grouped tensor-core GEMV takes 128 x 128 blocks, got block_size {tuple(block_size)}"
         kblocks, nblocks = -(-k // 128), -(-n // 128)
-        reason = (_f32_reason(scale_a, "scale_a", {(p, kblocks)})
-                  or _f32_reason(scale_b, "scale_b", {(e, nblocks, kblocks)}))
+        reason = _f32_reason(scale_a, "scale_a", {(p, kblocks)}) or _f32_reason(
+            scale_b, "scale_b", {(e, nblocks, kblocks)}
+        )
         if reason is None and not scale_b.flags.c_contiguous:
             reason = "the grouped tensor-core GEMV reads scale_b [E, NB, KB] as [E * NB, KB]: it must be contiguous"
     return reason or rows_reason(a, "a") or _experts_reason(b)
 
 
-def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None,
-                        config=None, bounded=True, active=None):
+def grouped_gemv_launch(
+    a,
+    scale_a,
+    b,
+    scale_b,
+    offsets,
+    y_bits,
+    out_dtype,
+    block_size,
+    dev,
+    rows_hint=None,
+    config=None,
+    bounded=True,
+    active=None,
+):
     """(kernel, grid, block, args) of the grouped GEMV (arguments as ``grouped_gemv``).
     ``active``: int32 [G + 1], the experts each grid row runs (kernels/moe.py's active-experts map:
     -1 for none; the last entry, E, is the row of blocks that writes the padding rows as 0); None:
@@ -831,8 +1036,9 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
     pass_rows = 8 if min(p, p if rows_hint is None else rows_hint) <= 8 else GEMV_MAX_M
     cfg = config or gemv_config(pass_rows, k)
     out_dtype = np.dtype(out_dtype)
-    kernel = gemv_launcher(pass_rows, cfg, MODE_CODES, block_scaled, hardware, chain, out_dtype == np.float32, unit,
-                           True, bounded)
+    kernel = gemv_launcher(
+        pass_rows, cfg, MODE_CODES, block_scaled, hardware, chain, out_dtype == np.float32, unit, True, bounded
+    )
     if block_scaled:
         sa, sa_step, sb, sb_step = scale_a, 0, scale_b.reshape(e * scale_b.shape[1], scale_b.shape[2]), 0
     else:
@@ -840,9 +1046,28 @@ def grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, bloc
         sb, sb_step = (scale_b, 0) if len(scale_b.shape) == 1 else (scale_b.reshape(-1), 1)
     if active is None:
         active = identity_map(dev, e)
-    return (kernel, (-(-n // (16 * cfg.rt)), int(active.shape[0])), 32 * cfg.warps,
-            (a, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), b.reshape(e * n, k), sa, sa_step, sb, sb_step,
-             dev.placeholder("u16"), 0, y_bits, OUT_KIND[out_dtype], offsets, active))
+    return (
+        kernel,
+        (-(-n // (16 * cfg.rt)), int(active.shape[0])),
+        32 * cfg.warps,
+        (
+            a,
+            dev.placeholder("u16_2d"),
+            0,
+            dev.placeholder("f32"),
+            b.reshape(e * n, k),
+            sa,
+            sa_step,
+            sb,
+            sb_step,
+            dev.placeholder("u16"),
+            0,
+            y_bits,
+            OUT_KIND[out_dtype],
+            offsets,
+            active,
+        ),
+    )
 
 
 _IDENTITY = {}  # (device ordinal, E) -> int32 [0, 1, ..., E - 1, E] on that device
@@ -865,8 +1090,21 @@ def identity_map(dev, e):
     return arr
 
 
-def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint=None, config=None,
-                 bounded=True, active=None):
+def grouped_gemv(
+    a,
+    scale_a,
+    b,
+    scale_b,
+    offsets,
+    y_bits,
+    out_dtype,
+    block_size,
+    dev,
+    rows_hint=None,
+    config=None,
+    bounded=True,
+    active=None,
+):
     """The grouped GEMM y[rows of e] = scaled a[rows of e] @ b[e]^T for every expert e, as
     ``vtnumba.cpu.experts.grouped_scaled_mm`` (callers check ``grouped_gemv_reason``): a uint8
     [P, K] codes sorted by expert, b uint8 [E, N, K], offsets int32 device [E + 1] (expert e's rows
@@ -878,13 +1116,34 @@ def grouped_gemv(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
     e, n, _ = b.shape
     if p == 0 or e == 0 or n == 0:
         return
-    kernel, grid, block, args = grouped_gemv_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size,
-                                                    dev, rows_hint, config, bounded, active)
+    kernel, grid, block, args = grouped_gemv_launch(
+        a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, rows_hint, config, bounded, active
+    )
     kernel(grid, block, *args)
 
 
-__all__ = ["GemvConfig", "GEMV_CONFIGS", "GEMV_MAX_M", "CHUNK", "gemv_config", "gemv_kernel", "gemv_launcher",
-           "gemv_launch", "gemv_codes_launch", "gemv_reason", "fused_linear", "fused_linear_reason",
-           "fused_shared_bytes", "gemv_static_shared_bytes", "MODE_CODES", "MODE_STATIC", "MODE_DYNAMIC",
-           "MODE_PER_TOKEN", "MODE_PER_GROUP", "grouped_gemv", "grouped_gemv_launch", "grouped_gemv_reason",
-           "grouped_rows_hint"]
+__all__ = [
+    "GemvConfig",
+    "GEMV_CONFIGS",
+    "GEMV_MAX_M",
+    "CHUNK",
+    "gemv_config",
+    "gemv_kernel",
+    "gemv_launcher",
+    "gemv_launch",
+    "gemv_codes_launch",
+    "gemv_reason",
+    "fused_linear",
+    "fused_linear_reason",
+    "fused_shared_bytes",
+    "gemv_static_shared_bytes",
+    "MODE_CODES",
+    "MODE_STATIC",
+    "MODE_DYNAMIC",
+    "MODE_PER_TOKEN",
+    "MODE_PER_GROUP",
+    "grouped_gemv",
+    "grouped_gemv_launch",
+    "grouped_gemv_reason",
+    "grouped_rows_hint",
+]

@@ -94,18 +94,17 @@ def _tiled_kernel(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, 
             store_out(y, m, n, v, out_kind)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiled_kernel(out_is_float32):
     sig = (U8_2D, U8_2D, F32_1D, I64, F32_1D, I64, U16_1D, I32, out_type(out_is_float32), I32)
     return compile_kernel(_tiled_kernel, sig)
-
-
 
 
 # ------------------------------------------------------------------------------------------------
 # block-scaled: y[m, n] = bias[n] + sum_kb (P[m, n, kb] * sa[m, kb]) * sb[n // bn, kb], P the float32
 # sum of the exact products inside K-block kb (upstream's Triton block kernel's order); any bn, bk.
 # The same tiles as above; each K-block's partial sums get their scales at the block's end.
+
 
 @cuda.jit(**DEVICE_INLINE)
 def _float_scale(scale, i, kb):
@@ -172,15 +171,28 @@ def _block_body(read_a, read_b):
 _FLOAT_BODY = _block_body(_float_scale, _float_scale)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiled_block_kernel(out_is_float32, e8m0_a=False, e8m0_b=False):
     """The block-scaled tiled kernel; ``e8m0_a`` / ``e8m0_b``: that operand's scales are E8M0 bytes
     (uint8, MXFP8's, DeepSeek's UE8M0 weight blocks), decoded as they are read."""
     f32_2d, u8_2d = types.float32[:, :], types.uint8[:, :]
-    sig = (U8_2D, U8_2D, u8_2d if e8m0_a else f32_2d, u8_2d if e8m0_b else f32_2d, I64, I64, U16_1D, I32,
-           out_type(out_is_float32), I32)
-    body = _FLOAT_BODY if not (e8m0_a or e8m0_b) else _block_body(_e8m0_scale if e8m0_a else _float_scale,
-                                                                  _e8m0_scale if e8m0_b else _float_scale)
+    sig = (
+        U8_2D,
+        U8_2D,
+        u8_2d if e8m0_a else f32_2d,
+        u8_2d if e8m0_b else f32_2d,
+        I64,
+        I64,
+        U16_1D,
+        I32,
+        out_type(out_is_float32),
+        I32,
+    )
+    body = (
+        _FLOAT_BODY
+        if not (e8m0_a or e8m0_b)
+        else _block_body(_e8m0_scale if e8m0_a else _float_scale, _e8m0_scale if e8m0_b else _float_scale)
+    )
     return compile_kernel(body, sig)
 
 

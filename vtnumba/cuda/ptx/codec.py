@@ -74,13 +74,19 @@ if SIMULATOR:
         """The ``index``-th 16-byte word of a flat float32 or 16-bit buffer as 4 uint32."""
         if arr.dtype.itemsize == 4:
             b = 4 * index
-            return (np.uint32(float32_bits(arr[b])), np.uint32(float32_bits(arr[b + 1])),
-                    np.uint32(float32_bits(arr[b + 2])), np.uint32(float32_bits(arr[b + 3])))
+            return (
+                np.uint32(float32_bits(arr[b])),
+                np.uint32(float32_bits(arr[b + 1])),
+                np.uint32(float32_bits(arr[b + 2])),
+                np.uint32(float32_bits(arr[b + 3])),
+            )
         b = 8 * index
-        return (np.uint32(arr[b]) | (np.uint32(arr[b + 1]) << _U32_16),
-                np.uint32(arr[b + 2]) | (np.uint32(arr[b + 3]) << _U32_16),
-                np.uint32(arr[b + 4]) | (np.uint32(arr[b + 5]) << _U32_16),
-                np.uint32(arr[b + 6]) | (np.uint32(arr[b + 7]) << _U32_16))
+        return (
+            np.uint32(arr[b]) | (np.uint32(arr[b + 1]) << _U32_16),
+            np.uint32(arr[b + 2]) | (np.uint32(arr[b + 3]) << _U32_16),
+            np.uint32(arr[b + 4]) | (np.uint32(arr[b + 5]) << _U32_16),
+            np.uint32(arr[b + 6]) | (np.uint32(arr[b + 7]) << _U32_16),
+        )
 
     @cuda.jit(**DEVICE_INLINE)
     def store_u32x4(arr, index, w0, w1, w2, w3):
@@ -202,12 +208,21 @@ else:
         def codegen(context, builder, signature, args):
             aryty = signature.args[0]
             ary = context.make_array(aryty)(context, builder, args[0])
-            idx = [_index_to_intp(context, builder, signature.args[1], args[1]),
-                   _index_to_intp(context, builder, signature.args[2], args[2])]
+            idx = [
+                _index_to_intp(context, builder, signature.args[1], args[1]),
+                _index_to_intp(context, builder, signature.args[2], args[2]),
+            ]
             ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx)
             addr = builder.ptrtoint(ptr, ir.IntType(64))
-            return asm_tuple(context, builder, ret, _i32, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
-                             "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }", "=r,=r,=r,=r,l", [addr])
+            return asm_tuple(
+                context,
+                builder,
+                ret,
+                _i32,
+                "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }",
+                "=r,=r,=r,=r,l",
+                [addr],
+            )
 
         return sig, codegen
 
@@ -218,8 +233,15 @@ else:
         sig = ret(types.uint32)
 
         def codegen(context, builder, signature, args):
-            return asm_tuple(context, builder, ret, _f32, "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; "
-                             "cvt.f32.f16 $1, b; }", "=f,=f,r", [args[0]])
+            return asm_tuple(
+                context,
+                builder,
+                ret,
+                _f32,
+                "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }",
+                "=f,=f,r",
+                [args[0]],
+            )
 
         return sig, codegen
 
@@ -227,8 +249,9 @@ else:
 def compile_device(fn, **extra):
     """A plain-Python helper compiled as an inline device function of this target: its bit casts
     are this module's, ``extra`` names replace other globals of its source."""
-    return _format.compile_for_target(fn, cuda.jit(**DEVICE_INLINE), float32_bits=float32_bits,
-                                      bits_float32=bits_float32, **extra)
+    return _format.compile_for_target(
+        fn, cuda.jit(**DEVICE_INLINE), float32_bits=float32_bits, bits_float32=bits_float32, **extra
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,8 +267,8 @@ _U32_F16_INF = np.uint32(0x7C00)
 _U32_BF16_QUIET = np.uint32(0x40)
 _U32_2P23_BITS = np.uint32(0x4B000000)
 _U32_F16_EXP_REBIAS = np.uint32(112 << 10)  # (127 - 15) << 10
-_F32_2P24 = np.float32(2.0 ** 24)
-_F32_2P23 = np.float32(2.0 ** 23)
+_F32_2P24 = np.float32(2.0**24)
+_F32_2P23 = np.float32(2.0**23)
 
 
 def _float32_to_half_bits(x):
@@ -306,14 +329,30 @@ def _nan_code_bits(word):
 
 def _load_row_words_u8(arr, row, col):
     """The 16 bytes at &arr[row, col] of a uint8 array as four uint32 words (byte col lowest)."""
-    w0 = (np.uint32(arr[row, col]) | (np.uint32(arr[row, col + 1]) << np.uint32(8))
-          | (np.uint32(arr[row, col + 2]) << np.uint32(16)) | (np.uint32(arr[row, col + 3]) << np.uint32(24)))
-    w1 = (np.uint32(arr[row, col + 4]) | (np.uint32(arr[row, col + 5]) << np.uint32(8))
-          | (np.uint32(arr[row, col + 6]) << np.uint32(16)) | (np.uint32(arr[row, col + 7]) << np.uint32(24)))
-    w2 = (np.uint32(arr[row, col + 8]) | (np.uint32(arr[row, col + 9]) << np.uint32(8))
-          | (np.uint32(arr[row, col + 10]) << np.uint32(16)) | (np.uint32(arr[row, col + 11]) << np.uint32(24)))
-    w3 = (np.uint32(arr[row, col + 12]) | (np.uint32(arr[row, col + 13]) << np.uint32(8))
-          | (np.uint32(arr[row, col + 14]) << np.uint32(16)) | (np.uint32(arr[row, col + 15]) << np.uint32(24)))
+    w0 = (
+        np.uint32(arr[row, col])
+        | (np.uint32(arr[row, col + 1]) << np.uint32(8))
+        | (np.uint32(arr[row, col + 2]) << np.uint32(16))
+        | (np.uint32(arr[row, col + 3]) << np.uint32(24))
+    )
+    w1 = (
+        np.uint32(arr[row, col + 4])
+        | (np.uint32(arr[row, col + 5]) << np.uint32(8))
+        | (np.uint32(arr[row, col + 6]) << np.uint32(16))
+        | (np.uint32(arr[row, col + 7]) << np.uint32(24))
+    )
+    w2 = (
+        np.uint32(arr[row, col + 8])
+        | (np.uint32(arr[row, col + 9]) << np.uint32(8))
+        | (np.uint32(arr[row, col + 10]) << np.uint32(16))
+        | (np.uint32(arr[row, col + 11]) << np.uint32(24))
+    )
+    w3 = (
+        np.uint32(arr[row, col + 12])
+        | (np.uint32(arr[row, col + 13]) << np.uint32(8))
+        | (np.uint32(arr[row, col + 14]) << np.uint32(16))
+        | (np.uint32(arr[row, col + 15]) << np.uint32(24))
+    )
     return w0, w1, w2, w3
 
 
@@ -437,10 +476,35 @@ def encode_pair(encoder):
     raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
 
 
-__all__ = ["ENCODERS", "HARDWARE_MIN_CC", "hardware_available", "compile_device", "float32_bits", "bits_float32",
-           "decode_e8m0",
-           "half_bits_to_float32", "bfloat16_bits_to_float32", "half2_to_float32", "half2_to_float32_portable",
-           "float32_to_half_bits", "float32_to_bfloat16_bits", "bf16_low", "bf16_high", "f16_low", "f16_high",
-           "decode_e4m3", "e4m3x4_scaled", "nan_code_bits", "encode_e4m3", "encode_pair", "encode_one",
-           "finite_abs", "load_u32x4", "store_u32x4", "load_row_words", "load_row_words_u8", "load_row_words_u16",
-           "fill"]
+__all__ = [
+    "ENCODERS",
+    "HARDWARE_MIN_CC",
+    "hardware_available",
+    "compile_device",
+    "float32_bits",
+    "bits_float32",
+    "decode_e8m0",
+    "half_bits_to_float32",
+    "bfloat16_bits_to_float32",
+    "half2_to_float32",
+    "half2_to_float32_portable",
+    "float32_to_half_bits",
+    "float32_to_bfloat16_bits",
+    "bf16_low",
+    "bf16_high",
+    "f16_low",
+    "f16_high",
+    "decode_e4m3",
+    "e4m3x4_scaled",
+    "nan_code_bits",
+    "encode_e4m3",
+    "encode_pair",
+    "encode_one",
+    "finite_abs",
+    "load_u32x4",
+    "store_u32x4",
+    "load_row_words",
+    "load_row_words_u8",
+    "load_row_words_u16",
+    "fill",
+]

@@ -63,11 +63,13 @@ if SIMULATOR:
         per_register, register k >= half; (A lanes, A registers, B lanes, B registers, bit offsets)."""
         k = np.arange(depth)
         half = depth // 2
-        return (4 * (np.arange(16)[:, None] % 8) + (k[None, :] % half) // per_register,
-                (np.arange(16)[:, None] // 8) + 2 * (k[None, :] // half),
-                4 * np.arange(8)[:, None] + (k[None, :] % half) // per_register,
-                np.broadcast_to(k[None, :] // half, (8, depth)),
-                ((32 // per_register) * (k % per_register)).astype(np.uint32))
+        return (
+            4 * (np.arange(16)[:, None] % 8) + (k[None, :] % half) // per_register,
+            (np.arange(16)[:, None] // 8) + 2 * (k[None, :] // half),
+            4 * np.arange(8)[:, None] + (k[None, :] % half) // per_register,
+            np.broadcast_to(k[None, :] // half, (8, depth)),
+            ((32 // per_register) * (k % per_register)).astype(np.uint32),
+        )
 
     _A_LANE, _A_REG, _B_LANE, _B_REG, _SHIFT = _fragment_tables(32, 4)  # e4m3: four codes a register
 
@@ -83,7 +85,7 @@ if SIMULATOR:
             for i, w in enumerate((a0, a1, a2, a3, b0, b1)):
                 scratch[base + 6 * lane + i] = np.uint32(w)
             cuda.syncthreads()
-            words = np.array(scratch[base:base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
+            words = np.array(scratch[base : base + SCRATCH_WORDS_PER_WARP], dtype=np.uint32).reshape(32, 6)
             a_rows, b_cols = operands(words, lane // 4, lane % 4)
             cuda.syncthreads()
             out = []
@@ -98,8 +100,10 @@ if SIMULATOR:
         return mma
 
     def _e4m3_operands(words, g, t):
-        return (_DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])],
-                _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])])
+        return (
+            _DECODE[_codes(words[:, 0:4], _A_LANE[[g, g + 8]], _A_REG[[g, g + 8]])],
+            _DECODE[_codes(words[:, 4:6], _B_LANE[[2 * t, 2 * t + 1]], _B_REG[:2])],
+        )
 
     # Emulated m16n8k32 e4m3 mma: this lane's (d0, d1, d2, d3)
     mma_e4m3 = _emulated_mma(_e4m3_operands)
@@ -111,8 +115,10 @@ if SIMULATOR:
         return bits.view(np.float16).astype(np.float32)
 
     def _f16_operands(words, g, t):
-        return (_halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]]),
-                _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2]))
+        return (
+            _halves(words[:, 0:4], _HA_LANE[[g, g + 8]], _HA_REG[[g, g + 8]]),
+            _halves(words[:, 4:6], _HB_LANE[[2 * t, 2 * t + 1]], _HB_REG[:2]),
+        )
 
     # Emulated m16n8k16 f16 mma (float32 accumulate): this lane's (d0, d1, d2, d3)
     mma_f16 = _emulated_mma(_f16_operands)
@@ -156,8 +162,11 @@ if SIMULATOR:
     def cp_async_16(smem, word, src, address, nbytes):
         """Copy the 16 bytes at ``address`` of src into smem words word .. word + 4; zeros when
         nbytes == 0."""
-        flat = np.lib.stride_tricks.as_strided(src, shape=(src.shape[0] * src.strides[0],), strides=(1,)) \
-            if src.shape[0] else src.reshape(-1)
+        flat = (
+            np.lib.stride_tricks.as_strided(src, shape=(src.shape[0] * src.strides[0],), strides=(1,))
+            if src.shape[0]
+            else src.reshape(-1)
+        )
         for q in range(4):
             w = np.uint32(0)
             if nbytes != 0:
@@ -215,6 +224,7 @@ else:
         """The intrinsic ``mma(a0..a3, b0, b1, c0..c3, scratch, warp, lane) -> (d0..d3)`` running
         ``instruction`` (an m16n8 mma.sync with four A, two B and four float32 C/D registers a lane);
         scratch, warp and lane are the emulation's and are ignored here."""
+
         @intrinsic
         def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane):
             sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, warp, lane)
@@ -223,9 +233,15 @@ else:
                 tys = signature.args
                 ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
                 ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
-                return asm_tuple(context, builder, signature.return_type, _f32,
-                                 instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins)
+                return asm_tuple(
+                    context,
+                    builder,
+                    signature.return_type,
+                    _f32,
+                    instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                    ins,
+                )
 
             return sig, codegen
 
@@ -245,8 +261,16 @@ else:
 
         def codegen(context, builder, signature, args):
             w = context.cast(builder, args[0], signature.args[0], types.uint32)
-            return asm_tuple(context, builder, ret, _i32, "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
-                             "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }", "=r,=r,r", [w])
+            return asm_tuple(
+                context,
+                builder,
+                ret,
+                _i32,
+                "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
+                "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }",
+                "=r,=r,r",
+                [w],
+            )
 
         return sig, codegen
 
@@ -276,9 +300,16 @@ else:
 
         def codegen(context, builder, signature, args):
             addr, _ = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-            return asm_tuple(context, builder, ret, _i32,
-                             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-                             "=r,=r,=r,=r,r,~{memory}", [addr], side_effect=True)
+            return asm_tuple(
+                context,
+                builder,
+                ret,
+                _i32,
+                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                "=r,=r,=r,=r,r,~{memory}",
+                [addr],
+                side_effect=True,
+            )
 
         return sig, codegen
 
@@ -333,8 +364,9 @@ else:
             gaddr = context.cast(builder, args[3], tys[3], types.int64)
             size = context.cast(builder, args[4], tys[4], types.uint32)
             fnty = ir.FunctionType(ir.VoidType(), [_i32, _i64, _i32])
-            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
-                               side_effect=True)
+            asm = ir.InlineAsm(
+                fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", side_effect=True
+            )
             builder.call(asm, [dst, gaddr, size])
             return context.get_dummy_value()
 
@@ -346,8 +378,9 @@ else:
         sig = types.void()
 
         def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
-                               side_effect=True)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}", side_effect=True
+            )
             builder.call(asm, [])
             return context.get_dummy_value()
 
@@ -358,13 +391,18 @@ else:
     def cp_async_wait_group(n):
         """The intrinsic ``cp.async.wait_group n``: wait until at most ``n`` groups are pending."""
         if n not in _WAITS:
+
             @intrinsic
             def wait(typingctx):
                 sig = types.void()
 
                 def codegen(context, builder, signature, args):
-                    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {int(n)};",
-                                       "~{memory}", side_effect=True)
+                    asm = ir.InlineAsm(
+                        ir.FunctionType(ir.VoidType(), []),
+                        f"cp.async.wait_group {int(n)};",
+                        "~{memory}",
+                        side_effect=True,
+                    )
                     builder.call(asm, [])
                     return context.get_dummy_value()
 
@@ -396,6 +434,20 @@ def available(cc):
     return not SIMULATOR and tuple(cc) >= MIN_CC
 
 
-__all__ = ["MIN_CC", "SCRATCH_WORDS_PER_WARP", "available", "mma_e4m3", "mma_f16", "cvt_e4m3x4_f16", "sts_u32x4",
-           "ldmatrix_x4", "lds_u32", "lds_u32x4", "global_address", "cp_async_16",
-           "cp_async_commit", "cp_async_wait_group", "cp_async_rows"]
+__all__ = [
+    "MIN_CC",
+    "SCRATCH_WORDS_PER_WARP",
+    "available",
+    "mma_e4m3",
+    "mma_f16",
+    "cvt_e4m3x4_f16",
+    "sts_u32x4",
+    "ldmatrix_x4",
+    "lds_u32",
+    "lds_u32x4",
+    "global_address",
+    "cp_async_16",
+    "cp_async_commit",
+    "cp_async_wait_group",
+    "cp_async_rows",
+]

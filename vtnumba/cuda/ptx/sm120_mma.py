@@ -68,10 +68,12 @@ if SIMULATOR:
         zero = np.float32(0.0)
         p0, p1, p2, p3 = _plain.mma_e4m3(a0, a1, a2, a3, b0, b1, zero, zero, zero, zero, scratch, warp, lane)
         with np.errstate(invalid="ignore", over="ignore"):
-            return (np.float32(np.float32(c0) + np.float32(np.float32(p0 * sa_g) * sb_0)),
-                    np.float32(np.float32(c1) + np.float32(np.float32(p1 * sa_g) * sb_1)),
-                    np.float32(np.float32(c2) + np.float32(np.float32(p2 * sa_g8) * sb_0)),
-                    np.float32(np.float32(c3) + np.float32(np.float32(p3 * sa_g8) * sb_1)))
+            return (
+                np.float32(np.float32(c0) + np.float32(np.float32(p0 * sa_g) * sb_0)),
+                np.float32(np.float32(c1) + np.float32(np.float32(p1 * sa_g) * sb_1)),
+                np.float32(np.float32(c2) + np.float32(np.float32(p2 * sa_g8) * sb_0)),
+                np.float32(np.float32(c3) + np.float32(np.float32(p3 * sa_g8) * sb_1)),
+            )
 
     mma_e4m3_mx = cuda.jit(device=True)(mma_e4m3_mx)
 
@@ -81,8 +83,10 @@ else:
     from .codec import asm_tuple
 
     _f32 = ir.FloatType()
-    _INSTRUCTION = ("mma.sync.aligned.kind::mxf8f6f4.block_scale.scale_vec::1X.m16n8k32.row.col.f32.e4m3.e4m3.f32.ue8m0"
-                    " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13}, {$14}, {0, 0}, {$15}, {0, 0};")
+    _INSTRUCTION = (
+        "mma.sync.aligned.kind::mxf8f6f4.block_scale.scale_vec::1X.m16n8k32.row.col.f32.e4m3.e4m3.f32.ue8m0"
+        " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13}, {$14}, {0, 0}, {$15}, {0, 0};"
+    )
 
     @intrinsic
     def mma_e4m3_mx(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb, scratch, warp, lane):
@@ -95,8 +99,9 @@ else:
             ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], tys[:6])]
             ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:10], tys[6:10])]
             ins += [context.cast(builder, v, t, types.uint32) for v, t in zip(args[10:12], tys[10:12])]
-            return asm_tuple(context, builder, signature.return_type, _f32, _INSTRUCTION,
-                             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f,r,r", ins)
+            return asm_tuple(
+                context, builder, signature.return_type, _f32, _INSTRUCTION, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f,r,r", ins
+            )
 
         return sig, codegen
 

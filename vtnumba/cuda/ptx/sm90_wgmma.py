@@ -57,7 +57,7 @@ def descriptor_base(address):
     """The 64-bit descriptor of a 128-byte-swizzled K-major tile at shared ``address`` (bytes; a
     multiple of 1024), as a Python int; add ``offset >> 4`` for a tile or k slice ``offset`` bytes on.
     ``descriptor_base(0)`` holds the constant fields a kernel ORs with the address it computes."""
-    return (((address >> 4) & DESCRIPTOR_ADDRESS_MASK) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (SWIZZLE_128B << 62))
+    return ((address >> 4) & DESCRIPTOR_ADDRESS_MASK) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (SWIZZLE_128B << 62)
 
 
 def available(cc):
@@ -109,8 +109,9 @@ if not SIMULATOR and intrinsic is not None:
         operands (then the ``extra`` values), and store its results back into the array."""
         cells = _registers(builder, _local_data(context, builder, arrty, arr), 0, regs)
         fnty = ir.FunctionType(ir.LiteralStructType([_f32] * regs), [_f32] * regs + list(extra_types))
-        res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True),
-                           [builder.load(c) for c in cells] + list(extra))
+        res = builder.call(
+            ir.InlineAsm(fnty, text, constraints, side_effect=True), [builder.load(c) for c in cells] + list(extra)
+        )
         for i, c in enumerate(cells):
             builder.store(builder.extract_value(res, i), c)
 
@@ -125,9 +126,11 @@ if not SIMULATOR and intrinsic is not None:
         if n not in _MMAS:
             regs = n // 2
             outs = ", ".join(f"${i}" for i in range(regs))
-            text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
-                    "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3.e4m3 {%s}, $%d, $%d, p, 1, 1; }"
-                    % (2 * regs + 2, n, outs, 2 * regs, 2 * regs + 1))
+            text = (
+                "{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+                "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3.e4m3 {%s}, $%d, $%d, p, 1, 1; }"
+                % (2 * regs + 2, n, outs, 2 * regs, 2 * regs + 1)
+            )
             constraints = ",".join(["=f"] * regs + [str(i) for i in range(regs)] + ["l", "l", "r"])
 
             @intrinsic
@@ -136,9 +139,11 @@ if not SIMULATOR and intrinsic is not None:
 
                 def codegen(context, builder, signature, args):
                     tys = signature.args
-                    extra = [context.cast(builder, args[1], tys[1], types.uint64),
-                             context.cast(builder, args[2], tys[2], types.uint64),
-                             context.cast(builder, args[3], tys[3], types.int32)]
+                    extra = [
+                        context.cast(builder, args[1], tys[1], types.uint64),
+                        context.cast(builder, args[2], tys[2], types.uint64),
+                        context.cast(builder, args[3], tys[3], types.int32),
+                    ]
                     _call_through(context, builder, tys[0], args[0], regs, text, constraints, extra, [_i64, _i64, _i32])
                     return context.get_dummy_value()
 
@@ -213,8 +218,9 @@ if not SIMULATOR and intrinsic is not None:
     @intrinsic
     def mbarrier_init(typingctx, smem, word, count):
         def codegen(context, builder, signature, args):
-            _on_shared_word(context, builder, signature, args, "mbarrier.init.shared::cta.b64 [$0], $1;",
-                            "r,r,~{memory}")
+            _on_shared_word(
+                context, builder, signature, args, "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}"
+            )
             return context.get_dummy_value()
 
         return types.void(smem, word, count), codegen
@@ -222,8 +228,14 @@ if not SIMULATOR and intrinsic is not None:
     @intrinsic
     def mbarrier_arrive(typingctx, smem, word):
         def codegen(context, builder, signature, args):
-            _on_shared_word(context, builder, signature, args,
-                            "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }", "r,~{memory}")
+            _on_shared_word(
+                context,
+                builder,
+                signature,
+                args,
+                "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }",
+                "r,~{memory}",
+            )
             return context.get_dummy_value()
 
         return types.void(smem, word), codegen
@@ -231,9 +243,16 @@ if not SIMULATOR and intrinsic is not None:
     @intrinsic
     def mbarrier_try_wait(typingctx, smem, word, parity):
         def codegen(context, builder, signature, args):
-            return _on_shared_word(context, builder, signature, args,
-                                   "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
-                                   "selp.u32 $0, 1, 0, done; }", "=r,r,r,~{memory}", returns=True)
+            return _on_shared_word(
+                context,
+                builder,
+                signature,
+                args,
+                "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+                "selp.u32 $0, 1, 0, done; }",
+                "=r,r,r,~{memory}",
+                returns=True,
+            )
 
         return types.uint32(smem, word, parity), codegen
 
@@ -246,6 +265,7 @@ if not SIMULATOR and intrinsic is not None:
         that stored the whole array every K block (16 STL.128 in the main loop of the block-scaled
         kernel, 2.7x its time); through ``out`` (shared memory) it stays in registers."""
         if regs not in _STASHES:
+
             @intrinsic
             def stash_op(typingctx, acc, out, base, stride):
                 sig = types.void(acc, out, base, stride)
@@ -274,6 +294,26 @@ if not SIMULATOR and intrinsic is not None:
         return _pass_through("", regs)
 
 
-__all__ = ["MIN_CC", "ARCH", "SWIZZLE_128B", "SWIZZLE_ATOM_BYTES", "ROW_BYTES", "K_STEP", "DESCRIPTOR_ADDRESS_MASK",
-           "descriptor_base", "available", "fence", "commit", "fence_proxy_async", "shared_address", "mma_e4m3", "wait",
-           "hold", "stash", "store_global_pair", "mbarrier_init", "mbarrier_arrive", "mbarrier_try_wait"]
+__all__ = [
+    "MIN_CC",
+    "ARCH",
+    "SWIZZLE_128B",
+    "SWIZZLE_ATOM_BYTES",
+    "ROW_BYTES",
+    "K_STEP",
+    "DESCRIPTOR_ADDRESS_MASK",
+    "descriptor_base",
+    "available",
+    "fence",
+    "commit",
+    "fence_proxy_async",
+    "shared_address",
+    "mma_e4m3",
+    "wait",
+    "hold",
+    "stash",
+    "store_global_pair",
+    "mbarrier_init",
+    "mbarrier_arrive",
+    "mbarrier_try_wait",
+]

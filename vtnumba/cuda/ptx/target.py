@@ -36,6 +36,7 @@ if TARGET == "numba-cuda-mlir":
 
         from numba_cuda_mlir import cuda
         from numba_cuda_mlir.cuda import libdevice
+
         # the public types package, not the attribute ``cuda.types`` (which importing the
         # submodule replaces); its types are numba-cuda-mlir's own, not numba-cuda's
         types = importlib.import_module("numba_cuda_mlir.cuda.types")
@@ -73,18 +74,22 @@ elif IMPORT_ERROR is None and not SIMULATOR:
         from numba.core.extending import intrinsic
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_unavailable_reason():
     """None when the GPU path can run here, else one sentence saying why not."""
     if IMPORT_ERROR is not None and TARGET == "numba-cuda-mlir":
-        return (f"numba-cuda-mlir (VTNUMBA_CUDA_TARGET) could not be imported "
-                f"({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR})")
+        return (
+            f"numba-cuda-mlir (VTNUMBA_CUDA_TARGET) could not be imported "
+            f"({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR})"
+        )
     if IMPORT_ERROR is not None:
         import numpy as np
 
-        return (f"numba-cuda could not be imported ({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR}); "
-                f"with numpy {np.__version__} this is usually the numba-cuda/numpy version clash "
-                f"(numba-cuda 0.30 needs numpy < 2.5) or numba-cuda not being installed")
+        return (
+            f"numba-cuda could not be imported ({IMPORT_ERROR.__class__.__name__}: {IMPORT_ERROR}); "
+            f"with numpy {np.__version__} this is usually the numba-cuda/numpy version clash "
+            f"(numba-cuda 0.30 needs numpy < 2.5) or numba-cuda not being installed"
+        )
     if SIMULATOR:
         return None  # the simulator needs neither cupy nor a driver
     try:
@@ -107,5 +112,16 @@ def require_gpu():
         raise RuntimeError(f"vtnumba's GPU path needs a usable CUDA GPU: {reason}")
 
 
-__all__ = ["cuda", "libdevice", "types", "intrinsic", "DEVICE_INLINE", "IMPORT_ERROR", "SIMULATOR", "TARGET", "TARGETS",
-           "gpu_unavailable_reason", "require_gpu"]
+__all__ = [
+    "cuda",
+    "libdevice",
+    "types",
+    "intrinsic",
+    "DEVICE_INLINE",
+    "IMPORT_ERROR",
+    "SIMULATOR",
+    "TARGET",
+    "TARGETS",
+    "gpu_unavailable_reason",
+    "require_gpu",
+]

@@ -51,8 +51,10 @@ def _bindings():
 def unavailable_reason():
     """None when cuBLASLt can be used, else why not (one sentence)."""
     if _bindings() is None:
-        return (f"nvmath-python's cuBLASLt bindings are not importable "
-                f"({_IMPORT_ERROR.__class__.__name__}: {_IMPORT_ERROR}); install nvmath-python")
+        return (
+            f"nvmath-python's cuBLASLt bindings are not importable "
+            f"({_IMPORT_ERROR.__class__.__name__}: {_IMPORT_ERROR}); install nvmath-python"
+        )
     return None
 
 
@@ -75,8 +77,7 @@ SCALAR, VECTOR = "scalar", "vector"
 # Block scaling (cuBLASLt >= 12.9 on sm_90): the weight (cuBLASLt's A) in 128 x 128 blocks
 # (BLK128x128_32F), the activation (B) in 1 x 128 groups along K (VEC128_32F)
 BLOCK_128x128, GROUP_128 = "block128x128", "group128"
-_BLOCK_MODES = {SCALAR: "SCALAR_32F", VECTOR: "OUTER_VEC_32F", BLOCK_128x128: "BLK128x128_32F",
-                GROUP_128: "VEC128_32F"}
+_BLOCK_MODES = {SCALAR: "SCALAR_32F", VECTOR: "OUTER_VEC_32F", BLOCK_128x128: "BLK128x128_32F", GROUP_128: "VEC128_32F"}
 
 # cuBLASLt 12.9 added OUTER_VEC_32F (per-row x per-column f32 scales) for FP8 on Hopper.
 _OUTER_VEC_MIN_VERSION = 120900
@@ -91,6 +92,7 @@ def outer_vec_reason(cc, version):
         return f"per-row/per-channel scales need cuBLASLt >= 12.9 (OUTER_VEC_32F), found version {version}"
     return None
 
+
 def block_reason(cc, version):
     """None when cuBLASLt ``version`` runs 128 x 128 block scales (VEC128_32F x BLK128x128_32F) on
     compute capability ``cc``, else why not. cuBLAS 12.9 added them for Hopper ("channel- and
@@ -98,13 +100,20 @@ def block_reason(cc, version):
     GB10's sm_12x) take the MX formats instead (32-element blocks with UE8M0 scales), another
     checkpoint format."""
     if cc[0] != 9:
-        extra = (" (it has cuBLASLt's MXFP8 block modes instead: 32-element blocks with UE8M0 scales, "
-                 "a different format)" if cc[0] >= 10 else "")
-        return (f"cuBLASLt's 128x128 block scales (VEC128_32F x BLK128x128_32F) run on Hopper (sm_90) only, "
-                f"this GPU is sm_{cc[0]}{cc[1]}{extra}")
+        extra = (
+            " (it has cuBLASLt's MXFP8 block modes instead: 32-element blocks with UE8M0 scales, a different format)"
+            if cc[0] >= 10
+            else ""
+        )
+        return (
+            f"cuBLASLt's 128x128 block scales (VEC128_32F x BLK128x128_32F) run on Hopper (sm_90) only, "
+            f"this GPU is sm_{cc[0]}{cc[1]}{extra}"
+        )
     if version < _OUTER_VEC_MIN_VERSION:
-        return (f"128x128 block scales need cuBLASLt >= 12.9, found "
-                f"{version // 10000}.{version % 10000 // 100}.{version % 100}")
+        return (
+            f"128x128 block scales need cuBLASLt >= 12.9, found "
+            f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+        )
     return None
 
 
@@ -122,8 +131,9 @@ def alignment(ptr):
 
 def _cuda_type(dt):
     t = _nvmath.CudaDataType
-    return {np.dtype(np.float32): t.CUDA_R_32F, np.dtype(np.float16): t.CUDA_R_16F,
-            _arrays.BFLOAT16: t.CUDA_R_16BF}[np.dtype(dt)]
+    return {np.dtype(np.float32): t.CUDA_R_32F, np.dtype(np.float16): t.CUDA_R_16F, _arrays.BFLOAT16: t.CUDA_R_16BF}[
+        np.dtype(dt)
+    ]
 
 
 class CublasLtError(RuntimeError):
@@ -146,9 +156,23 @@ class Plan:
     """One cuBLASLt matmul configuration: descriptor, layouts, algorithm. Reused across calls of the
     same key; only the scale and bias pointers change per call."""
 
-    __slots__ = ("key", "desc", "layout_a", "layout_b", "layout_d", "heuristic", "algo_addr", "has_bias",
-                 "_ptr", "_ptr_addr", "_attr_scale_a", "_attr_scale_b", "_attr_bias", "_last_pointers",
-                 "__weakref__")
+    __slots__ = (
+        "key",
+        "desc",
+        "layout_a",
+        "layout_b",
+        "layout_d",
+        "heuristic",
+        "algo_addr",
+        "has_bias",
+        "_ptr",
+        "_ptr_addr",
+        "_attr_scale_a",
+        "_attr_scale_b",
+        "_attr_bias",
+        "_last_pointers",
+        "__weakref__",
+    )
 
     def __init__(self, handle, key, workspace_bytes, pointers=None):
         lt, cublas = _lt, _cublas
@@ -157,8 +181,9 @@ class Plan:
         A = lt.MatmulDescAttribute
         dtype_of = lt.get_matmul_desc_attribute_dtype
         self.desc = self.layout_a = self.layout_b = self.layout_d = None
-        self.desc = _check("matmul_desc_create", lt.matmul_desc_create,
-                           cublas.ComputeType.COMPUTE_32F, _nvmath.CudaDataType.CUDA_R_32F)
+        self.desc = _check(
+            "matmul_desc_create", lt.matmul_desc_create, cublas.ComputeType.COMPUTE_32F, _nvmath.CudaDataType.CUDA_R_32F
+        )
         setd = lt.matmul_desc_set_attribute
         _set_attr(setd, self.desc, A.TRANSA, cublas.Operation.T, dtype_of)
         _set_attr(setd, self.desc, A.TRANSB, cublas.Operation.N, dtype_of)
@@ -199,9 +224,20 @@ class Plan:
             self.heuristic = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, dtype=np.int32)
             # C is D (beta = 0), so C takes D's layout
-            _check("matmul_algo_get_heuristic", lt.matmul_algo_get_heuristic, handle, self.desc,
-                   self.layout_a, self.layout_b, self.layout_d, self.layout_d, pref, 1,
-                   self.heuristic.ctypes.data, count.ctypes.data)
+            _check(
+                "matmul_algo_get_heuristic",
+                lt.matmul_algo_get_heuristic,
+                handle,
+                self.desc,
+                self.layout_a,
+                self.layout_b,
+                self.layout_d,
+                self.layout_d,
+                pref,
+                1,
+                self.heuristic.ctypes.data,
+                count.ctypes.data,
+            )
             if count[0] < 1:
                 raise CublasLtError("cuBLASLt matmul_algo_get_heuristic found no algorithm")
         finally:
@@ -238,9 +274,24 @@ class Plan:
     def enqueue(self, handle, a_ptr, b_ptr, d_ptr, workspace_ptr, workspace_bytes, stream_ptr):
         """Enqueue the matmul with the pointer attributes as set (the per-call part of ``run``)."""
         try:
-            _lt.matmul(handle, self.desc, _ONE_ADDR, b_ptr, self.layout_a, a_ptr, self.layout_b, _ZERO_ADDR,
-                       d_ptr, self.layout_d, d_ptr, self.layout_d, self.algo_addr, workspace_ptr,
-                       workspace_bytes, stream_ptr)
+            _lt.matmul(
+                handle,
+                self.desc,
+                _ONE_ADDR,
+                b_ptr,
+                self.layout_a,
+                a_ptr,
+                self.layout_b,
+                _ZERO_ADDR,
+                d_ptr,
+                self.layout_d,
+                d_ptr,
+                self.layout_d,
+                self.algo_addr,
+                workspace_ptr,
+                workspace_bytes,
+                stream_ptr,
+            )
         except _lt.cuBLASLtError as exc:
             raise CublasLtError(f"cuBLASLt matmul failed: {exc}") from None
 
@@ -337,8 +388,20 @@ def plan_key(a, b, out_dtype, bias_dtype, mode_a, mode_b, d_align=256):
     out dtype, bias dtype (or None), scale modes and pointer alignments."""
     m, k = a.shape
     n = b.shape[0]
-    return (m, n, k, a.strides[0], b.strides[0], out_dtype, bias_dtype, mode_a, mode_b,
-            alignment(a.data.ptr), alignment(b.data.ptr), d_align)
+    return (
+        m,
+        n,
+        k,
+        a.strides[0],
+        b.strides[0],
+        out_dtype,
+        bias_dtype,
+        mode_a,
+        mode_b,
+        alignment(a.data.ptr),
+        alignment(b.data.ptr),
+        d_align,
+    )
 
 
 _get_current_stream = None  # cupy.cuda.get_current_stream, bound at the first call
@@ -356,11 +419,34 @@ def matmul(plan, state, a, b, scale_a, scale_b, bias, d):
     stream_ptr = _get_current_stream().ptr
     workspace = state.workspace_for(stream_ptr)
     with state.lock:  # the descriptor's pointer attributes are shared state
-        plan.run(state.handle, a.data.ptr, b.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
-                 0 if bias is None else bias.data.ptr, d.data.ptr, workspace, stream_ptr)
+        plan.run(
+            state.handle,
+            a.data.ptr,
+            b.data.ptr,
+            scale_a.data.ptr,
+            scale_b.data.ptr,
+            0 if bias is None else bias.data.ptr,
+            d.data.ptr,
+            workspace,
+            stream_ptr,
+        )
     return d
 
 
-__all__ = ["unavailable_reason", "outer_vec_reason", "block_reason", "DeviceState", "plan_key", "matmul", "alignment",
-           "Plan", "CublasLtError", "BIAS_TYPE_FOR_OUT", "SCALAR", "VECTOR", "BLOCK_128x128", "GROUP_128",
-           "WORKSPACE_BYTES"]
+__all__ = [
+    "unavailable_reason",
+    "outer_vec_reason",
+    "block_reason",
+    "DeviceState",
+    "plan_key",
+    "matmul",
+    "alignment",
+    "Plan",
+    "CublasLtError",
+    "BIAS_TYPE_FOR_OUT",
+    "SCALAR",
+    "VECTOR",
+    "BLOCK_128x128",
+    "GROUP_128",
+    "WORKSPACE_BYTES",
+]

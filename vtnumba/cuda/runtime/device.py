@@ -25,8 +25,12 @@ DECODE_TABLE = np.array([_format.decode_e4m3_scalar(c) for c in range(256)], dty
 MAX_CACHED_SCALARS = 4096
 
 # Tiny device arrays passed for arguments a kernel variant does not read.
-_PLACEHOLDER_SHAPES = {"u16": ((1,), np.uint16), "f32": ((1,), np.float32), "u8_2d": ((1, 16), np.uint8),
-                       "u16_2d": ((1, 2), np.uint16)}
+_PLACEHOLDER_SHAPES = {
+    "u16": ((1,), np.uint16),
+    "f32": ((1,), np.float32),
+    "u8_2d": ((1, 16), np.uint8),
+    "u16_2d": ((1, 2), np.uint16),
+}
 
 xp = None  # the array module of device arrays: cupy, or numpy under the simulator
 _get_device = None  # cupy.cuda.runtime.getDevice

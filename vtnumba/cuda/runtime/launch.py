@@ -56,14 +56,35 @@ from ..ptx.target import SIMULATOR, cuda, require_gpu, types
 # Scalar types a kernel may take: their struct code in an 8-byte parameter slot, and their width.
 # (explicit codes: numpy's int64 char 'l' is 4 bytes in struct's standard sizes)
 _SCALARS = {
-    types.float32: ("f4x", 4), types.float64: ("d", 8),
-    types.int8: ("b7x", 1), types.int16: ("h6x", 2), types.int32: ("i4x", 4), types.int64: ("q", 8),
-    types.uint8: ("B7x", 1), types.uint16: ("H6x", 2), types.uint32: ("I4x", 4), types.uint64: ("Q", 8),
+    types.float32: ("f4x", 4),
+    types.float64: ("d", 8),
+    types.int8: ("b7x", 1),
+    types.int16: ("h6x", 2),
+    types.int32: ("i4x", 4),
+    types.int64: ("q", 8),
+    types.uint8: ("B7x", 1),
+    types.uint16: ("H6x", 2),
+    types.uint32: ("I4x", 4),
+    types.uint64: ("Q", 8),
     types.boolean: ("?7x", 1),
 }
 # PTX parameter widths, in bytes (bools travel as a byte; .u8 appears for them)
-_PTX_PARAM_BYTES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "u32": 4, "s32": 4, "b32": 4,
-                    "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+_PTX_PARAM_BYTES = {
+    "u8": 1,
+    "s8": 1,
+    "b8": 1,
+    "u16": 2,
+    "s16": 2,
+    "b16": 2,
+    "u32": 4,
+    "s32": 4,
+    "b32": 4,
+    "f32": 4,
+    "u64": 8,
+    "s64": 8,
+    "b64": 8,
+    "f64": 8,
+}
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)", re.S)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
@@ -190,8 +211,16 @@ class Kernel:
         """PTX for compute capability ``cc`` (a (major, minor) tuple; with ``arch``, its
         arch-specific target)."""
         cc = (cc[0], cc[1], self._arch) if self._arch else tuple(cc)
-        ptx, _ = cuda.compile(self.pyfunc, self.signature, device=False, abi="numba", cc=cc, output="ptx",
-                              lineinfo=self._lineinfo, launch_bounds=self._launch_bounds)
+        ptx, _ = cuda.compile(
+            self.pyfunc,
+            self.signature,
+            device=False,
+            abi="numba",
+            cc=cc,
+            output="ptx",
+            lineinfo=self._lineinfo,
+            launch_bounds=self._launch_bounds,
+        )
         return ptx
 
     def _load(self, device_id):
@@ -209,7 +238,8 @@ class Kernel:
             if widths != expected:
                 raise RuntimeError(
                     f"Numba's kernel ABI changed: {self.name}{self.signature} has PTX parameters of "
-                    f"{widths} bytes, the launcher expected {expected}")
+                    f"{widths} bytes, the launcher expected {expected}"
+                )
             module = cupy.cuda.function.Module()
             module.load(ptx.encode() + b"\0")  # cuModuleLoadData JIT-compiles PTX text once
             fn = module.get_function(name)
@@ -274,8 +304,19 @@ class PreparedLaunch:
     arrays alive until the launch is queued, and serializes concurrent use of one object.
     Under the simulator the arguments are kept and the kernel runs in the simulator."""
 
-    __slots__ = ("kernel", "grid", "block", "shared_mem", "args", "_fn_ptr", "_dims", "_slots", "_param_ptrs",
-                 "_ptrs_address", "_data_slot")
+    __slots__ = (
+        "kernel",
+        "grid",
+        "block",
+        "shared_mem",
+        "args",
+        "_fn_ptr",
+        "_dims",
+        "_slots",
+        "_param_ptrs",
+        "_ptrs_address",
+        "_data_slot",
+    )
 
     def __init__(self, kernel, grid, block, args, shared_mem):
         self.kernel, self.grid, self.block, self.shared_mem = kernel, grid, block, shared_mem

@@ -39,8 +39,9 @@ def register(name: str, *, matches: Callable[[str], bool] | None = None):
         # from_hf lower-cases the checkpoint's quant_method, so an upper-case name would never match
         raise ValueError(f"format name must be a non-empty lower-case string, got {name!r}")
     if name in _REGISTRY:
-        raise ValueError(f"format name must not be registered already, got {name!r} (registered: "
-                         f"{', '.join(_REGISTRY)})")
+        raise ValueError(
+            f"format name must not be registered already, got {name!r} (registered: {', '.join(_REGISTRY)})"
+        )
     if matches is not None and not callable(matches):
         raise TypeError(f"matches must be callable, got {type(matches).__name__}")
 
@@ -79,10 +80,12 @@ def parse(section: dict[str, Any]):
     for matches, parser in _REGISTRY.values():
         if matches(method):
             return parser(section)
-    raise ValueError(f"quant_method must be one of {', '.join(_REGISTRY)} (the FP8 formats vtnumba reads), "
-                     f"got {section.get('quant_method')!r}")
+    raise ValueError(
+        f"quant_method must be one of {', '.join(_REGISTRY)} (the FP8 formats vtnumba reads), "
+        f"got {section.get('quant_method')!r}"
+    )
 
 
 # Imported last, as each module registers itself with the functions above. The order is the one
 # error messages list the names in, and the one a quant_method is matched in.
-from . import modelopt, compressed_tensors, fp8, mxfp8  # noqa: E402,F401
+from . import compressed_tensors, fp8, modelopt, mxfp8  # noqa: E402,F401

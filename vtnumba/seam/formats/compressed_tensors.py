@@ -25,8 +25,10 @@ def parse_compressed_tensors(section):
         weights = group.get("weights") or {}
         acts = group.get("input_activations")
         if weights.get("type") != "float" or weights.get("num_bits") != 8:
-            raise ValueError(f"config_groups.{gname}.weights must be 8-bit float (FP8), got "
-                             f"type={weights.get('type')!r} num_bits={weights.get('num_bits')!r}")
+            raise ValueError(
+                f"config_groups.{gname}.weights must be 8-bit float (FP8), got "
+                f"type={weights.get('type')!r} num_bits={weights.get('num_bits')!r}"
+            )
         w_strategy = weights.get("strategy")
         block = None
         if w_strategy == "group":
@@ -35,39 +37,54 @@ def parse_compressed_tensors(section):
         if w_strategy == "block":
             block = weights.get("block_structure")
             if not isinstance(block, (list, tuple)) or len(block) != 2:
-                raise ValueError(f"config_groups.{gname}.weights.block_structure must be [bn, bk] for "
-                                 f"strategy 'block', got {block!r}")
+                raise ValueError(
+                    f"config_groups.{gname}.weights.block_structure must be [bn, bk] for "
+                    f"strategy 'block', got {block!r}"
+                )
             block = tuple(block)
         elif w_strategy not in ("tensor", "channel"):
-            raise ValueError(f"config_groups.{gname}.weights.strategy must be 'tensor', 'channel' or "
-                             f"'block', got {w_strategy!r}")
+            raise ValueError(
+                f"config_groups.{gname}.weights.strategy must be 'tensor', 'channel' or 'block', got {w_strategy!r}"
+            )
         if not acts:
-            raise ValueError(f"config_groups.{gname}.input_activations must be given (W8A8); weight-only "
-                             f"FP8 (W8A16) is not supported yet")
+            raise ValueError(
+                f"config_groups.{gname}.input_activations must be given (W8A8); weight-only "
+                f"FP8 (W8A16) is not supported yet"
+            )
         if acts.get("type") != "float" or acts.get("num_bits") != 8:
-            raise ValueError(f"config_groups.{gname}.input_activations must be 8-bit float, got "
-                             f"type={acts.get('type')!r} num_bits={acts.get('num_bits')!r}")
+            raise ValueError(
+                f"config_groups.{gname}.input_activations must be 8-bit float, got "
+                f"type={acts.get('type')!r} num_bits={acts.get('num_bits')!r}"
+            )
         a_key = (acts.get("strategy"), bool(acts.get("dynamic")))
         if block is not None:
             scheme = _block_activations(f"config_groups.{gname}.input_activations", acts, a_key, block)
         else:
             schemes = {("tensor", False): "static", ("tensor", True): "dynamic", ("token", True): "per_token"}
             if a_key not in schemes:
-                hint = (" (per-group activations come with block-scaled weights, strategy 'block')"
-                        if a_key[0] == "group" else "")
-                raise ValueError(f"config_groups.{gname}.input_activations must be static 'tensor', dynamic "
-                                 f"'tensor' or dynamic 'token', got strategy={a_key[0]!r} dynamic={a_key[1]}{hint}")
+                hint = (
+                    " (per-group activations come with block-scaled weights, strategy 'block')"
+                    if a_key[0] == "group"
+                    else ""
+                )
+                raise ValueError(
+                    f"config_groups.{gname}.input_activations must be static 'tensor', dynamic "
+                    f"'tensor' or dynamic 'token', got strategy={a_key[0]!r} dynamic={a_key[1]}{hint}"
+                )
             scheme = schemes[a_key]
         found.add((w_strategy, scheme, block))
     if len(found) != 1:
-        raise ValueError(f"config_groups must share one FP8 scheme (mixed schemes are not supported yet), "
-                         f"got {sorted(found, key=str)}")
-    (strategy, scheme, block), = found
+        raise ValueError(
+            f"config_groups must share one FP8 scheme (mixed schemes are not supported yet), "
+            f"got {sorted(found, key=str)}"
+        )
+    ((strategy, scheme, block),) = found
     fmt = "e8m0" if block == MX_BLOCK and strategy == "block" and scheme == "per_group_e8m0" else "float32"
     if fmt == "e8m0":
         scheme = "per_group"
-    return Fp8Config("compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block,
-                     activation_scale_format=fmt)
+    return Fp8Config(
+        "compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block, activation_scale_format=fmt
+    )
 
 
 def _mxfp8_group(name, weights, acts):
@@ -75,12 +92,20 @@ def _mxfp8_group(name, weights, acts):
     32; CompressedTensorsW8A8Mxfp8 quantizes the activations MXFP8 whatever the config says of them,
     so only a contradicting input_activations is refused)."""
     if weights.get("group_size") != MX_BLOCK[1]:
-        raise ValueError(f"{name}.weights.group_size must be {MX_BLOCK[1]} for FP8 group weights (MXFP8), got "
-                         f"{weights.get('group_size')!r}")
-    if acts and (acts.get("type") != "float" or acts.get("num_bits") != 8 or not acts.get("dynamic")
-                 or acts.get("strategy") not in ("group", "token", "tensor")):
-        raise ValueError(f"{name}.input_activations must be dynamic 8-bit float (MXFP8 activations are quantized "
-                         f"per group of 32 at run time), got {acts!r}")
+        raise ValueError(
+            f"{name}.weights.group_size must be {MX_BLOCK[1]} for FP8 group weights (MXFP8), got "
+            f"{weights.get('group_size')!r}"
+        )
+    if acts and (
+        acts.get("type") != "float"
+        or acts.get("num_bits") != 8
+        or not acts.get("dynamic")
+        or acts.get("strategy") not in ("group", "token", "tensor")
+    ):
+        raise ValueError(
+            f"{name}.input_activations must be dynamic 8-bit float (MXFP8 activations are quantized "
+            f"per group of 32 at run time), got {acts!r}"
+        )
     return ("block", "per_group_e8m0", MX_BLOCK)
 
 
@@ -92,11 +117,15 @@ def _block_activations(name, acts, a_key, block):
     the same there), and refuses static ones (compressed_tensors_w8a8_fp8.py asserts it)."""
     strategy, dynamic = a_key
     if not dynamic:
-        raise ValueError(f"{name} must be dynamic with block-scaled weights (block_structure {list(block)}), "
-                         f"got static strategy={strategy!r}")
+        raise ValueError(
+            f"{name} must be dynamic with block-scaled weights (block_structure {list(block)}), "
+            f"got static strategy={strategy!r}"
+        )
     if strategy not in ("group", "token", "tensor"):
         raise ValueError(f"{name}.strategy must be 'group' with block-scaled weights, got {strategy!r}")
     if strategy == "group" and acts.get("group_size") != block[1]:
-        raise ValueError(f"{name}.group_size must equal the weights' bk = {block[1]} (block_structure "
-                         f"{list(block)}), got {acts.get('group_size')!r}")
+        raise ValueError(
+            f"{name}.group_size must equal the weights' bk = {block[1]} (block_structure "
+            f"{list(block)}), got {acts.get('group_size')!r}"
+        )
     return "per_group"

@@ -35,14 +35,14 @@ def parse_fp8(section):
         raise ValueError(f"scale_fmt must be 'float' or 'ue8m0', got {scale_fmt!r}")
     if block is None:
         if scale_fmt == "ue8m0":
-            raise ValueError("scale_fmt 'ue8m0' needs block-scaled weights: weight_block_size must be given, "
-                             "got none")
+            raise ValueError("scale_fmt 'ue8m0' needs block-scaled weights: weight_block_size must be given, got none")
         return Fp8Config("fp8", "tensor", scheme, ignore)
     if not isinstance(block, (list, tuple)) or len(block) != 2:
         raise ValueError(f"weight_block_size must be two positive ints [rows, cols], got {block!r}")
     if scheme != "dynamic":
         # vLLM's Fp8Config: "The block-wise quantization only supports dynamic activation scheme for now"
-        raise ValueError(f"activation_scheme must be 'dynamic' with weight_block_size {list(block)} (block-scaled "
-                         f"weights take dynamic per-token-group activations), got {scheme!r}")
-    return Fp8Config("fp8", "block", "per_group", ignore, block,
-                     activation_scale_ue8m0=scale_fmt == "ue8m0")
+        raise ValueError(
+            f"activation_scheme must be 'dynamic' with weight_block_size {list(block)} (block-scaled "
+            f"weights take dynamic per-token-group activations), got {scheme!r}"
+        )
+    return Fp8Config("fp8", "block", "per_group", ignore, block, activation_scale_ue8m0=scale_fmt == "ue8m0")

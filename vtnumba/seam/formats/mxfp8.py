@@ -16,7 +16,9 @@ def parse_mxfp8(section):
     or ``modules_to_not_convert``."""
     scheme = section.get("activation_scheme", "dynamic")
     if str(scheme).lower() != "dynamic":
-        raise ValueError(f"activation_scheme must be 'dynamic' for mxfp8 (as vLLM's Mxfp8Config requires), got {scheme!r}")
+        raise ValueError(
+            f"activation_scheme must be 'dynamic' for mxfp8 (as vLLM's Mxfp8Config requires), got {scheme!r}"
+        )
     block = section.get("weight_block_size", list(MX_BLOCK))
     if block is not None and tuple(block) != MX_BLOCK:
         raise ValueError(f"weight_block_size must be {list(MX_BLOCK)} for mxfp8, got {block!r}")
