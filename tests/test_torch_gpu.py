@@ -223,7 +223,7 @@ def test_convert_on_the_gpu_gives_the_cpu_conversion(scheme):
 
 
 def test_fp8_linear_host_cost_stays_near_nn_linear():
-    """Not a timing gate (benchmarks/bench_torch_model.py measures it): a bound forward makes two
+    """Not a timing gate (benchmarks/gpu/bench_torch_model.py measures it): a bound forward makes two
     torch allocations and no cupy ones, and takes no lock other than the binding's."""
     layer = _converted("dynamic")[0]
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)

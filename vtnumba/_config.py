@@ -53,7 +53,7 @@ def dense_cublaslt_fp8_enabled() -> bool:
 
 # Work below which a CPU kernel runs on the calling thread alone (multiply-adds for a GEMM, elements
 # for an element-wise kernel). Waking a passive worker (below) costs 10-150 us on the 2-core VM this
-# was measured on (benchmarks/bench_cpu_threads.py, serial vs parallel twin, medians, a machine shared
+# was measured on (benchmarks/cpu/bench_cpu_threads.py, serial vs parallel twin, medians, a machine shared
 # with other jobs): the parallel twin ran at 0.45-0.55x the serial time whenever the second core was
 # free, and up to 150 us slower when its worker woke late. The thresholds put that worst case under
 # about half the serial time: 4 Mi multiply-adds (~250 us serial at M = 1) and 2 Mi elements (~180
@@ -99,7 +99,7 @@ def free_cpus():
     one excepted (Linux's /proc/loadavg, whose fourth field counts them at the moment it is read);
     None where that cannot be read. A parallel region beside a busy process waits for a CPU that
     process holds: on two cores, the main command's layers took 3-19x their idle time with one busy
-    process beside them when every parallel-sized call went parallel (benchmarks/bench_cpu_threads.py
+    process beside them when every parallel-sized call went parallel (benchmarks/cpu/bench_cpu_threads.py
     --main), where the serial twin keeps them near its own time."""
     try:
         with open("/proc/loadavg", "rb") as f:

@@ -6,7 +6,7 @@
 1. A type check per argument (the fast path): numpy and cupy arrays, scalars, dtypes, weights and
    ``QuantizedActivation``s of numpy/cupy arrays go straight to the op. Nothing else is done, so
    numpy and cupy callers pay 0.2-0.9 us per call (2 to 6 arguments, on CI's 2-core box;
-   benchmarks/bench_interop.py).
+   benchmarks/gpu/bench_interop.py).
 2. Otherwise the foreign arguments are viewed as numpy (CPU) or cupy (GPU) arrays, zero-copy:
    torch CPU tensors through ``Tensor.numpy()``, torch CUDA tensors through a DLPack capsule
    (``torch.utils.dlpack.to_dlpack`` -> ``cupy.from_dlpack``), other objects through

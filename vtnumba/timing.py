@@ -38,7 +38,7 @@ def _device_of(args):
 
 # OpenBLAS's worker threads spin for ~80 ms after a BLAS call; a Numba-parallel kernel started in that
 # window shares the cores with them and ran 3-4x slower on a 2-core machine (measured, see
-# benchmarks/bench_cpu_gemm.py). Each CPU measurement starts after this quiet pause, so one record's
+# benchmarks/cpu/bench_cpu_gemm.py). Each CPU measurement starts after this quiet pause, so one record's
 # BLAS calls (numpy's sgemm baseline, say) do not tax the next record's kernel.
 _BLAS_SPIN_PAUSE_S = 0.15
 

@@ -23,7 +23,7 @@ Kernels never validate (``vtnumba.ops`` does); they take uint8 codes, scale vect
 (per-tensor) or M / N, and a float32 bias of length N or 0 (none).
 
 Threads: ``small_m`` runs on Numba's threads above a work threshold and on the calling thread below
-it (``vtnumba.cpu.paths.CpuKernel``; 4 Mi multiply-adds, measured in benchmarks/bench_cpu_threads.py),
+it (``vtnumba.cpu.paths.CpuKernel``; 4 Mi multiply-adds, measured in benchmarks/cpu/bench_cpu_threads.py),
 ``blas`` on BLAS's (its decode and epilogue are serial, see ``decode_rows``). Numba's OpenMP workers
 wait passively (``vtnumba._config.start_threads``): spinning ones, beside OpenBLAS's workers (which
 busy-wait after each call) or another busy process, stalled a small layer for 12-16 ms on two cores.

@@ -1,7 +1,7 @@
 """A linear layer's GPU call, bound: prepared once for one input signature, then replayed cheaply.
 
 An FP8 layer at decode does 4-36 us of GPU work, while one trip through the validating ops costs
-~100 us of host time (benchmarks/profile_gpu_host.py: the device resolved several times, shapes
+~100 us of host time (benchmarks/gpu/profile_gpu_host.py: the device resolved several times, shapes
 re-validated, scales wrapped, the kernel choice walked, parameters packed, several allocations). A
 model calls the same layer with the same input signature token after token, so the seam binds the
 call once per (input shape, dtype, output dtype, device, lever): ``BoundLinear`` holds

@@ -60,7 +60,7 @@ from .ptx.target import SIMULATOR
 from .runtime import cublaslt, device
 
 # Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
-# (benchmarks/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
+# (benchmarks/gpu/bench_gpu_gemm.py and sweep_gemv.py, 2026-11-29): at M = 1, N = K = 4096 the GEMV takes
 # 8.9-9.4 us against cuBLASLt's 6.2 (= torch._scaled_mm); 1.2-1.6x slower on every shape, 3.5-5.6x
 # at M = 4. The reason is arithmetic, not memory: an exact float32 accumulation on CUDA cores decodes
 # every weight byte (3 integer operations at half the FMA rate) and every activation value per
@@ -74,7 +74,7 @@ _F32 = np.dtype(np.float32)
 
 # From this M on, per-row x per-channel scales run in cuBLASLt's OUTER_VEC_32F plans; below it in the
 # f32-staged path (cuBLASLt into float32, then the 8-wide Numba epilogue). On the H200 (2026-12-01,
-# benchmarks/bench_torch_model.py, the Llama-3-8B MLP) cuBLASLt's heuristic gave OUTER_VEC one
+# benchmarks/gpu/bench_torch_model.py, the Llama-3-8B MLP) cuBLASLt's heuristic gave OUTER_VEC one
 # 128 x 128 tile at every M ("..._ovscale_TNT"): 107 / 103 us at M = 1 / 16 against the f32-staged
 # path's 78 / 79 us; at M = 256 and 4096 OUTER_VEC won (125 against 142 us, 1288 against 1555 us).
 # The crossover lies between 16 and 256; 128 is between them, not measured there.
@@ -407,7 +407,7 @@ class WgmmaGemm(_NumbaKernel):
         return wg_gemm.gemm_launch(call, y_bits, False, self.promotion, self.config)
 
 
-# cuBLASLt first (fastest everywhere it runs; measured in benchmarks/bench_gpu_gemm.py); then the
+# cuBLASLt first (fastest everywhere it runs; measured in benchmarks/gpu/bench_gpu_gemm.py); then the
 # tensor-core kernels (exact); the CUDA-core kernels for what they refuse (odd K, unaligned rows,
 # GPUs before sm_89, the simulator).
 KERNELS = (CublasLt(), CublasLtF32Epilogue(), TensorCoreGemv(), TensorCoreGemm(), DecodeGemv(), Tiled())

@@ -8,7 +8,7 @@ reads the same activation, so it is served by the caches). At N = K = 4096 that 
 beside the first weight loads. The partial sums meet through warp shuffles and one shared-memory
 step. The activation is not staged in shared
 memory: staging it per block (serially, uncoalesced) measured 13-22 us where this layout takes 8.9
-at N = K = 4096 (H200, benchmarks/sweep_gemv.py), bounded by the exact decode's arithmetic (see
+at N = K = 4096 (H200, benchmarks/gpu/sweep_gemv.py), bounded by the exact decode's arithmetic (see
 gemm.py's DECODE_GEMV_PREFERRED_MAX_M).
 
 The weight is decoded by bit placement (``codec.e4m3x4_scaled``: code_value * 2^-120, exact for
@@ -93,7 +93,7 @@ _U32_ZERO = np.uint32(0)
 _F32_2P60 = np.float32(2.0**60)
 _F32_2P120 = np.float32(2.0**120)
 
-# 128 threads a block: the fastest of 128 / 256 at every M in benchmarks/sweep_gemv.py (H200,
+# 128 threads a block: the fastest of 128 / 256 at every M in benchmarks/gpu/sweep_gemv.py (H200,
 # 2026-11-29); the simulator runs each thread as a Python thread, so it gets 64 (still two warps).
 GEMV_THREADS = 64 if SIMULATOR else 128
 GEMV_MAX_M = 4
@@ -109,7 +109,7 @@ def gemv_rows(m):
 def gemv_min_blocks(m, mode):
     """Resident blocks per SM the launch bounds ask for (None: no bound). At M = 1, 8 blocks of
     the codes kernel (64 registers, a 16-byte spill) and 6 of the fused static one beat the
-    unbounded kernels in benchmarks/sweep_gemv.py: 8.9 against ~10 us, 11.3 against ~12 us at
+    unbounded kernels in benchmarks/gpu/sweep_gemv.py: 8.9 against ~10 us, 11.3 against ~12 us at
     N = K = 4096."""
     if gemv_m_tile(m) != 1:
         return None
@@ -440,7 +440,7 @@ def gemv_launcher(m, hardware, out_is_float32, mode, rows=None, threads=GEMV_THR
     """The GEMV for M activation rows in activation stage ``mode`` (a ``GemvStage``), launched on ceil(N / rows) blocks of
     ``threads``; ``rows`` defaults to gemv_rows(M); ``min_blocks`` (resident per SM; default
     gemv_min_blocks, 0 for none) caps the registers through launch bounds
-    (benchmarks/sweep_gemv.py tries the alternatives)."""
+    (benchmarks/gpu/sweep_gemv.py tries the alternatives)."""
     sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, F32_1D, I64, F32_1D, I64, U16_1D, I32, out_type(out_is_float32), I32)
     if min_blocks is None:
         min_blocks = gemv_min_blocks(m, mode)

@@ -35,7 +35,7 @@ order behind the lever, whose contract is strict G3.
 Shape rules: K % 16 == 0 and 16-byte aligned rows (cp.async), any M and N; compute capability 9.0
 (the sm_90a target). No simulator emulation: tested on the H200.
 
-Measured on the H200 (benchmarks/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.md)
+Measured on the H200 (benchmarks/gpu/bench_wgmma.py, 2026-11-30; benchmarks/RESULTS.md)
 -------------------------------------------------------------------------------------
 - 4096^3, bf16 out: 201-204 us per_128 (675-683 TFLOP/s, 0.499x-0.511x cuBLASLt's 101-104 us over three
   runs; tc_gemm's mma.sync 548 us), 287 us per_wgmma (warp-specialized; 304 in the default form);

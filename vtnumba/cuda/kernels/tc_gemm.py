@@ -23,7 +23,7 @@ Design
   two HMMAs and float32 add that ptxas makes of the e4m3 mma on sm_90, so promotion per mma keeps
   its meaning and its bits (the comment above ``GEMM_CONFIGS`` has the details).
 
-Promotion (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30)
+Promotion (measured on the H200, benchmarks/gpu/bench_tensorcore.py, 2026-11-30)
 ---------------------------------------------------------------------------
 On sm_90 ptxas lowers ``mma.m16n8k32.e4m3`` to F2FP.F16.E4M3.UNPACK_B conversions, two
 HMMA.16816.F32 (the first from zero) and one FADD of C (cuobjdump). So passing the accumulator as C
@@ -48,7 +48,7 @@ What limits speed
   tiles spill at 255 registers. The way to cuBLASLt's speed is wgmma (sm_90a, native FP8, no
   conversion): wg_gemm.py, 0.5x cuBLASLt with promotion per 128 of K -- within the tensor-core bound,
   not strict G3, which is why this kernel stays the lever's path.
-- f16 staging, timed on the H200 (2026-11-30 17:47 UTC, benchmarks/bench_tensorcore.py gemm): every
+- f16 staging, timed on the H200 (2026-11-30 17:47 UTC, benchmarks/gpu/bench_tensorcore.py gemm): every
   f16-staged configuration was slower than the e4m3 kernel's 550 us at 4096^3 -- 593 us (one operand
   staged, 64 x 64 warp tiles) to 679 us -- and 930-1,039 against 988 us block-scaled; bit for bit
   the e4m3 kernel's result (262,144 of 262,144 elements at K = 256 and 4096). Cutting the
@@ -174,7 +174,7 @@ GEMM_CONFIGS = {
 }
 GEMM_DEFAULT = GEMM_CONFIGS["sim_32x16" if SIMULATOR else "128x128_w8_32x64"]
 # The f16-staged defaults, sm_90 only (see default_config). None -- the e4m3 default there too: on
-# the H200 every f16-staged configuration was slower (module docstring; benchmarks/bench_tensorcore.py
+# the H200 every f16-staged configuration was slower (module docstring; benchmarks/gpu/bench_tensorcore.py
 # gemm prints the fastest of each kind after table 1).
 F16_DEFAULT = None
 F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x 64 warp tiles, BN | 128
@@ -182,7 +182,7 @@ F16_SPLIT_DEFAULT = None  # with a K-block partial (per_128, block scales): 32 x
 
 # MXFP8's tile by M, the first whose limit holds (the 128 x 128 default beyond). At M = 1 the default
 # gives N / 128 blocks, a quarter of the H200's SMs for N = 4096, each running eight m16 tiles for
-# one real row. On the H200 (benchmarks/bench_mx_gpu.py --configs, Llama-3-8B's shapes, every tile's
+# one real row. On the H200 (benchmarks/gpu/bench_mx_gpu.py --configs, Llama-3-8B's shapes, every tile's
 # output bit for bit the default's): 16 x 32 took 36-124 us at M = 1 .. 16 where the default took
 # 246-828; 32 x 64 took 115-375 at M = 256 against 247-812.
 MX_CONFIGS_BY_M = ((64, "16x32_w2_16x16"), (256, "32x64_w4_32x16"))

@@ -12,7 +12,7 @@ large for one launch runs in row slices, or is quantized once and the codes GEMV
 The grouped mode (``grouped_gemv``: mixture of experts at decode) runs E experts' GEMVs in one
 launch, each block reading its expert's row range from the device.
 
-What limits speed (measured on the H200, benchmarks/bench_tensorcore.py, 2026-11-30): 7.0 / 8.7 /
+What limits speed (measured on the H200, benchmarks/gpu/bench_tensorcore.py, 2026-11-30): 7.0 / 8.7 /
 40.3 / 21.3 us at M = 1 on 4096^2 / 6144x4096 / 28672x4096 / 4096x14336 (cuBLASLt 6.3 / 8.5 / 31.1 /
 19.9; the CUDA-core GEMV 8.9 / 12.0 / 46.4 / 24.8; the weight at the device copy rate 4.0 / 6.0 /
 27.9 / 13.9). FP8 mma.sync is not native on Hopper (tc_gemm.py): its e4m3 -> f16 conversions, 48
@@ -92,7 +92,7 @@ GEMV_CONFIGS = {
     "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
     "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
 }
-# By the H200 (benchmarks/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
+# By the H200 (benchmarks/gpu/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
 # each was the fastest at K = 4096 (7.0 / 8.7 / 39.9 us at N = 4096 / 6144 / 28672); 8 warps at
 # K = 14336 (21.1 against 28.1 us: 14 chunks a warp instead of 28). The 4-deep ring took 7.6 /
 # 12.4 / 61.0 / 27.6: its 181 registers leave 2 blocks a multiprocessor, not 4.
@@ -937,7 +937,7 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
 # Above this many rows an expert no longer suits the GEMV (estimate, not measured): past 16 rows the
 # kernel streams the expert's weight once per 16 rows, and already at 16 the ungrouped GEMV ran at
 # 0.55-0.63x cuBLASLt (module docstring) -- a tiled grouped GEMM (tensor-core tiles of 64-128 rows)
-# should win from here on. benchmarks/bench_grouped_tc.py measures 1 / 8 / 16 rows (and 32, 64).
+# should win from here on. benchmarks/gpu/bench_grouped_tc.py measures 1 / 8 / 16 rows (and 32, 64).
 grouped_rows_hint = GEMV_MAX_M
 
 

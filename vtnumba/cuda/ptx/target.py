@@ -19,7 +19,7 @@ os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 # VTNUMBA_CUDA_TARGET=numba-cuda-mlir puts numba-cuda-mlir behind this import instead of numba-cuda,
-# opt-in, to measure it against the gates (benchmarks/probe_numba_cuda_mlir.py; docs/DEVICE.md,
+# opt-in, to measure it against the gates (benchmarks/probes/probe_numba_cuda_mlir.py; docs/DEVICE.md,
 # "Porting the intrinsics to numba-cuda-mlir"); unset (or empty) keeps numba-cuda, the only target
 # the gates pass on. A typo is refused rather than falling back, so a measurement never silently
 # runs the default.

@@ -10,7 +10,7 @@
    distinct), eager and replayed from a CUDA graph, against reading the 8 routed experts' FP8
    weights at the copy rate.
 
-    python3 benchmarks/bench_moe.py [--quick]
+    python3 benchmarks/gpu/bench_moe.py [--quick]
 """
 
 import argparse

@@ -2,9 +2,9 @@
 work, quiet and with one CPU-bound process beside them, and the layer of issue 22 (16x32x64
 ``seam.matmul_fp8`` with a numpy matmul before each call).
 
-    python3 benchmarks/bench_cpu_threads.py            # the crossover tables and the busy layer
-    python3 benchmarks/bench_cpu_threads.py --layer    # only the busy layer
-    python3 benchmarks/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
+    python3 benchmarks/cpu/bench_cpu_threads.py            # the crossover tables and the busy layer
+    python3 benchmarks/cpu/bench_cpu_threads.py --layer    # only the busy layer
+    python3 benchmarks/cpu/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
 
 Times are medians of interleaved calls (serial, parallel, serial, ...) with p90 beside them: the
 machine this ran on first was shared, and the median is the figure a user sees. The thresholds in

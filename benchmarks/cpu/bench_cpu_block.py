@@ -2,10 +2,10 @@
 (vt.scaled_mm) on the same codes and shapes, and per-group quantization against static per-tensor
 quantization, measured in the same run.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py            # N = K = 4096
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_block.py --k 14336  # a wider K too
-    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/bench_cpu_block.py --cpu-time
-    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/bench_cpu_block.py --cpu-time --mx --rounds 9
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_cpu_block.py            # N = K = 4096
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_cpu_block.py --k 14336  # a wider K too
+    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/cpu/bench_cpu_block.py --cpu-time
+    NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 benchmarks/cpu/bench_cpu_block.py --cpu-time --mx --rounds 9
 
 ``--cpu-time`` times each call by the process's CPU time instead of the wall clock: on a machine
 shared with other jobs, wall-clock times of a two-thread kernel swing by 10x (a thread waits at a

@@ -24,7 +24,7 @@ Device time: torch.cuda._sleep holds the GPU while every timed launch is enqueue
 CUDA events around ``--repeats`` launches (docs/DEVICE.md, "Timing: device time and host cost, measured apart"); the best of ``--rounds``. All work
 runs on torch's current stream (vtnumba launches on cupy's current stream: the same stream here).
 
-Run: python3 benchmarks/bench_grouped_tc.py [--quick] [--shapes qwen3_gate_up,deepseek_gate_up]
+Run: python3 benchmarks/gpu/bench_grouped_tc.py [--quick] [--shapes qwen3_gate_up,deepseek_gate_up]
      [--rows 1,8,16,32,64] [--configs] [--block] [--repeats 50] [--rounds 3]
 (needs cupy, torch, numba-cuda and a GPU with the FP8 mma, sm_89 or later)
 """

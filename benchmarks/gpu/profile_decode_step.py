@@ -2,7 +2,7 @@
 grouped by name -- and, with ``--host``, its host time (cProfile of ten steps, by own time), for
 bf16 and a converted model (transformers' LlamaForCausalLM with Llama-3-8B shapes, random weights).
 
-    python3 benchmarks/profile_decode_step.py [--layers 8] [--scheme static] [--top 14] [--host]
+    python3 benchmarks/gpu/profile_decode_step.py [--layers 8] [--scheme static] [--top 14] [--host]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """CPU quantization speed: vtnumba against numpy's memcpy and numpy + ml_dtypes, same run.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_quant.py
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_cpu_quant.py
 
 GB/s counts bytes read plus bytes written (float32: 4 + 1 per value; bfloat16: 2 + 1).
 """

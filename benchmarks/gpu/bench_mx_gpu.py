@@ -3,12 +3,12 @@ figure; needs cupy, torch, a GPU; device time behind a queued spin, vtnumba.prof
 
 1. The GEMM alone, bf16 out: ``vt.scaled_mm`` with E8M0 scales per 1 x 32 on both operands
    (``block_size=(1, 32)``) against ``vt.scaled_mm`` per-tensor (cuBLASLt where it runs), with the
-   kernel each picked (on sm_90 cuBLASLt refuses VEC32_UE8M0, benchmarks/probe_cublaslt_mxfp8.py, so
+   kernel each picked (on sm_90 cuBLASLt refuses VEC32_UE8M0, benchmarks/probes/probe_cublaslt_mxfp8.py, so
    MXFP8 runs on vtnumba's tensor-core kernels).
 2. The layer, bf16 x in: MX quantization (g = 32, E8M0) + the MX GEMM, against dynamic per-tensor
    quantization + the per-tensor GEMM, and against torch's bf16 ``x @ w.T``.
 
-    python3 benchmarks/bench_mx_gpu.py
+    python3 benchmarks/gpu/bench_mx_gpu.py
 """
 
 import datetime

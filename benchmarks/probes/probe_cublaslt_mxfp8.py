@@ -4,7 +4,7 @@ heuristic for a plan at a few shapes (scale pointers set first, as block scaling
 what it answers, with cuBLASLt's version and the GPU. A question of support only: no result is
 computed (the scale layout cuBLASLt then reads is not set up here).
 
-    python3 benchmarks/probe_cublaslt_mxfp8.py
+    python3 benchmarks/probes/probe_cublaslt_mxfp8.py
 """
 
 import numpy as np

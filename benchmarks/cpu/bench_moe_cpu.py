@@ -2,8 +2,8 @@
 would write on dequantized float32 weights, and the grouped GEMM alone against the per-expert
 ``vt.scaled_mm`` loop, at Qwen3-30B-A3B's MoE shapes.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_moe_cpu.py                 # 1 and 16 tokens
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_moe_cpu.py --tokens 1 16 64 --trials 9
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_moe_cpu.py                 # 1 and 16 tokens
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_moe_cpu.py --tokens 1 16 64 --trials 9
 
 Shapes (Qwen3-30B-A3B's config.json): 128 experts, hidden H = 2048, moe_intermediate I = 768, top-8;
 gate_up [128, 1536, 2048] and down [128, 2048, 768] per layer (0.6 GB of FP8 codes; the peer's

@@ -10,7 +10,7 @@ Tables (targets):
   4. the tiled Numba GEMM at 4096^3 vs torch bf16 matmul           (>= 0.5x)
   5. host cost of one call with a cached plan                      (<= 15 us)
 
-Run: python3 benchmarks/bench_gpu_gemm.py   (needs cupy, torch, numba-cuda, nvmath-python; a GPU)
+Run: python3 benchmarks/gpu/bench_gpu_gemm.py   (needs cupy, torch, numba-cuda, nvmath-python; a GPU)
 """
 
 import datetime

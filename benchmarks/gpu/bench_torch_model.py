@@ -23,7 +23,7 @@ Parts (``--parts``, comma-separated; all by default):
 - ``convert``: time and GPU memory to convert a model with Llama-3-8B linear shapes (32 layers x 7
   linears) that already sits on the GPU.
 
-    python3 benchmarks/bench_torch_model.py [--parts mlp,profile,host,convert,decode,graph] [--ms 1,16,256,4096]
+    python3 benchmarks/gpu/bench_torch_model.py [--parts mlp,profile,host,convert,decode,graph] [--ms 1,16,256,4096]
 """
 
 import argparse

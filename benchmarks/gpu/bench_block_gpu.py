@@ -8,7 +8,7 @@ in the same run (needs cupy, torch, a GPU; device time behind a queued spin, vtn
    (group quantization + GEMM, bf16 x) against torch's bf16 matmul.
 3. Group quantization (bf16 -> e4m3, g = 128) against torch.compile of the same formula.
 
-    python3 benchmarks/bench_block_gpu.py
+    python3 benchmarks/gpu/bench_block_gpu.py
 """
 
 import ml_dtypes

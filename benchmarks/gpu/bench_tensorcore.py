@@ -13,7 +13,7 @@ Tables (targets from issue 14):
   6. accuracy on uniformly drawn codes: worst error / G3 bound, each promotion (the e4m3 kernel and
      the f16-staged one) beside cuBLASLt
 
-Run: python3 benchmarks/bench_tensorcore.py [gemm | gemm1 | gemm_all] [decode] [accuracy]   (all by
+Run: python3 benchmarks/gpu/bench_tensorcore.py [gemm | gemm1 | gemm_all] [decode] [accuracy]   (all by
 default; gemm1: table 1 only; gemm_all: with every e4m3 tile configuration, not only the default;
 needs cupy, torch, numba-cuda, nvmath-python; a GPU)
 """

@@ -1,7 +1,7 @@
 """GB10 / Blackwell workstations (sm_121 / sm_120): the block-scaled FP8 mma against the plain one, in
 vtnumba's own tensor-core kernels, measured in one run -- the number issue 25 could only state on paper.
 
-    python3 benchmarks/bench_gb10_mx.py            # needs cupy, numba-cuda, a GPU (any: see below)
+    python3 benchmarks/gpu/bench_gb10_mx.py            # needs cupy, numba-cuda, a GPU (any: see below)
 
 For each shape it times the tiled tensor-core GEMM (bf16 out) with each mma the GPU has:
 

@@ -2,7 +2,7 @@
 launch bounds, device time at M = 1 and 4 beside cuBLASLt (vtnumba's own path, = torch._scaled_mm)
 in the same run. It chose ``gemv_rows`` and ``GEMV_THREADS`` in vtnumba/cuda/kernels/gemv.py.
 
-Run: python3 benchmarks/sweep_gemv.py   (needs cupy, torch, a GPU)
+Run: python3 benchmarks/gpu/sweep_gemv.py   (needs cupy, torch, a GPU)
 """
 
 import cupy as cp

@@ -1,8 +1,8 @@
 """CPU FP8 GEMM speed: vt.scaled_mm against numpy/OpenBLAS sgemm on weights kept
 dequantized in float32 (4x the weight memory), measured in the same run.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_gemm.py            # the issue's table
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_cpu_gemm.py --crossover  # small_m vs blas by M
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_cpu_gemm.py            # the issue's table
+    flock /tmp/vt-bench.lock python3 benchmarks/cpu/bench_cpu_gemm.py --crossover  # small_m vs blas by M
 
 The peer's dequantization is not timed (its weights are already float32, as a user would keep them);
 vtnumba's time includes decoding both operands. The two are timed in alternating streaks and each

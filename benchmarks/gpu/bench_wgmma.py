@@ -11,7 +11,7 @@ Tables (targets from issue 14):
      bandwidth) it reaches (the peak: cuBLASLt's FP8 4096^3 of table 1); a PNG beside it when
      matplotlib is there (argument 2: the directory)
 
-Run: python3 benchmarks/bench_wgmma.py [output directory]   (needs cupy, torch, numba-cuda, nvmath-python;
+Run: python3 benchmarks/gpu/bench_wgmma.py [output directory]   (needs cupy, torch, numba-cuda, nvmath-python;
 an sm_90 GPU)
 """
 

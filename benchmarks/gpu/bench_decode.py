@@ -9,7 +9,7 @@ torch in the same run (needs cupy, torch, a GPU).
    per block: vtnumba eager, vtnumba replayed from a graph (``vtnumba.cuda.capture``), torch bf16
    eager, torch bf16 in ``torch.cuda.CUDAGraph``.
 
-    python3 benchmarks/bench_decode.py [--calls 2000] [--blocks 300]
+    python3 benchmarks/gpu/bench_decode.py [--calls 2000] [--blocks 300]
 """
 
 import argparse

@@ -19,8 +19,8 @@ and the median of the per-round paired differences, and judges the larger agains
 GPU the time is host time: calls are issued back to back and the stream is synchronized after each
 round, outside the timed region. Before timing, both sides' results are compared byte for byte.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_interop.py
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_interop.py --device cuda   # on the H200
+    flock /tmp/vt-bench.lock python3 benchmarks/gpu/bench_interop.py
+    flock /tmp/vt-bench.lock python3 benchmarks/gpu/bench_interop.py --device cuda   # on the H200
 """
 
 import numpy as np

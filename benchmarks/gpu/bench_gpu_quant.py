@@ -7,7 +7,7 @@
 Prints GB/s (bytes read + written) against torch's copy and torch.compile of the same formula, and
 the host microseconds of one ``vt.quantize_fp8`` call. Needs cupy, torch and a GPU.
 
-    python3 benchmarks/bench_gpu_quant.py [--size 8192]
+    python3 benchmarks/gpu/bench_gpu_quant.py [--size 8192]
 """
 
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 import cupy as cp  # noqa: E402

@@ -1,6 +1,6 @@
 """numba-cuda-mlir behind vtnumba's one import, measured on a GPU (issue 24), against numba-cuda.
 
-    VT_COMMIT=<commit> python3 benchmarks/probe_numba_cuda_mlir.py "$OUT" [--budget 520]
+    VT_COMMIT=<commit> python3 benchmarks/probes/probe_numba_cuda_mlir.py "$OUT" [--budget 520]
 
 Needs numba-cuda-mlir importable (``numba_cuda_mlir``), numba-cuda, cupy and a GPU; torch for the
 bfloat16 and per-token rows. Everything lands in the output folder: one ``<part>.log`` and
@@ -38,7 +38,7 @@ import traceback
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MLIR, NC = "numba-cuda-mlir", "numba-cuda"
 SIZE = 4096
 CHUNK = 1 << 28  # G2: float32 patterns per launch (1 GiB in, 256 MiB out)

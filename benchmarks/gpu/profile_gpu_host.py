@@ -4,7 +4,7 @@ cupy arrays (M = 1, N = K = 4096, warm plans), the functions sorted by their own
 A profile inflates every Python call by the profiler's overhead, so read it for the ranking, and
 take the per-call figures from bench_gpu_quant.py / bench_gpu_gemm.py (no profiler there).
 
-Run: python3 benchmarks/profile_gpu_host.py [--calls 2000] [--top 14]   (needs cupy and a GPU)
+Run: python3 benchmarks/gpu/profile_gpu_host.py [--calls 2000] [--top 14]   (needs cupy and a GPU)
 """
 
 import argparse

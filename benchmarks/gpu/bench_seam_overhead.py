@@ -13,8 +13,8 @@ added time -- the difference of the best rounds, and the median of the per-round
 (``--device cuda``) the time is host time only: calls are issued back to back and the device is
 synchronized after each round, outside the timed region.
 
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_seam_overhead.py
-    flock /tmp/vt-bench.lock python3 benchmarks/bench_seam_overhead.py --device cuda   # on the H200
+    flock /tmp/vt-bench.lock python3 benchmarks/gpu/bench_seam_overhead.py
+    flock /tmp/vt-bench.lock python3 benchmarks/gpu/bench_seam_overhead.py --device cuda   # on the H200
 """
 
 import argparse
