@@ -87,5 +87,5 @@ def parse(section: dict[str, Any]):
 
 
 # Imported last, as each module registers itself with the functions above. The order is the one
-# error messages list the names in, and the one a quant_method is matched in.
-from . import compressed_tensors, fp8, modelopt, mxfp8  # noqa: E402,F401
+# error messages list the names in, and the one a quant_method is matched in: the import sorter skips it.
+from . import modelopt, compressed_tensors, fp8, mxfp8  # noqa: E402,F401  # isort: skip
