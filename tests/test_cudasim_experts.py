@@ -397,3 +397,47 @@ def test_sparse_routing_runs_a_grid_row_per_routed_expert(gpu):
     for kernel in ("grouped", "grouped_general"):
         y = gpu.grouped_scaled_mm(a, sa, b, sb, offsets, F32, bs, kernel=kernel)
         assert _assert_expert_g3(y, a, sa, b, sb, offsets, bs) == 4 * 16
+
+
+# -- the bound call ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["per_token", "mx"])  # the simulator runs about 25 s a case
+def test_bound_moe_replays_the_steps_on_new_inputs(gpu, name, monkeypatch):
+    """``bind_moe`` records one call's launches (none runs), and the bound call then gives the
+    unbound steps' bytes on inputs it never saw: the per-call pointers (x, the routing, y, the
+    scratch) are rewritten, nothing is read from the bind-time arrays. Every launch of the steps
+    is in it, in order."""
+    from vtnumba import seam
+    from vtnumba.cuda import bound
+    from vtnumba.seam import experts as seam_experts
+
+    monkeypatch.setattr(seam_experts, "_backend", lambda device: gpu)
+    rng = np.random.default_rng(7)
+    e, h, i, t, k = 4, 32, 16, 3, 2
+    opts = SEAM_SCHEMES[name]
+    gu = seam.Fp8Experts.from_float(rng.standard_normal((e, 2 * i, h)).astype(np.float32) * 0.2, **opts)
+    dn = seam.Fp8Experts.from_float(rng.standard_normal((e, h, i)).astype(np.float32) * 0.2, **opts)
+
+    def inputs():
+        return (
+            rng.standard_normal((t, h)).astype(BF16),
+            _ids(rng, t, k, e, empty=()),
+            rng.uniform(0.1, 1, size=(t, k)).astype(np.float32),
+        )
+
+    x, ids, w = inputs()
+    replay, why = bound.bind_moe(x, ids, w, lambda: seam_experts.MoeCall(x, gu, dn, ids, w).run())
+    assert why is None and replay is not None
+    assert replay.kernels[0] == "_align" and replay.kernels[-1] == "combine" and len(replay.kernels) >= 6, (
+        replay.kernels
+    )
+    assert replay.out_shape == (t, h) and replay.out_dtype == BF16
+    compared = 0
+    for args in ((x, ids, w), inputs(), inputs()):
+        want = seam_experts.MoeCall(args[0], gu, dn, *args[1:]).run()
+        got = replay(*args, 0)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+        compared += int(np.count_nonzero(want.view(np.uint16)))
+    assert compared > 0

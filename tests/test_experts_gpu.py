@@ -338,3 +338,113 @@ def test_empty_experts_and_no_tokens(cp):
     ids[:] = -1  # nothing routed at all
     out = cp.asnumpy(seam.moe_fp8(cp.asarray(x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w)))
     assert (out == 0).all()
+
+
+# -- the bound call ---------------------------------------------------------------------------------
+
+
+def _bf16_inputs(cp, seed, t, k=2):
+    r = np.random.default_rng(seed)
+    ids, w = _routing(r, t, k, empty=(seed % E,))
+    return _device(cp, r.standard_normal((t, H)).astype(BF16)), cp.asarray(ids), cp.asarray(w)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_a_second_call_replays_the_bound_launches_bitwise(cp, name, monkeypatch):
+    """The first cupy call of a signature runs the steps and binds them (a BoundMoe on the seam
+    experts, under the call's key); later calls of that signature take the bound launches -- the
+    steps cannot run (MoeCall is made to fail) -- and give the unbound steps' bytes on inputs the
+    binding never saw."""
+    from vtnumba.cuda.bound import BoundMoe
+
+    _, _, gu_res, dn_res = _layer(name)
+    x, ids, w = _bf16_inputs(cp, 0, 3)
+    first = seam.moe_fp8(x, gu_res, dn_res, ids, w)
+    key = se._cupy_moe_key(x, dn_res, ids, w, cp.ndarray)
+    replay = se._bound_holder(gu_res).bound_calls[key]
+    assert isinstance(replay, BoundMoe) and replay.kernels[0] == "_align" and replay.kernels[-1] == "combine"
+    later = [_bf16_inputs(cp, seed, 3) for seed in (1, 2, 3)]
+    want = [se.MoeCall(*args[:1], gu_res, dn_res, *args[1:]).run() for args in [(x, ids, w)] + later]
+
+    def steps_must_not_run(*args, **kwargs):
+        raise AssertionError("the bound path should have run, not MoeCall")
+
+    monkeypatch.setattr(se, "MoeCall", steps_must_not_run)
+    got = [seam.moe_fp8(a, gu_res, dn_res, b, c) for a, b, c in [(x, ids, w)] + later]
+    compared = 0
+    for g, wv in zip([first] + got[1:], want):
+        np.testing.assert_array_equal(cp.asnumpy(g).view(np.uint16), cp.asnumpy(wv).view(np.uint16))
+        compared += int(cp.count_nonzero(wv.view(np.uint16)))
+    np.testing.assert_array_equal(cp.asnumpy(got[0]).view(np.uint16), cp.asnumpy(first).view(np.uint16))
+    assert compared > 0
+
+
+def test_what_a_binding_refuses(cp):
+    """A call that reads the device on the host (a prefill-sized call: per_expert) or makes an array
+    outside the scratch (int16 ids, widened by a cupy astype) is not bound: bind_moe says why, the
+    seam keeps None under its key, and those calls keep giving the full path's bytes."""
+    from vtnumba.cuda import bound
+
+    _, _, gu_res, dn_res = _layer("per_token")
+    rng = np.random.default_rng(22)
+    x, ids, w = _bf16_inputs(cp, 5, 3)
+    ids16 = ids.astype(cp.int16)
+    replay, why = bound.bind_moe(x, ids16, w, lambda: se.MoeCall(x, gu_res, dn_res, ids16, w).run())
+    assert replay is None and "outside the steps' scratch" in why
+    t = 512  # 1024 pairs over 8 experts: 128 rows an expert, per_expert's threshold
+    big = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
+    big_ids = cp.asarray(np.stack([rng.choice(E, 2, replace=False) for _ in range(t)]).astype(np.int64))
+    big_w = cp.asarray(rng.uniform(0.1, 1, size=(t, 2)).astype(np.float32))
+    replay, why = bound.bind_moe(big, big_ids, big_w, lambda: se.MoeCall(big, gu_res, dn_res, big_ids, big_w).run())
+    assert replay is None and "per_expert" in why
+    for args in ((x, ids16, w), (big, big_ids, big_w)):
+        first = seam.moe_fp8(args[0], gu_res, dn_res, *args[1:])
+        key = se._cupy_moe_key(args[0], dn_res, *args[1:], cp.ndarray)
+        assert key in se._bound_holder(gu_res).bound_calls and se._bound_holder(gu_res).bound_calls[key] is None
+        again = seam.moe_fp8(args[0], gu_res, dn_res, *args[1:])
+        np.testing.assert_array_equal(cp.asnumpy(again).view(np.uint16), cp.asnumpy(first).view(np.uint16))
+
+
+def test_the_torch_experts_module_replays_its_bound_call_in_eager_and_in_a_graph(cp, monkeypatch):
+    """vtnumba.torch.Fp8Experts on the GPU: its second call of a signature takes the bound launches
+    straight from torch's tensors (no interop), bitwise the seam's steps; a torch.cuda.graph of it
+    replays the eager bytes on new tokens."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import vtnumba.torch as vtt
+    from vtnumba.torch._common import _view  # a cupy view of a tensor (bfloat16 through its bits)
+
+    cfg = transformers.Qwen3MoeConfig(
+        hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=2, num_hidden_layers=1
+    )
+    torch.manual_seed(0)
+    module = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts(cfg)
+    with torch.no_grad():
+        module.gate_up_proj.normal_(0, 0.05)
+        module.down_proj.normal_(0, 0.05)
+    layer = vtt.convert(torch.nn.Sequential(module.to("cuda", torch.bfloat16)), "per_token")[0]
+    t = 4
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    xs = [torch.randn(t, H, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)]
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:2] for _ in range(t)])
+    w = torch.rand(t, 2, device="cuda", generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        gu, dn = layer._state(0)
+        want = [se.MoeCall(_view(x), gu, dn, _view(ids), _view(w)).run() for x in xs]
+        layer(xs[0], ids, w)  # the first call of the signature: the full path, then the binding
+        key = se._cupy_moe_key(_view(xs[0]), dn, _view(ids), _view(w), cp.ndarray)
+        assert se._bound_holder(gu).bound_calls[key] is not None
+        monkeypatch.setattr(se, "MoeCall", None)  # the steps cannot run from here on
+        for x, wv in zip(xs, want):
+            y = layer(x, ids, w)
+            assert y.dtype == torch.bfloat16 and y.shape == (t, H)
+            np.testing.assert_array_equal(y.view(torch.int16).cpu().numpy(), cp.asnumpy(wv).view(np.int16))
+        static_x = xs[0].clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = layer(static_x, ids, w)
+        for x in xs[1:]:
+            static_x.copy_(x)
+            graph.replay()
+            torch.testing.assert_close(static_out, layer(x, ids, w), rtol=0, atol=0)
+    assert int(torch.count_nonzero(static_out)) > 0

@@ -1,4 +1,5 @@
-"""A linear layer's GPU call, bound: prepared once for one input signature, then replayed cheaply.
+"""A layer's GPU call, bound: prepared once for one input signature, then replayed cheaply (a linear
+layer's ``BoundLinear``; a mixture-of-experts layer's ``BoundMoe``, at the end).
 
 An FP8 layer at decode does 4-36 us of GPU work, while one trip through the validating ops costs
 ~100 us of host time (benchmarks/gpu/profile_gpu_host.py: the device resolved several times, shapes
@@ -23,6 +24,12 @@ memory like any captured work, and no buffer is ever shared by two calls in flig
 What a binding assumes (the seam checks it per call, and falls back to the full path otherwise):
 the input is C-contiguous and 16-byte aligned with the bound shape and dtype; the device and lever
 settings are the bound ones.
+
+An MoE layer (``seam.moe_fp8``) at decode makes nine launches -- align, the active-experts map,
+quantize, two gathers, gate_up, SiLU-and-quantize, down, combine -- and its eager call cost 343 us
+of host time on the H200 (benchmarks/gpu/profile_moe_host.py, 2026-12-01), against 395 us for
+transformers' bf16 experts module. ``BoundMoe`` is the same idea over those launches, with two more
+per-call inputs (the routing's ids and weights).
 """
 
 import threading
@@ -101,9 +108,9 @@ class _LaunchStep:
 
     __slots__ = ("prepared", "patches", "views")
 
-    def __init__(self, launch, layout):
+    def __init__(self, launch, layout, shared_mem=0):
         kernel, grid, block_dim, args = launch
-        self.prepared = kernel.prepare(grid, block_dim, *args)
+        self.prepared = kernel.prepare(grid, block_dim, *args, shared_mem=shared_mem)
         patches, views = [], []
         for index, arg in enumerate(args):
             where = layout.locate(arg)
@@ -260,4 +267,119 @@ def bind_linear(x, weight, out_dtype):
     return BoundLinear(x, weight, _arrays.out_dtype_of(out_dtype))
 
 
-__all__ = ["BoundLinear", "bind_linear"]
+# -- the mixture-of-experts layer -------------------------------------------------------------------
+
+_IDS, _WEIGHTS = 4, 5  # the routing inputs' per-call pointers (after x, y and the two scratch regions)
+
+
+class _MoeLayout(_Layout):
+    """``_Layout`` with the routing inputs as two more per-call sources."""
+
+    def __init__(self, x, y, scratch, topk_ids, topk_weights):
+        super().__init__(x, y, scratch)
+        self.ranges += [(_pointer(topk_ids), topk_ids.nbytes, _IDS, 0)]
+        self.ranges += [(_pointer(topk_weights), topk_weights.nbytes, _WEIGHTS, 0)]
+
+
+class _AllocationCount:
+    """Counts cupy pool allocations on this thread (cupy's memory hooks are per thread)."""
+
+    def __init__(self):
+        import cupy
+
+        class Hook(cupy.cuda.MemoryHook):
+            name = "vtnumba_bind_count"
+
+            def __init__(self):
+                self.count = 0
+
+            def malloc_postprocess(self, **kwargs):
+                self.count += 1
+
+        self.hook = Hook()
+
+    def __enter__(self):
+        self.hook.__enter__()
+        return self.hook
+
+    def __exit__(self, *exc):
+        return self.hook.__exit__(*exc)
+
+
+class BoundMoe:
+    """One ``moe_fp8`` call's launches for a signature (x's shape and dtype, the routing's shapes and
+    dtypes, the two experts), prepared once: ``vtnumba.cuda.experts`` recorded them while the seam ran
+    its steps (``bind_moe``). Per call, ``enqueue(x_ptr, ids_ptr, weights_ptr, y_ptr, scratch_ptr,
+    stream_ptr)`` rewrites the five per-call pointers (y [T, H] of ``out_dtype``, a scratch block of
+    ``scratch_bytes`` for every temporary: offsets, routed rows, codes, scales, the hidden
+    activations) and enqueues the launches, bitwise the unbound call's. ``bound(x, ids, weights,
+    stream_ptr)`` does it with cupy allocations and returns y. Nothing synchronizes, so a CUDA graph
+    captures a bound call like any other."""
+
+    __slots__ = ("steps", "scratch_bytes", "out_shape", "out_dtype", "kernels", "_lock")
+
+    def __init__(self, steps, scratch_bytes, out_shape, out_dtype, kernels):
+        self.steps = steps
+        self.scratch_bytes = scratch_bytes
+        self.out_shape, self.out_dtype = out_shape, out_dtype
+        self.kernels = kernels
+        self._lock = threading.Lock()  # the prepared parameters are rewritten per call
+
+    def enqueue(self, x_ptr, ids_ptr, weights_ptr, y_ptr, scratch_ptr, stream_ptr):
+        bases = (x_ptr, y_ptr, scratch_ptr, scratch_ptr, ids_ptr, weights_ptr)
+        with self._lock:
+            for step in self.steps:
+                step(bases, stream_ptr, None)
+
+    def __call__(self, x, topk_ids, topk_weights, stream_ptr):
+        xp = device.xp
+        if SIMULATOR or self.out_dtype != _arrays.BFLOAT16:
+            y = xp.empty(self.out_shape, dtype=self.out_dtype)
+        else:  # cupy makes no bfloat16
+            y = xp.empty(self.out_shape, dtype=np.uint16).view(self.out_dtype)
+        scratch = xp.empty(max(self.scratch_bytes, 1), dtype=np.uint8)
+        if SIMULATOR:
+            arrays = (x, y, scratch, scratch, topk_ids, topk_weights)
+            with self._lock:
+                for step in self.steps:
+                    step.simulate(arrays)
+        else:
+            self.enqueue(x.data.ptr, topk_ids.data.ptr, topk_weights.data.ptr, y.data.ptr, scratch.data.ptr, stream_ptr)
+        return y
+
+
+def bind_moe(x, topk_ids, topk_weights, run):
+    """A ``BoundMoe`` of ``run()``, one ``moe_fp8`` call on exactly these arrays (C-contiguous, x
+    16-byte aligned), recorded rather than run; or (None, why) when that call cannot be replayed by
+    pointer: a step that reads the device on the host (``per_expert``), or one that made a device
+    array of its own (a dtype conversion, a contiguous copy), which later calls would read stale.
+    Returns (bound, None) or (None, reason)."""
+    from . import experts
+
+    scratch = _Scratch(_QUANT)
+    try:
+        if SIMULATOR:
+            with experts.recording(scratch) as rec:
+                run()
+            foreign = 0
+        else:
+            import cupy
+
+            # the bind-time arrays come from cupy's own pool (a torch caller's interop would hand out
+            # torch's), where the count sees them; they are freed when the binding returns
+            pool = cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc)
+            with pool, _AllocationCount() as count, experts.recording(scratch) as rec:
+                run()
+            foreign = count.count - sum(1 for _, nbytes, _, _ in scratch.parts if nbytes) - (rec.output.nbytes > 0)
+    except experts.Unbindable as why:
+        return None, str(why)
+    if foreign:
+        return None, f"{foreign} device array(s) made outside the steps' scratch (a conversion or a copy)"
+    y = rec.output
+    layout = _MoeLayout(x, y, scratch, topk_ids, topk_weights)
+    steps = tuple(_LaunchStep(launch, layout, shared) for launch, shared in rec.launches)
+    kernels = tuple(launch[0].pyfunc.__name__ for launch, _ in rec.launches)
+    return BoundMoe(steps, scratch.nbytes, tuple(y.shape), np.dtype(y.dtype), kernels), None
+
+
+__all__ = ["BoundLinear", "bind_linear", "BoundMoe", "bind_moe"]

@@ -26,7 +26,17 @@ results are the reference.
 
 Nothing here synchronizes but the ``per_expert`` path. Host scales (a static ``input_scale``) are
 uploaded once per device and value, so graph capture needs a warm-up call first, as ``scaled_mm``.
+
+Binding (``recording``, for ``vtnumba.cuda.bound.bind_moe``): every step makes its device arrays with
+``_new`` and launches with ``_run``. While a thread records, ``_new`` hands out parts of one scratch
+block (the layer's output aside) and ``_run`` keeps the launch instead of enqueueing it, so one
+``moe_fp8`` call becomes a list of launches whose input, output and scratch pointers a bound call
+rewrites. A step that cannot be replayed that way (``per_expert`` reads offsets on the host) raises
+``Unbindable`` while recording.
 """
+
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -62,19 +72,66 @@ def _array(x):
     return x if x.flags.c_contiguous else _device.xp.ascontiguousarray(x)
 
 
-def _empty(shape, dtype):
-    """A fresh device array; 16-bit float types allocated as uint16 and viewed (cupy makes no bfloat16)."""
+def _empty(shape, dtype, make=None):
+    """A fresh device array (from ``make(shape, dtype)``, default cupy's); bfloat16 made as uint16
+    and viewed (cupy makes no bfloat16)."""
+    make = make or _device.xp.empty
     dtype = np.dtype(dtype)
     if SIMULATOR or dtype != _arrays.BFLOAT16:
-        return _device.xp.empty(shape, dtype=dtype)
-    return _device.xp.empty(shape, dtype=np.uint16).view(dtype)
+        return make(shape, dtype)
+    return make(shape, np.uint16).view(dtype)
 
 
 def _aligned(a):
     return SIMULATOR or a.data.ptr % 16 == 0
 
 
+class Unbindable(Exception):
+    """Raised while recording by a step a bound call could not replay (the reason is its message)."""
+
+
+class Recording:
+    """A bind in progress on this thread: ``scratch(shape, dtype)`` makes the temporaries, ``output``
+    is the layer's result (made apart: the caller allocates it per call), ``launches`` the
+    (launch, shared memory bytes) the steps made, in order, not enqueued."""
+
+    def __init__(self, scratch):
+        self.scratch = scratch
+        self.output = None
+        self.launches = []
+
+
+_RECORDING = threading.local()
+
+
+@contextmanager
+def recording(scratch):
+    """Record this thread's MoE steps (module docstring) into a ``Recording`` over ``scratch``."""
+    rec = Recording(scratch)
+    _RECORDING.active = rec
+    try:
+        yield rec
+    finally:
+        _RECORDING.active = None
+
+
+def _new(shape, dtype, output=False):
+    """A step's device array: from the recording's scratch while one records (the ``output`` array
+    apart), else a fresh one."""
+    rec = getattr(_RECORDING, "active", None)
+    if rec is None:
+        return _empty(shape, dtype)
+    if output:
+        rec.output = _empty(shape, dtype)
+        return rec.output
+    return _empty(shape, dtype, rec.scratch)
+
+
 def _run(launch, shared_mem=0):
+    rec = getattr(_RECORDING, "active", None)
+    if rec is not None:
+        rec.launches.append((launch, shared_mem))
+        return
     kernel, grid, block, args = launch
     kernel(grid, block, *args, shared_mem=shared_mem)
 
@@ -136,10 +193,9 @@ def moe_align(topk_ids, num_experts):
     flat = ids.reshape(-1)
     if np.dtype(flat.dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
         flat = flat.astype(np.int64)  # every other integer type widens exactly
-    xp = _device.xp
-    offsets = xp.empty(e + 1, dtype=np.int32)
-    pair_row = xp.empty((t, k), dtype=np.int32)
-    row_token = xp.empty(t * k, dtype=np.int32)
+    offsets = _new(e + 1, np.int32)
+    pair_row = _new((t, k), np.int32)
+    row_token = _new(t * k, np.int32)
     *launch, shared = moe.align_launch(flat, offsets, pair_row.reshape(-1), row_token, e, k)
     _run(launch, shared)
     return offsets, pair_row, row_token
@@ -150,7 +206,7 @@ def gather_rows(src, row_token):
     moe = _backend()
     src = _array(src)
     p = int(row_token.shape[0])
-    out = _empty((p,) + tuple(src.shape[1:]), src.dtype)
+    out = _new((p,) + tuple(src.shape[1:]), src.dtype)
     row_bytes = src.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
     if p == 0 or row_bytes == 0:
         return out
@@ -168,15 +224,39 @@ def gather_rows(src, row_token):
     return out
 
 
+def quantize_tokens(x, experts):
+    """(codes uint8 [T, K], scale) of token rows x [T, K] by ``experts``' activation scheme (dynamic,
+    per-token or per-group, not static), as ``vt.quantize_fp8`` gives them for that scheme: its very
+    launches (``quantize.quantize_launches``), their arrays made as every step's (``_new``). The
+    scale: dynamic [1], per-token [T], per-group [T, ceil(K / g)] row-major (float32, or E8M0 bytes
+    for MXFP8)."""
+    _backend()
+    ex = experts
+    scheme = str(ex.activation_scheme)
+    mx = ex.activation_scale_format == "e8m0"
+    launches, codes, scale = quantize.quantize_launches(
+        _array(x),
+        scheme,
+        None,
+        None if ex.block_size is None else int(ex.block_size[1]),
+        bool(ex.scale_ue8m0),
+        _new,
+        (ex.activation_scale_rounding or "rceil") if mx else None,
+        column_major_scales=False,
+    )
+    for launch in launches:
+        _run(launch)
+    return codes, scale
+
+
 def quantize_rows_static(x, offsets, input_scales):
     """(codes uint8 [P, K], scale float32 [P]): expert e's rows by ``input_scales[e]`` as
     ``vt.quantize_fp8(rows, input_scales[e])``; padding rows code 0, scale 1."""
     moe = _backend()
     x = _array(x)
     p, k = (int(d) for d in x.shape)
-    xp = _device.xp
-    codes = xp.empty((p, k), dtype=np.uint8)
-    scales = xp.empty(p, dtype=np.float32)
+    codes = _new((p, k), np.uint8)
+    scales = _new(p, np.float32)
     if p == 0 or k == 0:
         scales[...] = 1
         return codes, scales
@@ -237,7 +317,7 @@ def silu_mul(h, offsets):
     moe = _backend()
     h = _hidden(h)
     p, half = int(h.shape[0]), int(h.shape[1]) // 2
-    act = _device.xp.empty((p, half), dtype=np.float32)
+    act = _new((p, half), np.float32)
     if p and half:
         _silu(
             h,
@@ -265,13 +345,12 @@ def silu_mul_quantize(h, offsets, down_experts):
     h = _hidden(h)
     offsets = _array(offsets)
     p, half = int(h.shape[0]), int(h.shape[1]) // 2
-    xp = _device.xp
-    codes = xp.empty((p, half), dtype=np.uint8)
+    codes = _new((p, half), np.uint8)
     scheme = str(dn.activation_scheme)
     mode = moe.SiluMode
     blocks = moe.silu_blocks(p, mode.PER_TOKEN, 1)
     if scheme == "static":
-        scales = xp.empty(p, dtype=np.float32)
+        scales = _new(p, np.float32)
         if p and half:
             _silu(h, offsets, mode.STATIC, codes, scales, None, None, _scale_table(dn.input_scale), 1, blocks)
         elif p:
@@ -279,7 +358,7 @@ def silu_mul_quantize(h, offsets, down_experts):
         return codes, scales
     if scheme == "dynamic":
         parts = moe.silu_blocks(p, mode.DYNAMIC, _device.current().sm_count)
-        buf = xp.empty(1 + parts, dtype=np.float32)  # the scale and, after it, the amax partials
+        buf = _new(1 + parts, np.float32)  # the scale and, after it, the amax partials
         if p and half:
             _silu(h, offsets, mode.DYNAMIC_AMAX, None, None, None, buf[1:], None, 1, parts)
             _silu(h, offsets, mode.DYNAMIC, codes, buf[:1], None, buf[1:], None, 1, parts)
@@ -287,7 +366,7 @@ def silu_mul_quantize(h, offsets, down_experts):
             buf[...] = np.float32(np.float32(1.0) / (np.float32(448.0) * np.float32(512.0)))
         return codes, buf[:1]
     if scheme == "per_token":
-        scales = xp.empty((p, 1), dtype=np.float32)
+        scales = _new((p, 1), np.float32)
         if p and half:
             _silu(h, offsets, mode.PER_TOKEN, codes, scales, None, None, None, 1, blocks)
         return codes, scales
@@ -299,7 +378,7 @@ def silu_mul_quantize(h, offsets, down_experts):
     g = int(dn.block_size[1])
     groups = -(-half // g)
     if dn.activation_scale_format == "e8m0":
-        scales = xp.empty((p, groups), dtype=np.uint8)
+        scales = _new((p, groups), np.uint8)
         if p and half:
             _silu(
                 h,
@@ -315,7 +394,7 @@ def silu_mul_quantize(h, offsets, down_experts):
                 e8m0=dn.activation_scale_rounding or "rceil",
             )
         return codes, scales
-    scales = xp.empty((p, groups), dtype=np.float32)
+    scales = _new((p, groups), np.float32)
     if p and half:
         _silu(h, offsets, mode.PER_GROUP, codes, scales, None, None, None, g, blocks, ue8m0=bool(dn.scale_ue8m0))
     return codes, scales
@@ -330,7 +409,7 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
         y = y.astype(np.float32)
     w = _array(topk_weights)
     t, k = (int(d) for d in pair_row.shape)
-    out = _empty((t, int(y.shape[1])), out_dtype)
+    out = _new((t, int(y.shape[1])), out_dtype, output=True)
     if t == 0 or out.size == 0:
         return out
     wdt = np.dtype(w.dtype)
@@ -504,6 +583,8 @@ class PerExpert:
         return None
 
     def run(self, call, y, active):
+        if getattr(_RECORDING, "active", None) is not None:
+            raise Unbindable("per_expert reads the offsets back on the host (a prefill-sized call)")
         offs = np.asarray(call.offsets) if SIMULATOR else _device.xp.asnumpy(call.offsets)  # the one read-back
         per_row_a = call.sa_row != 0
         bits = _epilogue.out_bits(y)  # copies as float32 or 16-bit words: cupy has no bfloat16 arithmetic
@@ -581,7 +662,7 @@ def active_experts(offsets, num_experts, rows):
     e, slots = int(num_experts), min(int(num_experts), int(rows))
     if slots >= e:
         return tc_gemv.identity_map(_device.current(), e)
-    active = _device.xp.empty(slots + 1, dtype=np.int32)
+    active = _new(slots + 1, np.int32)
     _run(_moe.active_experts_launch(_array(offsets), e, active))
     return active
 
@@ -640,7 +721,7 @@ def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=Non
     offsets, else one is made here). Only ``per_expert`` synchronizes (module docstring)."""
     _backend()
     call = GroupedCall(a, scale_a, b, scale_b, offsets, out_dtype, block_size)
-    y = _empty((call.p, call.n), call.out_dtype)
+    y = _new((call.p, call.n), call.out_dtype)
     if call.p == 0 or call.n == 0:
         return y
     chosen = select(call, kernel)
@@ -671,6 +752,10 @@ def moe_paths():
 
 __all__ = [
     "moe_align",
+    "quantize_tokens",
+    "recording",
+    "Recording",
+    "Unbindable",
     "active_experts",
     "gather_rows",
     "quantize_rows_static",

@@ -306,13 +306,14 @@ def quantize_per_group_e8m0(x, group_size, rounding, column_major_scales, *, enc
     return out, scales
 
 
-def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch, e8m0=None):
+def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch, e8m0=None, column_major_scales=True):
     """A linear layer's activation quantization for inputs shaped, typed and aligned like ``x``
     (contiguous [M, K], 16-byte aligned) as launches (kernel, grid, block, args) whose codes and
     scales are taken from ``scratch(shape, dtype)``: (launches, codes, scale_a as scaled_mm takes
     it). The flat input is argument 0 of every launch. ``scheme`` is the weight's activation
-    scheme; per-group scales are column-major (the layout cuBLASLt's block scaling reads). These
-    are the launches ``quantize_*`` make, on buffers the caller owns (``vtnumba.cuda.bound``)."""
+    scheme; per-group float32 scales are column-major (the layout cuBLASLt's block scaling reads)
+    unless ``column_major_scales`` is False (the grouped GEMMs read them row-major). These are the
+    launches ``quantize_*`` make, on buffers the caller owns (``vtnumba.cuda.bound``, the MoE steps)."""
     _backend()
     xin, kind, shape, n, aligned, _ = _input(x)
     dev = _device.current()
@@ -333,9 +334,10 @@ def quantize_launches(x, scheme, input_scale, group_size, scale_ue8m0, scratch, 
             codes,
             scales,
         )
-    scales = _group_scales(shape[0], -(-shape[1] // group_size), True, scratch)
+    major = bool(column_major_scales)
+    scales = _group_scales(shape[0], -(-shape[1] // group_size), major, scratch)
     return (
-        _per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, True, encoder),
+        _per_group_launches(xin, kind, shape, aligned, codes, scales, group_size, scale_ue8m0, major, encoder),
         codes,
         scales,
     )

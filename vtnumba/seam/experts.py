@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import _arrays
 from .._arrays import Array, DType, Scale
+from .._config import kernel_settings
 from .._interop import interop
 from ..ops import ActivationScheme, quantize_fp8
 from .weights import Fp8Weight, ResidentFp8, _host_values, _is_host_scalar, _to_device
@@ -598,8 +599,98 @@ def moe_fp8(
     bfloat16), ``gate_up`` experts [E, 2I, H] (gate rows, then up rows), ``down`` experts [E, H, I],
     ``topk_ids`` int [T, k] (ids -1 and E route nothing) and ``topk_weights`` [T, k]. Returns
     [T, H] in x's dtype: ``sum_j topk_weights[t, j] * down_e(silu(gate_e x) * up_e x)`` with
-    e = topk_ids[t, j], in FP8 W8A8 with float32 accumulation and a float32 combine."""
+    e = topk_ids[t, j], in FP8 W8A8 with float32 accumulation and a float32 combine.
+
+    On the GPU a call whose signature (shapes and dtypes of x and the routing, the two experts, the
+    device and lever settings) was seen before replays the call bound at its first occurrence
+    (``vtnumba.cuda.bound.BoundMoe``): the same launches, bitwise the same result, a fraction of
+    the host time. A prefill-sized call that runs ``per_expert`` is never bound (it reads the offsets
+    on the host)."""
+    cupy_ndarray = _arrays._cupy_ndarray()
+    if cupy_ndarray is not None and type(x) is cupy_ndarray and activation == "silu":
+        key = _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray)
+        if key is not None:
+            calls = _bound_holder(gate_up).bound_calls
+            if calls and key in calls:
+                bound = calls[key]
+                if bound is not None:  # None: a signature that runs the full path (bind_moe's reason)
+                    import cupy
+
+                    return bound(x, topk_ids, topk_weights, cupy.cuda.get_current_stream().ptr)
+            out = MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
+            bind_moe_call(x, gate_up, down, topk_ids, topk_weights, key)
+            return out
     return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
+
+
+# -- bound calls ----------------------------------------------------------------------------------
+
+# Signatures bound per experts pair (prompts of many lengths would otherwise grow the table without
+# end; a decode step's signature is bound again at once after a reset)
+_MAX_BOUND_MOE = 16
+
+
+def _bound_holder(gate_up):
+    """The object a pair's bound calls live on: the Fp8Experts itself (a ResidentFp8's device copy)."""
+    return gate_up.weight if type(gate_up) is ResidentFp8 else gate_up
+
+
+def moe_bound_key(x_shape, x_dtype, ids_shape, ids_dtype, weights_shape, weights_dtype, down, device_id):
+    """The signature a bound MoE call is kept under (numpy dtypes; torch callers map theirs)."""
+    return (
+        tuple(x_shape),
+        x_dtype,
+        tuple(ids_shape),
+        ids_dtype,
+        tuple(weights_shape),
+        weights_dtype,
+        down,
+        device_id,
+        kernel_settings(),
+    )
+
+
+def _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray):
+    """The key of a cupy call that a bound call can replay, or None: x [T, H] C-contiguous and
+    16-byte aligned, the routing C-contiguous cupy arrays, T and k nonzero, no debug checks."""
+    if (
+        type(topk_ids) is not cupy_ndarray
+        or type(topk_weights) is not cupy_ndarray
+        or len(x.shape) != 2
+        or not (x._c_contiguous and topk_ids._c_contiguous and topk_weights._c_contiguous)
+        or x.data.ptr & 15
+        or not x.size
+        or not topk_ids.size
+        or moe_debug_checks()
+    ):
+        return None
+    return moe_bound_key(
+        x.shape, x.dtype, topk_ids.shape, topk_ids.dtype, topk_weights.shape, topk_weights.dtype, down, x.data.device_id
+    )
+
+
+def bind_moe_call(x, gate_up, down, topk_ids, topk_weights, key):
+    """Bind ``moe_fp8(x, gate_up, down, topk_ids, topk_weights)`` (cupy arrays on the current GPU, after
+    a full call of the same arguments succeeded, so its tables and kernels exist) under ``key``: the
+    ``BoundMoe`` for later calls, or None where ``bind_moe`` refuses (those calls take the full path)."""
+    import cupy
+
+    from ..cuda import bound
+
+    if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
+        return None  # bound at the next eager call: a capture records the full path's launches
+    holder = _bound_holder(gate_up)
+    calls = holder.bound_calls
+    if calls is None:
+        calls = {}
+        object.__setattr__(holder, "bound_calls", calls)
+    if len(calls) >= _MAX_BOUND_MOE:  # a caller sweeping over shapes: start over
+        calls.clear()
+    replay, _ = bound.bind_moe(
+        x, topk_ids, topk_weights, lambda: MoeCall(x, gate_up, down, topk_ids, topk_weights).run()
+    )
+    calls[key] = replay
+    return replay
 
 
 class MoeCall:
@@ -630,6 +721,7 @@ class MoeCall:
         self.state = dict(x=x, topk_ids=topk_ids, topk_weights=topk_weights)
         backend = _backend(self.device)
         fused = getattr(backend, "silu_mul_quantize", None)
+        tokens = getattr(backend, "quantize_tokens", None)  # the GPU's: quantize_fp8's launches, recordable
         st = self.state
 
         def align():
@@ -643,12 +735,16 @@ class MoeCall:
                     backend.gather_rows(x, st["row_token"]), st["offsets"], gu.input_scale
                 )
                 return
-            q = _quantize_tokens(x, gu)
-            st["a"] = backend.gather_rows(q.data, st["row_token"])
+            if tokens is not None:
+                data, scale = tokens(x, gu)
+            else:
+                q = _quantize_tokens(x, gu)
+                data, scale = q.data, q.scale
+            st["a"] = backend.gather_rows(data, st["row_token"])
             st["sa"] = (
-                q.scale
+                scale
                 if gu.activation_scheme == ActivationScheme.DYNAMIC
-                else backend.gather_rows(_row_scale(q.scale, gu), st["row_token"])
+                else backend.gather_rows(_row_scale(scale, gu), st["row_token"])
             )
 
         def gemm_gate_up():

@@ -22,6 +22,7 @@ from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
 from ..seam import Fp8Weight, matmul_fp8
 from ..seam import moe_fp8 as seam_moe_fp8
+from ..seam.experts import _bound_holder, moe_bound_key, moe_debug_checks
 from ._common import (
     _DTYPE_NAMES,
     _DTYPES,
@@ -312,15 +313,63 @@ def _rows(t, k):
 
 def _moe_forward(pair, x, top_k_index, top_k_weights):
     """``seam.moe_fp8`` of tokens x [..., H] routed by top_k_index / top_k_weights [T, k]:
-    [..., H] in x's dtype, from torch's allocator on torch's current stream (the seam's interop)."""
+    [..., H] in x's dtype, from torch's allocator on torch's current stream. On a GPU, a signature
+    seen before replays its bound call (``_moe_bound``); else the seam's full path through its
+    interop."""
     if x.requires_grad and _grad_enabled():
         _refuse_grad(x)
     gate_up, down = pair
     hidden = gate_up.shape[2]
     _check_experts_input(x, top_k_index, top_k_weights, hidden)
     k = top_k_index.shape[-1]
-    y = seam_moe_fp8(x.reshape(-1, hidden), gate_up, down, _rows(top_k_index, k), _rows(top_k_weights, k))
+    x2, ids, weights = x.reshape(-1, hidden), _rows(top_k_index, k), _rows(top_k_weights, k)
+    y = _moe_bound(gate_up, down, x2, ids, weights) if x.is_cuda else None
+    if y is None:
+        y = seam_moe_fp8(x2, gate_up, down, ids, weights)
     return y.reshape(x.shape)
+
+
+# the dtypes a bound MoE call's key names, as the seam's (numpy) keys do
+_KEY_DTYPES = {**_NUMPY_OUT, torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32)}
+
+
+def _moe_bound(gate_up, down, x, ids, weights):
+    """y of the bound call for x [T, H] and the routing [T, k], or None for the full path: a
+    signature met for the first time (the seam's full path runs it, then binds it for the next call),
+    one the binding refused (``bind_moe``: a prefill-sized call), a strided or misaligned input, or
+    one on another device than the current. Bound calls live on the seam experts, under the seam's
+    keys (``seam.experts.moe_bound_key``, numpy dtypes), shared with cupy callers; y and the
+    scratch come from torch's allocator, the launches go to torch's current stream, with no
+    interop on the way."""
+    index = x.get_device()
+    x_dtype, ids_dtype, w_dtype = _KEY_DTYPES.get(x.dtype), _KEY_DTYPES.get(ids.dtype), _KEY_DTYPES.get(weights.dtype)
+    if (
+        x_dtype is None
+        or ids_dtype is None
+        or w_dtype is None
+        or not x.numel()
+        or not ids.numel()
+        or x.data_ptr() & 15
+        or not (x.is_contiguous() and ids.is_contiguous() and weights.is_contiguous())
+        or ids.get_device() != index
+        or weights.get_device() != index
+        or _current_device() != index
+        or moe_debug_checks()
+    ):
+        return None
+    key = moe_bound_key(x.shape, x_dtype, ids.shape, ids_dtype, weights.shape, w_dtype, down, index)
+    calls = _bound_holder(gate_up).bound_calls
+    if calls is not None and key in calls:
+        bound = calls[key]
+        if bound is None:
+            return None
+        y = torch.empty(bound.out_shape, dtype=x.dtype, device=x.device)
+        scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=x.device)
+        bound.enqueue(
+            x.data_ptr(), ids.data_ptr(), weights.data_ptr(), y.data_ptr(), scratch.data_ptr(), _raw_stream(index)
+        )
+        return y
+    return None  # the seam's full path binds this signature (seam.experts.bind_moe_call)
 
 
 @torch.library.custom_op("vtnumba::moe_fp8", mutates_args=())
