@@ -7,7 +7,7 @@ Host time per call: ``calls`` calls enqueued back to back with no synchronizatio
 ``--trials`` interleaved rounds. Then cProfile over the same calls, sorted by own time: read it for
 the ranking, since the profiler inflates every Python call.
 
-Run: python3 benchmarks/profile_moe_host.py [--calls 200] [--trials 5] [--top 25] [--tokens 1]
+Run: python3 benchmarks/gpu/profile_moe_host.py [--calls 200] [--trials 5] [--top 25] [--tokens 1]
 (needs cupy, torch and transformers, and a GPU)
 """
 
@@ -59,6 +59,12 @@ def profile(fn, calls, top, sync):
     return out.getvalue()
 
 
+def random_codes(cp, rng, shape):
+    """e4m3 codes of both signs, no NaN (0x7F / 0xFF), on the GPU."""
+    mag = rng.integers(0, 0x7F, size=shape, dtype=np.uint8)
+    return cp.asarray(mag | (rng.integers(0, 2, size=shape, dtype=np.uint8) << 7))
+
+
 def routing(xp, tokens, rng):
     ids = np.stack([rng.choice(E, TOP_K, replace=False) for _ in range(tokens)]).astype(np.int64)
     w = rng.random((tokens, TOP_K)).astype(np.float32)
@@ -88,15 +94,14 @@ def main():
         ids, weights = routing(cp, args.tokens, rng)
         x = cp.asarray(rng.standard_normal((args.tokens, H), dtype=np.float32)).astype(cp.float16)
         sides = {}
-        for scheme, kw in (("per_token", dict(per_channel=True)), ("blocks", dict(block_size=(128, 128)))):
-            act = "per_token" if scheme == "per_token" else "dynamic"
-            gu = seam.Fp8Experts.from_float(
-                rng.standard_normal((E, 2 * INTER, H), dtype=np.float32) * 0.02, activation_scheme=act, **kw
-            )
-            dn = seam.Fp8Experts.from_float(
-                rng.standard_normal((E, H, INTER), dtype=np.float32) * 0.02, activation_scheme=act, **kw
-            )
-            gu, dn = seam.ResidentFp8(gu, "cuda").weight, seam.ResidentFp8(dn, "cuda").weight
+        for scheme, block in (("per_token", None), ("blocks 128x128", (128, 128))):
+            kw = dict(activation_scheme="per_token") if block is None else {}
+            experts = []
+            for n, k in ((2 * INTER, H), (H, INTER)):
+                shape = (E, n) if block is None else (E, n // 128, k // 128)
+                scale = cp.asarray(rng.uniform(0.5, 1.5, size=shape).astype(np.float32) * 1e-2)
+                experts.append(seam.Fp8Experts(random_codes(cp, rng, (E, n, k)), scale, block_size=block, **kw))
+            gu, dn = experts
 
             def call(gu=gu, dn=dn):
                 return seam.moe_fp8(x, gu, dn, ids, weights)
@@ -134,7 +139,11 @@ def main():
         tw = torch.softmax(torch.randn(args.tokens, TOP_K, device="cuda"), -1).to(torch.bfloat16)
         sides = {"bf16 Qwen3MoeExperts (grouped_mm)": lambda: bf16(xt, tid, tw)}
         for scheme in ("per_token", "per_group"):
-            fp8 = vtt.convert(torch.nn.Sequential(Qwen3MoeExperts(cfg).to("cuda", torch.bfloat16)), scheme)[0]
+            float_experts = Qwen3MoeExperts(cfg).to("cuda", torch.bfloat16)
+            with torch.no_grad():
+                for p in float_experts.parameters():
+                    p.normal_(0, 0.02)
+            fp8 = vtt.convert(torch.nn.Sequential(float_experts), scheme)[0]
             sides[f"vtt.Fp8Experts {scheme}"] = lambda fp8=fp8: fp8(xt, tid, tw)
         with torch.no_grad():
             for fn in sides.values():
