@@ -379,10 +379,11 @@ def test_a_second_call_replays_the_bound_launches_bitwise(cp, name, monkeypatch)
     assert compared > 0
 
 
-def test_what_a_binding_refuses(cp):
+def test_what_a_binding_refuses(cp, monkeypatch):
     """A call that reads the device on the host (a prefill-sized call: per_expert) or makes an array
     outside the scratch (int16 ids, widened by a cupy astype) is not bound: bind_moe says why, the
-    seam keeps None under its key, and those calls keep giving the full path's bytes."""
+    seam keeps None under its key, and those calls keep giving the full path's bytes without
+    trying to bind again."""
     from vtnumba.cuda import bound
 
     _, _, gu_res, dn_res = _layer("per_token")
@@ -401,7 +402,9 @@ def test_what_a_binding_refuses(cp):
         first = seam.moe_fp8(args[0], gu_res, dn_res, *args[1:])
         key = se._cupy_moe_key(args[0], dn_res, *args[1:], cp.ndarray)
         assert key in se._bound_holder(gu_res).bound_calls and se._bound_holder(gu_res).bound_calls[key] is None
-        again = seam.moe_fp8(args[0], gu_res, dn_res, *args[1:])
+        with monkeypatch.context() as patch:
+            patch.setattr(se, "bind_moe_call", None)  # a second attempt would fail here
+            again = seam.moe_fp8(args[0], gu_res, dn_res, *args[1:])
         np.testing.assert_array_equal(cp.asnumpy(again).view(np.uint16), cp.asnumpy(first).view(np.uint16))
 
 

@@ -6,6 +6,7 @@ The model is Qwen3-MoE with Qwen3-30B-A3B's shapes (hidden 2048, 128 experts of 
 query / 4 KV heads of 128) and ``--layers`` layers. bf16 runs transformers' experts implementation
 ``--bf16-experts`` (grouped_mm: torch._grouped_mm, its default on the GPU). Parts (``--parts``):
 
+- ``accuracy``: each side's logits on the prompt against bf16's (cosine per position).
 - ``decode``: eager ``generate`` of ``--tokens`` greedy tokens (tokens/s), bf16 and each scheme
   interleaved round by round (so clock and thermal drift fall on every side alike), best round each.
 - ``graph``: one decode step with a static KV cache captured into a CUDA graph and replayed
@@ -16,7 +17,8 @@ query / 4 KV heads of 128) and ``--layers`` layers. bf16 runs transformers' expe
   kind (moe: align / grouped GEMM / SiLU-mul / combine; quant; GEMM; attention; other), and each
   side's top kernels.
 
-    python3 benchmarks/bench_torch_moe.py [--quick] [--parts decode,graph,prefill,profile] [--schemes per_token,per_group]
+    python3 benchmarks/gpu/bench_torch_moe.py [--quick] [--torchao] [--parts accuracy,decode,graph,prefill,profile]
+        [--schemes per_token,per_group]
 
 Each part prints a markdown table; a part that fails prints its error and the rest still run.
 """
@@ -80,8 +82,24 @@ def convert(torch, vtt, seam, model, scheme, calib_prompt):
     return vtt.convert(fp8, scheme, input_scales=scales, ignore=["lm_head"])
 
 
-def sides(torch, vtt, seam, model, schemes, prompt):
+def torchao_side(torch, model):
+    """The model as a torch user would quantize it with torchao: float8 rowwise dynamic activations
+    and weights on every nn.Linear (``quantize_``); transformers' fused experts are no nn.Linear,
+    so they stay bf16."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    ao = copy.deepcopy(model)
+    quantize_(ao, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    return ao
+
+
+def sides(torch, vtt, seam, model, schemes, prompt, with_torchao=False):
     out = [("bf16", model)]
+    if with_torchao:
+        try:
+            out.append(("torchao float8 rowwise (linears)", torchao_side(torch, model)))
+        except Exception as exc:  # torchao absent or refusing this model: say so, time the others
+            print(f"torchao failed: {type(exc).__name__}: {exc}", flush=True)
     for scheme in schemes:
         try:
             torch.cuda.synchronize()
@@ -126,6 +144,19 @@ def part_decode(torch, models, prompt, tokens, rounds):
     base = max(best["bf16"])
     for name, rates in best.items():
         row(name, max(rates), f"{max(rates) / base:.2f}x", " ".join(f"{r:.1f}" for r in rates))
+
+
+def part_accuracy(torch, models, prompt):
+    """Each side's logits on the prompt against bf16's: cosine per position (mean and min)."""
+    table(
+        f"logits on a fixed {prompt.shape[1]}-token prompt against bf16 (cosine per position)",
+        ["side", "mean cosine", "min cosine"],
+    )
+    with torch.no_grad():
+        base = models[0][1](prompt).logits.float()
+        for name, model in models[1:]:
+            cos = torch.nn.functional.cosine_similarity(model(prompt).logits.float(), base, dim=-1)
+            row(name, f"{float(cos.mean()):.5f}", f"{float(cos.min()):.5f}")
 
 
 def _static_cache(cfg, length, torch):
@@ -302,7 +333,7 @@ def part_profile(torch, models, prompt, length):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="decode,graph,prefill,profile")
+    ap.add_argument("--parts", default="accuracy,decode,graph,prefill,profile")
     ap.add_argument(
         "--schemes",
         default="per_token,per_group,dynamic",
@@ -314,6 +345,7 @@ def main():
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bf16-experts", default="grouped_mm", help="transformers' experts implementation for bf16")
+    ap.add_argument("--torchao", action="store_true", help="add torchao 0.18's float8 rowwise as a side")
     ap.add_argument("--quick", action="store_true", help="2 layers, 16 tokens, prefill 512, 2 rounds, per_token only")
     args = ap.parse_args()
     if args.quick:
@@ -335,8 +367,9 @@ def main():
     )
     model, cfg = build(torch, args.layers, args.bf16_experts)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt), device="cuda")
-    models = sides(torch, vtt, seam, model, [s for s in args.schemes.split(",") if s], prompt)
+    models = sides(torch, vtt, seam, model, [s for s in args.schemes.split(",") if s], prompt, args.torchao)
     parts = {
+        "accuracy": lambda: part_accuracy(torch, models, prompt),
         "decode": lambda: part_decode(torch, models, prompt, args.tokens, args.rounds),
         "graph": lambda: part_graph(torch, models, cfg, prompt, args.tokens, args.rounds),
         "prefill": lambda: part_prefill(torch, models, args.prefill, args.rounds),

@@ -613,10 +613,11 @@ def moe_fp8(
             calls = _bound_holder(gate_up).bound_calls
             if calls and key in calls:
                 bound = calls[key]
-                if bound is not None:  # None: a signature that runs the full path (bind_moe's reason)
-                    import cupy
+                if bound is None:  # a signature bind_moe refused: the full path, not bound again
+                    return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
+                import cupy
 
-                    return bound(x, topk_ids, topk_weights, cupy.cuda.get_current_stream().ptr)
+                return bound(x, topk_ids, topk_weights, cupy.cuda.get_current_stream().ptr)
             out = MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
             bind_moe_call(x, gate_up, down, topk_ids, topk_weights, key)
             return out
