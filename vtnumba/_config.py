@@ -5,23 +5,24 @@ fresh process with a warm cache loads machine code instead of compiling it.
 """
 
 import os
+from typing import Any
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
 _CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
 
 # Scalar helpers are inlined into every kernel that calls them (Numba IR inlining, so the loop
 # around them stays one vectorizable body).
-CPU_INLINE = dict(inline="always")
+CPU_INLINE: dict[str, Any] = dict(inline="always")
 # Element-wise kernels: exact IEEE arithmetic (no fastmath: the encoder's float32 rounding tricks
 # depend on it), parallel over both cores, cached.
 # error_model="numpy": float division follows IEEE (x / 0 -> inf) instead of Python's
 # ZeroDivisionError, whose per-element check kept the per-token divide loop from vectorizing.
-CPU_KERNEL = dict(parallel=True, cache=_CACHE, nogil=True, error_model="numpy")
-CPU_SERIAL_KERNEL = dict(cache=_CACHE, nogil=True, error_model="numpy")
+CPU_KERNEL: dict[str, Any] = dict(parallel=True, cache=_CACHE, nogil=True, error_model="numpy")
+CPU_SERIAL_KERNEL: dict[str, Any] = dict(cache=_CACHE, nogil=True, error_model="numpy")
 # A function called from a fast-math kernel that must keep IEEE order and roundings: a callee compiles
 # with its caller's fastmath flags unless it sets its own (numba's TargetConfig "inherit_if_not_set"),
 # which silently reassociated the block-scaled GEMM's sum over K-blocks.
-CPU_STRICT_FUNCTION = dict(CPU_SERIAL_KERNEL, fastmath=False)
+CPU_STRICT_FUNCTION: dict[str, Any] = dict(CPU_SERIAL_KERNEL, fastmath=False)
 
 # Elements per parallel work item of the element-wise CPU kernels: large enough that the inner loop
 # vectorizes and threads do not share cache lines, small enough to balance two cores.
