@@ -2,6 +2,7 @@
 them (``requantize_with_max_scale``, ``convert_to_channelwise``)."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
             raise ValueError(f"shards[{i}] must have K = {k} columns like shards[0], got shape {s.shape}")
     schemes = {s.activation_scheme for s in shards}
     if len(schemes) != 1:
-        raise ValueError(f"shards must share one activation_scheme, got {sorted(schemes)}")
+        raise ValueError(f"shards must share one activation_scheme, got {sorted(schemes, key=str)}")
     with_bias = [s.bias is not None for s in shards]
     if any(with_bias) and not all(with_bias):
         raise ValueError(
@@ -93,6 +94,7 @@ def fuse_fp8_shards(shards: Sequence[Fp8Weight]) -> Fp8Weight:
     blocks = {s.block_size for s in shards}
     if blocks != {None}:
         return _fuse_block_shards(shards, blocks, widths, with_bias)
+    scale: Any  # per-channel: a vector; per-tensor: one float32
     if any(s.per_channel for s in shards):
         data = np.concatenate([s.data for s in shards], axis=0)
         scale = np.concatenate([np.broadcast_to(s.weight_scale, (s.shape[0],)) for s in shards])

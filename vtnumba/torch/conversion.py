@@ -304,7 +304,7 @@ def conversion_report(model: nn.Module) -> ConversionReport:
         is_fp8 = isinstance(module, _FP8_KINDS)
         if is_fp8:
             converted[kind] = converted.get(kind, 0) + 1
-        tensors = [(n, t) for n, t in module.named_parameters(recurse=False)]
+        tensors: list[tuple[str, torch.Tensor]] = [(n, t) for n, t in module.named_parameters(recurse=False)]
         tensors += [(n, t) for n, t in module.named_buffers(recurse=False)]
         for name, t in tensors:
             if t is None or id(t) in seen:

@@ -24,7 +24,8 @@ class RowParallelFp8Linear(nn.Module):
             raise TypeError(f"layer must be an Fp8Linear, got {type(layer).__name__}")
         shard = _parallel.shard_weight(layer.fp8_weight, rank, world_size, mode=_parallel.ROW)
         self.partial = Fp8Linear(shard, out_dtype=torch.float32)
-        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
+        # (torch's stubs type nn.Module attributes through __getattr__ as Tensor | Module)
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())  # type: ignore[operator]
         self.out_dtype, self.rank, self.world_size, self.group = layer.out_dtype, rank, world_size, group
         # made once, not per forward (a decode step calls it per layer); one rank has nothing to reduce
         self._all_reduce = _parallel.torch_all_reduce(group) if world_size > 1 else None

@@ -11,6 +11,7 @@ no cupy, no driver, no device).
 
 import functools
 import os
+from typing import Any
 
 # Numba otherwise synchronizes a foreign array's stream on every launch, which both costs host
 # time and breaks CUDA graph capture (DEVICE.md). vtnumba orders work on the current cupy stream.
@@ -27,6 +28,10 @@ TARGETS = ("numba-cuda", "numba-cuda-mlir")
 TARGET = os.environ.get("VTNUMBA_CUDA_TARGET") or TARGETS[0]
 if TARGET not in TARGETS:
     raise ValueError(f"VTNUMBA_CUDA_TARGET must be one of {', '.join(TARGETS)} (or unset), got {TARGET!r}")
+
+# Whichever compiler imports (or None where none does): typed Any, since their types differ by target
+intrinsic: Any
+IMPORT_ERROR: Exception | None
 
 if TARGET == "numba-cuda-mlir":
     try:
@@ -45,7 +50,7 @@ if TARGET == "numba-cuda-mlir":
         # and fails when a kernel using it compiles -- the failure the measurement records, per kernel.
         from numba_cuda_mlir.extending import intrinsic as _mlir_intrinsic
     except Exception as exc:  # ImportError without numba-cuda-mlir (or a release without its extending API)
-        cuda = libdevice = types = None
+        cuda = libdevice = types = None  # type: ignore[assignment]
         IMPORT_ERROR = exc
     else:
         IMPORT_ERROR = None
@@ -54,7 +59,7 @@ else:
         from numba import cuda
         from numba.cuda import libdevice, types
     except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportError without numba-cuda
-        cuda = libdevice = types = None
+        cuda = libdevice = types = None  # type: ignore[assignment]
         IMPORT_ERROR = exc
     else:
         IMPORT_ERROR = None
