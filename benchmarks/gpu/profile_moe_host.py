@@ -1,6 +1,7 @@
 """Host time of a mixture-of-experts layer's eager call, and where it goes: the seam's ``moe_fp8`` on
 cupy arrays, ``vtnumba.torch.Fp8Experts`` against transformers' bf16 experts module (its
-``grouped_mm`` implementation), and a converted Llama MLP against bf16 ``nn.Linear``s.
+``grouped_mm`` and ``batched_mm`` implementations: a model's ``generate`` ran the second at
+decode on the H200), and a converted Llama MLP against bf16 ``nn.Linear``s.
 
 Host time per call: ``calls`` calls enqueued back to back with no synchronization, timed on the host
 (the GPU's queue absorbs them: a decode layer's GPU work is shorter than its host cost), the best of
@@ -12,6 +13,7 @@ Run: python3 benchmarks/gpu/profile_moe_host.py [--calls 200] [--trials 5] [--to
 """
 
 import argparse
+import copy
 import cProfile
 import io
 import pstats
@@ -129,15 +131,18 @@ def main():
         cfg = Qwen3MoeConfig(
             hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=TOP_K, num_hidden_layers=1
         )
-        cfg._experts_implementation = "grouped_mm"
-        bf16 = Qwen3MoeExperts(cfg).to("cuda", torch.bfloat16)
-        with torch.no_grad():
-            for p in bf16.parameters():
-                p.normal_(0, 0.02)
+        bf16 = {}
+        for impl in ("grouped_mm", "batched_mm"):
+            cfg_impl = copy.deepcopy(cfg)
+            cfg_impl._experts_implementation = impl
+            bf16[impl] = Qwen3MoeExperts(cfg_impl).to("cuda", torch.bfloat16)
+            with torch.no_grad():
+                for p in bf16[impl].parameters():
+                    p.normal_(0, 0.02)
         xt = torch.randn(args.tokens, H, device="cuda", dtype=torch.bfloat16)
         tid = torch.stack([torch.randperm(E, device="cuda")[:TOP_K] for _ in range(args.tokens)])
         tw = torch.softmax(torch.randn(args.tokens, TOP_K, device="cuda"), -1).to(torch.bfloat16)
-        sides = {"bf16 Qwen3MoeExperts (grouped_mm)": lambda: bf16(xt, tid, tw)}
+        sides = {f"bf16 Qwen3MoeExperts ({impl})": lambda m=m: m(xt, tid, tw) for impl, m in bf16.items()}
         for scheme in ("per_token", "per_group"):
             float_experts = Qwen3MoeExperts(cfg).to("cuda", torch.bfloat16)
             with torch.no_grad():
