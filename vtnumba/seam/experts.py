@@ -611,8 +611,8 @@ def moe_fp8(
         key = _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray)
         if key is not None:
             calls = _bound_holder(gate_up).bound_calls
-            if calls and key in calls:
-                bound = calls[key]
+            bound = calls.get(key, _UNSEEN) if calls else _UNSEEN  # one read: another thread may clear it
+            if bound is not _UNSEEN:
                 if bound is None:  # a signature bind_moe refused: the full path, not bound again
                     return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
                 import cupy
@@ -629,6 +629,7 @@ def moe_fp8(
 # Signatures bound per experts pair (prompts of many lengths would otherwise grow the table without
 # end; a decode step's signature is bound again at once after a reset)
 _MAX_BOUND_MOE = 16
+_UNSEEN: Any = object()  # a signature not met yet (None: met, and refused by bind_moe)
 
 
 def _bound_holder(gate_up):

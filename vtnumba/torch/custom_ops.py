@@ -359,10 +359,8 @@ def _moe_bound(gate_up, down, x, ids, weights):
         return None
     key = moe_bound_key(x.shape, x_dtype, ids.shape, ids_dtype, weights.shape, w_dtype, down, index)
     calls = _bound_holder(gate_up).bound_calls
-    if calls is not None and key in calls:
-        bound = calls[key]
-        if bound is None:
-            return None
+    bound = calls.get(key) if calls else None  # one read: another thread may clear the table
+    if bound is not None:
         y = torch.empty(bound.out_shape, dtype=x.dtype, device=x.device)
         scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=x.device)
         bound.enqueue(
