@@ -58,6 +58,17 @@ def _twin(cupy, a, stream_ptr):
     return twin
 
 
+def _end_failed_capture(stream):
+    """End a capture that an exception interrupted. CUDA invalidates a capture that met an illegal
+    call, but the stream stays in capture mode until it is ended: every later launch on it would
+    fail, and in the global mode every other stream's allocations too. Ending it discards the graph;
+    its own error (the capture was invalidated) says nothing the first one did not."""
+    try:
+        stream.end_capture()
+    except Exception:
+        pass
+
+
 class CapturedCall:
     """A captured function: call it with arguments like the example's (see the module docstring).
     ``outputs`` holds the graph's output arrays; ``graph`` the cupy graph."""
@@ -81,8 +92,14 @@ class CapturedCall:
                 self._capture_stream.begin_capture()
                 try:
                     outputs = fn(*self.static_args)
-                finally:
-                    self.graph = self._capture_stream.end_capture()
+                except BaseException as exc:
+                    _end_failed_capture(self._capture_stream)
+                    raise RuntimeError(
+                        f"capturing {getattr(fn, '__name__', fn)!r} into a CUDA graph failed ({type(exc).__name__}: "
+                        f"{exc}); the capture was ended, so the stream and the process stay usable. A call "
+                        f"that synchronizes (a copy to the host, .get(), .item()) cannot be captured"
+                    ) from exc
+                self.graph = self._capture_stream.end_capture()
         self.outputs = outputs
         # the replay stream as cupy launches the graph on it (made once: a torch stream is wrapped)
         if stream is None or isinstance(stream, cupy.cuda.Stream):
