@@ -21,9 +21,10 @@ quantized per bn x bk block (scale_b [ceil(N / bn), ceil(K / bk)]). The kernels,
                     promoted as ``acc += (P * sa) * sb``, exact (G3 per block); sm_89+, 16-byte rows.
 ``tensorcore_mx``   MXFP8 (E8M0 bytes per 1 x 32 on both operands): the tiled tensor-core GEMM
                     (tc_gemm.py) with one scale per k32 mma. On sm_120 / sm_121 the block-scaled mma
-                    (``kind::mxf8f6f4.block_scale``, ptx/sm120_mma.py) applies the scales itself at the
-                    full FP8 rate; elsewhere (sm_89, sm_90) the plain mma's k32 partial is scaled in
-                    float32, ``acc += (P * sa) * sb``. Each k32 partial from C = 0 (G3 per block).
+                    (``kind::mxf8f6f4.block_scale``, ptx/sm120_mma.py; its step in
+                    kernels/sm120_block_scaled.py) applies the scales itself at the full FP8 rate;
+                    elsewhere (sm_89, sm_90) the plain mma's k32 partial is scaled in float32,
+                    ``acc += (P * sa) * sb``. Each k32 partial from C = 0 (G3 per block).
 ``tiled_block``     the tiled CUDA-core GEMM with a block step at each K-block's end: any block
                     size, shape and GPU, exact float32 accumulation within each block (G3 per block);
                     E8M0 scales read as bytes.

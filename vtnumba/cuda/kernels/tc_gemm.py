@@ -64,27 +64,25 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..ptx import mma, sm120_mma
+from ..ptx import mma
 from ..ptx.codec import decode_e8m0, fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
+from . import sm120_block_scaled as sm120
 from .epilogue import OUT_KIND, bias_bits, load_bias, scaled_value, store_out
 
 # Promotion: how often the tensor core's partial sum moves into float32 registers the kernel adds.
 PER_MMA, PER_128 = "per_mma", "per_128"
 PROMOTIONS = (PER_MMA, PER_128)
 
-# Which mma a kernel issues, and with what scales (DESIGN.md, "MXFP8"; ptx/sm120_mma.py):
+# Which mma a kernel issues, and with what scales (DESIGN.md, "MXFP8"):
 # - "plain": ``mma.sync...e4m3.e4m3.f32`` (sm_89 and newer);
-# - "unit": the block-scaled ``kind::mxf8f6f4`` mma with every scale 2^0 (sm_120a / sm_121a, where it
-#   runs at twice the plain one's rate): the same D = A B + C, for per-tensor, per-channel and 128 x 128
-#   block scales, promoted as the plain kernel promotes;
-# - "mx": MXFP8 operands (E8M0 bytes per 1 x 32 of both), the block-scaled mma with their real scales
-#   (sm_120a / sm_121a): each k32 block's D = 2^(sa + sb - 254) P from C = 0, added into float32
-#   registers (promotion per mma, as the plain kernel promotes on the GPUs whose FP8 mma is native);
+# - "unit", "mx": sm_12x's block-scaled ``kind::mxf8f6f4`` mma, with unit scales for the plain
+#   kernel's arithmetic at that instruction's rate, or with MXFP8 operands' real scales: what differs
+#   lives in sm120_block_scaled.py (the mma, the MX step, the sm_120a / sm_121a target);
 # - "mx_explicit": MXFP8 operands on the plain mma (sm_89, sm_90): each k32 block's P from C = 0, then
 #   ``acc += (P * sa) * sb`` in float32 -- the block-scaled contract's order, exact multiplies.
-MMA_KINDS = ("plain", "unit", "mx", "mx_explicit")
+MMA_KINDS = ("plain", *sm120.KINDS, "mx_explicit")
 MX_KINDS = ("mx", "mx_explicit")
 
 _F32_ZERO = np.float32(0.0)
@@ -273,6 +271,61 @@ def scale_readers(block_scaled):
 
 
 @functools.cache
+def explicit_mx_step_functions(mt, nt):
+    """(n_scales, mx_scales, mx_step): the MX step of ``gemm_kernel`` for a warp tile of MT m16 x NT
+    n8 mma tiles on the plain mma (sm_89, sm_90; sm120_block_scaled.mx_step_functions is sm_12x's,
+    with the same signatures)."""
+    mma_e4m3 = mma.mma_e4m3
+
+    @cuda.jit(**_DEVICE)
+    def mx_scales(kb, mx_ctx):
+        """MX on the plain mma: the E8M0 scales of K block ``kb`` that this lane's mma steps use, read
+        from global memory and decoded once per k32 step rather than once per mma (a warp tile's
+        mt x nt mmas share mt row pairs and nt column pairs). Into ``sc`` (mx_ctx's last item; rows
+        and columns past the edge read the last one's scales: their codes are zero-filled, their
+        outputs not stored): sc[2 i], sc[2 i + 1] the scales of rows r, r + 8 of m16 tile i,
+        sc[2 mt + 2 j], sc[2 mt + 2 j + 1] of columns c, c + 1 (c = 8 j + 2 t) of n8 tile j."""
+        scale_a, scale_b, row0, col0, m_last, n_last, g, t, sc = mx_ctx
+        for i in range(mt):
+            r = row0 + 16 * i
+            sc[2 * i] = decode_e8m0(scale_a[min(r, m_last), kb])
+            sc[2 * i + 1] = decode_e8m0(scale_a[min(r + 8, m_last), kb])
+        for j in range(nt):
+            c = col0 + 8 * j + 2 * t
+            sc[2 * mt + 2 * j] = decode_e8m0(scale_b[min(c, n_last), kb])
+            sc[2 * mt + 2 * j + 1] = decode_e8m0(scale_b[min(c + 1, n_last), kb])
+
+    @cuda.jit(**_DEVICE)
+    def mx_step(acc, af, bf, q, i, j, sc, scratch, warp, lane):
+        """MX on the plain mma: output tile q (m16 tile i, n8 tile j) times one K block: D of each
+        output from C = 0, scaled by its row's and its column's scale (``sc``, from ``mx_scales``),
+        added in float32."""
+        d0, d1, d2, d3 = mma_e4m3(
+            af[0],
+            af[1],
+            af[2],
+            af[3],
+            bf[2 * j],
+            bf[2 * j + 1],
+            _F32_ZERO,
+            _F32_ZERO,
+            _F32_ZERO,
+            _F32_ZERO,
+            scratch,
+            warp,
+            lane,
+        )
+        sa0, sa1 = sc[2 * i], sc[2 * i + 1]
+        sb0, sb1 = sc[2 * mt + 2 * j], sc[2 * mt + 2 * j + 1]
+        acc[q] += np.float32(d0 * sa0) * sb0
+        acc[q + 1] += np.float32(d1 * sa0) * sb1
+        acc[q + 2] += np.float32(d2 * sa1) * sb0
+        acc[q + 3] += np.float32(d3 * sa1) * sb1
+
+    return 2 * (mt + nt), mx_scales, mx_step
+
+
+@functools.cache
 def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
@@ -293,7 +346,6 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         )
     if mma_kind != "plain" and cfg.f16:
         raise ValueError(f"the f16-staged kernel runs f16 HMMAs, not mma_kind {mma_kind!r}")
-    mx_hardware = mma_kind == "mx"
     bm, bn, threads = _check_config(cfg, block_scaled)
     mt, nt, wm_count, stages, use_ldmatrix = cfg.mt, cfg.nt, cfg.wm, cfg.stages, cfg.ldmatrix
     f16, f16_a, f16_b = cfg.f16 != "", "a" in cfg.f16, "b" in cfg.f16
@@ -311,22 +363,16 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
     b_copies = bn * 4 // threads
     rows_per_pass = threads // 4
     n_acc = mt * nt * 4
-    n_mx = 2 * (mt + nt) if mx else 1  # a k32 step's decoded MX scales (mx_scales)
     split = _split_accumulators(promotion, block_scaled)
     n_part = n_acc if split else 1
     n_af, n_bf = (8, 4 * nt) if f16 else (4, 2 * nt)
     n_raw = 4 if f16 else 1  # e4m3 fragments of an unstaged operand, before conversion
     chained = promotion == PER_128 or chain
-    scratch_words = (
-        warps * (sm120_mma.SCRATCH_WORDS if mma_kind in ("unit", "mx") else mma.SCRATCH_WORDS_PER_WARP)
-        if SIMULATOR
-        else 1
-    )
+    scratch_words = sm120.scratch_words(warps, mma_kind in sm120.KINDS)
     own_scratch = SIMULATOR or not f16
     mma_op, mma16, ldsm, lds = mma.mma_e4m3, mma.mma_f16, mma.ldmatrix_x4, mma.lds_u32
     if mma_kind == "unit":
-        mma_op = sm120_mma.mma_e4m3_unit  # the plain mma's arithmetic at the block-scaled rate
-    mma_mx = sm120_mma.mma_e4m3_mx
+        mma_op = sm120.mma_e4m3_unit  # the plain mma's arithmetic at the block-scaled rate
     lds4, sts4, cvt4 = mma.lds_u32x4, mma.sts_u32x4, mma.cvt_e4m3x4_f16
     commit = mma.cp_async_commit
     copy_a = mma.cp_async_rows(a_copies, rows_per_pass * ROW_WORDS)
@@ -616,81 +662,11 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
             d0, d1, d2, d3 = mma16(af[4], af[5], af[6], af[7], bf[hi], bf[hi + 1], d0, d1, d2, d3, scratch, warp, lane)
             add_partial(acc, part, q, d0, d1, d2, d3)
 
-    @cuda.jit(**_DEVICE)
-    def mx_scales(kb, mx_ctx):
-        """MX: the E8M0 scales of K block ``kb`` that this lane's mma steps use, read from global
-        memory once per k32 step rather than once per mma (a warp tile's mt x nt mmas share mt row
-        pairs and nt column pairs). Into ``sc`` (mx_ctx's last item; rows and columns past the edge
-        read the last one's scales: their codes are zero-filled, their outputs not stored):
-        - the block-scaled mma (sm_12x): sc[i] the byte of row r + 8 (t % 2) of m16 tile i, sc[mt + j]
-          of column 8 j + g of n8 tile j (ptx/sm120_mma.py's lane map), held as float32 (exact);
-        - the plain mma (sm_89, sm_90): sc[2 i], sc[2 i + 1] the decoded scales of rows r, r + 8 of m16
-          tile i, sc[2 mt + 2 j], sc[2 mt + 2 j + 1] of columns c, c + 1 (c = 8 j + 2 t) of n8 tile j."""
-        scale_a, scale_b, row0, col0, m_last, n_last, g, t, sc = mx_ctx
-        for i in range(mt):
-            r = row0 + 16 * i
-            if mx_hardware:
-                sc[i] = np.float32(scale_a[min(r + 8 * (t % 2), m_last), kb])
-            else:
-                sc[2 * i] = decode_e8m0(scale_a[min(r, m_last), kb])
-                sc[2 * i + 1] = decode_e8m0(scale_a[min(r + 8, m_last), kb])
-        for j in range(nt):
-            if mx_hardware:
-                sc[mt + j] = np.float32(scale_b[min(col0 + 8 * j + g, n_last), kb])
-            else:
-                c = col0 + 8 * j + 2 * t
-                sc[2 * mt + 2 * j] = decode_e8m0(scale_b[min(c, n_last), kb])
-                sc[2 * mt + 2 * j + 1] = decode_e8m0(scale_b[min(c + 1, n_last), kb])
-
-    @cuda.jit(**_DEVICE)
-    def mx_step(acc, af, bf, q, i, j, sc, scratch, warp, lane):
-        """MX: output tile q (m16 tile i, n8 tile j) times one K block: D of each output from C = 0,
-        scaled by its row's and its column's E8M0 scale (``sc``, from ``mx_scales``), added in
-        float32."""
-        if mx_hardware:  # the scales travel in the mma
-            d0, d1, d2, d3 = mma_mx(
-                af[0],
-                af[1],
-                af[2],
-                af[3],
-                bf[2 * j],
-                bf[2 * j + 1],
-                _F32_ZERO,
-                _F32_ZERO,
-                _F32_ZERO,
-                _F32_ZERO,
-                np.uint32(sc[i]),
-                np.uint32(sc[mt + j]),
-                scratch,
-                warp,
-                lane,
-            )
-            acc[q] += d0
-            acc[q + 1] += d1
-            acc[q + 2] += d2
-            acc[q + 3] += d3
-        else:
-            d0, d1, d2, d3 = mma_op(
-                af[0],
-                af[1],
-                af[2],
-                af[3],
-                bf[2 * j],
-                bf[2 * j + 1],
-                _F32_ZERO,
-                _F32_ZERO,
-                _F32_ZERO,
-                _F32_ZERO,
-                scratch,
-                warp,
-                lane,
-            )
-            sa0, sa1 = sc[2 * i], sc[2 * i + 1]
-            sb0, sb1 = sc[2 * mt + 2 * j], sc[2 * mt + 2 * j + 1]
-            acc[q] += np.float32(d0 * sa0) * sb0
-            acc[q + 1] += np.float32(d1 * sa0) * sb1
-            acc[q + 2] += np.float32(d2 * sa1) * sb0
-            acc[q + 3] += np.float32(d3 * sa1) * sb1
+    # MX: a k32 step's scales read once (mx_scales, n_mx of them) and the step that applies them
+    # (mx_step): in the instruction on sm_12x's block-scaled mma, in float32 after the plain one
+    mx_parts = sm120.mx_step_functions if mma_kind == "mx" else explicit_mx_step_functions
+    n_mx, mx_scales, mx_step = mx_parts(mt, nt)
+    n_mx = n_mx if mx else 1
 
     @cuda.jit(**_DEVICE)
     def mma_tile(smem, acc, part, af, bf, raw, fbase, sbase, plan, kt, mx_ctx, scratch, warp, lane):
@@ -1035,11 +1011,10 @@ def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32, mma_kind=
     32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``). The kernels of the
     block-scaled mma (``mma_kind`` 'unit', 'mx') are compiled for the arch-specific target (sm_120a,
     sm_121a): plain sm_12x refuses the instruction."""
-    arch = "a" if mma_kind in ("unit", "mx") and not SIMULATOR else ""
     kernel = compile_kernel(
         gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind),
         gemm_signature(block_scaled, out_is_float32, mma_kind in MX_KINDS),
-        arch=arch,
+        arch=sm120.arch(mma_kind in sm120.KINDS),
     )
     dynamic = shared_bytes(cfg)[1]
     return DynamicSharedKernel(kernel, dynamic) if dynamic else kernel
@@ -1101,7 +1076,7 @@ def mma_kind_for(cc, mx=False):
     """The mma a tensor-core kernel issues on compute capability ``cc`` (MMA_KINDS): the block-scaled
     instruction on sm_120 / sm_121 (real scales for MXFP8 operands, unit scales otherwise), the plain
     one elsewhere (MXFP8 operands then scaled per k32 in float32)."""
-    if sm120_mma.available(cc):
+    if sm120.available(cc):
         return "mx" if mx else "unit"
     return "mx_explicit" if mx else "plain"
 

@@ -28,11 +28,12 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..ptx import codec, mma, sm120_mma
+from ..ptx import codec, mma
 from ..ptx.codec import fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime import device
 from ..runtime.launch import compile_kernel
+from . import sm120_block_scaled as sm120
 from .epilogue import (
     F32_1D,
     I32,
@@ -195,13 +196,13 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     n_red = warps * n_acc * 32
     n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
     n_fscratch = warps * 32 if SIMULATOR else 1
-    n_scratch = warps * (sm120_mma.SCRATCH_WORDS if unit else mma.SCRATCH_WORDS_PER_WARP) if SIMULATOR else 1
+    n_scratch = sm120.scratch_words(warps, unit)
     # inline PTX (hardware): one 128-bit load for any element type
     load16 = codec.load_row_words if hardware else codec.load_row_words_u8
     load_x16 = x_loader(hardware)
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
-    mma_op, lds4 = (sm120_mma.mma_e4m3_unit if unit else mma.mma_e4m3), mma.lds_u32x4
+    mma_op, lds4 = (sm120.mma_e4m3_unit if unit else mma.mma_e4m3), mma.lds_u32x4
     octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
     load_bias_value, finish, store = load_bias, scaled_value, store_out
@@ -660,7 +661,7 @@ def _grouped_launch_bounds(nb, cfg, bounded):
 @functools.cache
 def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, unit=False, grouped=False, bounded=True):
     """The compiled tensor-core GEMV for M activation rows: launch on ceil(N / (16 rt)) blocks of
-    32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a). ``grouped``: the
+    32 * warps threads (``unit``: for the arch-specific target, sm_120a / sm_121a, sm120_block_scaled.py). ``grouped``: the
     grouped GEMV, M the rows of one pass (8 or 16), on grid (ceil(N / (16 rt)), E), with the int32
     offsets [E + 1] as a last argument; ``bounded``: with GROUPED_REGISTER_CAP's launch bounds."""
     if not 1 <= m <= GEMV_MAX_M:
@@ -674,12 +675,10 @@ def gemv_launcher(m, cfg, mode, block_scaled, hardware, chain, out_is_float32, u
         return compile_kernel(
             gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit, True),
             sig + (I32_1D, I32_1D),
-            arch="a" if unit and not SIMULATOR else "",
+            arch=sm120.arch(unit),
             **options,
         )
-    return compile_kernel(
-        gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig, arch="a" if unit and not SIMULATOR else ""
-    )
+    return compile_kernel(gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit), sig, arch=sm120.arch(unit))
 
 
 # Up to this M the dynamic modes quantize inside the GEMV: each block reads all of x for its amax,
@@ -754,7 +753,7 @@ def _device_flags(dev):
     """(hardware loads and encoder, chain C, the unit-scale block-scaled mma) on device record ``dev``."""
     if SIMULATOR:
         return False, False, False
-    return codec.hardware_available(dev.cc), chains_in_float32(dev.cc), sm120_mma.available(dev.cc)
+    return codec.hardware_available(dev.cc), chains_in_float32(dev.cc), sm120.available(dev.cc)
 
 
 def gemv_launch(
