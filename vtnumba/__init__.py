@@ -5,48 +5,8 @@ and cuBLASLt). docs/DESIGN.md states the exact semantics every function follows;
 says what runs where on a GPU and how to time it.
 """
 
-import importlib as _importlib
 import importlib.machinery as _machinery
 import sys as _sys
-
-# The modules issue 24 moved into vtnumba.cuda's layers (ARCHITECTURE.md), by their old names. The
-# repository imports the new names (tests/test_cuda_layers.py); code written before the move keeps
-# working: an old name gives the moved module itself, one module with one set of kernel caches.
-_MOVED = {
-    f"vtnumba.cuda.{old}": f"vtnumba.cuda.{new}"
-    for old, new in {
-        "target": "ptx.target",
-        "codec": "ptx.codec",
-        "mma": "ptx.mma",
-        "wgmma": "ptx.sm90_wgmma",
-        "launch": "runtime.launch",
-        "device": "runtime.device",
-        "cublaslt": "runtime.cublaslt",
-        "quant": "kernels.quant",
-        "epilogue": "kernels.epilogue",
-        "tiled": "kernels.tiled",
-        "gemv": "kernels.gemv",
-        "tc_gemm": "kernels.tc_gemm",
-        "tc_gemv": "kernels.tc_gemv",
-        "wg_gemm": "kernels.sm90_wgmma_gemm",
-    }.items()
-}
-
-
-class _MovedModule:
-    """The loader of an old name: imports the module where it lives now and hands that over."""
-
-    def __init__(self, new_name):
-        self.new_name = new_name
-        self.spec = None
-
-    def create_module(self, spec):
-        module = _importlib.import_module(self.new_name)
-        self.spec = module.__spec__
-        return module
-
-    def exec_module(self, module):
-        module.__spec__ = self.spec  # the import system stamped the old name's spec on it
 
 
 class _VtnumbaCudaFinder:
@@ -58,8 +18,6 @@ class _VtnumbaCudaFinder:
 
     @staticmethod
     def find_spec(name, path, target=None):
-        if name in _MOVED:
-            return _machinery.ModuleSpec(name, _MovedModule(_MOVED[name]))
         if name == "vtnumba.cuda" or name.startswith("vtnumba.cuda."):
             spec = _machinery.PathFinder.find_spec(name, path, target)
             if spec is None:
