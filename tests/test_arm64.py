@@ -1,4 +1,4 @@
-"""vtnumba's CPU path on aarch64, by emulation (issue 22): tools/arm64/run.sh sets up a Debian arm64
+"""vtnumba's CPU path on aarch64, by emulation (no Arm machine runs CI): tools/arm64/run.sh sets up a Debian arm64
 userland under qemu-user-static (once; later runs reuse it), then runs G1, G3 on a few GEMM shapes
 for every path and thread twin, the inner loop's assembly for real Arm cores, and the main job.
 

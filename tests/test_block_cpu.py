@@ -1,4 +1,4 @@
-"""Block-scaled FP8 on the CPU (issue 12): the per-group quantizer bitwise against the oracle and
+"""Block-scaled FP8 on the CPU: the per-group quantizer bitwise against the oracle and
 against a re-implementation of upstream's torch-native formula; the block-scaled GEMM within the
 G3-per-block bound of ``vtnumba.testing.reference.block_scaled_mm`` for every kernel, out dtype, bias,
 random block sizes, short last blocks and extreme scale ranges; its reference kernel bitwise equal to a

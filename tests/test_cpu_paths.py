@@ -1,4 +1,4 @@
-"""The CPU kernels' paths and threads (issue 22): which path a CPU gets, every path this CPU can run
+"""The CPU kernels' paths and threads: which path a CPU gets, every path this CPU can run
 held to G1 and G3 on both its serial and its parallel twin, and the one-thread threshold.
 
 Speed is not tested here (benchmarks/cpu/bench_cpu_gemm.py and bench_cpu_threads.py measure it); what is

@@ -1,4 +1,4 @@
-"""MXFP8 on the GPU's Numba kernels under the CUDA simulator (CI; issue 25): the MX quantization kernels
+"""MXFP8 on the GPU's Numba kernels under the CUDA simulator (run in CI, which has no GPU): the MX quantization kernels
 give the CPU's bytes (codes and E8M0 scales, both rules, every kernel form); the block-scaled mma's
 emulation applies the scale of the lane the sm_121a fragment map names, and with unit scales equals
 the plain mma bit for bit; the tiled tensor-core GEMM in its MX kinds (the block-scaled mma of sm_12x,

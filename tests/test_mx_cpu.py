@@ -1,4 +1,4 @@
-"""MXFP8 on the CPU (issue 25; DESIGN.md "MXFP8"): the E8M0 scale rules against the independent oracle
+"""MXFP8 on the CPU (DESIGN.md "MXFP8"): the E8M0 scale rules against the independent oracle
 and against their definitions, the MX quantizer bitwise (constructed ties under power-of-two scales,
 NaN / inf / zero groups, short last groups, every input dtype, both rules), the MX GEMM's kernels
 within the G3-per-block bound on every runnable CPU path (the exact shortcut and its fallback, NaN

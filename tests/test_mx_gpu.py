@@ -1,4 +1,4 @@
-"""MXFP8 on a real GPU (issue 25; the H200 run proves these, CI skips them): the MX quantization
+"""MXFP8 on a real GPU (the H200 run proves these, CI skips them): the MX quantization
 kernels give the CPU's bytes, the GEMM picks the tensor-core MX kernel and meets the G3-per-block bound,
 a NaN scale byte poisons only its row or column, and the seam's MXFP8 layer on the GPU meets the bound
 from the CPU's own quantization of the same input (the codes and scales are bytes, equal on both)."""

@@ -1,4 +1,4 @@
-"""MXFP8 and E8M0 block scales in the seam (issue 25): ``Fp8Weight`` holds them, quantizes its
+"""MXFP8 and E8M0 block scales in the seam: ``Fp8Weight`` holds them, quantizes its
 activations to match, and the checkpoint formats vLLM reads for them load from real safetensors files
 written here -- ModelOpt MXFP8 (hf_quant_config.json, ``weight_scale`` U8), compressed-tensors
 "mxfp8-pack-quantized" (``weight_scale`` U8), transformers' "mxfp8" (``weight_scale_inv`` F8_E8M0) and

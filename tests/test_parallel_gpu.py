@@ -1,4 +1,4 @@
-"""Tensor parallelism's communication on GPUs (issue 26; the H200 run proves these, CI skips them).
+"""Tensor parallelism's communication on GPUs (the H200 run proves these, CI skips them).
 
 One GPU runs a communicator of one rank: NCCL's all-reduce is then a copy, but the calls, the streams
 and the CUDA graph capture are the real ones, through torch.distributed (NCCL backend) and through

@@ -8,7 +8,7 @@ The fragments below are written by hand in the exact shape the producers emit:
   RedHatAI/neuralmagic "-FP8" and "-FP8-dynamic" model cards; read by vLLM's compressed_tensors.py);
 - vLLM "fp8" (AutoFP8 checkpoints, and DeepSeek-V3's config.json with weight_block_size; read by
   vllm/model_executor/layers/quantization/fp8.py, Fp8Config.from_config);
-- the block-scaled formats of issue 12: DeepSeek-V3 / V3.1 (``scale_fmt`` "ue8m0") and Qwen3-*-FP8
+- the block-scaled formats: DeepSeek-V3 / V3.1 (``scale_fmt`` "ue8m0") and Qwen3-*-FP8
   config.json, transformers' FineGrainedFP8Config as ``to_dict`` writes it
   (src/transformers/utils/quantization_config.py), and compressed-tensors' FP8_BLOCK preset
   (compressed_tensors/quantization/quant_scheme.py: weights strategy "block", block_structure
@@ -267,7 +267,7 @@ def test_vllm_fp8_static_and_dynamic():
     ids=["deepseek-v3", "deepseek-v3.1", "qwen3", "qwen3-moe", "transformers", "compressed-tensors"],
 )
 def test_block_scaled_formats_parse(config, block, ignore, ue8m0):
-    """Every block-scaled format of issue 12: block weights and dynamic per-token-group activations
+    """Every block-scaled format: block weights and dynamic per-token-group activations
     whose group size is the block's bk (vLLM's "dynamic" with weight_block_size means exactly that)."""
     cfg = seam.Fp8Config.from_hf(config)
     assert (cfg.weight_strategy, cfg.activation_scheme) == ("block", "per_group")

@@ -1,4 +1,4 @@
-"""GB10 and Blackwell workstations without the GPU (issue 25): the kernels that run there compile to
+"""GB10 and Blackwell workstations without the GPU (none is at hand to run them): the kernels that run there compile to
 PTX for compute capability 12.1 and 12.0 and assemble with ptxas for the arch-specific sm_121a /
 sm_120a, and their SASS is what the design says -- the block-scaled kernels issue the native
 ``QMMA.SF.16832.F32.E4M3.E4M3.E8`` (MXFP8 with real scales, the other formats with unit scales) and

@@ -47,7 +47,8 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
 
-# where each kernel module lives: its path since issue 24, then its path before
+# where each kernel module lives: its path since vtnumba.cuda's layers, then its path before them (so
+# a snapshot of an older tree still finds it)
 _MODULES = {
     "quant": ("vtnumba.cuda.kernels.quant", "vtnumba.cuda.quant"),
     "epilogue": ("vtnumba.cuda.kernels.epilogue", "vtnumba.cuda.epilogue"),

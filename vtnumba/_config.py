@@ -69,7 +69,7 @@ CPU_PARALLEL_MIN_ELEMENTS = 1 << 21
 # OMP_WAIT_POLICY, read once when libgomp loads, which is when Numba starts its thread pool). Beside
 # numpy's OpenBLAS workers or another busy process, two cores then held three or four spinning
 # threads: the parallel twin of the M = 1 kernel took a median of 6.7 ms where the serial one took
-# 1.3 ms (N = K = 4096, two cores), and the 16x32x64 layer of issue 22 took 12-16 ms instead of
+# 1.3 ms (N = K = 4096, two cores), and a small 16x32x64 layer beside numpy took 12-16 ms instead of
 # 56 us. With PASSIVE the parallel twins never fell behind the serial ones by more than the ~10 us
 # start-up. So vtnumba starts Numba's pool with PASSIVE unless the user set OMP_WAIT_POLICY, and
 # restores the environment after (other OpenMP runtimes loaded later do not inherit the choice).

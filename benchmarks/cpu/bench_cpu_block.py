@@ -1,4 +1,4 @@
-"""CPU block-scaled FP8 speed (issue 12): the block-scaled GEMM against the per-tensor CPU GEMM
+"""CPU block-scaled FP8 speed: the block-scaled GEMM against the per-tensor CPU GEMM
 (vt.scaled_mm) on the same codes and shapes, and per-group quantization against static per-tensor
 quantization, measured in the same run.
 
@@ -24,7 +24,7 @@ processes hits both sides alike.
 Quantization: GB/s counts bytes read plus bytes written (float32 4 + 1 per value, bfloat16 2 + 1, the
 group scales too).
 
-``--mx`` (issue 25): the MXFP8 GEMM (E8M0 scales per 1 x 32 on both operands, ``vt.scaled_mm(...,
+``--mx``: the MXFP8 GEMM (E8M0 scales per 1 x 32 on both operands, ``vt.scaled_mm(...,
 block_size=(1, 32))``) against the per-tensor GEMM instead, target >= 0.8 at M = 1, 16, 1024, and MX
 quantization against static quantization. ``--rounds`` sets the alternating rounds (the ratio's
 median and its low-high spread come from them: the spread is the machine's noise).

@@ -10,7 +10,7 @@ side's best time is kept (see ``interleaved_best``). The ratio
 is peer time / vtnumba time: above 1 means vtnumba is faster. torch's CPU ``_scaled_mm`` runs beside
 them when torch is installed (it is not a dependency).
 
-Targets (issue 22): ratio >= 1.5 at M = 1, >= 1.3 at M = 16, >= 0.85 at M = 128 and 1024. Extra
+Targets: ratio >= 1.5 at M = 1, >= 1.3 at M = 16, >= 0.85 at M = 128 and 1024. Extra
 memory at N = K = 4096 under 64 MiB beyond inputs and output (measured in a fresh process from the
 peak RSS). The header names the CPU and the kernel path vtnumba chose for it (vtnumba.cpu.paths);
 ``VT_CPU_PATH=portable`` (or another path this CPU runs) measures another path.

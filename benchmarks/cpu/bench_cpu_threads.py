@@ -1,5 +1,5 @@
 """Where the CPU kernels should go parallel: each kernel's serial and parallel twins timed on growing
-work, quiet and with one CPU-bound process beside them, and the layer of issue 22 (16x32x64
+work, quiet and with one CPU-bound process beside them, and a small layer beside numpy (16x32x64
 ``seam.matmul_fp8`` with a numpy matmul before each call).
 
     python3 benchmarks/cpu/bench_cpu_threads.py            # the crossover tables and the busy layer
@@ -110,7 +110,8 @@ def quant_table(rng, busy):
 
 
 def busy_layer(rng):
-    """Issue 22's case: a numpy matmul (256x256, OpenBLAS) before each call of a 16x32x64 layer."""
+    """A small layer after numpy's work, where spinning thread pools once cost milliseconds: a numpy matmul
+    (256x256, OpenBLAS) before each call of a 16x32x64 layer."""
     x = rng.standard_normal((16, 64), dtype=np.float32)
     w = seam.Fp8Weight.from_float(rng.standard_normal((32, 64), dtype=np.float32))
     a = rng.standard_normal((256, 256), dtype=np.float32)
@@ -132,7 +133,7 @@ def busy_layer(rng):
 
 
 def main_command_under_load(argv=("--skip-selfcheck",)):
-    """Issue 22's target: the main command's per-layer figures (device us, the median per call) beside
+    """The target on a shared machine: the main command's per-layer figures (device us, the median per call) beside
     one CPU-bound process within 2x of an idle run. Each run is a fresh process (python -m vtnumba
     --json); the idle run goes first and last, and each layer's busy figure is compared with the
     better of the two idle ones."""

@@ -1,5 +1,5 @@
 """GB10 / Blackwell workstations (sm_121 / sm_120): the block-scaled FP8 mma against the plain one, in
-vtnumba's own tensor-core kernels, measured in one run -- the number issue 25 could only state on paper.
+vtnumba's own tensor-core kernels, measured in one run -- the speedup the design could only state on paper.
 
     python3 benchmarks/gpu/bench_gb10_mx.py            # needs cupy, numba-cuda, a GPU (any: see below)
 
@@ -16,7 +16,7 @@ and the decode GEMV at M = 1 and 16 (plain vs unit). It prints microseconds, TFL
 plain / block-scaled: the speedup of the instruction vtnumba picks on sm_12x. On a GPU without the
 block-scaled mma (sm_89, sm_90) only plain and mx_explicit run; the others print why not.
 
-Expected on a GB10 (on paper, issue 25; not measured): the SASS of both GEMMs is the same loop with one
+Expected on a GB10 (on paper; not measured): the SASS of both GEMMs is the same loop with one
 QMMA.SF in place of each QMMA.16832 (tests/test_sm120_compile.py; 16 per k32 step of a warp, no
 conversion), so where the GEMM is bound by the mma rate the ratio approaches the instruction's 2x (102
 against 202 TFLOPS on an RTX 5060 Ti, flashinfer #3628). Each mma's k32 partial is then added into

@@ -7,11 +7,11 @@ Three tables:
    what every existing caller pays for the type checks.
 2. **torch callers**: the op on torch tensors (torch CPU, or torch CUDA on torch's current stream)
    against the same op on numpy / cupy views of the same memory: the conversions in and out, the
-   checks, and on the GPU entering torch's stream. Targets (issue 15): at most 2 us added on the
+   checks, and on the GPU entering torch's stream. Targets: at most 2 us added on the
    CPU, 3 us on the GPU.
 3. **Fp8Linear**: host time per forward of ``vtnumba.torch.Fp8Linear`` (dynamic and per-token) and
    of the float ``nn.Linear`` it replaces (bfloat16 on the GPU, float32 on the CPU, where torch has
-   no fast bf16 GEMM), at M = 1. Target (issue 15, on the H200): FP8 / bf16 <= 1.2.
+   no fast bf16 GEMM), at M = 1. Target (on the H200): FP8 / bf16 <= 1.2.
 
 Method (as bench_seam_overhead.py): both sides run in alternating rounds of ``--calls`` calls, the
 order flipping every round; the table gives each side's best round, the difference of the best rounds

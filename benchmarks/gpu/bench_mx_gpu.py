@@ -1,5 +1,5 @@
-"""MXFP8 on the GPU you have, against the per-tensor FP8 GEMM and bf16, in one run (issue 25's H200
-figure; needs cupy, torch, a GPU; device time behind a queued spin, vtnumba.profile).
+"""MXFP8 on the GPU you have, against the per-tensor FP8 GEMM and bf16, in one run (the H200's
+MXFP8 figure in benchmarks/RESULTS.md; needs cupy, torch, a GPU; device time behind a queued spin, vtnumba.profile).
 
 1. The GEMM alone, bf16 out: ``vt.scaled_mm`` with E8M0 scales per 1 x 32 on both operands
    (``block_size=(1, 32)``) against ``vt.scaled_mm`` per-tensor (cuBLASLt where it runs), with the

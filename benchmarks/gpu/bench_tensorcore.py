@@ -1,7 +1,7 @@
 """vtnumba's tensor-core kernels (vtnumba/cuda/kernels/tc_gemm.py, tc_gemv.py) on the H200 against cuBLASLt and
 torch measured in the same run. Device time behind a queued sleep (gpu_timing.py, DEVICE.md).
 
-Tables (targets from issue 14):
+Tables, each with its target:
   1. GEMM 4096^3 per-tensor: tile configurations (e4m3 mma and f16-staged) and promotions vs
      cuBLASLt, torch._scaled_mm (>= 0.5x cuBLASLt; the floor to ship 0.25x)
   2. GEMM 28672 x 4096 at M = 4096: table 1's fastest and the e4m3 default

@@ -353,7 +353,8 @@ def part_host(torch, vtt):
 
 
 def part_kernels(torch):
-    """The kernels issue 21 names, on Llama shapes, against torch's copy of the same bytes."""
+    """The quantization and epilogue kernels a converted Llama runs, on its shapes, against torch's copy of
+    the same bytes."""
     import cupy
     import numpy as np
 

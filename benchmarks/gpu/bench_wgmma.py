@@ -1,7 +1,7 @@
 """The wgmma GEMM (vtnumba/cuda/kernels/sm90_wgmma_gemm.py) on the H200 against cuBLASLt, torch and tc_gemm's mma.sync
 kernel, measured in the same run. Device time behind a queued sleep (vtnumba.timing, DEVICE.md).
 
-Tables (targets from issue 14):
+Tables, each with its target:
   0. a correctness check first: odd shapes, every scale layout, against the float64 reference
   1. GEMM 4096^3 per-tensor: configurations x promotions vs cuBLASLt (>= 0.5x; ship >= 0.25x)
   2. GEMM 28672 x 4096 at M = 4096
@@ -23,7 +23,7 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 import torch
-from bench_tensorcore import block_table, codes, row, table  # this directory: the tables and codes of the same issue
+from bench_tensorcore import block_table, codes, row, table  # this directory: the same tables and codes
 
 from vtnumba.cuda import gemm
 from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg

@@ -1,4 +1,4 @@
-"""numba-cuda-mlir behind vtnumba's one import, measured on a GPU (issue 24), against numba-cuda.
+"""numba-cuda-mlir behind vtnumba's one import, measured on a GPU, against numba-cuda.
 
     VT_COMMIT=<commit> python3 benchmarks/probes/probe_numba_cuda_mlir.py "$OUT" [--budget 520]
 
