@@ -25,10 +25,14 @@ file, a directory holding ``model.safetensors`` or a sharded ``model.safetensors
 (numpy); F8_E4M3, which its numpy loader cannot return (numpy has no float8 type), is read from the
 file's documented layout (8-byte little-endian header length, JSON header, raw bytes).
 
-A file is checked against its header before its first tensor is read: a truncated file (an
-interrupted download or copy) is named with the layer being read and the fix, where safetensors
-itself would say only "incomplete metadata, file not fully covered". Every error names the tensor
-(so the layer) and, where a file is at fault, the file.
+A file's header is checked as the format defines it when the checkpoint is opened: every entry a
+dtype, a shape of ints >= 0 and data_offsets spanning exactly its bytes, the tensors back to back
+from the data's first byte (no overlap, no gap), ``__metadata__`` strings; a sharded index must map
+each tensor to the shard that holds it, and no tensor may be in two shards. The file's size is
+checked against its header before its first tensor is read: a truncated file (an interrupted
+download or copy) is named with the layer being read and the fix, where safetensors itself would
+say only "incomplete metadata, file not fully covered". Every error names the tensor (so the layer)
+and, where a file is at fault, the file.
 """
 
 import json
@@ -41,6 +45,7 @@ from typing import TypeAlias
 import ml_dtypes
 import numpy as np
 
+from .. import _faults
 from .fusion import fuse_fp8_shards
 from .weights import Fp8Weight
 
@@ -51,6 +56,18 @@ _INDEX = "model.safetensors.index.json"
 _BYTE_DTYPES = ("F8_E4M3", "F8_E8M0")
 _E8M0_DTYPES = ("F8_E8M0", "U8")  # a block scale tensor of these holds E8M0 bytes
 _FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
+# bits per element of every safetensors dtype (the format's list, as safetensors 0.8 reads it: a
+# file with another dtype name is refused by safetensors too, so it is refused here, naming it)
+_DTYPE_BITS = {
+    "F4": 4,
+    **dict.fromkeys(("F6_E2M3", "F6_E3M2"), 6),
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"), 8),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 16),
+    **dict.fromkeys(("I32", "U32", "F32"), 32),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 64),
+}
+# the step where a tensor's bytes are copied from its file into a host array (tests arm it)
+_HOST_COPY = _faults.register("checkpoint.host_copy", "Checkpoint.read copying a tensor's bytes from its file")
 
 
 class Checkpoint:
@@ -66,8 +83,9 @@ class Checkpoint:
             if os.path.isfile(index):
                 files = self._from_index(index)
             elif os.path.isfile(single):
-                files = [single]
+                index, files = None, [single]
             else:
+                index = None
                 files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
                 if not files:
                     raise ValueError(
@@ -75,38 +93,67 @@ class Checkpoint:
                         f"got a directory without them: {path!r}"
                     )
         elif path.endswith(".json"):
-            files = self._from_index(path)
+            index = path
+            files = self._from_index(index)
         elif os.path.isfile(path):
-            files = [path]
+            index, files = None, [path]
         else:
             raise ValueError(
                 f"path must be a .safetensors file, an index .json or a model directory, got {path!r} (not found)"
             )
         self._where = {}  # tensor name -> (file, header entry, data start)
         self._data_end = {}  # file -> the byte where its last tensor ends, by its header
-        self._checked = set()  # files whose size was found to match their header
         for file in files:
             header, data_start = _read_header(file)
-            end = data_start
+            self._data_end[file] = data_start + _check_entries(file, header, data_start)
             for name, entry in header.items():
-                if name != "__metadata__":
-                    self._where[name] = (file, entry, data_start)
-                    end = max(end, _tensor_end(entry, data_start))
-            self._data_end[file] = end
+                if name == "__metadata__":
+                    continue
+                if name in self._where:
+                    raise ValueError(
+                        f"tensor {name!r} must be in one file of the checkpoint, got it in both "
+                        f"{self._where[name][0]!r} and {file!r}: which one to read is ambiguous"
+                    )
+                self._where[name] = (file, entry, data_start)
+        if index is not None:
+            self._check_index(index)
 
-    @staticmethod
-    def _from_index(index):
+    def _check_index(self, index):
+        """Each tensor is in the shard the index maps it to: an index that disagrees with its shards
+        (a tensor elsewhere, or in none) would read a tensor the index does not describe, or miss one."""
+        base = os.path.dirname(index)
+        for name, shard in self._weight_map.items():
+            held = self._where.get(name)
+            if held is None or held[0] != os.path.join(base, shard):
+                got = f"held by {os.path.basename(held[0])!r}" if held else "held by none of its shards"
+                raise ValueError(
+                    f"{index!r} must map tensor {name!r} to the shard that holds it, got {shard!r} with the "
+                    f"tensor {got}: the index and its shards disagree; download or copy the checkpoint again"
+                )
+
+    def _from_index(self, index):
         try:
             with open(index, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
-        except (OSError, KeyError, json.JSONDecodeError) as exc:
+        except (OSError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{index!r} must be a safetensors index with a weight_map, got {exc!r}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f for f in weight_map.values()):
+            bad = (
+                weight_map
+                if not isinstance(weight_map, dict)
+                else next({k: f} for k, f in weight_map.items() if not (isinstance(f, str) and f))
+            )
+            raise ValueError(f"{index!r} must hold a weight_map of tensor names to shard file names, got {_short(bad)}")
+        self._weight_map = weight_map
         base = os.path.dirname(index)
         files = sorted({os.path.join(base, f) for f in weight_map.values()})
         for file in files:
             if not os.path.isfile(file):
+                held = sorted(t for t, f in weight_map.items() if os.path.join(base, f) == file)
                 raise ValueError(
-                    f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing"
+                    f"shard {os.path.basename(file)!r} named in {os.path.basename(index)} must exist, got missing "
+                    f"(the index puts {len(held)} tensor(s) there: {', '.join(map(repr, held[:3]))}"
+                    f"{', ...' if len(held) > 3 else ''})"
                 )
         return files
 
@@ -131,12 +178,19 @@ class Checkpoint:
         scale bytes as uint8."""
         file, entry, data_start = self._where[name]
         self._check_size(file, name)
+        return self._host_copy(name, file, entry, data_start)
+
+    def _host_copy(self, name, file, entry, data_start):
+        """A new host array holding the tensor's bytes, copied from its file (the one place tensor data
+        is read; the file is closed however the copy ends)."""
         dtype, shape = entry["dtype"], tuple(entry["shape"])
         if dtype not in _BYTE_DTYPES:
             from safetensors import SafetensorError, safe_open
 
             try:
                 with safe_open(file, framework="np") as f:
+                    if _faults.armed:
+                        _faults.fire(_HOST_COPY, f"tensor {name!r} in {file!r}")
                     return f.get_tensor(name)
             except SafetensorError as exc:  # safetensors' own message names neither the file nor the tensor
                 raise ValueError(
@@ -144,22 +198,24 @@ class Checkpoint:
                     f"safetensors, got {exc}; the file is damaged: download or copy it "
                     f"again"
                 ) from None
-        start, end = entry["data_offsets"]
-        count = math.prod(shape)
-        if end - start != count:
+        start, _ = entry["data_offsets"]  # the span was checked against the shape with the header
+        codes = np.empty(math.prod(shape), dtype=np.uint8)
+        with open(file, "rb") as f:
+            f.seek(data_start + start)
+            if _faults.armed:
+                _faults.fire(_HOST_COPY, f"tensor {name!r} in {file!r}")
+            got = f.readinto(codes)
+        if got != codes.size:  # the file shrank since its size was checked
             raise ValueError(
-                f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must span {count} bytes for "
-                f"shape {list(shape)} ({dtype}), got data_offsets {entry['data_offsets']}; the "
-                f"file's header is wrong: write the checkpoint again"
+                f"layer {_layer(name)!r}: tensor {name!r} in {file!r} must be {codes.size} bytes, got "
+                f"{got} before the end of the file: the file changed while it was read; copy it again"
             )
-        codes = np.fromfile(file, dtype=np.uint8, count=count, offset=data_start + start)
         return codes.reshape(shape)
 
     def _check_size(self, file, name):
-        """The file holds exactly the bytes its header describes (once per file, before its first
-        read): a short file is the common case, a download or copy cut off."""
-        if file in self._checked:
-            return
+        """The file holds exactly the bytes its header describes, checked before every read (a stat, no
+        state kept: a file cut after an earlier read is caught too): a short file is the common case,
+        a download or copy cut off."""
         want, size = self._data_end[file], os.path.getsize(file)
         if size < want:
             cut = sorted(n for n, (f, e, d) in self._where.items() if f == file and _tensor_end(e, d) > size)
@@ -174,7 +230,6 @@ class Checkpoint:
                 f"{size - want} bytes more: the file is damaged or not one safetensors file; download or "
                 f"copy it again"
             )
-        self._checked.add(file)
 
 
 # A checkpoint given as a path (a .safetensors file, an index .json or a model directory) or opened.
@@ -182,12 +237,79 @@ CheckpointLike: TypeAlias = str | os.PathLike | Checkpoint
 
 
 def _tensor_end(entry, data_start):
-    """The byte where a header entry's tensor ends in its file (data_start for a malformed entry:
-    safetensors names those when the tensor is read)."""
-    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-    if isinstance(offsets, list) and len(offsets) == 2 and isinstance(offsets[1], int):
-        return data_start + offsets[1]
-    return data_start
+    """The byte where a (checked) header entry's tensor ends in its file."""
+    return data_start + entry["data_offsets"][1]
+
+
+def _short(value, limit=80):
+    """``repr(value)``, cut to ``limit`` characters: a damaged header can hold anything."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_entries(file, header, data_start):
+    """The header's entries checked as the safetensors format defines them (its own reader refuses
+    the same files), so that no damaged entry is read: returns the data's length by the header."""
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ValueError(
+            f"{file!r} must be a safetensors file: its __metadata__ must map names to strings, got {_short(meta)}"
+        )
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        what = f"{file!r} must be a safetensors file: tensor {name!r} must have"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{what} an entry of dtype, shape and data_offsets, got {_short(entry)}")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise ValueError(f"{what} a dtype name, got dtype {_short(dtype)}")
+        if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+            raise ValueError(f"{what} a shape of ints >= 0, got shape {_short(shape)}")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1]
+        ):
+            raise ValueError(f"{what} data_offsets [begin, end] with 0 <= begin <= end, got {_short(offsets)}")
+        if dtype not in _DTYPE_BITS:
+            raise ValueError(f"{what} a safetensors dtype ({', '.join(_DTYPE_BITS)}), got dtype {_short(dtype)}")
+        bits = math.prod(shape) * _DTYPE_BITS[dtype]
+        if bits % 8 or offsets[1] - offsets[0] != bits // 8:
+            raise ValueError(
+                f"{what} data_offsets spanning {bits / 8:g} bytes for shape {shape} ({dtype}), got {offsets} "
+                f"({offsets[1] - offsets[0]} bytes): the file's header is wrong; write the checkpoint again"
+            )
+        spans.append((offsets[0], offsets[1], name))
+    # An overlap names the two tensors that claim the same bytes, so it is reported before a gap
+    # (which a tensor moved elsewhere leaves behind it); a tensor moved past the data is named too.
+    end, before, overlap, gap = 0, None, None, None
+    for begin, stop, name in sorted(spans):
+        if begin < end and overlap is None:
+            overlap = (name, begin, stop, before, end)
+        elif begin > end and gap is None:
+            gap = (name, begin, stop, before, end)
+        if stop >= end:
+            end, before = stop, name
+    if overlap or gap:
+        name, begin, stop, before, at = overlap or gap
+        after = f"where tensor {before!r} ends" if before is not None else "at the data's first byte"
+        size = os.path.getsize(file) - data_start
+        past = sorted(n for _, e, n in spans if e > size)
+        raise ValueError(
+            f"{file!r} must be a safetensors file: tensor {name!r} must begin {after} (byte {at} of the "
+            f"data), got data_offsets {[begin, stop]}: "
+            + ("the two overlap" if overlap else f"{begin - at} bytes between them")
+            + (f", and {', '.join(map(repr, past[:3]))} end(s) past the data's {size} bytes" if past else "")
+            + "; the file's header is wrong: write the checkpoint again"
+        )
+    return end
 
 
 def _layer(tensor):
@@ -238,7 +360,7 @@ def _checkpoint(path_or_checkpoint, prefix=None):
 def _read_float(ckpt, name):
     dtype = ckpt.dtype(name)
     if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"tensor {name!r} must be a float tensor (F32, F16, BF16), got {dtype}")
+        raise ValueError(f"tensor {name!r} must be a float tensor (F32, F16, BF16), got {dtype} in {ckpt.file(name)!r}")
     return ckpt.read(name)
 
 
@@ -246,10 +368,14 @@ def _scalar(ckpt, name):
     """A per-tensor scale tensor ([] / [1] / [1, 1]) as a positive finite float32."""
     shape = ckpt.shape(name)
     if math.prod(shape) != 1 or len(shape) > 2:
-        raise ValueError(f"tensor {name!r} must be a scalar (shape [] or [1]), got shape {list(shape)}")
+        raise ValueError(
+            f"tensor {name!r} must be a scalar (shape [] or [1]), got shape {list(shape)} in {ckpt.file(name)!r}"
+        )
     value = np.float32(_read_float(ckpt, name).astype(np.float32).reshape(()))
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"tensor {name!r} must be a positive finite scale, got {float(value)!r}")
+        raise ValueError(
+            f"tensor {name!r} must be a positive finite scale, got {float(value)!r} in {ckpt.file(name)!r}"
+        )
     return value
 
 
@@ -293,21 +419,23 @@ def load_fp8_linear(
             f"layer {prefix!r}: tensor {wname!r} must hold F8_E4M3 codes, got {dtype}"
             + _not_fp8_hint(ckpt, wname, dtype)
         )
-    if len(shape) != 2:
-        raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(shape)}")
+    if len(shape) != 2 or 0 in shape:
+        raise ValueError(
+            f"tensor {wname!r} must be 2-D [N, K] with N, K >= 1, got shape {list(shape)} in {ckpt.file(wname)!r}"
+        )
     n, k = shape
 
     present = [s for s in (f"{prefix}.weight_scale", f"{prefix}.weight_scale_inv", f"{prefix}.scale") if s in ckpt]
     if not present:
         raise ValueError(
             f"tensor {prefix}.weight_scale (or {prefix}.weight_scale_inv, or {prefix}.scale) must be in "
-            f"the checkpoint for the FP8 weight {wname!r}, got none: without it the codes cannot be "
-            f"dequantized"
+            f"the checkpoint for the FP8 weight {wname!r} (in {ckpt.file(wname)!r}), got none: without it the "
+            f"codes cannot be dequantized"
         )
     if len(present) > 1:
         raise ValueError(
             f"tensors {' and '.join(map(repr, present))} must not all be present (which one "
-            f"scales the weight is ambiguous), got {len(present)}"
+            f"scales the weight is ambiguous), got {len(present)} in {sorted({ckpt.file(s) for s in present})}"
         )
     sname = present[0]
     sshape = ckpt.shape(sname)
@@ -317,9 +445,9 @@ def load_fp8_linear(
         )
     if ckpt.dtype(sname) in _E8M0_DTYPES and sshape == (n, -(-k // 32)):
         raise ValueError(
-            f"tensor {sname!r} holds E8M0 bytes ({ckpt.dtype(sname)}) of shape {list(sshape)} for a weight "
-            f"of shape {[n, k]}: an MXFP8 layer; pass block_size=(1, 32), or read it through "
-            f"Fp8Config.from_hf(config).load_linear"
+            f"tensor {sname!r} in {ckpt.file(sname)!r} holds E8M0 bytes ({ckpt.dtype(sname)}) of shape "
+            f"{list(sshape)} for a weight of shape {[n, k]}: an MXFP8 layer; pass block_size=(1, 32), or "
+            f"read it through Fp8Config.from_hf(config).load_linear"
         )
     if sshape in ((), (1,), (1, 1)):
         scale_kind = "per-tensor"
@@ -329,19 +457,19 @@ def load_fp8_linear(
         raise ValueError(
             f"tensor {sname!r} has shape {list(sshape)} for a weight of shape {[n, k]}: a "
             f"block-scaled layer; pass block_size (the checkpoint's weight_block_size), or read it "
-            f"through Fp8Config.from_hf(config).load_linear"
+            f"through Fp8Config.from_hf(config).load_linear (the tensor is in {ckpt.file(sname)!r})"
         )
     else:
         raise ValueError(
             f"tensor {sname!r} must have shape [] or [1] (per-tensor), [{n}] or [{n}, 1] "
-            f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)}"
+            f"(per-channel) for a weight of shape {[n, k]}, got shape {list(sshape)} in {ckpt.file(sname)!r}"
         )
     scale = _read_float(ckpt, sname).astype(np.float32).reshape(-1)
     bad = ~(np.isfinite(scale) & (scale > 0))
     if bad.any():
         raise ValueError(
             f"tensor {sname!r} must hold positive finite scales, got {scale[bad][:4].tolist()} "
-            f"at {np.flatnonzero(bad)[:4].tolist()}"
+            f"at {np.flatnonzero(bad)[:4].tolist()} in {ckpt.file(sname)!r}"
         )
     if not sname.endswith(".weight_scale"):
         name = sname.rsplit(".", 1)[1]
@@ -359,17 +487,13 @@ def load_fp8_linear(
     if activation_scheme is None:
         activation_scheme = "static" if input_scale is not None else "dynamic"
     elif activation_scheme == "static" and input_scale is None:
-        raise ValueError(f"tensor {iname!r} must be in the checkpoint for activation_scheme='static', got none")
+        raise ValueError(
+            f"tensor {iname!r} must be in the checkpoint for activation_scheme='static', got none in {ckpt.path!r}"
+        )
     read_input_scale = activation_scheme == "static"
 
     bname = f"{prefix}.bias"
-    bias = None
-    if bname in ckpt:
-        bias = _read_float(ckpt, bname)
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"tensor {bname!r} must have shape [{n}], got shape {list(bias.shape)}")
-        if not np.isfinite(bias.astype(np.float32)).all():
-            raise ValueError(f"tensor {bname!r} must be finite, got non-finite values")
+    bias = _bias(ckpt, bname, n)
 
     tensors = [wname, sname] + ([iname] if read_input_scale else []) + ([bname] if bias is not None else [])
     source = {
@@ -394,7 +518,10 @@ def load_fp8_linear(
 def _not_fp8_hint(ckpt, wname, dtype):
     """What to do about a weight tensor that is not F8_E4M3."""
     if dtype in _FLOAT_DTYPES:
-        return ": the layer is not FP8-quantized (read it with load_float_linear)"
+        return (
+            f": the layer is not FP8-quantized (its weight in {ckpt.file(wname)!r} is float: read it with "
+            f"load_float_linear)"
+        )
     if dtype == "U8":
         # some exporters write e4m3 codes as plain bytes: the bits are right, the dtype tag is not
         return (
@@ -406,13 +533,31 @@ def _not_fp8_hint(ckpt, wname, dtype):
     return f" in {ckpt.file(wname)!r}: vtnumba reads e4m3fn (F8_E4M3) FP8 weights only"
 
 
+def _bias(ckpt, bname, n):
+    """The layer's bias [N] (float, finite), or None when the checkpoint has none."""
+    if bname not in ckpt:
+        return None
+    bias = _read_float(ckpt, bname)
+    if tuple(bias.shape) != (n,):
+        raise ValueError(
+            f"tensor {bname!r} must have shape [{n}], got shape {list(bias.shape)} in {ckpt.file(bname)!r}"
+        )
+    bad = ~np.isfinite(bias.astype(np.float32))
+    if bad.any():
+        raise ValueError(
+            f"tensor {bname!r} must be finite, got {bias.astype(np.float32)[bad][:4].tolist()} at "
+            f"{np.flatnonzero(bad)[:4].tolist()} in {ckpt.file(bname)!r}"
+        )
+    return bias
+
+
 def _finite_codes(ckpt, wname):
     codes = ckpt.read(wname)
     nan = (codes & 0x7F) == 0x7F
     if nan.any():
         raise ValueError(
             f"tensor {wname!r} must hold finite e4m3 codes, got {int(nan.sum())} NaN codes "
-            f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}"
+            f"(0x7F / 0xFF), first at {np.argwhere(nan)[0].tolist()}, in {ckpt.file(wname)!r}"
         )
     return codes
 
@@ -428,7 +573,7 @@ def _load_block_fp8(
     if list(ckpt.shape(sname)) != want:
         raise ValueError(
             f"tensor {sname!r} must have shape {want} for a weight of shape {[n, k]} in {bn} x {bk} "
-            f"blocks, got shape {list(ckpt.shape(sname))}"
+            f"blocks, got shape {list(ckpt.shape(sname))} in {ckpt.file(sname)!r}"
         )
     sdtype = ckpt.dtype(sname)
     if sdtype in _E8M0_DTYPES:
@@ -443,14 +588,14 @@ def _load_block_fp8(
         first = np.argwhere(bad)[0].tolist()
         raise ValueError(
             f"layer {prefix!r}: tensor {sname!r} must hold {kind}, got "
-            f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks)"
+            f"{scale[tuple(first)]!r} at block {first} ({int(bad.sum())} bad blocks) in {ckpt.file(sname)!r}"
         )
     if activation_scheme not in (None, "per_group"):
         raise ValueError(
             f"activation_scheme must be 'per_group' for the block-scaled layer {prefix!r}, got {activation_scheme!r}"
         )
     bname = f"{prefix}.bias"
-    bias = _read_float(ckpt, bname) if bname in ckpt else None
+    bias = _bias(ckpt, bname, n)
     tensors = [wname, sname] + ([bname] if bias is not None else [])
     e8m0 = sdtype in _E8M0_DTYPES
     source = {
@@ -510,6 +655,6 @@ def load_float_linear(path: CheckpointLike, prefix: str) -> tuple[np.ndarray, np
         raise ValueError(f"tensor {wname!r} must be in the checkpoint {ckpt.path!r}, got none")
     weight = _read_float(ckpt, wname)
     if weight.ndim != 2:
-        raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(weight.shape)}")
+        raise ValueError(f"tensor {wname!r} must be 2-D [N, K], got shape {list(weight.shape)} in {ckpt.file(wname)!r}")
     bias = _read_float(ckpt, bname) if bname in ckpt else None
     return weight, bias

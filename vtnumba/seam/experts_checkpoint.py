@@ -49,15 +49,21 @@ _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "scale")  # load_fp8_linear's names, in its order
 
 
-def _expert_indices(ckpt, prefix):
-    """The expert indices e named by tensors '{prefix}.{e}.*'."""
+def _expert_tensors(ckpt, prefix):
+    """{e: a tensor named '{prefix}.{e}.*'} for every expert index e the names hold."""
     start = len(prefix) + 1
-    found = set()
+    found = {}
     for name in ckpt.names(prefix + "."):
         head = name[start:].split(".", 1)[0]
-        if head.isdigit():
-            found.add(int(head))
+        # not '²' (str.isdigit takes it, int refuses it), nor digits past any expert count
+        if head.isascii() and head.isdigit() and len(head) < 10:
+            found.setdefault(int(head), name)
     return found
+
+
+def _expert_indices(ckpt, prefix):
+    """The expert indices e named by tensors '{prefix}.{e}.*'."""
+    return set(_expert_tensors(ckpt, prefix))
 
 
 def experts_layout(path: CheckpointLike, prefix: str) -> str | None:
@@ -67,12 +73,13 @@ def experts_layout(path: CheckpointLike, prefix: str) -> str | None:
     ambiguous)."""
     ckpt = _checkpoint(path, prefix)
     fused = [n for n in (f"{prefix}.gate_up_proj", f"{prefix}.down_proj") if n in ckpt]
-    per_expert = bool(_expert_indices(ckpt, prefix))
+    per_expert = _expert_tensors(ckpt, prefix)
     if fused and per_expert:
+        one = per_expert[min(per_expert)]
         raise ValueError(
             f"experts under {prefix!r} must be stored either per expert ({prefix}.<e>.gate_proj.weight "
-            f"...) or fused ({prefix}.gate_up_proj ...), got both ({fused[0]!r} and per-expert tensors) "
-            f"in {ckpt.path!r}"
+            f"...) or fused ({prefix}.gate_up_proj ...), got both ({fused[0]!r} in {ckpt.file(fused[0])!r} "
+            f"and per-expert tensors, {one!r} in {ckpt.file(one)!r})"
         )
     return "fused" if fused else "per_expert" if per_expert else None
 
