@@ -47,34 +47,42 @@ def _read_json(path, name):
             return json.load(f)
     except OSError as exc:
         raise ValueError(f"{name} must be a readable JSON file, got {path!r} ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{name} must be valid JSON, got {path!r} ({exc})") from None
 
 
 def _quantization_section(config, where=""):
-    """The quantization dict of a config.json / hf_quant_config.json dict, or of a path to one (or to
-    a model directory). ``where`` names the file read, for error messages."""
+    """``(section, where)``: the quantization dict of a config.json / hf_quant_config.json dict, or of
+    a path to one (or to a model directory), and `` in '<file>'`` naming the file it came from ("" for
+    a dict), for error messages."""
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if os.path.isdir(path):
             for fname in ("config.json", "hf_quant_config.json"):
                 candidate = os.path.join(path, fname)
                 if os.path.isfile(candidate):
-                    section = _quantization_section(_read_json(candidate, "config"), f" in {candidate!r}")
-                    if section is not None:
-                        return section
+                    found = _quantization_section(_read_json(candidate, "config"), f" in {candidate!r}")
+                    if found[0] is not None:
+                        return found
             raise ValueError(
                 f"config must be a model directory with a quantization_config in config.json "
                 f"or an hf_quant_config.json, got {path!r} without either"
             )
         config, where = _read_json(path, "config"), f" in {path!r}"
     if not isinstance(config, dict):
+        if where:  # the file's content is at fault, not the argument
+            raise ValueError(f"config must be a JSON object, got a {type(config).__name__}{where}")
         raise TypeError(f"config must be a dict or a path to a JSON file, got {type(config).__name__}")
     if "quantization_config" in config:  # a full config.json
-        return config["quantization_config"]
+        return config["quantization_config"], where
     if "quantization" in config and isinstance(config.get("producer"), dict):
         # ModelOpt's hf_quant_config.json: {"producer": {"name": "modelopt"}, "quantization": {...}}
-        return {"quant_method": "modelopt", **config["quantization"]}
+        if not isinstance(config["quantization"], dict):
+            raise ValueError(
+                f"quantization must be a dict (ModelOpt's hf_quant_config.json), got "
+                f"{type(config['quantization']).__name__}{where}"
+            )
+        return {"quant_method": "modelopt", **config["quantization"]}, where
     if isinstance(config.get("quantization"), dict) and "quant_algo" in config["quantization"]:
         # ModelOpt's section without the producer that says who wrote it: say what is missing, not
         # that the checkpoint is unquantized
@@ -85,8 +93,8 @@ def _quantization_section(config, where=""):
             f"Fp8Config.from_hf({{\"quant_method\": \"modelopt\", **config[\"quantization\"]}})"
         )
     if "quant_method" in config:  # the quantization_config itself
-        return config
-    return None
+        return config, where
+    return None, where
 
 
 @dataclass(frozen=True)
@@ -213,16 +221,23 @@ class Fp8Config:
         """Read the quantization config of a checkpoint: a config.json dict (its
         ``quantization_config``), the ``quantization_config`` dict itself, ModelOpt's
         hf_quant_config.json dict, or a path to either file or to the model directory."""
-        section = _quantization_section(config)
+        section, where = _quantization_section(config)
         if section is None:
             raise ValueError(
                 "config must contain a quantization_config (config.json) or a ModelOpt "
-                "'quantization' section (hf_quant_config.json), got none: the checkpoint "
+                f"'quantization' section (hf_quant_config.json), got none{where}: the checkpoint "
                 "is not quantized"
             )
         if not isinstance(section, dict):
+            if where:  # the file's content is at fault, not the argument
+                raise ValueError(f"quantization_config must be a dict, got {type(section).__name__}{where}")
             raise TypeError(f"quantization_config must be a dict, got {type(section).__name__}")
-        return _formats().parse(section)
+        try:
+            return _formats().parse(section)
+        except ValueError as exc:
+            if not where:
+                raise
+            raise ValueError(f"{exc}{where}") from None
 
     # -- per layer ---------------------------------------------------------------------------
     def ignored_by(self, prefix: str) -> str | None:
@@ -341,7 +356,7 @@ class Fp8Config:
             if pattern is not None:
                 raise ValueError(
                     f"experts {prefix!r} must be FP8-quantized to load as seam.Fp8Experts, got {layer!r} "
-                    f"left unquantized by the ignore entry {pattern!r}"
+                    f"left unquantized by the ignore entry {pattern!r} (the checkpoint {ckpt.path!r})"
                 )
         return load_fp8_experts(
             ckpt,

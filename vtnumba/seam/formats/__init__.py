@@ -23,7 +23,7 @@ names are also the ``quant_method`` values an ``Fp8Config`` accepts.
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["names", "parse", "parser", "register", "unregister"]
+__all__ = ["names", "parse", "parser", "register", "unregister", "layer_list"]
 
 # name -> (matches(method) -> bool, parser(section) -> Fp8Config), in registration order
 _REGISTRY: dict[str, tuple[Callable[[str], bool], Callable[[dict[str, Any]], Any]]] = {}
@@ -59,6 +59,18 @@ def unregister(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(f"format name must be registered, got {name!r} (registered: {', '.join(_REGISTRY)})")
     del _REGISTRY[name]
+
+
+def layer_list(section: dict[str, Any], key: str) -> tuple[str, ...]:
+    """``section[key]``, a list of layer names or patterns (a format's skipped layers), as a tuple; ()
+    when absent or null. Anything else is refused naming the key: a lone string would otherwise be
+    read as a list of one-letter names, and skip nothing."""
+    value = section.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key} must be a list of layer names or patterns, got {value!r}")
+    return tuple(value)
 
 
 def names() -> tuple[str, ...]:

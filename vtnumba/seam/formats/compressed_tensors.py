@@ -12,7 +12,7 @@ dynamic group-32 or absent, are quantized MXFP8 at run time, as vLLM does.
 
 from ..._format import MX_BLOCK
 from ..config import Fp8Config
-from . import register
+from . import layer_list, register
 
 
 @register("compressed-tensors")
@@ -22,8 +22,13 @@ def parse_compressed_tensors(section):
         raise ValueError(f"config_groups must be a non-empty dict in a compressed-tensors config, got {groups!r}")
     found = set()
     for gname, group in groups.items():
+        if not isinstance(group, dict):
+            raise ValueError(f"config_groups.{gname} must be a dict (weights, input_activations), got {group!r}")
         weights = group.get("weights") or {}
         acts = group.get("input_activations")
+        for part, value in (("weights", weights), ("input_activations", acts)):
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"config_groups.{gname}.{part} must be a dict, got {value!r}")
         if weights.get("type") != "float" or weights.get("num_bits") != 8:
             raise ValueError(
                 f"config_groups.{gname}.weights must be 8-bit float (FP8), got "
@@ -36,9 +41,13 @@ def parse_compressed_tensors(section):
             continue
         if w_strategy == "block":
             block = weights.get("block_structure")
-            if not isinstance(block, (list, tuple)) or len(block) != 2:
+            if not (
+                isinstance(block, (list, tuple))
+                and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+            ):
                 raise ValueError(
-                    f"config_groups.{gname}.weights.block_structure must be [bn, bk] for "
+                    f"config_groups.{gname}.weights.block_structure must be two positive ints [bn, bk] for "
                     f"strategy 'block', got {block!r}"
                 )
             block = tuple(block)
@@ -56,7 +65,14 @@ def parse_compressed_tensors(section):
                 f"config_groups.{gname}.input_activations must be 8-bit float, got "
                 f"type={acts.get('type')!r} num_bits={acts.get('num_bits')!r}"
             )
-        a_key = (acts.get("strategy"), bool(acts.get("dynamic")))
+        strategy, dynamic = acts.get("strategy"), acts.get("dynamic") or False
+        if not isinstance(strategy, str) or not isinstance(dynamic, bool):
+            # a string "false" would read as dynamic; a list would not compare as a strategy
+            raise ValueError(
+                f"config_groups.{gname}.input_activations must have a strategy name and dynamic true or "
+                f"false, got strategy={strategy!r} dynamic={acts.get('dynamic')!r}"
+            )
+        a_key = (strategy, dynamic)
         if block is not None:
             scheme = _block_activations(f"config_groups.{gname}.input_activations", acts, a_key, block)
         else:
@@ -83,7 +99,7 @@ def parse_compressed_tensors(section):
     if fmt == "e8m0":
         scheme = "per_group"
     return Fp8Config(
-        "compressed-tensors", strategy, scheme, tuple(section.get("ignore") or ()), block, activation_scale_format=fmt
+        "compressed-tensors", strategy, scheme, layer_list(section, "ignore"), block, activation_scale_format=fmt
     )
 
 

@@ -13,7 +13,7 @@ releases), which the loader keeps as bytes.
 """
 
 from ..config import Fp8Config
-from . import register
+from . import layer_list, register
 
 
 @register("fp8")
@@ -28,7 +28,7 @@ def parse_fp8(section):
     if fmt != "e4m3":
         raise ValueError(f"fmt must be 'e4m3' (vtnumba's FP8 format is e4m3fn), got {fmt!r}")
     # vLLM reads ignored_layers, and modules_to_not_convert (transformers' key) when that is empty
-    ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
+    ignore = layer_list(section, "ignored_layers") or layer_list(section, "modules_to_not_convert")
     block = section.get("weight_block_size")
     scale_fmt = section.get("scale_fmt")
     if scale_fmt not in (None, "float", "ue8m0"):

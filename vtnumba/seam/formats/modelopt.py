@@ -10,7 +10,7 @@ parser as a quantization_config with ``quant_method`` "modelopt" (``seam.config`
 
 from ..._format import MX_BLOCK
 from ..config import Fp8Config
-from . import register
+from . import layer_list, register
 
 _MODELOPT_ALGOS = {
     # quant_algo -> (weight strategy, activation scheme), per vLLM's ModelOptFp8LinearMethod and
@@ -33,10 +33,10 @@ def parse_modelopt(section):
         raise ValueError(f"quant_algo must be one of {', '.join(_MODELOPT_ALGOS)}, got {algo!r}")
     strategy, scheme = _MODELOPT_ALGOS[key]
     # "exclude_modules" in hf_quant_config.json, "ignore" in config.json (vLLM reads both)
-    ignore = section.get("exclude_modules", section.get("ignore")) or ()
+    ignore = layer_list(section, "exclude_modules" if "exclude_modules" in section else "ignore")
     if key == "MXFP8":
         group = section.get("group_size", MX_BLOCK[1])
         if group != MX_BLOCK[1]:
             raise ValueError(f"group_size must be {MX_BLOCK[1]} for ModelOpt MXFP8, got {group!r}")
-        return Fp8Config("modelopt", strategy, scheme, tuple(ignore), MX_BLOCK, activation_scale_format="e8m0")
-    return Fp8Config("modelopt", strategy, scheme, tuple(ignore))
+        return Fp8Config("modelopt", strategy, scheme, ignore, MX_BLOCK, activation_scale_format="e8m0")
+    return Fp8Config("modelopt", strategy, scheme, ignore)

@@ -7,7 +7,7 @@ are not FP8 (vLLM's online "mxfp8") is quantized MXFP8 as it is read (``Fp8Confi
 
 from ..._format import MX_BLOCK
 from ..config import Fp8Config
-from . import register
+from . import layer_list, register
 
 
 @register("mxfp8")
@@ -20,7 +20,7 @@ def parse_mxfp8(section):
             f"activation_scheme must be 'dynamic' for mxfp8 (as vLLM's Mxfp8Config requires), got {scheme!r}"
         )
     block = section.get("weight_block_size", list(MX_BLOCK))
-    if block is not None and tuple(block) != MX_BLOCK:
+    if block is not None and (not isinstance(block, (list, tuple)) or tuple(block) != MX_BLOCK):
         raise ValueError(f"weight_block_size must be {list(MX_BLOCK)} for mxfp8, got {block!r}")
-    ignore = tuple(section.get("ignored_layers") or section.get("modules_to_not_convert") or ())
+    ignore = layer_list(section, "ignored_layers") or layer_list(section, "modules_to_not_convert")
     return Fp8Config("mxfp8", "block", "per_group", ignore, MX_BLOCK, activation_scale_format="e8m0")
