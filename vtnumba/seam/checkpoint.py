@@ -77,6 +77,7 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         path = os.fspath(path)
         self.path = path
+        index: str | None  # the sharded index read, whose weight_map is checked against its shards
         if os.path.isdir(path):
             index = os.path.join(path, _INDEX)
             single = os.path.join(path, "model.safetensors")
