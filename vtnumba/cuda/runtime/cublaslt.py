@@ -28,7 +28,10 @@ import threading
 
 import numpy as np
 
-from ... import _arrays
+from ... import _arrays, _faults
+
+_HEURISTIC = _faults.register("cublaslt.heuristic", "cuBLASLt's algorithm query, when a plan is made")
+_MATMUL = _faults.register("cublaslt.matmul", "the cublasLtMatmul call that enqueues a GEMM")
 
 _lt = _cublas = _nvmath = None
 _IMPORT_ERROR = None
@@ -140,6 +143,11 @@ class CublasLtError(RuntimeError):
     """A cuBLASLt call failed; the message names the call and cuBLASLt's status."""
 
 
+# Statuses that say something about the moment (memory, the device), not about the call: a plan that
+# failed with one of them is not remembered as impossible (the call may get its plan next time)
+_TRANSIENT = ("ALLOC_FAILED", "EXECUTION_FAILED", "INTERNAL_ERROR", "NOT_INITIALIZED")
+
+
 def _check(what, fn, *args):
     try:
         return fn(*args)
@@ -223,6 +231,8 @@ class Plan:
             _set_attr(setp, pref, P.MIN_ALIGNMENT_D_BYTES, align_d, pdtype)
             self.heuristic = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, dtype=np.int32)
+            if _faults.armed:
+                _faults.fire(_HEURISTIC, f"plan of [M, N, K] = {key[:3]}")
             # C is D (beta = 0), so C takes D's layout
             _check(
                 "matmul_algo_get_heuristic",
@@ -273,6 +283,8 @@ class Plan:
 
     def enqueue(self, handle, a_ptr, b_ptr, d_ptr, workspace_ptr, workspace_bytes, stream_ptr):
         """Enqueue the matmul with the pointer attributes as set (the per-call part of ``run``)."""
+        if _faults.armed:
+            _faults.fire(_MATMUL, f"[M, N, K] = {self.key[:3]}")
         try:
             _lt.matmul(
                 handle,
@@ -340,6 +352,8 @@ class DeviceState:
                 try:
                     found = Plan(self.handle, key, WORKSPACE_BYTES, pointers)
                 except CublasLtError as exc:
+                    if any(status in str(exc) for status in _TRANSIENT):
+                        raise  # not a property of the call: caching it would route it elsewhere for good
                     found = f"cuBLASLt has no plan for this call ({exc})"
                 self.plans[key] = found
         return found

@@ -51,7 +51,10 @@ from collections import namedtuple
 
 import numpy as np
 
+from ... import _faults
 from ..ptx.target import SIMULATOR, cuda, require_gpu, types
+
+_LAUNCH = _faults.register("cuda.launch", "a kernel launch (cuLaunchKernel), bound or not")
 
 # Scalar types a kernel may take: their struct code in an 8-byte parameter slot, and their width.
 # (explicit codes: numpy's int64 char 'l' is 4 bytes in struct's standard sizes)
@@ -264,6 +267,8 @@ class Kernel:
         return values
 
     def __call__(self, grid, block, *args, shared_mem=0):
+        if _faults.armed:  # a test's injected fault (vtnumba._faults); one dict test otherwise
+            _faults.fire(_LAUNCH, self.name)
         if SIMULATOR:
             return self._simulate(grid, block, args, shared_mem)
         values = self.flatten(args)
@@ -358,6 +363,8 @@ class PreparedLaunch:
 
     def launch(self, stream_ptr):
         """Queue the launch on the stream with this pointer (never synchronizes)."""
+        if _faults.armed:
+            _faults.fire(_LAUNCH, self.kernel.name)
         if SIMULATOR:
             return self.kernel(self.grid, self.block, *self.args, shared_mem=self.shared_mem)
         gx, gy, gz, bx, by, bz = self._dims
