@@ -80,7 +80,7 @@ def fresh(tmp_path_factory):
 def _state(cp, weight, gu):
     from vtnumba.cuda.runtime import device
 
-    plans = device.current().cublaslt.plans
+    plans = device.current().cublaslt().plans
     return (
         dict(weight.weight.bound_calls or {}),
         dict(se._bound_holder(gu).bound_calls or {}),
