@@ -636,7 +636,11 @@ def test_fp8_and_baseline_are_timed_in_turn(monkeypatch):
     seq = iter([5e-3, 1e-3, 3e-3, 9e-3, 2e-3, 4e-3])
     monkeypatch.setattr(cli, "_spread", lambda t: 1.0)
     monkeypatch.setattr(
-        timing, "interleaved_cpu_samples", lambda calls, trials: [[next(seq), next(seq)] for _ in calls]
+        timing,
+        "interleaved_cpu_samples",
+        lambda calls, trials, waits: (
+            waits.extend([[None, None]] * len(calls)) or [[next(seq), next(seq)] for _ in calls]
+        ),
     )
     sides, record = cli._time_cpu("q", None, None, None, 2, 1.0, 1.0, "1x1x1")
     assert {k: v[0] for k, v in sides.items()} == {"fp8": 1e-3, "quant": 3e-3, "base": 2e-3}
@@ -661,6 +665,66 @@ def test_a_baseline_far_below_its_ceiling_is_noisy():
     assert not cli.below_ceiling(31.5e-3, flops16, 4.0 * 14336 * 4096, CEILINGS)
 
 
+def test_rows_are_judged_by_the_best_rates_the_run_reached():
+    """Ceilings measured at the start of a loaded run (copy 5.9 GB/s, sgemm 23.8 GFLOP/s) let an sgemm of
+    14.5 ms at 1 x 1024 x 4096 pass as a 32x speedup; the same run's own calls reached 35 GB/s, and
+    judged by that the row is noisy. Ceilings above every call's rate stay as measured."""
+    import dataclasses
+
+    from vtnumba import profile
+
+    def row(m, n, k, fp8_us, base_us):
+        flops, fp8_bytes = profile.linear_cost(m, n, k, 4, 1, 4)
+        return dict(
+            flops=flops,
+            bytes=fp8_bytes,
+            baseline_bytes=4.0 * (m * k + n * k + m * n),
+            device_min_us=fp8_us,
+            baseline_us=base_us,
+            spread_noisy=False,
+        )
+
+    measured = profile.Ceilings("cpu", 5.9, 23.8, "numpy sgemm 1024^3")
+    rows = [row(1, 4096, 4096, 1984.9, 1920.5), row(1, 1024, 4096, 454.1, 14542.5)]
+    assert not cli.judge_row(dict(rows[1]), measured)["noisy"]  # the start's ceilings let it pass
+    judged = cli.run_ceilings(measured, rows)
+    assert judged.copy_gbytes_per_s == pytest.approx(4.0 * (4096 + 4096 * 4096 + 4096) / 1920.5e-6 / 1e9)
+    assert judged.peak_gflops == measured.peak_gflops  # no call beat the measured peak
+    assert cli.judge_row(rows[1], judged)["slow"] == ["baseline"] and rows[1]["noisy"]
+    assert not cli.judge_row(rows[0], judged)["noisy"]  # the row that set the bandwidth
+    high = dataclasses.replace(measured, copy_gbytes_per_s=1000.0, peak_gflops=1e5)
+    assert cli.run_ceilings(high, rows) == high
+
+
+def test_a_side_that_waited_for_a_cpu_is_noisy(monkeypatch):
+    """Sustained load slows every trial and every rate a run reaches alike, past the spread and the
+    ceiling rules; the kept trial's wait for a CPU names it. A call alone on its cores, or a thread
+    pool's wake-up on a tiny call, is not flagged."""
+    assert cli.waited_for_cpu((3e-3, 2e-3))  # 40% of its runnable time spent waiting
+    assert not cli.waited_for_cpu((10e-3, 0.5e-3))  # alone on its cores
+    assert not cli.waited_for_cpu((50e-6, 100e-6))  # a wake-up on a tiny call: under the floor
+    assert not cli.waited_for_cpu(None)  # no schedstat: nothing to go by
+    row = dict(flops=1.0, bytes=1.0, baseline_bytes=1.0, device_min_us=1.0, baseline_us=1.0, spread_noisy=False)
+    assert not cli.judge_row(dict(row, waited=[]), None)["noisy"]
+    assert cli.judge_row(dict(row, waited=["baseline"]), None)["noisy"]
+    # the timer hands the trials' (running, waiting) seconds over, the fastest trial's picked
+    waits = []
+    times = timing.interleaved_cpu_samples([lambda: None, lambda: sum(range(1000))], trials=3, warmup=0, waits=waits)
+    assert len(waits) == 2 and all(len(w) == 3 for w in waits) and [len(t) for t in times] == [3, 3]
+    if timing.runqueue_seconds() is not None:  # Linux
+        assert all(run >= 0 and wait >= 0 for w in waits for run, wait in w)
+    seq = iter([5e-3, 1e-3, 3e-3, 9e-3, 2e-3, 4e-3])
+    monkeypatch.setattr(cli, "_spread", lambda t: 1.0)
+    trial_waits = [[(1e-3, 0.0), (1e-3, 0.0)], [(1e-3, 0.0)] * 2, [(2e-3, 3e-3), (1e-3, 0.0)]]
+    monkeypatch.setattr(
+        timing,
+        "interleaved_cpu_samples",
+        lambda calls, trials, waits: waits.extend(trial_waits) or [[next(seq), next(seq)] for _ in calls],
+    )
+    sides, _ = cli._time_cpu("q", None, None, None, 2, 1.0, 1.0, "1x1x1")
+    assert [sides[k][3] for k in ("fp8", "quant", "base")] == [False, False, True]  # base's fastest waited
+
+
 def test_a_slow_side_marks_the_row_and_names_itself(monkeypatch, capsys):
     """run_layer marks a row noisy when its baseline ran far below the ceilings, with its spread tight,
     and the table flags it and says why."""
@@ -668,8 +732,8 @@ def test_a_slow_side_marks_the_row_and_names_itself(monkeypatch, capsys):
 
     def slow_baseline(*args):
         sides, record = real(*args)
-        best, median, spread = sides["base"]
-        sides["base"] = (best * 200, median * 200, spread)  # slow on every trial: the spread stays tight
+        best, median, spread, waited = sides["base"]
+        sides["base"] = (best * 200, median * 200, spread, False)  # slow on every trial: the spread stays tight
         return sides, record
 
     monkeypatch.setattr(cli, "_time_cpu", slow_baseline)

@@ -2,7 +2,8 @@
 
 - CPU: ``cpu_time`` -- a quiet pause (OpenBLAS's spinning workers), warm-up calls, then the median
   and the minimum of timed calls; ``interleaved_cpu_samples`` -- several callables timed in turn,
-  round after round, so that load on the machine hits each alike (comparisons).
+  round after round, so that load on the machine hits each alike (comparisons), and, on request,
+  how long each timed call's threads waited for a CPU (``runqueue_seconds``).
 - GPU device time: ``device_us`` -- a spin kernel is queued first, so the host has enqueued every
   timed call before the GPU reaches them; CUDA events around the calls then time the GPU alone
   (DEVICE.md's method, with a spin kernel of our own instead of torch's ``_sleep``). With method
@@ -10,6 +11,7 @@
 - GPU host cost: ``host_us`` -- a loop of calls timed with the host clock, synchronized once.
 """
 
+import os
 import statistics
 import time
 
@@ -21,6 +23,7 @@ __all__ = [
     "cpu_time",
     "cpu_samples",
     "interleaved_cpu_samples",
+    "runqueue_seconds",
     "NOISY_SPREAD",
     "device_us",
     "best_device_us",
@@ -63,10 +66,38 @@ def cpu_samples(call, repeats=9, warmup=1):
     return times
 
 
-def interleaved_cpu_samples(calls, trials=5, warmup=1):
+_TASKS = "/proc/self/task"
+
+
+def runqueue_seconds():
+    """(running, waiting) seconds of all of this process's threads so far: the time they ran on a CPU
+    and the time they were ready to run but waited for one (Linux's per-thread schedstat). Waiting is
+    what other processes on the same cores cost: a call's own work never waits. None where the kernel
+    does not say (not Linux, or schedstat off)."""
+    try:
+        tasks = os.listdir(_TASKS)
+    except OSError:
+        return None
+    running = waiting = 0
+    for task in tasks:
+        try:
+            with open(f"{_TASKS}/{task}/schedstat") as f:
+                run_ns, wait_ns, _ = f.read().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended between the listing and the read
+        running += int(run_ns)
+        waiting += int(wait_ns)
+    return running * 1e-9, waiting * 1e-9
+
+
+def interleaved_cpu_samples(calls, trials=5, warmup=1, waits=None):
     """Seconds of each timed call of several callables taken in turn: ``warmup`` untimed rounds, then
     ``trials`` rounds, each a quiet pause (see above) and then, for each of ``calls`` in order, one
-    untimed call and one timed call. Returns one list of ``trials`` seconds per callable.
+    untimed call and one timed call. Returns one list of ``trials`` seconds per callable. ``waits``, a
+    list, receives one list per callable of (running, waiting) seconds (``runqueue_seconds``) of each
+    trial's untimed and timed call together, or None per trial where the kernel does not say; it is
+    read before the untimed call and after the timed one, so the timed call follows the untimed one
+    as closely as without it.
 
     For a comparison (a kernel against its baseline): a neighbour process that takes the cores for a
     second slows the calls of both sides around that second, where timing all of one side's calls and
@@ -82,13 +113,20 @@ def interleaved_cpu_samples(calls, trials=5, warmup=1):
         for call in calls:
             call()
     times = [[] for _ in calls]
+    waited = [[] for _ in calls]
     for _ in range(trials):
         time.sleep(_BLAS_SPIN_PAUSE_S)
-        for call, out in zip(calls, times):
+        for call, out, seen in zip(calls, times, waited):
+            before = runqueue_seconds() if waits is not None else None
             call()
             t0 = time.perf_counter()
             call()
             out.append(time.perf_counter() - t0)
+            if waits is not None:
+                after = runqueue_seconds()
+                seen.append(None if before is None or after is None else (after[0] - before[0], after[1] - before[1]))
+    if waits is not None:
+        waits.extend(waited)
     return times
 
 
