@@ -26,7 +26,8 @@ import vtnumba
 CUDA = pathlib.Path(vtnumba.__file__).parent / "cuda"
 LAYERS = {"ptx": 0, "runtime": 1, "kernels": 2}
 DISPATCH, BACKEND = 3, 4
-SHARED_OUTSIDE = {"vtnumba._arrays", "vtnumba._format", "vtnumba._config"}
+# the helpers below vtnumba.cuda that it may import: dtypes, formats, settings, and the tests' fault hook
+SHARED_OUTSIDE = {"vtnumba._arrays", "vtnumba._format", "vtnumba._config", "vtnumba._faults"}
 # the modules' names before vtnumba.cuda was split into layers, each beside where it lives now: the
 # old names are gone, so nothing may import them
 OLD_NAMES = {
