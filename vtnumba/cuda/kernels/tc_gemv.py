@@ -1074,7 +1074,10 @@ _IDENTITY = {}  # (device ordinal, E) -> int32 [0, 1, ..., E - 1, E] on that dev
 
 def identity_map(dev, e):
     """The active-experts map that runs every expert in order: int32 [E + 1] (E last), made once per
-    device and E, from cupy's own pool (a capture may not allocate)."""
+    device and E, from cupy's own pool (a capture may not allocate). First needed while the stream
+    is being captured (the warm-up call took another path: per_expert), it is made by a kernel the
+    graph holds, for that call only: a capture may not copy from the host, and a cached array a
+    captured kernel fills would hold nothing until the graph first replays."""
     key = (dev.ordinal, e)
     arr = _IDENTITY.get(key)
     if arr is None:
@@ -1083,6 +1086,8 @@ def identity_map(dev, e):
             arr = host
         else:
             xp = device.xp
+            if xp.cuda.runtime.streamIsCapturing(xp.cuda.get_current_stream().ptr):
+                return xp.arange(e + 1, dtype=np.int32)
             with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
                 arr = xp.asarray(host)
         _IDENTITY[key] = arr
