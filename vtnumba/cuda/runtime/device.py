@@ -60,6 +60,10 @@ class GpuDevice:
         self._scalars = {}
         self._placeholders = {}
         self._cublaslt = None
+        # made now, not at first need: a kernel first needing one inside a CUDA graph capture
+        # (its warm-up call took another path) could not copy it from the host there
+        for kind in _PLACEHOLDER_SHAPES:
+            self.placeholder(kind)
 
     def scalar(self, value):
         """A float32 device array (1,) holding ``value``, uploaded once per device and value, shared
