@@ -164,9 +164,17 @@ def dtype_of(x):
         raise TypeError(f"dtype {name} is not one vtnumba handles") from None
 
 
+def _array_dtype(x, name, what):
+    """dtype_of(x), or a TypeError naming ``name`` when x is no array at all (a Python number or list
+    carries no dtype to check)."""
+    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+        raise TypeError(f"{name} must be {what}, got {type(x).__name__}")
+    return dtype_of(x)
+
+
 def float_dtype(x, name):
     """The float dtype of ``x`` (float32, float16 or ml_dtypes.bfloat16); TypeError otherwise."""
-    dt = dtype_of(x)
+    dt = _array_dtype(x, name, "a float32, float16 or bfloat16 array")
     if dt not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a float32, float16 or bfloat16 array, got dtype {dt}")
     return dt
@@ -175,7 +183,7 @@ def float_dtype(x, name):
 def _bytes_of(x, name, typed, what):
     """x as uint8: an array of the one-byte type ``typed`` is viewed, not copied; TypeError naming
     ``what`` for any other dtype."""
-    dt = dtype_of(x)
+    dt = _array_dtype(x, name, what)
     if dt == typed:
         return x.view(np.uint8)
     if dt != np.dtype(np.uint8):

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import ml_dtypes
 import numpy as np
 
 from . import _arrays
@@ -135,16 +136,36 @@ class QuantizedActivation:
         return dequantize_fp8(self.data, scale, dtype)
 
 
+def _is_real_dtype(dt):
+    """Integers and floats (bfloat16 included): the dtypes whose values are real numbers. bool, complex,
+    object and strings are not (float32 of them would be 1.0 for True, the real part, or a parse)."""
+    return dt.kind in "iuf" or dt == _arrays.BFLOAT16
+
+
+_REAL_SCALARS = (int, float, np.integer, np.floating, ml_dtypes.bfloat16)
+
+
 def _host_float32(value, name):
-    """A scalar given as a Python number, numpy scalar or size-1 numpy array, as float32."""
+    """A scalar given as a Python number, numpy scalar or size-1 numpy array of a real dtype, as float32
+    (a value past float32's range rounds to inf, which the callers refuse as not finite)."""
     if isinstance(value, np.ndarray):
         if value.size != 1 or value.ndim > 2:
             raise ValueError(f"{name} must be a scalar or a size-1 array, got shape {value.shape}")
+        if not _is_real_dtype(value.dtype):
+            raise TypeError(f"{name} must be a real number, got an array of dtype {value.dtype}")
         value = value.reshape(())[()]
-    try:
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL_SCALARS):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    with np.errstate(over="ignore"):
         return np.float32(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+
+
+def _flag(value, name):
+    """A switch given as True or False (numpy's bool too); anything else is refused rather than read
+    by its truth value (per_token='no' would mean per-token)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def quant_scale(scale, name="scale"):
@@ -220,6 +241,9 @@ def quantize_fp8(
     device = _arrays.device_of(x, "x")
     _arrays.float_dtype(x, "x")
     impl = backend(device)
+    per_token = _flag(per_token, "per_token")
+    scale_ue8m0 = _flag(scale_ue8m0, "scale_ue8m0")
+    column_major_scales = _flag(column_major_scales, "column_major_scales")
     e8m0 = _scale_format(scale_format) == "e8m0"
     if not e8m0 and scale_rounding is not None:
         raise ValueError(
@@ -242,9 +266,9 @@ def quantize_fp8(
                     "an E8M0 scale is rounded by scale_rounding), got True"
                 )
             rounding = _e8m0_rounding("rceil" if scale_rounding is None else scale_rounding)
-            codes, scales = impl.quantize_per_group_e8m0(x, g, rounding, bool(column_major_scales))
+            codes, scales = impl.quantize_per_group_e8m0(x, g, rounding, column_major_scales)
         else:
-            codes, scales = impl.quantize_per_group(x, g, bool(scale_ue8m0), bool(column_major_scales))
+            codes, scales = impl.quantize_per_group(x, g, scale_ue8m0, column_major_scales)
         return QuantizedActivation(codes, scales, ActivationScheme.PER_GROUP, g)
     if e8m0:
         raise ValueError(
@@ -322,10 +346,13 @@ def dequantize_fp8(
     dt = _arrays.out_dtype_of(dtype, "dtype")
     impl = backend(device)
     if np.isscalar(scale) or isinstance(scale, (float, int)):
-        scale = _host_float32(scale, "scale")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale!r}")
+        s = _host_float32(scale, "scale")
+        if not math.isfinite(s):
+            raise ValueError(f"scale must be finite as a float32, got {scale!r} (float32 {s!r})")
+        scale = s
     else:
+        if not _is_real_dtype(_arrays.dtype_of(scale)):
+            raise TypeError(f"scale must be an array of real numbers, got dtype {_arrays.dtype_of(scale)}")
         try:
             np.broadcast_shapes(tuple(scale.shape), tuple(codes.shape))
         except ValueError:
@@ -340,7 +367,7 @@ def mm_scale(scale, name, rows):
     if isinstance(scale, _arrays._SCALAR_TYPES):
         s = _host_float32(scale, name)
         if not math.isfinite(s):
-            raise ValueError(f"{name} must be finite, got {scale!r}")
+            raise ValueError(f"{name} must be finite as a float32, got {scale!r} (float32 {s!r})")
         return s
     shape = tuple(scale.shape)
     if isinstance(scale, np.ndarray):
@@ -525,6 +552,7 @@ def fp8_linear(
     b = _arrays.codes_uint8(b, "b")
     if len(b.shape) != 2 or b.shape[1] != x.shape[1]:
         raise ValueError(f"b must be [N, {x.shape[1]}] e4m3 codes, got shape {tuple(b.shape)}")
+    per_token = _flag(per_token, "per_token")
     if per_token:
         if input_scale is not None:
             raise ValueError(f"input_scale must be None with per_token=True, got {input_scale!r}")

@@ -14,13 +14,14 @@ def _kernel_input(x):
     """C-contiguous float32 or bfloat16-bits (uint16) array the kernels read.
 
     float16 is widened by numpy (exact; Numba's CPU target has no float16); strided inputs are
-    made contiguous, so they give the bytes of their contiguous copies."""
+    made contiguous, so they give the bytes of their contiguous copies. A 0-d x stays 0-d
+    (np.ascontiguousarray would make it 1-d, and the codes would come back with shape (1,))."""
     dt = np.dtype(x.dtype)
     if dt == _arrays.BFLOAT16:
-        return np.ascontiguousarray(x).view(np.uint16)
+        return np.asarray(x, order="C").view(np.uint16)
     if dt == np.float16:
         return x.astype(np.float32, order="C")
-    return np.ascontiguousarray(x)
+    return np.asarray(x, order="C")
 
 
 def scale_array(scale):
@@ -64,13 +65,13 @@ def quantize_per_group_e8m0(x, group_size, rounding, column_major_scales):
 
 
 def decode(codes):
-    return DECODE_TABLE[codes]
+    return np.asarray(DECODE_TABLE[codes])  # 0-d codes index to a numpy scalar: keep it an array
 
 
 def dequantize(codes, scale, dtype):
     scale = np.asarray(scale, dtype=np.float32)
     y = DECODE_TABLE[codes] * scale  # float32 product, exact decode
-    return y.astype(dtype)  # numpy / ml_dtypes casts round to nearest even
+    return np.asarray(y.astype(dtype))  # numpy / ml_dtypes casts round to nearest even
 
 
 def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):

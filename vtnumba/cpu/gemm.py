@@ -362,7 +362,10 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
     sb = np.ascontiguousarray(np.asarray(scale_b, dtype=np.float32).reshape(-1))
     bias32 = bias_vector(bias)
     out = np.empty((m, n), dtype=np.float32)
-    if kernel == "reference":
+    if out.size == 0 or k == 0:
+        # nothing to sum (the blas tiles and the K chunks would be 0 wide): 0 + bias, as block.py
+        out[:] = np.float32(0.0) + bias32 if bias32.size else np.float32(0.0)
+    elif kernel == "reference":
         reference_kernel(a, b, sa, sb, bias32, out)
     else:
         # the fast kernels read contiguous rows (vector loads); strided inputs are copied once, so

@@ -45,17 +45,21 @@ _QUANTIZERS = {
 }
 
 
+def _fp8_weight(weight):
+    """The ``Fp8Weight`` of ``weight`` (itself, or a ``ResidentFp8``'s); TypeError for anything else."""
+    if isinstance(weight, ResidentFp8):
+        return weight.weight
+    if isinstance(weight, Fp8Weight):
+        return weight
+    raise TypeError(f"weight must be an Fp8Weight or a ResidentFp8, got {type(weight).__name__}")
+
+
 def _weight_for(weight, x, name):
     """The ``Fp8Weight`` whose arrays live where ``x`` does.
 
     A host weight used with a GPU input is made resident on that GPU once (``ResidentFp8`` caches it,
     so later calls reuse the upload); every other device mismatch is an error."""
-    if isinstance(weight, ResidentFp8):
-        w = weight.weight
-    elif isinstance(weight, Fp8Weight):
-        w = weight
-    else:
-        raise TypeError(f"weight must be an Fp8Weight or a ResidentFp8, got {type(weight).__name__}")
+    w = _fp8_weight(weight)
     if isinstance(x, np.ndarray):
         if w.device != "cpu":
             raise ValueError(f"{name} must be on the weight's device {w.device}, got a numpy array (cpu)")
@@ -75,7 +79,9 @@ def quantize_activation(x: Array, weight: Fp8Weight | ResidentFp8) -> QuantizedA
     """``x`` [M, K] quantized as ``weight`` (an ``Fp8Weight`` / ``ResidentFp8``) expects its
     activations: by its ``activation_scheme``, with its ``input_scale`` when static. The result
     feeds ``matmul_fp8_prequant(q, weight)``."""
-    w = weight.weight if isinstance(weight, ResidentFp8) else weight
+    w = _fp8_weight(weight)
+    _arrays.device_of(x, "x")
+    _rows(x, w, "x")  # K must be the weight's: codes of another width would only fail at the GEMM
     return _QUANTIZERS[w.activation_scheme][0](x, w)
 
 

@@ -10,16 +10,17 @@ upload and every released host copy is recorded in ``load_stats()``.
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .. import _arrays, _format
 from .._arrays import Array, DType, Scale
-from .._interop import interop
+from .._interop import interop, to_native
 from ..ops import (
     ActivationScheme,
     _e8m0_rounding,
+    _flag,
     _scale_format,
     block_size_of,
     decode_e8m0,
@@ -97,6 +98,12 @@ class Fp8Weight:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        # torch tensors and other frameworks' arrays are held as numpy / cupy views of their memory,
+        # what every op takes (the constructor is not @interop: it returns no array to convert back)
+        for name in ("data", "weight_scale", "input_scale", "bias"):
+            value = getattr(self, name)
+            if value is not None and not _is_host_scalar(value) and not isinstance(value, np.ndarray):
+                set_(self, name, to_native(value, name))
         data = self.data
         device = _arrays.device_of(data, "data")
         data = _arrays.codes_uint8(data, "data")
@@ -120,7 +127,7 @@ class Fp8Weight:
 
         if self.input_scale is not None:
             value = self.input_scale
-            if not _is_host_scalar(value):
+            if hasattr(value, "__cuda_array_interface__"):  # read once, here: it is passed by value
                 value = _host_values(value)
             set_(self, "input_scale", np.float32(quant_scale(value, "input_scale")))
 
@@ -147,7 +154,7 @@ class Fp8Weight:
                 f"activation_scheme 'per_group' goes with block-scaled weights and only with them: "
                 f"got activation_scheme={str(scheme)!r} with block_size={self.block_size!r}"
             )
-        if self.scale_ue8m0 and scheme != ActivationScheme.PER_GROUP:
+        if _flag(self.scale_ue8m0, "scale_ue8m0") and scheme != ActivationScheme.PER_GROUP:
             raise ValueError(
                 f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}"
             )
@@ -226,9 +233,11 @@ class Fp8Weight:
           ``vt.quantize_fp8(w, group_size=32, scale_format="e8m0")``), whose activations are quantized
           MXFP8 with the same rule.
         """
+        _arrays.device_of(w, "w")
         _arrays.float_dtype(w, "w")
-        if len(w.shape) != 2:
-            raise ValueError(f"w must be 2-D [N, K] (nn.Linear layout), got shape {tuple(w.shape)}")
+        if len(w.shape) != 2 or 0 in w.shape:
+            raise ValueError(f"w must be 2-D [N, K] (nn.Linear layout), N, K >= 1, got shape {tuple(w.shape)}")
+        per_channel = _flag(per_channel, "per_channel")
         e8m0 = _scale_format(scale_format) == "e8m0"
         if not e8m0 and scale_rounding is not None:
             raise ValueError(f"scale_rounding applies to scale_format='e8m0' only, got {scale_rounding!r}")
@@ -576,7 +585,8 @@ class ResidentFp8:
                 data = weight.host_data()
                 self = object.__new__(cls)
                 self.device = dev
-                self.weight = weight._upload_copy(data, dev) if experts else _upload(weight, data, dev)
+                # an Fp8Experts (seam.experts imports this module, so its type is not named here)
+                self.weight = cast(Any, weight)._upload_copy(data, dev) if experts else _upload(weight, data, dev)
                 self.nbytes = self.weight.nbytes
                 _record(dev, uploads=1, upload_bytes=self.nbytes)
                 _RESIDENT.setdefault(weight, {})[dev] = self
@@ -591,8 +601,8 @@ class ResidentFp8:
         return self.weight.shape
 
     @property
-    def activation_scheme(self) -> str:
-        return self.weight.activation_scheme
+    def activation_scheme(self) -> ActivationScheme:
+        return cast(ActivationScheme, self.weight.activation_scheme)  # resolved by Fp8Weight.__post_init__
 
     def __repr__(self):
         return f"ResidentFp8(shape={self.weight.shape}, device={self.device!r}, nbytes={self.nbytes})"
