@@ -279,15 +279,17 @@ _torch_api = _TorchApi()
 
 
 def _torch_views(torch):
+    """Fill _TORCH_VIEWS and _torch_api once. Another thread may be reading both meanwhile: the API
+    is set first and the views are published by one update of a complete dict, so a reader that
+    sees any view sees them all (and the API they go with)."""
     if not _TORCH_VIEWS:
-        _TORCH_VIEWS.update(
-            {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", torch.float64: "float64"}
-        )
+        views = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", torch.float64: "float64"}
         if hasattr(torch, "float8_e8m0fnu"):  # MX scale bytes: viewed as uint8, as e4m3 codes are
-            _TORCH_VIEWS[torch.float8_e8m0fnu] = "float8_e4m3fn"
-        _torch_api.tensor = torch.Tensor
+            views[torch.float8_e8m0fnu] = "float8_e4m3fn"
         _torch_api.to_dlpack, _torch_api.from_dlpack = torch.utils.dlpack.to_dlpack, torch.from_dlpack
         _torch_api.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _torch_api.tensor = torch.Tensor
+        _TORCH_VIEWS.update(views)
 
 
 # float out_dtype given as a torch dtype; others go on as their names, which the op refuses by name

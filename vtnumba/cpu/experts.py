@@ -292,13 +292,19 @@ _compiled = {}
 
 def _driver(kind):
     """The grouped driver of ``kind`` for the active path: a ``CpuKernel`` (its parallel twin above
-    CPU_PARALLEL_MIN_MACS of the items' work, its serial twin below), built once per path."""
+    CPU_PARALLEL_MIN_MACS of the items' work, its serial twin below), built once per path, under
+    ``paths.BUILD_LOCK`` whichever threads ask first (a second driver would compile again)."""
     path = paths.active()
     key = (kind, path.name)
-    if key not in _compiled:
-        fn = _with_globals(_DRIVERS[kind], "", _inner_kernels(kind, path))
-        _compiled[key] = CpuKernel(fn, {}, CPU_PARALLEL_MIN_MACS, _driver_work)
-    return _compiled[key]
+    found = _compiled.get(key)
+    if found is not None:
+        return found
+    with paths.BUILD_LOCK:
+        found = _compiled.get(key)
+        if found is None:
+            fn = _with_globals(_DRIVERS[kind], "", _inner_kernels(kind, path))
+            found = _compiled[key] = CpuKernel(fn, {}, CPU_PARALLEL_MIN_MACS, _driver_work)
+    return found
 
 
 def _items(experts, n, tile):

@@ -36,6 +36,7 @@ the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of
 import contextlib
 import os
 import platform
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -169,13 +170,52 @@ def active():
 
 @contextlib.contextmanager
 def use(name):
-    """Run the CPU kernels on path ``name`` inside the block (the tests run every runnable path)."""
+    """Run the CPU kernels on path ``name`` inside the block (the tests run every runnable path). The
+    path is the process's: calls from other threads inside the block run on it too."""
     global _active
     previous, _active = _active, choose(forced=name)
     try:
         yield _active
     finally:
         _active = previous
+
+
+# Threads. Every call may come from any Python thread (a model's layers served by a thread pool), so
+# what the CPU path keeps between calls is filled under a lock and read without one:
+# - BUILD_LOCK: the dispatchers of CpuKernel._variants (and vtnumba.cpu.experts' grouped drivers) are
+#   made under it and published by one dict assignment; a reader that finds its key takes the published
+#   dispatcher without the lock. Without it two threads that miss together each make a dispatcher, and
+#   each compiles (or loads from the disk cache) its own copy of the kernel.
+# - Numba compiles a dispatcher's signature under its own global compiler lock (Dispatcher.compile
+#   takes numba.core.compiler_lock.global_compiler_lock and looks the signature up again inside it),
+#   so concurrent first calls of one dispatcher compile once.
+# - _POOL_LOCK: starting Numba's thread pool (vtnumba._config.start_threads) sets and then deletes
+#   OMP_WAIT_POLICY around the launch; two threads starting it at once would both delete it (KeyError).
+# - Numba's "workqueue" threading layer (the fallback where neither TBB nor OpenMP loads, e.g. macOS
+#   wheels without libomp) runs one parallel region per process: a second thread launching one
+#   aborts the process ("Concurrent access has been detected"). There, parallel twins take
+#   _REGION_LOCK in turn; with OpenMP or TBB (thread-safe layers) they run side by side.
+BUILD_LOCK = threading.RLock()
+_POOL_LOCK = threading.Lock()
+_REGION_LOCK = threading.Lock()
+_pool = {"started": False, "one_region": False}  # written once, under _POOL_LOCK
+
+
+def _start_pool():
+    """Start Numba's thread pool once, and note whether its threading layer runs one region at a time."""
+    if _pool["started"]:
+        return
+    with _POOL_LOCK:
+        if _pool["started"]:
+            return
+        start_threads()
+        import numba
+
+        try:
+            _pool["one_region"] = numba.threading_layer() == "workqueue"
+        except ValueError:  # no layer launched (cannot happen after start_threads): assume the unsafe one
+            _pool["one_region"] = True
+        _pool["started"] = True
 
 
 class CpuKernel:
@@ -190,18 +230,25 @@ class CpuKernel:
         self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
 
     def variant(self, path_name, parallel):
-        """The Numba dispatcher of this kernel for a path, parallel or serial."""
+        """The Numba dispatcher of this kernel for a path, parallel or serial (made once, under
+        BUILD_LOCK, whichever threads ask first)."""
         key = (path_name, parallel)
-        if key not in self._variants:
-            fn, path = self.py_func, _BY_NAME[path_name]
-            namespace = dict(fn.__globals__)
-            namespace.update(path.kernel_globals)
-            suffix = f"_{path_name}_{'parallel' if parallel else 'serial'}"
-            twin = types.FunctionType(fn.__code__, namespace, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
-            twin.__qualname__ = fn.__qualname__ + suffix
-            twin.__module__ = fn.__module__
-            self._variants[key] = njit(**dict(CPU_KERNEL if parallel else CPU_SERIAL_KERNEL, **self.flags))(twin)
-        return self._variants[key]
+        found = self._variants.get(key)
+        if found is not None:
+            return found
+        with BUILD_LOCK:
+            found = self._variants.get(key)
+            if found is None:
+                fn, path = self.py_func, _BY_NAME[path_name]
+                namespace = dict(fn.__globals__)
+                namespace.update(path.kernel_globals)
+                suffix = f"_{path_name}_{'parallel' if parallel else 'serial'}"
+                twin = types.FunctionType(fn.__code__, namespace, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+                twin.__qualname__ = fn.__qualname__ + suffix
+                twin.__module__ = fn.__module__
+                found = njit(**dict(CPU_KERNEL if parallel else CPU_SERIAL_KERNEL, **self.flags))(twin)
+                self._variants[key] = found
+        return found
 
     @property
     def parallel(self):
@@ -220,7 +267,7 @@ class CpuKernel:
             return 1
         import numba
 
-        start_threads()  # only when a parallel twin may run: a serial-only process never starts the pool
+        _start_pool()  # only when a parallel twin may run: a serial-only process never starts the pool
         threads = numba.get_num_threads()
         free = None if min_work == 0 else free_cpus()
         return threads if free is None else max(1, min(threads, free))
@@ -233,6 +280,12 @@ class CpuKernel:
         threads = self.threads_for(*args)
         if threads < 2:
             return self.variant(_active.name, False)(*args)
+        if _pool["one_region"]:
+            with _REGION_LOCK:
+                return self._parallel(threads, args)
+        return self._parallel(threads, args)
+
+    def _parallel(self, threads, args):
         import numba
 
         before = numba.get_num_threads()
