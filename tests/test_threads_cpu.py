@@ -16,7 +16,8 @@ contention (the threads make their first calls in step, all of them at each item
 grouped drivers). Each must be built once per fill; two threads that miss together and both build
 would each compile (or load from disk) their own copy. The serial results are taken after the
 threads, on the dispatchers of the last fill.
-Two more tests: the thread pool is started once however many threads ask at once, and under
+The two fills are also tested alone, without compiling anything (the mutations' quick killer). Two
+more tests: the thread pool is started once however many threads ask at once, and under
 Numba's workqueue threading layer (not thread-safe: concurrent regions abort the process) the
 threads' parallel regions run one at a time, in a fresh process.
 """
@@ -234,6 +235,57 @@ def test_threads_share_layers_and_get_the_serial_bits(monkeypatch):
         f"{THREADS} threads x {CALLS} calls over {len(items)} calls' shapes, 2 fills, {sum(builds.values())} "
         f"builds: {len(mismatches)} mismatches, {elapsed:.1f} s"
     )
+
+
+def _twice(x):
+    """A kernel source for a CpuKernel of the test's own (never called: its dispatcher compiles lazily)."""
+    return x * 2
+
+
+def test_each_cache_entry_is_built_once_when_every_thread_misses_at_once(monkeypatch):
+    """The two fills alone, with nothing to compile: THREADS threads ask at once for an entry that is
+    not there (a fresh kernel's dispatcher; a grouped driver, in an empty table), and a build that takes
+    its time lets all of them miss. Each entry is built once and every thread gets that one."""
+    builds = collections.Counter()
+    real_njit = paths.njit
+
+    def slow_njit(**flags):
+        decorate = real_njit(**flags)
+
+        def build(fn):
+            builds[f"dispatcher {fn.__module__}.{fn.__qualname__}"] += 1
+            time.sleep(0.005)
+            return decorate(fn)
+
+        return build
+
+    class SlowKernel(paths.CpuKernel):
+        def __init__(self, fn, *args):
+            builds[f"driver {fn.__qualname__}"] += 1
+            time.sleep(0.005)
+            super().__init__(fn, *args)
+
+    monkeypatch.setattr(paths, "njit", slow_njit)
+    monkeypatch.setattr(cpu_experts, "CpuKernel", SlowKernel)
+    monkeypatch.setattr(cpu_experts, "_compiled", {})
+    kernel = paths.CpuKernel(_twice, {}, 0, lambda *args: 0)
+    barrier = threading.Barrier(THREADS)
+    got = [None] * THREADS
+
+    def ask(t):
+        barrier.wait()
+        got[t] = (kernel.variant(paths.active().name, True), cpu_experts._driver("tensor"))
+
+    threads = [threading.Thread(target=ask, args=(t,)) for t in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(dispatcher) for dispatcher, _ in got}) == 1, "threads got different dispatchers"
+    assert len({id(driver) for _, driver in got}) == 1, "threads got different grouped drivers"
+    twice = {key: count for key, count in builds.items() if count > 1}
+    assert not twice, f"built more than once: {twice}"
+    assert builds[f"dispatcher {__name__}._twice_{paths.active().name}_parallel"] == 1
 
 
 def test_the_thread_pool_starts_once_however_many_threads_ask(monkeypatch):
