@@ -14,8 +14,8 @@ is safe) are emptied before the threads start and once while they run, so every 
 contention (the threads make their first calls in step, all of them at each item):
 ``CpuKernel._variants`` (each kernel's Numba dispatchers) and ``vtnumba.cpu.experts._compiled`` (the
 grouped drivers). Each must be built once per fill; two threads that miss together and both build
-would each compile (or load from disk) their own copy. The serial results are taken after the
-threads, on the dispatchers of the last fill.
+would each compile (or load from disk) their own copy. The serial results are taken first, which
+also puts every kernel on disk: the threads' fills load them.
 The two fills are also tested alone, without compiling anything (the mutations' quick killer). Two
 more tests: the thread pool is started once however many threads ask at once, and under
 Numba's workqueue threading layer (not thread-safe: concurrent regions abort the process) the
@@ -137,6 +137,9 @@ def _busy_blas(stop):
 def test_threads_share_layers_and_get_the_serial_bits(monkeypatch):
     monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", "0")  # every call a parallel region
     items = _workload()
+    # one thread first: the serial results, and every kernel compiled and on disk, so the threads'
+    # fills load machine code rather than compile it under contention (minutes on two cores)
+    serial = [_bits(call()) for _, call in items]
 
     # count the builds of each cache entry per fill (the epoch changes, under BUILD_LOCK, at each eviction).
     # The first fill is held to one build per entry; in a later one a thread still holding a grouped
@@ -207,7 +210,7 @@ def test_threads_share_layers_and_get_the_serial_bits(monkeypatch):
     blas.start()
     for t in threads:
         t.start()
-    sys.setswitchinterval(1e-5)  # hand the GIL over often: a fill and a miss interleave where they can
+    sys.setswitchinterval(1e-4)  # hand the GIL over 50x as often as by default: fills and misses interleave
     try:
         start_line.wait()
         while done[0] < THREADS * CALLS // 2 and any(t.is_alive() for t in threads):
@@ -225,7 +228,6 @@ def test_threads_share_layers_and_get_the_serial_bits(monkeypatch):
     assert not errors, errors[:3]
     assert done[0] == THREADS * CALLS
 
-    serial = [_bits(call()) for _, call in items]  # one thread, on the dispatchers of the last fill
     mismatches = [(t, items[i][0]) for t in range(THREADS) for i, bits in got[t] if bits != serial[i]]
     assert mismatches == [], f"{len(mismatches)} results differ from the serial ones: {mismatches[:5]}"
     twice = {key: count for key, count in builds.items() if key[0] == 1 and count > 1}
