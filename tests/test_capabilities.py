@@ -179,11 +179,11 @@ def test_under_the_simulator():
 
 def test_the_report_names_the_moe_paths():
     """The MoE paths (moe_path_rules) join the report's lines and its JSON: on sm_89+ the tensor-core
-    grouped GEMV runs, before it the CUDA-core grouped kernel does; the per-expert prefill path follows
-    cuBLASLt's per-tensor rule."""
+    grouped GEMV and the tiled mma.sync prefill GEMM run (the wgmma one on sm_90 only), before sm_89 the
+    CUDA-core grouped kernel does; the per-expert prefill path follows cuBLASLt's per-tensor rule."""
     from vtnumba.cuda.capabilities import MOE_PATHS, moe_path_rules
 
-    for cc, tensor_core in (((9, 0), True), ((8, 0), False)):
+    for cc, tensor_core, wgmma in (((9, 0), True, True), ((8, 0), False, False), ((12, 1), True, False)):
         rules = path_rules(cc, CUBLASLT_13_1)
         caps = Capabilities(
             "GPU", cc, 132, "13.0", "13.0", "13.1.0", rules, moe_paths=moe_path_rules(cc, rules["cublaslt_per_tensor"])
@@ -193,4 +193,6 @@ def test_the_report_names_the_moe_paths():
         assert any("MoE grouped GEMM on CUDA cores" in line and line.endswith("yes") for line in lines)
         d = json.loads(json.dumps(caps.as_dict()))
         assert d["moe_paths"]["moe_grouped_tensor_core"]["available"] is tensor_core
+        assert d["moe_paths"]["moe_grouped_tiled_mma"]["available"] is tensor_core
+        assert d["moe_paths"]["moe_grouped_tiled_wgmma"]["available"] is wgmma
         assert d["moe_paths"]["moe_routing"] == {"available": True, "why_not": None}

@@ -239,3 +239,65 @@ def test_reasons():
     with pytest.raises(ValueError, match="MODE_CODES"):
         tc_gemv.gemv_kernel(1, tc_gemv.gemv_config(1, 32), tc_gemv.MODE_STATIC, False, False, False, grouped=True)
     assert tc_gemv.grouped_rows_hint == tc_gemv.GEMV_MAX_M
+
+
+# -- the grouped tiled GEMM (tc_gemm.py's grouped kernel over kernels/moe.py's tile map) ------------
+
+
+def dense_tiled(a, sa, b, sb, offsets, out_dtype, block_size):
+    """The dense tiled tensor-core GEMM expert by expert (its emulation), the padding rows 0: what the
+    grouped kernel must give bit for bit, its tiles being the dense kernel's on views of the expert."""
+    from vtnumba.cuda import block, gemm
+
+    y = np.zeros((a.shape[0], b.shape[1]), dtype=out_dtype)
+    for e in range(b.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi <= lo:
+            continue
+        sa_e, sb_e = expert_scales(sa, sb, e, lo, hi, block_size is not None)
+        if block_size is None:
+            call = gemm.GemmCall(a[lo:hi], b[e], sa_e, sb_e, np.dtype(out_dtype), None)
+            kernel = gemm.TensorCoreGemm("per_mma", simulate=True)
+        else:
+            call = block.BlockCall(a[lo:hi], b[e], sa_e, sb_e, block_size, np.dtype(out_dtype), None)
+            kernel = block.TensorCoreBlock("per_mma", simulate=True)
+        assert kernel.can_implement(call) == (True, "")
+        y[lo:hi] = kernel.run(call)
+    return y
+
+
+@pytest.mark.parametrize(
+    "counts, pad, scales, out_dtype, block_size",
+    [
+        # an expert over two 32-row tiles, one under one; empty first and last; padding rows
+        ([0, 3, 35, 0], 2, "row_channel", BF16, None),
+        ([2, 33], 0, "block", F32, BLOCK_SIZE),  # two 128-wide K blocks, the second short; no padding
+    ],
+    ids=["row_channel-bf16", "block-f32"],
+)
+def test_grouped_tiled_gemm_matches_references_and_dense(counts, pad, scales, out_dtype, block_size):
+    from vtnumba.cuda import experts
+
+    rng = np.random.default_rng(len(counts) * 31 + pad)
+    n, k = 16, (80 if block_size is None else 144)  # a short last K tile (16 of 64 codes)
+    a, sa, b, sb, offsets = grouped_case(rng, counts, pad, n, k, scales)
+    name = "tensorcore_grouped_gemm"
+    assert experts.grouped_kernel_for(a, sa, b, sb, offsets, out_dtype, block_size, kernel=name) == name
+    y = np.asarray(experts.grouped_scaled_mm(a, sa, b, sb, offsets, out_dtype, block_size, kernel=name))
+    assert check_grouped(y, a, sa, b, sb, offsets, out_dtype, block_size) > sum(counts) * n // 2
+    dense = dense_tiled(a, sa, b, sb, offsets, out_dtype, block_size)
+    np.testing.assert_array_equal(y.view(np.uint8), dense.view(np.uint8))
+
+
+def test_row_tile_map():
+    """The map: each expert's rows in 32-row tiles in expert order, the padding rows as expert E, -1 after."""
+    from vtnumba.cuda.kernels import moe
+
+    offsets = offsets_of([0, 3, 70, 0, 32])
+    rows, tile_rows = int(offsets[-1]) + 5, 32
+    tiles = np.full((moe.row_tile_count(rows, 5, tile_rows), 3), 7, dtype=np.int32)
+    kernel, grid, block, args = moe.row_tiles_launch(offsets, 5, rows, tile_rows, tiles)
+    kernel(grid, block, *args)
+    expected = [(1, 0, 3), (2, 3, 73), (2, 35, 73), (2, 67, 73), (4, 73, 105), (5, 105, 110)]
+    assert [tuple(t) for t in tiles[: len(expected)]] == expected
+    assert (tiles[len(expected) :, 0] == -1).all() and len(tiles) > len(expected)

@@ -101,17 +101,33 @@ def _scales_close(got, want):
 
 
 def _expected_kernel(name, rows_per_expert):
-    from vtnumba.cuda.experts import PER_EXPERT_MIN_ROWS
+    """The kernel the choice gives on the H200 (sm_90) for ``rows_per_expert`` rows in each expert."""
+    from vtnumba.cuda.experts import PER_EXPERT_MIN_ROWS, TILED_MIN_ROWS
 
     if rows_per_expert >= PER_EXPERT_MIN_ROWS:
         return "per_expert"
+    if rows_per_expert > TILED_MIN_ROWS:  # the tiled kernels: float32 scales (wgmma), MXFP8 (mma.sync)
+        return {"ue8m0": "grouped", "mxfp8": "tensorcore_grouped_gemm"}.get(name, "wgmma_grouped_gemm")
     return "tensorcore_grouped_gemv" if name in FLOAT_SCALES else "grouped"
+
+
+def _tensor_core(kernel):
+    """Whether ``kernel`` holds the tensor-core bound (cuBLASLt's) rather than strict G3."""
+    return kernel in ("per_expert", "wgmma_grouped_gemm")
+
+
+def _kernel_of(cp, a, scale, resident, offsets):
+    """The grouped kernel a GEMM of these GPU operands runs."""
+    from vtnumba.cuda import experts as gpu
+
+    w = resident.weight
+    return gpu.grouped_kernel_for(a, scale, w.data, w.weight_scale, offsets, F32, w.block_size)
 
 
 # -- the grouped GEMM ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rows", [1, 8, 64, 512])
+@pytest.mark.parametrize("rows", [1, 8, 64, 1024])
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 def test_grouped_matmul_on_the_gpu_runs_the_expected_kernel_within_g3(cp, name, rows):
     from vtnumba.cuda import experts as gpu
@@ -134,9 +150,7 @@ def test_grouped_matmul_on_the_gpu_runs_the_expected_kernel_within_g3(cp, name, 
     assert kernel == _expected_kernel(name, rows)
     y = seam.grouped_matmul_fp8(xd, gu_res, offs_d, out_dtype=np.float32)
     assert (
-        _assert_expert_g3(
-            _host(cp, y), codes, se._row_scale(scale, gu), gu, offsets, tensor_core=kernel == "per_expert"
-        )
+        _assert_expert_g3(_host(cp, y), codes, se._row_scale(scale, gu), gu, offsets, tensor_core=_tensor_core(kernel))
         > y.size // 2
     )
 
@@ -204,13 +218,19 @@ def test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu(cp, name, t):
     np.testing.assert_array_equal(_host(cp, got["sa"]).view(np.uint8), np.asarray(ref["sa"]).view(np.uint8))
     offsets = ref["offsets"]
     hidden = _host(cp, got["hidden"])
-    _assert_expert_g3(hidden, ref["a"], se._row_scale(ref["sa"], gu), gu, offsets)
+    tensor_core = _tensor_core(
+        _kernel_of(cp, got["a"], se._row_scale(got["sa"], gu_res.weight), gu_res, got["offsets"])
+    )
+    _assert_expert_g3(hidden, ref["a"], se._row_scale(ref["sa"], gu), gu, offsets, tensor_core=tensor_core)
     act_want, sact_want = se._quantize_rows(cpu.silu_mul(hidden, offsets), dn, offsets, cpu)
     act, sact = _host(cp, got["act"]), _host(cp, got["sact"])
     _codes_close(act, act_want)
     _scales_close(sact, np.asarray(sact_want))
     y = _host(cp, got["y"])
-    _assert_expert_g3(y, act, se._row_scale(sact, dn), dn, offsets)
+    tensor_core = _tensor_core(
+        _kernel_of(cp, got["act"], se._row_scale(got["sact"], dn_res.weight), dn_res, got["offsets"])
+    )
+    _assert_expert_g3(y, act, se._row_scale(sact, dn), dn, offsets, tensor_core=tensor_core)
     host_out = _host(cp, out.view(np.uint16)).view(BF16) if x.dtype == BF16 else _host(cp, out)
     np.testing.assert_array_equal(
         host_out.view(np.uint8), cpu.moe_combine(y, ref["pair_row"], w, x.dtype).view(np.uint8)
@@ -272,10 +292,10 @@ def test_the_per_expert_path_is_refused_while_capturing(cp):
     from vtnumba.cuda import experts as gpu
 
     gu, _, gu_res, _ = _layer("dynamic")
-    counts = [256] * E
+    counts = [1024] * E  # per_expert's threshold (PER_EXPERT_MIN_ROWS)
     offsets = cp.asarray(_offsets(counts))
     rng = np.random.default_rng(13)
-    x = rng.standard_normal((256 * E, H)).astype(np.float32)
+    x = rng.standard_normal((1024 * E, H)).astype(np.float32)
     xd = cp.asarray(x)
     codes, scale = se._quantize_rows(xd, gu_res.weight, offsets, gpu)
     dev = gu_res.weight
@@ -284,7 +304,8 @@ def test_the_per_expert_path_is_refused_while_capturing(cp):
     step = vtnumba.cuda.capture(lambda a: seam.grouped_matmul_fp8(a, gu_res, offsets, out_dtype=np.float32), xd)
     replay = step(xd)
     host_codes, host_scale = se._quantize_rows(x, gu, _offsets(counts), cpu)
-    _assert_expert_g3(cp.asnumpy(replay), host_codes, host_scale, gu, _offsets(counts))
+    # inside the capture the next kernel ran: wgmma's tiles on the H200 (the tensor-core bound)
+    _assert_expert_g3(cp.asnumpy(replay), host_codes, host_scale, gu, _offsets(counts), tensor_core=True)
     _assert_expert_g3(cp.asnumpy(eager), host_codes, host_scale, gu, _offsets(counts), tensor_core=True)
 
 
@@ -392,7 +413,7 @@ def test_what_a_binding_refuses(cp, monkeypatch):
     ids16 = ids.astype(cp.int16)
     replay, why = bound.bind_moe(x, ids16, w, lambda: se.MoeCall(x, gu_res, dn_res, ids16, w).run())
     assert replay is None and "outside the steps' scratch" in why
-    t = 512  # 1024 pairs over 8 experts: 128 rows an expert, per_expert's threshold
+    t = 4096  # 8192 pairs over 8 experts: 1024 rows an expert, per_expert's threshold
     big = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
     big_ids = cp.asarray(np.stack([rng.choice(E, 2, replace=False) for _ in range(t)]).astype(np.int64))
     big_w = cp.asarray(rng.uniform(0.1, 1, size=(t, 2)).astype(np.float32))

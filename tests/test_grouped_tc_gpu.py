@@ -123,3 +123,163 @@ def test_cuda_graph_replays_the_launch(tcv, cp):
         graph.launch(stream)
         stream.synchronize()
         check_grouped(y.get(), a, sa, b, sb, moved, F32, None)
+
+
+# -- the grouped tiled GEMMs (prefill): tc_gemm.py's mma.sync tiles and sm90_wgmma_gemm.py's wgmma ones --
+
+
+def _dense(kernel_name, block_size):
+    """The dense tiled kernel whose tiles the grouped kernel ``kernel_name`` runs on each expert."""
+    from vtnumba.cuda import block, gemm
+
+    if kernel_name == "tensorcore_grouped_gemm":
+        return block.TensorCoreBlock() if block_size else gemm.TensorCoreGemm()
+    return block.WgmmaBlock() if block_size else gemm.WgmmaGemm()
+
+
+def run_tiled(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size):
+    """grouped_scaled_mm with the tiled kernel named; host bits (float32, or 16-bit words)."""
+    from vtnumba.cuda import experts
+
+    d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
+    assert experts.grouped_kernel_for(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel_name) == kernel_name
+    y = experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel=kernel_name)
+    return (y if np.dtype(out_dtype) == F32 else y.view(np.uint16)).get()
+
+
+def dense_by_expert(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size):
+    """The dense kernel expert by expert, the padding rows 0, as host bits."""
+    from test_cudasim_grouped_tc import expert_scales
+
+    from vtnumba.cuda import block, gemm
+
+    kernel = _dense(kernel_name, block_size)
+    bits = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32 if np.dtype(out_dtype) == F32 else np.uint16)
+    for e in range(b.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi <= lo:
+            continue
+        sa_e, sb_e = (cp.asarray(s) for s in expert_scales(sa, sb, e, lo, hi, block_size is not None))
+        args = (cp.asarray(a[lo:hi]), cp.asarray(b[e]), sa_e, sb_e)
+        if block_size is None:
+            call = gemm.GemmCall(*args, np.dtype(out_dtype), None)
+        else:
+            call = block.BlockCall(*args, block_size, np.dtype(out_dtype), None)
+        ok = kernel.can_implement(call)
+        assert ok[0], ok[1]
+        y = kernel.run(call)
+        bits[lo:hi] = (y if np.dtype(out_dtype) == F32 else y.view(np.uint16)).get()
+    return bits
+
+
+def check_tensor_core_bound(y, a, sa, b, sb, offsets, out_dtype, block_size):
+    """Every routed row within the tensor-core bound (gates, as cuBLASLt's); padding rows 0."""
+    from test_cudasim_grouped_tc import expert_scales
+
+    from vtnumba.testing.gates import assert_block_g3, assert_g3
+
+    compared = 0
+    for e in range(b.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi <= lo:
+            continue
+        sa_e, sb_e = expert_scales(sa, sb, e, lo, hi, block_size is not None)
+        if block_size is None:
+            compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, None, out_dtype, tensor_core=True)
+        else:
+            compared += assert_block_g3(
+                y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, block_size, None, out_dtype, tensor_core=True
+            )
+    assert (y[int(offsets[-1]) :].astype(np.float64) == 0).all(), "a padding row was not written as 0"
+    return compared
+
+
+@pytest.mark.parametrize("kernel_name", ["tensorcore_grouped_gemm", "wgmma_grouped_gemm"])
+@pytest.mark.parametrize(
+    "e, n, k, scales, out_dtype, typical",
+    [
+        (128, 1536, 2048, "row_channel", BF16, 64),  # Qwen3-30B-A3B gate_up at prefill
+        (128, 2048, 768, "tensor_expert", F32, 40),  # Qwen3-30B-A3B down
+        (16, 4096, 7168, "block", BF16, 150),  # DeepSeek-V3 gate_up, 128 x 128 block scales
+    ],
+    ids=["qwen3_gate_up-row_channel-bf16", "qwen3_down-tensor_expert-f32", "deepseek_gate_up-block-bf16"],
+)
+def test_grouped_tiled_gemm_real_shapes(cp, kernel_name, e, n, k, scales, out_dtype, typical):
+    """Uneven routing (empty experts first, in the middle and last; one expert over 300 rows), a
+    padding tail: G3 for the mma.sync kernel, the tensor-core bound for wgmma's, and bit for bit the
+    dense kernel of the same family run expert by expert (its tiles on views of the expert)."""
+    from vtnumba.cuda.runtime import device
+
+    if kernel_name == "wgmma_grouped_gemm" and tuple(device.current().cc) != (9, 0):
+        pytest.skip("wgmma is sm_90's")
+    rng = np.random.default_rng(e + n + k + typical)
+    counts = routed_counts(rng, e, typical, 300)
+    block_size = BLOCK_SIZE if scales == "block" else None
+    a, sa, b, sb, offsets = grouped_case(rng, counts, 5, n, k, scales)
+    bits = run_tiled(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size)
+    y = bits.view(out_dtype) if np.dtype(out_dtype) != F32 else bits
+    if kernel_name == "tensorcore_grouped_gemm":
+        assert check_grouped(y, a, sa, b, sb, offsets, out_dtype, block_size) > sum(counts) * n * 9 // 10
+    else:
+        assert check_tensor_core_bound(y, a, sa, b, sb, offsets, out_dtype, block_size) > sum(counts) * n * 9 // 10
+    np.testing.assert_array_equal(bits, dense_by_expert(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size))
+
+
+def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
+    """Decode rows take the GEMV; prefill rows the wgmma tiles on sm_90 (the mma.sync ones elsewhere),
+    the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_ROWS a expert."""
+    from vtnumba.cuda import experts
+    from vtnumba.cuda.runtime import device
+
+    e, n, k = 16, 512, 256
+    rng = np.random.default_rng(61)
+    sm90 = tuple(device.current().cc) == (9, 0)
+    for rows, want in (
+        (8, "tensorcore_grouped_gemv"),
+        (64, "wgmma_grouped_gemm" if sm90 else "tensorcore_grouped_gemm"),
+        (experts.PER_EXPERT_MIN_ROWS, "per_expert"),
+    ):
+        a, sa, b, sb, offsets = (cp.asarray(v) for v in grouped_case(rng, [rows] * e, 0, n, k, "row_channel"))
+        assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == want, rows
+        if rows == 64:
+            monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
+            assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemm"
+            monkeypatch.setenv("VT_DISABLE_KERNELS", "tensorcore_grouped_gemm")
+            assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemv"
+            monkeypatch.delenv("VT_DENSE_CUBLASLT_FP8")
+            monkeypatch.delenv("VT_DISABLE_KERNELS")
+
+
+def test_a_prefill_grouped_gemm_is_captured_and_follows_new_offsets(cp):
+    """The tile map is made on the device from the offsets: a captured prefill-sized call replays
+    right on other counts (no read-back, unlike per_expert)."""
+    from vtnumba.cuda import experts
+
+    rng = np.random.default_rng(71)
+    counts = [40, 0, 90, 30]
+    a, sa, b, sb, offsets = grouped_case(rng, counts, 4, 512, 1024, "row_channel")
+    d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
+    name = (
+        "wgmma_grouped_gemm"
+        if experts.KERNELS_BY_NAME["wgmma_grouped_gemm"].reason(
+            experts.GroupedCall(d[0], d[1], d[2], d[3], d[4], F32, None), True
+        )
+        is None
+        else "tensorcore_grouped_gemm"
+    )
+    check = check_tensor_core_bound if name == "wgmma_grouped_gemm" else check_grouped
+    experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)  # compile and load first
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        y = experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        assert check(y.get(), a, sa, b, sb, offsets, F32, None) > 0
+        moved = np.array([0, 70, 75, 100, 160], np.int32)  # other counts, the same rows in all
+        d[4][...] = cp.asarray(moved)
+        graph.launch(stream)
+        stream.synchronize()
+        assert check(y.get(), a, sa, b, sb, moved, F32, None) > 0

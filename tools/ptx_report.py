@@ -242,6 +242,31 @@ def variants():
                             lambda c=cfg, p=promotion, b=block_scaled, f=f32: wg_gemm.gemm_launcher(c, p, b, f),
                         )
                     )
+    # the grouped tiled GEMMs (a mixture's experts at prefill), in the tile configuration they run
+    if hasattr(tc_gemm, "grouped_gemm_signature"):
+        kinds = ("unit", "mx") if CC[0] == 12 else ("plain", "mx_explicit")
+        for kind in kinds:
+            for block_scaled in (False, True) if kind not in tc_gemm.MX_KINDS else (False,):
+                for f32 in (False, True):
+                    chain = CC == (9, 0) and kind == "plain"
+                    out.append(
+                        (
+                            "tc_gemm",
+                            f"tc_gemm grouped {kind} block={block_scaled} chain={chain} f32={f32}",
+                            lambda k=kind, b=block_scaled, ch=chain, f=f32: tc_gemm.gemm_launcher(
+                                tc_gemm.GEMM_DEFAULT, "per_mma", b, ch, f, k, True
+                            ),
+                        )
+                    )
+        for block_scaled in (False, True) if CC == (9, 0) else ():
+            for f32 in (False, True):
+                out.append(
+                    (
+                        "wg_gemm",
+                        f"wg_gemm grouped per_128 block={block_scaled} f32={f32}",
+                        lambda b=block_scaled, f=f32: wg_gemm.gemm_launcher(wg_gemm.WG_DEFAULT, "per_128", b, f, True),
+                    )
+                )
     return out
 
 
@@ -292,6 +317,8 @@ def _ptxas(ptx, arch):
         "spill_stores": int(spills.group(2)) if spills else 0,
         "spill_loads": int(spills.group(3)) if spills else 0,
         "smem": int(smem.group(1)) if smem else 0,
+        # ptxas's advisories, e.g. C7514 / C7517: wgmmas serialized (sm90_wgmma_gemm.py's docstring)
+        "warnings": sorted({line.strip() for line in text.splitlines() if "warning" in line.lower()}),
     }
 
 
@@ -364,6 +391,7 @@ def snapshot(path, only="", ptx_dir=None, sass=False):
         print(
             f"[{i + 1}/{len(todo)} {time.time() - start:.0f}s] {label} ({arch}): {record['registers']} registers, "
             f"{record['spill_stores']} B spilled, {record['instructions']} instructions"
+            + "".join(f"\n    ptxas: {w}" for w in record.get("warnings", ()))
             + (f", SASS {record['sass_mma']} F2FP {record['sass_f2fp_ops']}" if sass else ""),
             flush=True,
         )

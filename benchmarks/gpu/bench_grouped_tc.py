@@ -24,8 +24,13 @@ Device time: torch.cuda._sleep holds the GPU while every timed launch is enqueue
 CUDA events around ``--repeats`` launches (docs/DEVICE.md, "Timing: device time and host cost, measured apart"); the best of ``--rounds``. All work
 runs on torch's current stream (vtnumba launches on cupy's current stream: the same stream here).
 
+``--kernels`` adds each kernel of ``vtnumba.cuda.experts`` run by name through ``grouped_scaled_mm``
+(bf16 out): the GEMV, the grouped tiled GEMMs (wgmma, mma.sync) with their tile map, and
+``per_expert`` (its read-back synchronizes, so its figure is wall time, marked host-bound). With
+``--rows 16,64,128,512`` it shows where prefill's kernels cross over.
+
 Run: python3 benchmarks/gpu/bench_grouped_tc.py [--quick] [--shapes qwen3_gate_up,deepseek_gate_up]
-     [--rows 1,8,16,32,64] [--configs] [--block] [--repeats 50] [--rounds 3]
+     [--rows 1,8,16,32,64] [--configs] [--block] [--kernels] [--repeats 50] [--rounds 3]
 (needs cupy, torch, numba-cuda and a GPU with the FP8 mma, sm_89 or later)
 """
 
@@ -58,6 +63,12 @@ def parse(argv):
     p.add_argument("--configs", action="store_true", help="also time every GEMV configuration (GEMV_CONFIGS)")
     p.add_argument("--block", action="store_true", help="also time the block-scaled (128 x 128) grouped GEMV")
     p.add_argument("--no-torch", action="store_true", help="skip torch's grouped GEMMs")
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also time every kernel of vtnumba.cuda.experts by name through grouped_scaled_mm (the tile map, "
+        "per_expert's read-back and its calls included): the GEMV, the grouped tiled GEMMs, per_expert",
+    )
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
@@ -253,6 +264,30 @@ def main(argv=None):
                         stream_ptr = torch.cuda.current_stream().cuda_stream
                         us, note = device_us(torch, lambda: prepared.launch(stream_ptr), args.repeats, args.rounds)
                         results.append(("ours block-scaled 128 x 128, 16-row passes", us, None, note, routed_bytes))
+
+                if args.kernels:
+                    from vtnumba.cuda import experts
+
+                    for kname in (
+                        "tensorcore_grouped_gemv",
+                        "wgmma_grouped_gemm",
+                        "tensorcore_grouped_gemm",
+                        "per_expert",
+                    ):
+                        try:
+
+                            def named(kname=kname):
+                                return experts.grouped_scaled_mm(a, sa_c, b, sb_c, offsets, _bf16(), None, kernel=kname)
+
+                            out = torch.as_tensor(named().view(cp.uint16), device="cuda").view(torch.bfloat16)
+                            us, note = device_us(torch, named, args.repeats, args.rounds)
+                            results.append((f"experts kernel={kname}", us, out, note, routed_bytes))
+                        except Exception as exc:  # noqa: BLE001 - a kernel that refuses the shape is reported
+                            print(
+                                f"| {rows_label} | experts kernel={kname} | - | - | - | - | cannot run: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]} |",
+                                flush=True,
+                            )
 
                 for label, us, out, note, nbytes in results:
                     ratio = f"{ref_us / us:.2f}x" if ref_us else "-"

@@ -54,6 +54,8 @@ MOE_PATHS = (
     ("moe_routing", "MoE align, gather, SiLU-and-quantize, combine (Numba, no host sync)"),
     ("moe_grouped_cuda_core", "MoE grouped GEMM on CUDA cores (one launch, counts on the device)"),
     ("moe_grouped_tensor_core", "MoE grouped GEMV on FP8 tensor cores"),
+    ("moe_grouped_tiled_mma", "MoE prefill: grouped tiled GEMM on mma.sync (one launch, strict G3)"),
+    ("moe_grouped_tiled_wgmma", "MoE prefill: grouped tiled GEMM on wgmma (sm_90, one launch)"),
     ("moe_per_expert_cublaslt", "MoE prefill: cuBLASLt expert by expert (one offsets read-back)"),
 )
 CUBLASLT_PATHS = ("cublaslt_per_tensor", "cublaslt_outer_vector", "cublaslt_block_128x128")
@@ -152,12 +154,15 @@ def moe_path_rules(cc, cublaslt_reason, simulator=False, tensor_core_reason=None
     rules = {"moe_routing": None, "moe_grouped_cuda_core": None}
     if simulator:
         rules["moe_grouped_tensor_core"] = "the CUDA simulator runs no inline PTX"
+        rules["moe_grouped_tiled_mma"] = "the CUDA simulator runs it only through its emulation, when named"
+        rules["moe_grouped_tiled_wgmma"] = "the CUDA simulator runs no inline PTX"
         rules["moe_per_expert_cublaslt"] = "the CUDA simulator has no cuBLASLt (the grouped CUDA-core kernel runs)"
         return rules
     cc = tuple(int(v) for v in cc)
-    rules["moe_grouped_tensor_core"] = tensor_core_reason or (
-        None if cc >= FP8_TENSOR_CORE_MIN_CC else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)}"
-    )
+    mma = None if cc >= FP8_TENSOR_CORE_MIN_CC else f"FP8 tensor cores need sm_89+, this GPU is {sm(cc)}"
+    rules["moe_grouped_tensor_core"] = tensor_core_reason or mma
+    rules["moe_grouped_tiled_mma"] = mma
+    rules["moe_grouped_tiled_wgmma"] = None if cc == (9, 0) else f"wgmma is an sm_90a instruction, this GPU is {sm(cc)}"
     rules["moe_per_expert_cublaslt"] = cublaslt_reason
     return rules
 

@@ -11,12 +11,18 @@ results are the reference.
 
   ``tensorcore_grouped_gemv``  the tensor-core grouped GEMV of ``kernels/tc_gemv.py``
                                (``grouped_gemv_launch``; it says why not in ``grouped_gemv_reason``):
-                               float32 scales, decode row counts
+                               float32 scales, decode row counts (up to ``TILED_MIN_ROWS`` rows
+                               per expert on average, or any where no tiled kernel can run)
   ``per_expert``               large prefill: ONE device-to-host read of ``offsets`` (a
                                synchronization), then ``vt.scaled_mm`` of each expert's rows
                                (cuBLASLt where it takes them), written into the output. Only where
                                the call has ``PER_EXPERT_MIN_ROWS`` rows per expert on average,
                                never while the stream is being captured into a CUDA graph
+  ``wgmma_grouped_gemm``       prefill on sm_90: the grouped wgmma GEMM (kernels/sm90_wgmma_gemm.py),
+                               a tile map (kernels/moe.py's ``row_tiles``) then one launch; the
+                               tensor-core bound, so only where the lever lets cuBLASLt run
+  ``tensorcore_grouped_gemm``  prefill elsewhere (sm_89, sm_12x) or with the lever off: the grouped
+                               tiled ``mma.sync`` GEMM (kernels/tc_gemm.py), strict G3, MXFP8 too
   ``grouped``                  the CUDA-core grouped kernel (kernels/grouped_gemm.py): the
                                expert's rows counted on the device, one launch, exact (G3)
   ``grouped_general``          the same on any K, block size and alignment, slower
@@ -45,9 +51,12 @@ from . import quantize
 from .ptx.target import SIMULATOR
 
 # From this many rows per expert on average (P / E, known on the host) the per-expert path runs:
-# cuBLASLt's GEMMs beat the CUDA-core grouped kernel, which reads each weight tile once per 4 rows,
-# long before that. Not measured yet (no GPU when written): the lead's H200 run sets it.
-PER_EXPERT_MIN_ROWS = 128
+# cuBLASLt expert by expert, each call's host cost (and the one read-back) paid against GEMMs large
+# enough that cuBLASLt's speed over the grouped tiled kernels repays it.
+PER_EXPERT_MIN_ROWS = 1024
+# Past this many rows per expert on average the grouped tiled GEMMs take the call from the grouped
+# GEMV, which streams each expert's weight once per 16 rows.
+TILED_MIN_ROWS = 16
 
 _moe = _grouped = _device = _gemm = _block = _epilogue = None
 
@@ -527,11 +536,16 @@ class TensorCoreGroupedGemv:
         if getattr(tc_gemv, "grouped_gemv_launch", None) is None:
             return "kernels/tc_gemv.py has no grouped_gemv_launch (the tensor-core grouped GEMV)"
         why = tc_gemv.grouped_gemv_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
-        if why is None and not forced and PerExpert().reason(call, False) is None:
-            why = (
-                f"a prefill-sized call ({call.p} rows over {call.e} experts): per_expert takes it, past "
-                f"{PER_EXPERT_MIN_ROWS} rows per expert on average"
+        if why is None and not forced and call.p > TILED_MIN_ROWS * call.e:
+            tiled = next(
+                (k.name for k in _TILED if k.name not in _gemm.disabled_kernels() and k.reason(call, False) is None),
+                None,
             )
+            if tiled is not None:
+                why = (
+                    f"a prefill-sized call ({call.p} rows over {call.e} experts): {tiled} takes it, past "
+                    f"{TILED_MIN_ROWS} rows per expert on average"
+                )
         return why
 
     def run(self, call, y, active):
@@ -620,6 +634,77 @@ def _aligned_copy(view):
     return view.copy()
 
 
+class _TiledGrouped:
+    """A grouped tiled tensor-core GEMM: a tile map (kernels/moe.py's ``row_tiles``, the counts read
+    on the device) and one launch over it, each block one expert's tile of rows."""
+
+    def run(self, call, y, active):
+        moe = _moe
+        tiles = _new((moe.row_tile_count(call.p, call.e, self.tile_rows(call)), 3), np.int32)
+        _run(moe.row_tiles_launch(call.offsets, call.e, call.p, self.tile_rows(call), tiles))
+        launch = self.launch(call, _epilogue.out_bits(y), tiles)
+        _run(launch)
+
+
+class WgmmaGrouped(_TiledGrouped):
+    """The grouped wgmma GEMM (kernels/sm90_wgmma_gemm.py, sm_90): Hopper's native FP8 tensor-core
+    instruction, promotion per 128 of K -- the tensor-core bound cuBLASLt holds, not DESIGN.md's strict
+    G3 -- so it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run (the contract of the fast
+    path), from ``TILED_MIN_ROWS`` rows per expert on average."""
+
+    name = "wgmma_grouped_gemm"
+
+    def reason(self, call, forced):
+        from .kernels import sm90_wgmma_gemm
+
+        why = sm90_wgmma_gemm.grouped_reason(call)
+        if why is None and not forced:
+            if not _config.dense_cublaslt_fp8_enabled():
+                why = "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
+            elif call.p <= TILED_MIN_ROWS * call.e:
+                why = f"a decode-sized call ({call.p} rows over {call.e} experts): the grouped GEMV's, up to {TILED_MIN_ROWS} rows per expert on average"
+        return why
+
+    def tile_rows(self, call):
+        from .kernels import sm90_wgmma_gemm
+
+        return sm90_wgmma_gemm.block_rows(sm90_wgmma_gemm.WG_DEFAULT)
+
+    def launch(self, call, y_bits, tiles):
+        from .kernels import sm90_wgmma_gemm
+
+        return sm90_wgmma_gemm.grouped_gemm_launch(call, y_bits, tiles)
+
+
+class TensorCoreGroupedGemm(_TiledGrouped):
+    """The grouped tiled GEMM on ``mma.sync`` (kernels/tc_gemm.py): strict G3 (promotion per mma), any
+    GPU with FP8 mma (sm_89, sm_90, sm_12x), float32 scales or MXFP8, from ``TILED_MIN_ROWS`` rows per
+    expert on average."""
+
+    name = "tensorcore_grouped_gemm"
+
+    def reason(self, call, forced):
+        from .kernels import tc_gemm
+
+        why = tc_gemm.unavailable_reason(call.device, simulate=forced) or tc_gemm.grouped_shape_reason(call)
+        if why is None:
+            scales = tc_gemm.grouped_scales(call)
+            why = scales if isinstance(scales, str) else None
+        if why is None and not forced and call.p <= TILED_MIN_ROWS * call.e:
+            why = f"a decode-sized call ({call.p} rows over {call.e} experts): the grouped GEMV's, up to {TILED_MIN_ROWS} rows per expert on average"
+        return why
+
+    def tile_rows(self, call):
+        from .kernels import tc_gemm
+
+        return tc_gemm.grouped_tile_rows(call)
+
+    def launch(self, call, y_bits, tiles):
+        from .kernels import tc_gemm
+
+        return tc_gemm.grouped_gemm_launch(call, y_bits, tiles)
+
+
 class GroupedCudaCore:
     """The CUDA-core grouped kernel (kernels/grouped_gemm.py's ``grouped_kernel``)."""
 
@@ -667,11 +752,13 @@ def active_experts(offsets, num_experts, rows):
     return active
 
 
+_TILED = (WgmmaGrouped(), TensorCoreGroupedGemm())
 # the order they are tried in:
 KERNELS = (
-    TensorCoreGroupedGemv(),  # the tensor-core grouped GEMV (kernels/tc_gemv.py), once it exists
+    TensorCoreGroupedGemv(),  # decode: the tensor-core grouped GEMV (kernels/tc_gemv.py)
     PerExpert(),  # large prefill on cuBLASLt, expert by expert (one read-back)
-    GroupedCudaCore(),  # decode and the rest: one launch, the counts on the device
+    *_TILED,  # prefill: tensor-core tiles, one launch, the counts on the device
+    GroupedCudaCore(),  # what the tensor-core kernels refuse: one launch, the counts on the device
     GroupedGeneral(),  # what the grouped kernel refuses
 )
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
@@ -769,5 +856,6 @@ __all__ = [
     "KERNELS",
     "KERNELS_BY_NAME",
     "PER_EXPERT_MIN_ROWS",
+    "TILED_MIN_ROWS",
     "moe_paths",
 ]

@@ -215,6 +215,57 @@ def active_experts_launch(offsets, num_experts, active):
     return active_experts_kernel(), 1, MAP_THREADS, (offsets, num_experts, active, int(active.shape[0]) - 1)
 
 
+# --- the row tiles of a grouped tiled GEMM ----------------------------------------------------------
+# Tile t of the grouped tensor-core GEMMs (tc_gemm.py, sm90_wgmma_gemm.py) is tiles[t] = (expert,
+# first row, the expert's end row): expert e's rows offsets[e] .. offsets[e + 1] in tiles of
+# ``tile_rows``, one expert after another, then the padding rows offsets[E] .. P as expert E, then
+# -1 (no work) up to the map's length, ceil(P / tile_rows) + E + 1 (each expert and the padding add
+# at most one part-filled tile). The counts are read on the device, so the host never learns them
+# and a captured graph remakes the map on each replay.
+ROW_TILE_THREADS = 32 if SIMULATOR else 256
+MAX_ROW_TILE_EXPERTS = 4096  # the tile starts live in shared memory
+
+
+def _row_tiles(offsets, num_experts, rows, tile_rows, tiles):
+    start = cuda.shared.array(MAX_ROW_TILE_EXPERTS + 2, types.int32)
+    tid = cuda.threadIdx.x
+    for e in range(tid, num_experts + 1, cuda.blockDim.x):  # each group's tile count
+        hi = offsets[e + 1] if e < num_experts else rows
+        start[e + 1] = (max(hi - offsets[e], 0) + tile_rows - 1) // tile_rows
+    cuda.syncthreads()
+    if tid == 0:  # their running sum, in shared memory (E + 1 adds)
+        start[0] = 0
+        for e in range(num_experts + 1):
+            start[e + 1] += start[e]
+    cuda.syncthreads()
+    for e in range(tid, num_experts + 1, cuda.blockDim.x):
+        lo = offsets[e]
+        hi = offsets[e + 1] if e < num_experts else rows
+        for j in range(start[e + 1] - start[e]):
+            tiles[start[e] + j, 0] = e
+            tiles[start[e] + j, 1] = lo + j * tile_rows
+            tiles[start[e] + j, 2] = hi
+    for t in range(start[num_experts + 1] + tid, tiles.shape[0], cuda.blockDim.x):
+        tiles[t, 0] = -1
+
+
+@functools.cache
+def row_tiles_kernel():
+    return compile_kernel(_row_tiles, (types.int32[::1], types.int64, types.int64, types.int64, types.int32[:, ::1]))
+
+
+def row_tile_count(rows, num_experts, tile_rows):
+    """The length of the tile map of ``rows`` rows over ``num_experts`` experts."""
+    return -(-int(rows) // int(tile_rows)) + int(num_experts) + 1
+
+
+def row_tiles_launch(offsets, num_experts, rows, tile_rows, tiles):
+    """(kernel, grid, block, args) writing the tile map ``tiles`` int32 [row_tile_count(...), 3]."""
+    if num_experts > MAX_ROW_TILE_EXPERTS:
+        raise ValueError(f"num_experts must be <= {MAX_ROW_TILE_EXPERTS} for the row tile map, got {num_experts}")
+    return row_tiles_kernel(), 1, ROW_TILE_THREADS, (offsets, int(num_experts), int(rows), int(tile_rows), tiles)
+
+
 # --- gather ----------------------------------------------------------------------------------------
 THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 1 << 16  # grid-stride beyond
@@ -580,6 +631,9 @@ __all__ = [
     "UNIT_DTYPES",
     "gather_kernel",
     "gather_launch",
+    "row_tiles_kernel",
+    "row_tiles_launch",
+    "row_tile_count",
     "expert_of",
     "static_rows_kernel",
     "static_rows_launch",

@@ -75,7 +75,7 @@ from ..ptx.codec import fill, float32_to_bfloat16_bits, float32_to_half_bits
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from . import tc_gemm
-from .epilogue import OutKind, load_bias, scaled_value, store_out
+from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
 from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, gemm_signature, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
@@ -309,10 +309,12 @@ def kernel_parts(cfg, block_scaled, copy_threads):
 
 
 @functools.cache
-def gemm_kernel(cfg, promotion, block_scaled):
+def gemm_kernel(cfg, promotion, block_scaled, grouped=False):
     """The wgmma GEMM for one tile configuration, promotion and scale layout (arguments as
-    tc_gemm.gemm_kernel's)."""
+    tc_gemm.gemm_kernel's; ``grouped``: the grouped kernel, every thread copying and computing)."""
     _check_config(cfg, block_scaled, promotion)
+    if grouped and cfg.producer:
+        raise ValueError("the grouped wgmma GEMM runs the form where every thread copies and computes: producer=False")
     if cfg.producer:
         return specialized_kernel(cfg, promotion, block_scaled)
     bn, stages = cfg.bn, cfg.stages
@@ -416,8 +418,10 @@ def gemm_kernel(cfg, promotion, block_scaled):
             promote(acc, prev, sa0, sa1, sbv)
         return nsa0, nsa1, nsbv
 
-    def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
-        m_total, k_total = a.shape
+    @cuda.jit(**DEVICE_INLINE)
+    def tile(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind, m0, n0, m_total):
+        """The 128 x BN tile of y at rows m0.., columns n0.. (tc_gemm's ``tile``)."""
+        k_total = a.shape[1]
         n_total = b.shape[0]
         smem = cuda.shared.array(0, types.uint32)  # dynamic: the ring, sized at launch
         acc = cuda.local.array(regs, types.float32)
@@ -432,8 +436,6 @@ def gemm_kernel(cfg, promotion, block_scaled):
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        m0 = cuda.blockIdx.y * bm
-        n0 = cuda.blockIdx.x * bn
         # the ring starts at the first 1024-byte boundary of the dynamic shared memory
         base = wgmma.shared_address(smem, 0)
         pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
@@ -591,7 +593,7 @@ def gemm_kernel(cfg, promotion, block_scaled):
             out_kind,
         )
 
-    return gemm
+    return tc_gemm.tile_kernel(tile, bm, bn, grouped)
 
 
 @functools.cache
@@ -737,12 +739,16 @@ def specialized_kernel(cfg, promotion, block_scaled):
 
 
 @functools.cache
-def gemm_launcher(cfg, promotion, block_scaled, out_is_float32):
+def gemm_launcher(cfg, promotion, block_scaled, out_is_float32, grouped=False):
     """The compiled wgmma GEMM (a ``DynamicSharedKernel``): launch on grid (ceil(N / BN),
-    ceil(M / block_rows(cfg))) of threads(cfg) threads."""
-    sig = gemm_signature(block_scaled, out_is_float32)
+    ceil(M / block_rows(cfg))) of threads(cfg) threads; ``grouped``: the grouped kernel, on grid
+    (ceil(N / BN), tiles)."""
+    sig = (tc_gemm.grouped_gemm_signature if grouped else gemm_signature)(block_scaled, out_is_float32)
     kernel = compile_kernel(
-        gemm_kernel(cfg, promotion, block_scaled), sig, arch=wgmma.ARCH, launch_bounds=(threads(cfg), cfg.blocks_per_sm)
+        gemm_kernel(cfg, promotion, block_scaled, grouped),
+        sig,
+        arch=wgmma.ARCH,
+        launch_bounds=(threads(cfg), cfg.blocks_per_sm),
     )
     return DynamicSharedKernel(kernel, shared_bytes(cfg))
 
@@ -772,7 +778,47 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
     )
 
 
+def grouped_reason(call):
+    """Why the grouped wgmma GEMM cannot take an ``experts.GroupedCall`` (None when it can)."""
+    why = unavailable_reason(call.device) or tc_gemm.grouped_shape_reason(call, "the grouped wgmma GEMM")
+    if why is None:
+        scales = tc_gemm.grouped_scales(call)
+        if isinstance(scales, str):
+            why = scales
+        elif scales[5]:
+            why = "the wgmma GEMM takes no MXFP8 (E8M0) scales"
+    return why
+
+
+def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_128, config=None):
+    """(kernel, grid, block, args) of the grouped wgmma GEMM for an ``experts.GroupedCall`` over
+    ``tiles`` (``moe.row_tiles_launch``'s map, ``block_rows(cfg)`` rows a tile)."""
+    cfg = config or WG_DEFAULT
+    scale_a, sa_step, scale_b, sb_step, block_scaled, _ = tc_gemm.grouped_scales(call)
+    bias, bias_kind = tc_gemm.bias_bits(None, call.device)
+    return (
+        gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32, True),
+        (-(-call.n // cfg.bn), int(tiles.shape[0])),
+        threads(cfg),
+        (
+            call.a,
+            call.b,
+            scale_a,
+            sa_step,
+            scale_b,
+            sb_step,
+            bias,
+            bias_kind,
+            y_bits,
+            int(OUT_KIND[call.out_dtype]),
+            tiles,
+        ),
+    )
+
+
 __all__ = [
+    "grouped_reason",
+    "grouped_gemm_launch",
     "PER_128",
     "PER_WGMMA",
     "PROMOTIONS",

@@ -326,14 +326,15 @@ def explicit_mx_step_functions(mt, nt):
 
 
 @functools.cache
-def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
+def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain", grouped=False):
     """The tiled tensor-core GEMM for one tile configuration, promotion and scale layout. ``chain``
     (per-mma promotion only): pass the accumulator as the mma's C instead of C = 0 and a float32
     add -- on the e4m3 kernel the same arithmetic where the mma itself adds C in float32 after each
     k32 product (sm_90, see ``chains_in_float32``), with half the adds; on the f16-staged kernel
     the tensor core's own accumulation through every k16 HMMA (no float32 add). ``mma_kind``: see
     MMA_KINDS; the MX kinds take E8M0 scales uint8 [M, ceil(K / 32)] and [N, ceil(K / 32)] (one weight
-    scale per row and 32 of K) and promote per mma."""
+    scale per row and 32 of K) and promote per mma. ``grouped``: the kernel of a grouped GEMM (the
+    experts of a mixture, ``grouped_gemm`` below) instead, each tile that of one expert."""
     if promotion not in PROMOTIONS:
         raise ValueError(f"promotion must be one of {PROMOTIONS}, got {promotion!r}")
     if mma_kind not in MMA_KINDS:
@@ -737,12 +738,11 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
                                 v = finish(acc[4 * (i * nt + j) + 2 * h + e], sam, sbn, has_bias, bv)
                                 store(y, m, n, v, out_kind)
 
-    def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
-        """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b
-        float32 vectors read as scale[i * step]. Block-scaled: scale_a [M, ceil(K/128)] per
-        1 x 128 activation group, scale_b [ceil(N/128), ceil(K/128)] per 128 x 128 weight block
-        (the steps unused)."""
-        m_total, k_total = a.shape
+    @cuda.jit(**_DEVICE)
+    def tile(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind, m0, n0, m_total):
+        """The BM x BN tile of y at rows m0.., columns n0..: rows from m_total on (and columns from
+        N on) are neither read nor written. Scales and bias as ``gemm`` takes them."""
+        k_total = a.shape[1]
         n_total = b.shape[0]
         smem = cuda.shared.array(smem_words, types.uint32, alignment=_ALIGN_128)  # cp.async, ldmatrix: 16 B
         if own_scratch:
@@ -763,8 +763,6 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
         wn = warp // wm_count
         g = lane // 4
         t = lane % 4
-        m0 = cuda.blockIdx.y * bm
-        n0 = cuda.blockIdx.x * bn
         r0, chunk, copy_word, a_addr, b_addr, a_zero, b_zero, a_step, b_step, a_rows, b_rows = copy_plan(
             a, b, m0, n0, m_total, n_total, tid
         )
@@ -951,7 +949,58 @@ def gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind="plain"):
             t,
         )
 
-    return gemm
+    return tile_kernel(tile, bm, bn, grouped)
+
+
+def tile_kernel(tile, bm, bn, grouped):
+    """The kernel of a tiled GEMM whose device function ``tile(a, b, scale_a, sa_step, scale_b,
+    sb_step, bias, bias_kind, y, out_kind, m0, n0, m_total)`` computes one BM x BN tile (this module's
+    and sm90_wgmma_gemm.py's): the dense GEMM, block (x, y) the tile at (BM y, BN x); or, ``grouped``,
+    the grouped GEMM of a mixture's experts over a tile map."""
+    if not grouped:
+
+        def gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+            """y = round_out(a @ b^T scaled + bias). Per-tensor / per-row x per-channel: scale_a, scale_b
+            float32 vectors read as scale[i * step]. Block-scaled: scale_a [M, ceil(K/128)] per
+            1 x 128 activation group, scale_b [ceil(N/128), ceil(K/128)] per 128 x 128 weight block
+            (the steps unused)."""
+            tile(
+                a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind,
+                cuda.blockIdx.y * bm, cuda.blockIdx.x * bn, a.shape[0],
+            )  # fmt: skip
+
+        return gemm
+
+    def grouped_gemm(a, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind, tiles):
+        """The grouped form: y rows of expert e = a's rows times b[e] [N, K], scale_b[e] its scales
+        (per-channel [E, N] or [E, 1] with sb_step 0, blocks [E, NB, KB], MX [E, N, KB]); scale_a by
+        absolute row as in ``gemm``. Grid row t runs ``tiles[t]`` = (expert, first row, the expert's
+        end row), moe.row_tiles_launch's map: expert -1 has no work, expert E writes its rows as 0
+        (the padding rows after the experts')."""
+        t = cuda.blockIdx.y
+        e = tiles[t, 0]
+        n0 = cuda.blockIdx.x * bn
+        if e < 0:
+            return
+        m0 = tiles[t, 1]
+        m_end = tiles[t, 2]
+        if e >= b.shape[0]:
+            zero_rows(y, m0, min(m0 + bm, m_end), n0, min(n0 + bn, y.shape[1]))
+            return
+        tile(a, b[e], scale_a, sa_step, scale_b[e], sb_step, bias, bias_kind, y, out_kind, m0, n0, m_end)
+
+    return grouped_gemm
+
+
+@cuda.jit(**_DEVICE)
+def zero_rows(y, r0, r1, c0, c1):
+    """y[r0:r1, c0:c1] = 0 (the bits of +0.0 in every output kind), by the block's threads."""
+    width = c1 - c0
+    i = cuda.threadIdx.x
+    total = (r1 - r0) * width
+    while i < total:
+        y[r0 + i // width, c0 + i % width] = 0
+        i += cuda.blockDim.x
 
 
 _u8_2d = types.uint8[:, :]
@@ -989,11 +1038,11 @@ class DynamicSharedKernel:
             driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_mem)
             self._opted_in.add(fn.ptr)
 
-    def __call__(self, grid, block, *args):
-        self._opt_in()
+    def __call__(self, grid, block, *args, shared_mem=0):
+        self._opt_in()  # (shared_mem: a caller's own count, which this kernel's replaces)
         self.kernel(grid, block, *args, shared_mem=self.shared_mem)
 
-    def prepare(self, grid, block, *args):
+    def prepare(self, grid, block, *args, shared_mem=0):
         self._opt_in()
         return self.kernel.prepare(grid, block, *args, shared_mem=self.shared_mem)
 
@@ -1005,15 +1054,27 @@ def gemm_signature(block_scaled, out_is_float32, mx=False):
     return (_u8_2d, _u8_2d, scale, _i64, scale, _i64, _u16_1d, _i32, _out_type(out_is_float32), _i32)
 
 
+def grouped_gemm_signature(block_scaled, out_is_float32, mx=False):
+    """The argument types of a grouped tiled GEMM kernel (this module's and sm90_wgmma_gemm.py's):
+    ``gemm_signature``'s with b [E, N, K], the weight scales per expert ([E, N] or [E, 1]; blocks
+    [E, NB, KB]; MX [E, N, KB]) and the tile map int32 [T, 3] last."""
+    scale_a = _u8_2d if mx else _f32_2d if block_scaled else _f32_1d
+    scale_b = types.uint8[:, :, :] if mx else types.float32[:, :, :] if block_scaled else types.float32[:, ::1]
+    out = _out_type(out_is_float32)
+    return (_u8_2d, types.uint8[:, :, :], scale_a, _i64, scale_b, _i64, _u16_1d, _i32, out, _i32, types.int32[:, ::1])
+
+
 @functools.cache
-def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32, mma_kind="plain"):
+def gemm_launcher(cfg, promotion, block_scaled, chain, out_is_float32, mma_kind="plain", grouped=False):
     """The compiled GEMM (see ``gemm_kernel``): launch on grid (ceil(N / BN), ceil(M / BM)) of
-    32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``). The kernels of the
-    block-scaled mma (``mma_kind`` 'unit', 'mx') are compiled for the arch-specific target (sm_120a,
-    sm_121a): plain sm_12x refuses the instruction."""
+    32 * wm * wn threads (an f16-staged configuration: a ``DynamicSharedKernel``); ``grouped``: the
+    grouped kernel, on grid (ceil(N / BN), tiles). The kernels of the block-scaled mma (``mma_kind``
+    'unit', 'mx') are compiled for the arch-specific target (sm_120a, sm_121a): plain sm_12x refuses
+    the instruction."""
+    signature = grouped_gemm_signature if grouped else gemm_signature
     kernel = compile_kernel(
-        gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind),
-        gemm_signature(block_scaled, out_is_float32, mma_kind in MX_KINDS),
+        gemm_kernel(cfg, promotion, block_scaled, chain, mma_kind, grouped),
+        signature(block_scaled, out_is_float32, mma_kind in MX_KINDS),
         arch=sm120.arch(mma_kind in sm120.KINDS),
     )
     dynamic = shared_bytes(cfg)[1]
@@ -1125,7 +1186,76 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_
     )
 
 
+def grouped_scales(call):
+    """(scale_a, sa_step, scale_b, sb_step, block_scaled, mx) of an ``experts.GroupedCall`` as the
+    grouped kernels take them, or a str saying why they cannot: float32 per-tensor / per-row
+    activations with per-expert per-tensor / per-channel weights; 128 x 128 weight blocks with 1 x 128
+    activation groups; MXFP8 (E8M0 bytes, 1 x 32 blocks)."""
+    e, n = call.e, call.n
+    if call.sa_e8m0 or call.sb_e8m0:
+        if not (call.sa_e8m0 and call.sb_e8m0 and call.block_size == (1, 32) and call.scale_a.ndim == 2):
+            return "the tiled grouped GEMM takes E8M0 scales as MXFP8 only: both operands, 1 x 32 blocks"
+        return call.scale_a, 0, call.scale_b.reshape(e, n, -1), 0, False, True
+    if call.blocked:
+        if call.block_size != (128, 128) or call.scale_a.ndim != 2:
+            return (
+                "the tiled grouped GEMM takes block scales as 128 x 128 weight blocks with 1 x 128 activation "
+                f"groups [P, KB], got block_size {call.block_size} and scale_a of {call.scale_a.ndim} dimension(s)"
+            )
+        return call.scale_a, 0, call.scale_b.reshape(e, -1, call.scale_b.shape[-1]), 0, True, False
+    if call.sb.size not in (e, e * n):
+        return (
+            f"the tiled grouped GEMM takes weight scales [E] or [E, N], got {call.sb.size} values for E = {e}, N = {n}"
+        )
+    per_channel = call.sb.size == e * n and n > 1
+    scale_b = call.sb.reshape(e, n if per_channel else 1)
+    return call.sa, call.sa_row, scale_b, int(per_channel), False, False
+
+
+def grouped_shape_reason(call, kernels="the tiled grouped GEMM"):
+    """Why a grouped call's operands cannot be copied 16 bytes at a time (None when they can)."""
+    if call.k % 16:
+        return f"{kernels}: 16-byte copies need K to be a multiple of 16, got K = {call.k}"
+    return rows_reason(call.a, "a") or rows_reason(call.b2d, "b (as [E * N, K])")
+
+
+def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_MMA, config=None, mma_kind=None):
+    """(kernel, grid, block, args) of the grouped tiled tensor-core GEMM for an ``experts.GroupedCall``
+    (its reasons: ``grouped_scales``, ``grouped_shape_reason``) over ``tiles``, the map
+    ``moe.row_tiles_launch`` made with ``grouped_tile_rows(call)`` rows a tile."""
+    scale_a, sa_step, scale_b, sb_step, block_scaled, mx = grouped_scales(call)
+    cfg = config or grouped_config(call)
+    mma_kind = mma_kind or mma_kind_for(call.device.cc, mx)
+    chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc) and not mx
+    bias, bias_kind = bias_bits(None, call.device)
+    _, bn = tile_shape(cfg)
+    return (
+        gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32, mma_kind, True),
+        (-(-call.n // bn), int(tiles.shape[0])),
+        32 * cfg.wm * cfg.wn,
+        (call.a, call.b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y_bits, OUT_KIND[call.out_dtype], tiles),
+    )
+
+
+def grouped_config(call):
+    """The tile configuration of a grouped call: the dense default (the e4m3 ring; MXFP8's 128 x 128)."""
+    mx = call.sa_e8m0 and call.sb_e8m0
+    if mx:
+        return GEMM_DEFAULT
+    return default_config(call.device.cc, _split_accumulators(PER_MMA, call.blocked))
+
+
+def grouped_tile_rows(call):
+    """Rows a tile of the grouped call's kernel (``grouped_gemm_launch``) covers: the tile map's unit."""
+    return tile_shape(grouped_config(call))[0]
+
+
 __all__ = [
+    "grouped_gemm_launch",
+    "grouped_gemm_signature",
+    "grouped_scales",
+    "grouped_shape_reason",
+    "grouped_tile_rows",
     "PER_MMA",
     "PER_128",
     "PROMOTIONS",
