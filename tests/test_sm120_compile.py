@@ -121,11 +121,18 @@ def test_the_toolchain_reason_names_what_is_missing(monkeypatch):
 @pytest.mark.parametrize("cc,arch", TARGETS, ids=[t[1] for t in TARGETS])
 def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
     """GB10's mixture of experts: the grouped tensor-core GEMV issues the native block-scaled QMMA.SF
-    (unit scales) with no FP8 unpack, and the CUDA-core grouped GEMM (E8M0 MXFP8 scales too), the
-    active-experts map, align, SiLU-quantize and combine kernels assemble for 12.x."""
-    from vtnumba.cuda.kernels import grouped_gemm, moe, tc_gemv
+    (unit scales) with no FP8 unpack, so does the grouped tiled GEMM (unit and MXFP8 scales), and the
+    CUDA-core grouped GEMM (E8M0 MXFP8 scales too), the active-experts map, the row tile map, align,
+    SiLU-quantize and combine kernels assemble for 12.x."""
+    from vtnumba.cuda.kernels import grouped_gemm, moe, tc_gemm, tc_gemv
 
     plain = arch[:-1]
+    # the grouped tiled GEMM (prefill) on the block-scaled mma, unit scales and MXFP8's
+    for kind in ("unit", "mx"):
+        kernel = tc_gemm.gemm_launcher(tc_gemm.GEMM_DEFAULT, "per_mma", False, False, False, kind, True)
+        got_arch, record = compile_for(cc, kernel)
+        assert got_arch == arch and set(record["sass_mma"]) == {QMMA_SF}, (kind, record["sass_mma"])
+        assert record["sass_fp8_unpack"] == 0 and record["spill_stores"] == 0, (kind, record)
     for label, rows, block in (("codes", 8, False), ("codes", 16, False), ("block", 8, True)):
         kernel = tc_gemv.gemv_launcher(
             rows, tc_gemv.gemv_config(rows, 2048), tc_gemv.MODE_CODES, block, True, False, False, True, True
@@ -138,6 +145,7 @@ def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
         "grouped per-channel": grouped_gemm.grouped_launcher(4, 2, 128, 1, False, False, False, True, True),
         "grouped_general": grouped_gemm.general_launcher(False, True, True),
         "active experts": moe.active_experts_kernel(),
+        "row tiles": moe.row_tiles_kernel(),
         "align": moe.align_kernel(True),
         "silu per_group e8m0": moe.silu_kernel(moe.SiluMode.PER_GROUP, "hardware", False, "rceil"),
         "combine": moe.combine_kernel(moe.WeightKind.FLOAT32, False),

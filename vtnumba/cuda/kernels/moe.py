@@ -224,10 +224,11 @@ def active_experts_launch(offsets, num_experts, active):
 # and a captured graph remakes the map on each replay.
 ROW_TILE_THREADS = 32 if SIMULATOR else 256
 MAX_ROW_TILE_EXPERTS = 4096  # the tile starts live in shared memory
+_ROW_TILE_STARTS = MAX_ROW_TILE_EXPERTS + 2  # a shared array's size must be a constant of the module
 
 
 def _row_tiles(offsets, num_experts, rows, tile_rows, tiles):
-    start = cuda.shared.array(MAX_ROW_TILE_EXPERTS + 2, types.int32)
+    start = cuda.shared.array(_ROW_TILE_STARTS, types.int32)
     tid = cuda.threadIdx.x
     for e in range(tid, num_experts + 1, cuda.blockDim.x):  # each group's tile count
         hi = offsets[e + 1] if e < num_experts else rows
