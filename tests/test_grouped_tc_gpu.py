@@ -172,23 +172,25 @@ def dense_by_expert(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_siz
     return bits
 
 
-def check_tensor_core_bound(y, a, sa, b, sb, offsets, out_dtype, block_size):
-    """Every routed row within the tensor-core bound (gates, as cuBLASLt's); padding rows 0."""
+def check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, tensor_core, experts=None):
+    """The rows of ``experts`` (default: every routed one) within G3 of the float64 reference, or
+    within the tensor-core bound (gates, cuBLASLt's) where ``tensor_core``; padding rows 0. Returns
+    the elements compared."""
     from test_cudasim_grouped_tc import expert_scales
 
     from vtnumba.testing.gates import assert_block_g3, assert_g3
 
     compared = 0
-    for e in range(b.shape[0]):
+    for e in range(b.shape[0]) if experts is None else experts:
         lo, hi = int(offsets[e]), int(offsets[e + 1])
         if hi <= lo:
             continue
         sa_e, sb_e = expert_scales(sa, sb, e, lo, hi, block_size is not None)
         if block_size is None:
-            compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, None, out_dtype, tensor_core=True)
+            compared += assert_g3(y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, None, out_dtype, tensor_core=tensor_core)
         else:
             compared += assert_block_g3(
-                y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, block_size, None, out_dtype, tensor_core=True
+                y[lo:hi], a[lo:hi], b[e], sa_e, sb_e, block_size, None, out_dtype, tensor_core=tensor_core
             )
     assert (y[int(offsets[-1]) :].astype(np.float64) == 0).all(), "a padding row was not written as 0"
     return compared
@@ -218,11 +220,14 @@ def test_grouped_tiled_gemm_real_shapes(cp, kernel_name, e, n, k, scales, out_dt
     a, sa, b, sb, offsets = grouped_case(rng, counts, 5, n, k, scales)
     bits = run_tiled(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size)
     y = bits.view(out_dtype) if np.dtype(out_dtype) != F32 else bits
-    if kernel_name == "tensorcore_grouped_gemm":
-        assert check_grouped(y, a, sa, b, sb, offsets, out_dtype, block_size) > sum(counts) * n * 9 // 10
-    else:
-        assert check_tensor_core_bound(y, a, sa, b, sb, offsets, out_dtype, block_size) > sum(counts) * n * 9 // 10
     np.testing.assert_array_equal(bits, dense_by_expert(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size))
+    # the float64 reference on the host is slow at these shapes: the big expert, the first and the last
+    # routed ones (the dense kernels' own tests hold every shape to the bound)
+    routed = [i for i, c in enumerate(counts) if c]
+    sample = sorted({routed[0], e // 3, routed[-1]})
+    tensor_core = kernel_name == "wgmma_grouped_gemm"
+    compared = check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, tensor_core, sample)
+    assert compared > sum(counts[i] for i in sample) * n * 9 // 10
 
 
 def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
@@ -267,7 +272,10 @@ def test_a_prefill_grouped_gemm_is_captured_and_follows_new_offsets(cp):
         is None
         else "tensorcore_grouped_gemm"
     )
-    check = check_tensor_core_bound if name == "wgmma_grouped_gemm" else check_grouped
+
+    def check(y, a, sa, b, sb, offsets, out_dtype, block_size):
+        return check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, name == "wgmma_grouped_gemm")
+
     experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)  # compile and load first
     cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)

@@ -176,9 +176,20 @@ def main(argv=None):
                 y = torch.empty(p, n, device="cuda", dtype=torch.bfloat16)
                 y_bits = cp.asarray(y.view(torch.int16)).view(cp.uint16)
                 sa_c, sb_c = cp.asarray(sa), cp.asarray(sb)
-                results = []  # (kernel, us, output or None, note)
-
                 reference, ref_us = None, None
+
+                def emit(label, us, out, note, nbytes):
+                    """One row, printed as soon as it is measured (a run cut short keeps what it had)."""
+                    ratio = f"{ref_us / us:.2f}x" if ref_us else "-"
+                    diff = "-"
+                    if out is not None and reference is not None:
+                        r = reference.float()
+                        diff = f"{((out.float() - r).abs().max() / r.abs().max()).item():.1e}"
+                    print(
+                        f"| {rows_label} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} | {note} |",
+                        flush=True,
+                    )
+
                 if not args.no_torch:
                     offs = offsets_t[1:].contiguous()
                     try:
@@ -190,7 +201,7 @@ def main(argv=None):
 
                         reference = torch_fp8()
                         ref_us, note = device_us(torch, torch_fp8, args.repeats, args.rounds)
-                        results.append(("torch._scaled_grouped_mm (rowwise)", ref_us, None, note, routed_bytes))
+                        emit("torch._scaled_grouped_mm (rowwise)", ref_us, None, note, routed_bytes)
                     except Exception as exc:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
                         print(
                             f"| {rows_label} | torch._scaled_grouped_mm | - | - | - | - | failed: "
@@ -207,7 +218,7 @@ def main(argv=None):
 
                         torch_bf16()
                         us, note = device_us(torch, torch_bf16, args.repeats, args.rounds)
-                        results.append(("torch._grouped_mm (bf16 weights)", us, None, note, 2 * routed_bytes))
+                        emit("torch._grouped_mm (bf16 weights)", us, None, note, 2 * routed_bytes)
                     except Exception as exc:  # noqa: BLE001
                         print(
                             f"| {rows_label} | torch._grouped_mm | - | - | - | - | failed: "
@@ -218,6 +229,8 @@ def main(argv=None):
                 # rows_hint None: passes of 16 rows (what a caller without a bound gets); rows_hint 8:
                 # passes of 8 (fewer registers, more blocks a multiprocessor; 9..16 rows take two)
                 variants = [("ours, 16-row passes", None, None, True), ("ours, 8-row passes", 8, None, True)]
+                if args.kernels:  # the GEMV is timed among the experts' kernels instead
+                    variants = []
                 if args.configs:  # + without the register cap (tc_gemv.GROUPED_REGISTER_CAP)
                     variants += [
                         (
@@ -248,7 +261,7 @@ def main(argv=None):
                     ours()
                     out = y.clone()
                     us, note = device_us(torch, ours, args.repeats, args.rounds)
-                    results.append((f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note, routed_bytes))
+                    emit(f"{label} ({grid[0]} x {grid[1]} blocks of {block})", us, out, note, routed_bytes)
                 if args.block:
                     sa_b, sb_b = cp.asarray(sa_block), cp.asarray(sb_block)
                     reason = tc_gemv.grouped_gemv_reason(a, sa_b, b, sb_b, (128, 128), dev)
@@ -263,7 +276,7 @@ def main(argv=None):
                         prepared = kernel.prepare(grid, block, *kargs)
                         stream_ptr = torch.cuda.current_stream().cuda_stream
                         us, note = device_us(torch, lambda: prepared.launch(stream_ptr), args.repeats, args.rounds)
-                        results.append(("ours block-scaled 128 x 128, 16-row passes", us, None, note, routed_bytes))
+                        emit("ours block-scaled 128 x 128, 16-row passes", us, None, note, routed_bytes)
 
                 if args.kernels:
                     from vtnumba.cuda import experts
@@ -281,7 +294,7 @@ def main(argv=None):
 
                             out = torch.as_tensor(named().view(cp.uint16), device="cuda").view(torch.bfloat16)
                             us, note = device_us(torch, named, args.repeats, args.rounds)
-                            results.append((f"experts kernel={kname}", us, out, note, routed_bytes))
+                            emit(f"experts kernel={kname}", us, out, note, routed_bytes)
                         except Exception as exc:  # noqa: BLE001 - a kernel that refuses the shape is reported
                             print(
                                 f"| {rows_label} | experts kernel={kname} | - | - | - | - | cannot run: "
@@ -289,16 +302,6 @@ def main(argv=None):
                                 flush=True,
                             )
 
-                for label, us, out, note, nbytes in results:
-                    ratio = f"{ref_us / us:.2f}x" if ref_us else "-"
-                    diff = "-"
-                    if out is not None and reference is not None:
-                        r = reference.float()
-                        diff = f"{((out.float() - r).abs().max() / r.abs().max()).item():.1e}"
-                    print(
-                        f"| {rows_label} | {label} | {us:.1f} | {nbytes / us / 1e6:.2f} | {ratio} | {diff} | {note} |",
-                        flush=True,
-                    )
             w_bf16 = None  # free it before the next shape's
             torch.cuda.empty_cache()
 
