@@ -102,9 +102,9 @@ def _scales_close(got, want):
 
 def _expected_kernel(name, rows_per_expert):
     """The kernel the choice gives on the H200 (sm_90) for ``rows_per_expert`` rows in each expert."""
-    from vtnumba.cuda.experts import PER_EXPERT_MIN_ROWS, TILED_MIN_ROWS
+    from vtnumba.cuda.experts import PER_EXPERT_MIN_FLOPS, TILED_MIN_ROWS
 
-    if rows_per_expert >= PER_EXPERT_MIN_ROWS:
+    if 2 * rows_per_expert * (2 * I) * H >= PER_EXPERT_MIN_FLOPS:  # gate_up's [2I, H] experts
         return "per_expert"
     if rows_per_expert > TILED_MIN_ROWS:  # the tiled kernels: float32 scales (wgmma), MXFP8 (mma.sync)
         return {"ue8m0": "grouped", "mxfp8": "tensorcore_grouped_gemm"}.get(name, "wgmma_grouped_gemm")
@@ -285,17 +285,19 @@ def test_a_decode_moe_fp8_never_synchronizes_with_the_host(cp, name):
     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), cp.asnumpy(eager).view(np.uint32))
 
 
-def test_the_per_expert_path_is_refused_while_capturing(cp):
-    """A prefill-sized call takes per_expert eagerly (its read-back synchronizes), never inside a
-    capture: there the next kernel runs, within the same bounds."""
+def test_the_per_expert_path_is_refused_while_capturing(cp, monkeypatch):
+    """A call past per_expert's threshold (lowered here to these small experts' FLOPs) takes it
+    eagerly (its read-back synchronizes), never inside a capture: there the next kernel runs, within
+    the same bounds."""
     import vtnumba.cuda
     from vtnumba.cuda import experts as gpu
 
+    monkeypatch.setattr(gpu, "PER_EXPERT_MIN_FLOPS", 2 * 256 * (2 * I) * H)
     gu, _, gu_res, _ = _layer("dynamic")
-    counts = [1024] * E  # per_expert's threshold (PER_EXPERT_MIN_ROWS)
+    counts = [256] * E
     offsets = cp.asarray(_offsets(counts))
     rng = np.random.default_rng(13)
-    x = rng.standard_normal((1024 * E, H)).astype(np.float32)
+    x = rng.standard_normal((256 * E, H)).astype(np.float32)
     xd = cp.asarray(x)
     codes, scale = se._quantize_rows(xd, gu_res.weight, offsets, gpu)
     dev = gu_res.weight
@@ -406,6 +408,7 @@ def test_what_a_binding_refuses(cp, monkeypatch):
     seam keeps None under its key, and those calls keep giving the full path's bytes without
     trying to bind again."""
     from vtnumba.cuda import bound
+    from vtnumba.cuda import experts as gpu
 
     _, _, gu_res, dn_res = _layer("per_token")
     rng = np.random.default_rng(22)
@@ -413,7 +416,8 @@ def test_what_a_binding_refuses(cp, monkeypatch):
     ids16 = ids.astype(cp.int16)
     replay, why = bound.bind_moe(x, ids16, w, lambda: se.MoeCall(x, gu_res, dn_res, ids16, w).run())
     assert replay is None and "outside the steps' scratch" in why
-    t = 4096  # 8192 pairs over 8 experts: 1024 rows an expert, per_expert's threshold
+    t = 512  # 1024 pairs over 8 experts: 128 rows an expert, at per_expert's threshold lowered to these experts
+    monkeypatch.setattr(gpu, "PER_EXPERT_MIN_FLOPS", 2 * 128 * (2 * I) * H)
     big = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
     big_ids = cp.asarray(np.stack([rng.choice(E, 2, replace=False) for _ in range(t)]).astype(np.int64))
     big_w = cp.asarray(rng.uniform(0.1, 1, size=(t, 2)).astype(np.float32))

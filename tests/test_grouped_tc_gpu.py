@@ -232,17 +232,19 @@ def test_grouped_tiled_gemm_real_shapes(cp, kernel_name, e, n, k, scales, out_dt
 
 def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
     """Decode rows take the GEMV; prefill rows the wgmma tiles on sm_90 (the mma.sync ones elsewhere),
-    the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_ROWS a expert."""
+    the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_FLOPS an expert."""
     from vtnumba.cuda import experts
     from vtnumba.cuda.runtime import device
 
     e, n, k = 16, 512, 256
     rng = np.random.default_rng(61)
     sm90 = tuple(device.current().cc) == (9, 0)
+    # per_expert's threshold lowered to these experts' FLOPs at 1024 rows each (its default is 1e11)
+    monkeypatch.setattr(experts, "PER_EXPERT_MIN_FLOPS", 2 * 1024 * n * k)
     for rows, want in (
         (8, "tensorcore_grouped_gemv"),
         (64, "wgmma_grouped_gemm" if sm90 else "tensorcore_grouped_gemm"),
-        (experts.PER_EXPERT_MIN_ROWS, "per_expert"),
+        (1024, "per_expert"),
     ):
         a, sa, b, sb, offsets = (cp.asarray(v) for v in grouped_case(rng, [rows] * e, 0, n, k, "row_channel"))
         assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == want, rows

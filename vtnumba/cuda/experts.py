@@ -16,7 +16,7 @@ results are the reference.
   ``per_expert``               large prefill: ONE device-to-host read of ``offsets`` (a
                                synchronization), then ``vt.scaled_mm`` of each expert's rows
                                (cuBLASLt where it takes them), written into the output. Only where
-                               the call has ``PER_EXPERT_MIN_ROWS`` rows per expert on average,
+                               the call has ``PER_EXPERT_MIN_FLOPS`` per expert on average,
                                never while the stream is being captured into a CUDA graph
   ``wgmma_grouped_gemm``       prefill on sm_90: the grouped wgmma GEMM (kernels/sm90_wgmma_gemm.py),
                                a tile map (kernels/moe.py's ``row_tiles``) then one launch; the
@@ -50,13 +50,19 @@ from .. import _arrays, _config
 from . import quantize
 from .ptx.target import SIMULATOR
 
-# From this many rows per expert on average (P / E, known on the host) the per-expert path runs:
-# cuBLASLt expert by expert, each call's host cost (and the one read-back) paid against GEMMs large
-# enough that cuBLASLt's speed over the grouped tiled kernels repays it.
-PER_EXPERT_MIN_ROWS = 1024
+# From this many FLOPs per expert on average (2 (P / E) N K, known on the host) the per-expert path
+# runs: cuBLASLt expert by expert costs ~80 us of host time an expert (the validating scaled_mm and
+# the read-back: 6.1-10.9 ms for 128 experts on the H200, 2026-12-01, benchmarks/gpu/bench_grouped_tc.py
+# --kernels, at 64-512 rows an expert, where the grouped wgmma GEMM took 0.24-1.05 ms), and runs each
+# GEMM about twice as fast as the grouped wgmma tiles (0.5x cuBLASLt at 4096^3). That pays from
+# ~80 us x 1.37 PFLOP/s ~ 1e11 FLOPs an expert: Mixtral's 28672 x 4096 experts from ~450 rows each,
+# Qwen3-30B-A3B's 1536 x 2048 from ~16,000 (an estimate past the measured 512 rows).
+PER_EXPERT_MIN_FLOPS = 1e11
 # Past this many rows per expert on average the grouped tiled GEMMs take the call from the grouped
-# GEMV, which streams each expert's weight once per 16 rows.
-TILED_MIN_ROWS = 16
+# GEMV, which streams each expert's weight once per 16 rows. On the H200 (same run, Qwen3-30B-A3B's
+# gate_up, 128 experts): 16 rows each, wgmma tiles 252 us against the GEMV's 317; at 8 rows the GEMV
+# took 171 us (RESULTS.md) against the tiles' fixed ~250.
+TILED_MIN_ROWS = 8
 
 _moe = _grouped = _device = _gemm = _block = _epilogue = None
 
@@ -589,10 +595,11 @@ class PerExpert:
             return "the per-expert path is for cuBLASLt, which needs a real GPU (running under the CUDA simulator)"
         if not _config.dense_cublaslt_fp8_enabled():
             return "turned off by the lever VT_DENSE_CUBLASLT_FP8 (its point is cuBLASLt)"
-        if call.p < PER_EXPERT_MIN_ROWS * call.e:
+        flops = 2.0 * call.p / max(call.e, 1) * call.n * call.k
+        if flops < PER_EXPERT_MIN_FLOPS:
             return (
-                f"it reads offsets back (a synchronization), taken from {PER_EXPERT_MIN_ROWS} rows per expert on "
-                f"average, got P = {call.p} rows over E = {call.e} experts"
+                f"its host cost per expert pays from {PER_EXPERT_MIN_FLOPS:.0e} FLOPs an expert on average, got "
+                f"{flops:.2e} (P = {call.p} rows over E = {call.e} experts of [{call.n}, {call.k}])"
             )
         return None
 
@@ -855,7 +862,7 @@ __all__ = [
     "GroupedCall",
     "KERNELS",
     "KERNELS_BY_NAME",
-    "PER_EXPERT_MIN_ROWS",
+    "PER_EXPERT_MIN_FLOPS",
     "TILED_MIN_ROWS",
     "moe_paths",
 ]
