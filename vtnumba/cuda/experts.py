@@ -61,7 +61,7 @@ PER_EXPERT_MIN_FLOPS = 1e11
 # Past this many rows per expert on average the grouped tiled GEMMs take the call from the grouped
 # GEMV, which streams each expert's weight once per 16 rows. On the H200 (same run, Qwen3-30B-A3B's
 # gate_up, 128 experts): 16 rows each, wgmma tiles 252 us against the GEMV's 317; at 8 rows the GEMV
-# took 171 us (RESULTS.md) against the tiles' fixed ~250.
+# took 171 us (benchmarks/RESULTS.md) against the tiles' fixed ~250.
 TILED_MIN_ROWS = 8
 
 _moe = _grouped = _device = _gemm = _block = _epilogue = None
