@@ -646,11 +646,10 @@ class _TiledGrouped:
     on the device) and one launch over it, each block one expert's tile of rows."""
 
     def run(self, call, y, active):
-        moe = _moe
-        tiles = _new((moe.row_tile_count(call.p, call.e, self.tile_rows(call)), 3), np.int32)
-        _run(moe.row_tiles_launch(call.offsets, call.e, call.p, self.tile_rows(call), tiles))
-        launch = self.launch(call, _epilogue.out_bits(y), tiles)
-        _run(launch)
+        rows = self.tile_rows(call)
+        tiles = _new((_moe.row_tile_count(call.p, call.e, rows), 3), np.int32)
+        _run(_moe.row_tiles_launch(call.offsets, call.e, call.p, rows, tiles))
+        _run(self.launch(call, _epilogue.out_bits(y), tiles))
 
 
 class WgmmaGrouped(_TiledGrouped):

@@ -14,6 +14,12 @@ Design
   so the copies and the ``ldmatrix.x4`` fragment reads are bank-conflict free. Rows past M / N and
   chunks past K are zero-filled by the copy (zero codes are exact zeros). Any M, N; K % 16 == 0
   and 16-byte aligned rows (else the caller falls back to the CUDA-core kernel).
+- ``tile``: one BM x BN tile of y at (m0, n0), rows from m_total on left alone. The dense kernel
+  runs the tile of its block's place; the grouped kernel (a mixture's experts, ``grouped=True``)
+  reads its block's (expert, first row, end row) from a tile map kernels/moe.py makes on the device
+  and runs the same tile on that expert's weight ``b[e]`` and scales: each expert's rows are the
+  dense kernel's on that expert, bit for bit. sm90_wgmma_gemm.py's kernels take the same two forms
+  (``tile_kernel``).
 - Block scales (128 x 128 weights, 1 x 128 activation groups): the partial P of each 128-wide K
   block is promoted as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]`` (upstream's order).
 - f16 staging (``TileConfig.f16``: "a", "b" or "ab"; sm_90 only, see ``default_config``): the
