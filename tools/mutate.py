@@ -16,7 +16,9 @@ not count as a kill. A TOML table::
     name = "GEMM ignores alpha"
     old = "y = acc * (sa * sb)"
     new = "y = acc"
-    # optional: path, tests, smoke; extra_edits = [["path", "old", "new"], ...]
+    # optional: path, tests, smoke; extra_edits = [["path", "old", "new"], ...];
+    # env = {NUMBA_ENABLE_CUDASIM = "1"}: set for the smoke and the tests (a GPU kernel's mutation,
+    # killed by its tests under the CUDA simulator)
 
     python3 tools/mutate.py [--only NAME_SUBSTRING] [--markdown FILE]
 """
@@ -44,6 +46,7 @@ class Mutation:
     tests: tuple
     smoke: str = "import vtnumba"
     extra_edits: tuple = ()  # more (path, old, new) edits for a mutation that spans two places
+    env: tuple = ()  # (name, value) pairs set for the smoke and the tests
 
     def edits(self):
         return ((self.path, self.old, self.new),) + tuple(self.extra_edits)
@@ -53,14 +56,15 @@ def mutations_from_toml(text):
     """The ``Mutation`` rows of a TOML table (the module docstring shows the form)."""
     table = tomllib.loads(text)
     defaults = table.get("defaults", {})
-    unknown = set(defaults) - {"path", "tests", "smoke"}
+    unknown = set(defaults) - {"path", "tests", "smoke", "env"}
     if unknown:
-        raise ValueError(f"[defaults] may set path, tests and smoke, got {sorted(unknown)}")
+        raise ValueError(f"[defaults] may set path, tests, smoke and env, got {sorted(unknown)}")
     rows = []
     for row in table.get("mutation", []):
         fields = {**defaults, **row}
         fields["tests"] = tuple(fields["tests"])
         fields["extra_edits"] = tuple(tuple(edit) for edit in fields.get("extra_edits", ()))
+        fields["env"] = tuple(sorted((str(k), str(v)) for k, v in fields.get("env", {}).items()))
         rows.append(Mutation(**fields))
     return rows
 
@@ -95,7 +99,9 @@ def run_one(mutation, scratch):
                 src.write_text(orig)
             raise SystemExit(f"mutation {mutation.name!r}: old text must occur once in {path}, found {count}")
         source.write_text(text.replace(old, new))
-    env = dict(os.environ, PYTHONPATH=str(scratch), VT_NUMBA_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(
+        os.environ, PYTHONPATH=str(scratch), VT_NUMBA_CACHE="0", PYTHONDONTWRITEBYTECODE="1", **dict(mutation.env)
+    )
     try:
         smoke = subprocess.run(
             [sys.executable, "-c", mutation.smoke], cwd=scratch, env=env, capture_output=True, text=True, timeout=600
