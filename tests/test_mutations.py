@@ -32,6 +32,7 @@ path = "vtnumba/cpu/block.py"
 old = "y += bias[n]"
 new = "y += 0"
 extra_edits = [["vtnumba/_format.py", "a", "b"]]
+env = {NUMBA_ENABLE_CUDASIM = "1"}
 ''')
     assert rows == [
         Mutation(
@@ -50,9 +51,10 @@ extra_edits = [["vtnumba/_format.py", "a", "b"]]
             ("tests/test_cpu_gemm.py",),
             "import vtnumba",
             (("vtnumba/_format.py", "a", "b"),),
+            (("NUMBA_ENABLE_CUDASIM", "1"),),
         ),
     ]
-    with pytest.raises(ValueError, match="may set path, tests and smoke"):
+    with pytest.raises(ValueError, match="may set path, tests, smoke and env"):
         mutations_from_toml('[defaults]\nname = "x"\n')
 
 
