@@ -60,8 +60,9 @@ from .ptx.target import SIMULATOR
 PER_EXPERT_MIN_FLOPS = 1e11
 # Past this many rows per expert on average the grouped tiled GEMMs take the call from the grouped
 # GEMV, which streams each expert's weight once per 16 rows. On the H200 (same run, Qwen3-30B-A3B's
-# gate_up, 128 experts): 16 rows each, wgmma tiles 252 us against the GEMV's 317; at 8 rows the GEMV
-# took 171 us (benchmarks/RESULTS.md) against the tiles' fixed ~250.
+# gate_up, 128 experts): 16 rows each, wgmma tiles 252 us against the GEMV's 317; the tiles cost
+# about as much with fewer rows (260 us at 64: a tile's weight is streamed whatever its rows), and
+# at 8 rows the GEMV took 171 us (benchmarks/RESULTS.md, 10:57).
 TILED_MIN_ROWS = 8
 
 _moe = _grouped = _device = _gemm = _block = _epilogue = None
@@ -645,6 +646,16 @@ class _TiledGrouped:
     """A grouped tiled tensor-core GEMM: a tile map (kernels/moe.py's ``row_tiles``, the counts read
     on the device) and one launch over it, each block one expert's tile of rows."""
 
+    @staticmethod
+    def decode_sized(call):
+        """Why a call is the GEMV's rather than the tiles' (None past ``TILED_MIN_ROWS`` an expert)."""
+        if call.p <= TILED_MIN_ROWS * call.e:
+            return (
+                f"a decode-sized call ({call.p} rows over {call.e} experts): the grouped GEMV's, up to "
+                f"{TILED_MIN_ROWS} rows per expert on average"
+            )
+        return None
+
     def run(self, call, y, active):
         rows = self.tile_rows(call)
         tiles = _new((_moe.row_tile_count(call.p, call.e, rows), 3), np.int32)
@@ -667,8 +678,8 @@ class WgmmaGrouped(_TiledGrouped):
         if why is None and not forced:
             if not _config.dense_cublaslt_fp8_enabled():
                 why = "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
-            elif call.p <= TILED_MIN_ROWS * call.e:
-                why = f"a decode-sized call ({call.p} rows over {call.e} experts): the grouped GEMV's, up to {TILED_MIN_ROWS} rows per expert on average"
+            else:
+                why = self.decode_sized(call)
         return why
 
     def tile_rows(self, call):
@@ -696,8 +707,8 @@ class TensorCoreGroupedGemm(_TiledGrouped):
         if why is None:
             scales = tc_gemm.grouped_scales(call)
             why = scales if isinstance(scales, str) else None
-        if why is None and not forced and call.p <= TILED_MIN_ROWS * call.e:
-            why = f"a decode-sized call ({call.p} rows over {call.e} experts): the grouped GEMV's, up to {TILED_MIN_ROWS} rows per expert on average"
+        if why is None and not forced:
+            why = self.decode_sized(call)
         return why
 
     def tile_rows(self, call):
