@@ -75,7 +75,7 @@ from ..ptx.codec import fill, float32_to_bfloat16_bits, float32_to_half_bits
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from . import tc_gemm
-from .epilogue import OUT_KIND, OutKind, load_bias, scaled_value, store_out
+from .epilogue import OutKind, load_bias, scaled_value, store_out
 from .tc_gemm import F16_SHARED_LIMIT, DynamicSharedKernel, gemm_signature, scale_readers
 
 PER_128, PER_WGMMA = "per_128", "per_wgmma"
@@ -794,25 +794,12 @@ def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_128, config=None):
     """(kernel, grid, block, args) of the grouped wgmma GEMM for an ``experts.GroupedCall`` over
     ``tiles`` (``moe.row_tiles_launch``'s map, ``block_rows(cfg)`` rows a tile)."""
     cfg = config or WG_DEFAULT
-    scale_a, sa_step, scale_b, sb_step, block_scaled, _ = tc_gemm.grouped_scales(call)
-    bias, bias_kind = tc_gemm.bias_bits(None, call.device)
+    block_scaled = tc_gemm.grouped_scales(call)[4]
     return (
         gemm_launcher(cfg, promotion, block_scaled, call.out_dtype == np.float32, True),
         (-(-call.n // cfg.bn), int(tiles.shape[0])),
         threads(cfg),
-        (
-            call.a,
-            call.b,
-            scale_a,
-            sa_step,
-            scale_b,
-            sb_step,
-            bias,
-            bias_kind,
-            y_bits,
-            int(OUT_KIND[call.out_dtype]),
-            tiles,
-        ),
+        tc_gemm.grouped_args(call, y_bits, tiles),
     )
 
 

@@ -1229,17 +1229,36 @@ def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_MMA, config=None, mma
     """(kernel, grid, block, args) of the grouped tiled tensor-core GEMM for an ``experts.GroupedCall``
     (its reasons: ``grouped_scales``, ``grouped_shape_reason``) over ``tiles``, the map
     ``moe.row_tiles_launch`` made with ``grouped_tile_rows(call)`` rows a tile."""
-    scale_a, sa_step, scale_b, sb_step, block_scaled, mx = grouped_scales(call)
+    block_scaled, mx = grouped_scales(call)[4:]
     cfg = config or grouped_config(call)
     mma_kind = mma_kind or mma_kind_for(call.device.cc, mx)
     chain = not SIMULATOR and not cfg.f16 and chains_in_float32(call.device.cc) and not mx
-    bias, bias_kind = bias_bits(None, call.device)
     _, bn = tile_shape(cfg)
     return (
         gemm_launcher(cfg, promotion, block_scaled, chain, call.out_dtype == np.float32, mma_kind, True),
         (-(-call.n // bn), int(tiles.shape[0])),
         32 * cfg.wm * cfg.wn,
-        (call.a, call.b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y_bits, OUT_KIND[call.out_dtype], tiles),
+        grouped_args(call, y_bits, tiles),
+    )
+
+
+def grouped_args(call, y_bits, tiles):
+    """The arguments of a grouped tiled GEMM kernel (``grouped_gemm_signature``; this module's and
+    sm90_wgmma_gemm.py's) for an ``experts.GroupedCall`` over the tile map ``tiles``: no bias."""
+    scale_a, sa_step, scale_b, sb_step = grouped_scales(call)[:4]
+    bias, bias_kind = bias_bits(None, call.device)
+    return (
+        call.a,
+        call.b,
+        scale_a,
+        sa_step,
+        scale_b,
+        sb_step,
+        bias,
+        bias_kind,
+        y_bits,
+        OUT_KIND[call.out_dtype],
+        tiles,
     )
 
 
@@ -1257,6 +1276,7 @@ def grouped_tile_rows(call):
 
 
 __all__ = [
+    "grouped_args",
     "grouped_gemm_launch",
     "grouped_gemm_signature",
     "grouped_scales",
