@@ -8,6 +8,7 @@ it records the PTX's instruction count per opcode and a hash of the PTX with Num
 a module that only moved gives the same hash.
 
     python tools/ptx_report.py snapshot OUT.json [--only SUBSTRING] [--ptx-dir DIR] [--cc 12.1] [--sass]
+                                   [--family NAME ...] [--stride N]
     python tools/ptx_report.py compare BEFORE.json AFTER.json     # a markdown table per family
     python tools/ptx_report.py rehash OUT.json PTX_DIR             # hashes again from the saved PTX
 
@@ -22,6 +23,11 @@ runs there (not the sm_90a wgmma kernels), the block-scaled mma's kernels (``uni
 arch-specific sm_121a. ``--sass`` adds, per variant, the SASS's mma instructions and its F2FP
 conversions (``cuobjdump -sass``; needs ``nvdisasm`` on PATH: the ``nvidia-cuda-nvdisasm`` wheel, or
 the one triton ships, which this script also looks for).
+
+``--family`` (repeatable) keeps the variants of the named families only (quant, epilogue, tiled, gemv,
+tc_gemm, tc_gemv, wg_gemm), and ``--stride N`` every N-th variant of each family after the other
+filters: a sample of the whole inventory that a slow machine builds in minutes. Both leave each
+variant's record as the full snapshot writes it, so a sampled snapshot compares with a full one.
 """
 
 import argparse
@@ -356,12 +362,24 @@ def tool_path():
     return os.pathsep.join([d for d in extra if os.path.isdir(d)] + [os.environ["PATH"]])
 
 
-def snapshot(path, only="", ptx_dir=None, sass=False):
+def _sample(todo, families=(), stride=1):
+    """The variants of ``families`` (all where empty), every ``stride``-th of each family."""
+    kept, seen = [], collections.Counter()
+    for family, label, make in todo:
+        if families and family not in families:
+            continue
+        if seen[family] % stride == 0:
+            kept.append((family, label, make))
+        seen[family] += 1
+    return kept
+
+
+def snapshot(path, only="", ptx_dir=None, sass=False, families=(), stride=1):
     os.environ["PATH"] = tool_path()
     sys.path.insert(0, os.getcwd())
     _stand_in_device()
     records = {}
-    todo = [v for v in variants() if only in v[1]]
+    todo = _sample([v for v in variants() if only in v[1]], families, stride)
     start = time.time()
     for i, (family, label, make) in enumerate(todo):
         try:
@@ -472,6 +490,8 @@ def main(argv=None):
     snap.add_argument("--ptx-dir", default=None)
     snap.add_argument("--cc", default="9.0", help="compute capability to build for (12.1: GB10)")
     snap.add_argument("--sass", action="store_true", help="also count the SASS's mma and F2FP instructions")
+    snap.add_argument("--family", action="append", default=[], help="only this family's variants (repeatable)")
+    snap.add_argument("--stride", type=int, default=1, help="every N-th variant of each family")
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before")
     cmp_.add_argument("after")
@@ -482,7 +502,7 @@ def main(argv=None):
     if args.command == "snapshot":
         global CC
         CC = tuple(int(v) for v in args.cc.split("."))
-        snapshot(args.out, args.only, args.ptx_dir, args.sass)
+        snapshot(args.out, args.only, args.ptx_dir, args.sass, tuple(args.family), max(1, args.stride))
     elif args.command == "rehash":
         rehash(args.out, args.ptx_dir)
     else:

@@ -36,7 +36,24 @@ import numpy as np
 
 from ... import _format
 from ..._format import F32_E4M3_MAX, F32_ZERO
-from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, libdevice, types
+from .target import (
+    DEVICE_INLINE,
+    SIMULATOR,
+    cuda,
+    intrinsic,
+    libdevice,
+    lowering,
+    mlir_address,
+    mlir_asm,
+    mlir_buffer_pointer,
+    mlir_cast,
+    mlir_codegen,
+    mlir_element_pointer,
+    mlir_index,
+    mlir_type,
+    mlir_vector_pointer,
+    types,
+)
 
 ENCODERS = ("hardware", "portable")
 HARDWARE_MIN_CC = (8, 9)  # cvt.*.e4m3x2.f32 (and cvt.rn.f16x2.e4m3x2) need sm_89 (Ada) or newer
@@ -139,7 +156,12 @@ else:
             fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(16)])
             return builder.call(ir.InlineAsm(fnty, "cvt.f32.f16 $0, $1;", "=f,h"), [bits16])
 
-        return (sig, codegen) if isinstance(h, types.Integer) and h.bitwidth >= 16 else None
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            bits16 = mlir_cast(lower, values[0], argtypes[0], types.uint16)
+            return mlir_asm("cvt.f32.f16 $0, $1;", "=f,h", [bits16], "f")[0]
+
+        return (sig, lowering(codegen, mlir)) if isinstance(h, types.Integer) and h.bitwidth >= 16 else None
 
     @cuda.jit(**DEVICE_INLINE)
     def half_bits_to_float32(h):
@@ -156,10 +178,36 @@ else:
             asm = ir.InlineAsm(fnty, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
             return builder.call(asm, args)
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            pair = [mlir_cast(lower, v, t, types.float32) for v, t in zip(values, argtypes)]
+            return mlir_asm("cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f", pair, "h")[0]
+
+        return sig, lowering(codegen, mlir)
 
     def _index_to_intp(context, builder, fromty, value):
         return context.cast(builder, value, fromty, types.intp)
+
+    def _mlir_llvm():
+        from numba_cuda_mlir._mlir.dialects import llvm
+
+        return llvm
+
+    def _mlir_lane(i):
+        from numba_cuda_mlir._mlir.dialects import arith
+
+        return arith.constant(mlir_type("i32"), i)
+
+    def _mlir_words(vec):
+        """The i32 elements of an MLIR vector<4xi32>, as a tuple."""
+        return tuple(_mlir_llvm().extractelement(vec, _mlir_lane(i)) for i in range(4))
+
+    def _mlir_vector(words):
+        """An MLIR vector<4xi32> of four i32 values."""
+        vec = _mlir_llvm().mlir_undef(mlir_type("vector<4xi32>"))
+        for i, word in enumerate(words):
+            vec = _mlir_llvm().insertelement(vec, word, _mlir_lane(i))
+        return vec
 
     @intrinsic
     def load_u32x4(typingctx, arr, index):
@@ -176,7 +224,12 @@ else:
             words = [builder.extract_element(vec, ir.Constant(ir.IntType(32), i)) for i in range(4)]
             return context.make_tuple(builder, signature.return_type, words)
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            ptr = mlir_vector_pointer(mlir_buffer_pointer(values[0]), mlir_index(lower, values[1], argtypes[1]))
+            return _mlir_words(_mlir_llvm().load(mlir_type("vector<4xi32>"), ptr, alignment=16))
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def store_u32x4(typingctx, arr, index, w0, w1, w2, w3):
@@ -196,7 +249,13 @@ else:
             builder.store(vec, builder.gep(vec_ptr, [idx]), align=16)
             return context.get_dummy_value()
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            ptr = mlir_vector_pointer(mlir_buffer_pointer(values[0]), mlir_index(lower, values[1], argtypes[1]))
+            words = [mlir_cast(lower, v, t, types.uint32) for v, t in zip(values[2:], argtypes[2:])]
+            _mlir_llvm().store(_mlir_vector(words), ptr, alignment=16)
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def load_row_words(typingctx, arr, row, col):
@@ -224,7 +283,19 @@ else:
                 [addr],
             )
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            ptr = mlir_element_pointer(lower, values[0], argtypes[0], values[1:3], argtypes[1:3])
+            return tuple(
+                mlir_asm(
+                    "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.nc.v4.u32 {$0, $1, $2, $3}, [g]; }",
+                    "=r,=r,=r,=r,l",
+                    [mlir_address(ptr, generic=True)],
+                    "rrrr",
+                )
+            )
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def half2_to_float32(typingctx, word):
@@ -243,7 +314,13 @@ else:
                 [args[0]],
             )
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            word = mlir_cast(lower, values[0], argtypes[0], types.uint32)
+            text = "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; }"
+            return tuple(mlir_asm(text, "=f,=f,r", [word], "ff"))
+
+        return sig, lowering(codegen, mlir)
 
 
 def compile_device(fn, **extra):
@@ -430,8 +507,11 @@ if not SIMULATOR:
     @cuda.jit(**DEVICE_INLINE)
     def encode_pair_hardware(lo, hi):
         """Codes of two float32 as uint32: code(lo) | code(hi) << 8, by one cvt instruction."""
-        lo_nan = lo != lo  # before the clamp: the clamp would turn NaN into 448
-        hi_nan = hi != hi
+        # NaN tested before the clamp (the clamp would turn NaN into 448), as "not equal to itself"
+        # spelled ``not x == x``: numba-cuda-mlir 0.6.0 lowers a float ``!=`` to an ordered compare,
+        # false for NaN (docs/DEVICE.md), and numba-cuda gives both spellings the same PTX
+        lo_nan = not lo == lo
+        hi_nan = not hi == hi
         lo_c = min(max(lo, -F32_E4M3_MAX), F32_E4M3_MAX)
         hi_c = min(max(hi, -F32_E4M3_MAX), F32_E4M3_MAX)
         pair = np.uint32(_cvt_e4m3x2(hi_c, lo_c))

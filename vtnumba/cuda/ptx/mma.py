@@ -45,7 +45,22 @@ serves both. ``cp.async`` is a synchronous copy there, commit and wait do nothin
 
 import numpy as np
 
-from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, types
+from .target import (
+    DEVICE_INLINE,
+    SIMULATOR,
+    cuda,
+    intrinsic,
+    lowering,
+    mlir_address,
+    mlir_asm,
+    mlir_byte_pointer,
+    mlir_cast,
+    mlir_codegen,
+    mlir_element_pointer,
+    mlir_stride_bytes,
+    mlir_type,
+    types,
+)
 
 MIN_CC = (8, 9)  # mma with e4m3 operands: sm_89 (Ada) and newer
 SCRATCH_WORDS_PER_WARP = 6 * 32  # the emulation's exchange area: six operand words per lane
@@ -220,6 +235,32 @@ else:
         ptr = builder.gep(builder.bitcast(ary.data, _i8.as_pointer()), [offset])
         return builder.ptrtoint(builder.addrspacecast(ptr, _i8.as_pointer(1)), _i64)
 
+    # numba-cuda-mlir: the same addresses from a memref (target.py's mlir_* helpers)
+    def _mlir_shared_pointer(lower, values, argtypes):
+        """(32-bit shared address, shared-space pointer) of word values[1] of the array values[0]."""
+        ptr = mlir_element_pointer(lower, values[0], argtypes[0], values[1:2], argtypes[1:2], space=3)
+        return mlir_address(ptr, 32), ptr
+
+    def _mlir_u32(lower, values, argtypes):
+        return [mlir_cast(lower, v, t, types.uint32) for v, t in zip(values, argtypes)]
+
+    def _mlir_llvm():
+        from numba_cuda_mlir._mlir.dialects import llvm
+
+        return llvm
+
+    def _mlir_lane(i):
+        from numba_cuda_mlir._mlir.dialects import arith
+
+        return arith.constant(mlir_type("i32"), i)
+
+    def _mlir_void_asm(text, constraints="~{memory}", operands=lambda lower, values, argtypes: []):
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            mlir_asm(text, constraints, operands(lower, values, argtypes), side_effect=True)
+
+        return mlir
+
     def _mma_sync(instruction):
         """The intrinsic ``mma(a0..a3, b0, b1, c0..c3, scratch, warp, lane) -> (d0..d3)`` running
         ``instruction`` (an m16n8 mma.sync with four A, two B and four float32 C/D registers a lane);
@@ -243,7 +284,14 @@ else:
                     ins,
                 )
 
-            return sig, codegen
+            @mlir_codegen
+            def mlir(lower, values, argtypes, restype):
+                ins = _mlir_u32(lower, values[:6], argtypes[:6])
+                ins += [mlir_cast(lower, v, t, types.float32) for v, t in zip(values[6:10], argtypes[6:10])]
+                text = instruction + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+                return tuple(mlir_asm(text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins, "ffff"))
+
+            return sig, lowering(codegen, mlir)
 
         return mma
 
@@ -272,7 +320,15 @@ else:
                 [w],
             )
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            text = (
+                "{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
+                "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }"
+            )
+            return tuple(mlir_asm(text, "=r,=r,r", _mlir_u32(lower, values, argtypes), "rr"))
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def sts_u32x4(typingctx, smem, word, w0, w1, w2, w3):
@@ -289,7 +345,15 @@ else:
             builder.store(vec, builder.bitcast(ptr, ir.VectorType(_i32, 4).as_pointer(3)), align=16)
             return context.get_dummy_value()
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            _, ptr = _mlir_shared_pointer(lower, values, argtypes)
+            vec = _mlir_llvm().mlir_undef(mlir_type("vector<4xi32>"))
+            for i, word in enumerate(_mlir_u32(lower, values[2:], argtypes[2:])):
+                vec = _mlir_llvm().insertelement(vec, word, _mlir_lane(i))
+            _mlir_llvm().store(vec, ptr, alignment=16)
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def ldmatrix_x4(typingctx, smem, row_word, scratch, warp, lane):
@@ -311,7 +375,13 @@ else:
                 side_effect=True,
             )
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            addr, _ = _mlir_shared_pointer(lower, values, argtypes)
+            text = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
+            return tuple(mlir_asm(text, "=r,=r,=r,=r,r,~{memory}", [addr], "rrrr", side_effect=True))
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def lds_u32(typingctx, smem, word):
@@ -322,7 +392,12 @@ else:
             _, ptr = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
             return builder.load(ptr, align=4)
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            _, ptr = _mlir_shared_pointer(lower, values, argtypes)
+            return _mlir_llvm().load(mlir_type("i32"), ptr, alignment=4)
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def global_address(typingctx, src, row, col):
@@ -334,7 +409,13 @@ else:
             tys = signature.args
             return _global_address(context, builder, tys[0], args[0], args[1], tys[1], args[2], tys[2])
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            row, col = (mlir_cast(lower, v, t, types.int64) for v, t in zip(values[1:], argtypes[1:]))
+            offset = row * mlir_stride_bytes(lower, values[0], argtypes[0], 0) + col  # col in bytes, as above
+            return mlir_address(mlir_byte_pointer(values[0], offset, space=1))
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def lds_u32x4(typingctx, smem, word):
@@ -349,7 +430,13 @@ else:
             words = [builder.extract_element(vec, ir.Constant(_i32, i)) for i in range(4)]
             return context.make_tuple(builder, ret, words)
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            _, ptr = _mlir_shared_pointer(lower, values, argtypes)
+            vec = _mlir_llvm().load(mlir_type("vector<4xi32>"), ptr, alignment=16)
+            return tuple(_mlir_llvm().extractelement(vec, _mlir_lane(i)) for i in range(4))
+
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def cp_async_16(typingctx, smem, word, src, address, nbytes):
@@ -370,7 +457,13 @@ else:
             builder.call(asm, [dst, gaddr, size])
             return context.get_dummy_value()
 
-        return sig, codegen
+        def operands(lower, values, argtypes):
+            dst, _ = _mlir_shared_pointer(lower, values, argtypes)
+            gaddr = mlir_cast(lower, values[3], argtypes[3], types.int64)
+            return [dst, gaddr, mlir_cast(lower, values[4], argtypes[4], types.uint32)]
+
+        mlir = _mlir_void_asm("cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", operands)
+        return sig, lowering(codegen, mlir)
 
     @intrinsic
     def cp_async_commit(typingctx):
@@ -384,7 +477,7 @@ else:
             builder.call(asm, [])
             return context.get_dummy_value()
 
-        return sig, codegen
+        return sig, lowering(codegen, _mlir_void_asm("cp.async.commit_group;"))
 
     _WAITS = {}
 
@@ -406,7 +499,7 @@ else:
                     builder.call(asm, [])
                     return context.get_dummy_value()
 
-                return sig, codegen
+                return sig, lowering(codegen, _mlir_void_asm(f"cp.async.wait_group {int(n)};"))
 
             _WAITS[n] = wait
         return _WAITS[n]

@@ -35,7 +35,7 @@ On sm_121a (and sm_120a) ptxas assembles it to ``QMMA.SF.16832.F32.E4M3.E4M3.E8`
 import numpy as np
 
 from .mma import SCRATCH_WORDS_PER_WARP
-from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, types
+from .target import DEVICE_INLINE, SIMULATOR, cuda, intrinsic, lowering, mlir_asm, mlir_cast, mlir_codegen, types
 
 # compute capabilities with the instruction: Blackwell workstations (12.0) and GB10 (12.1), on their
 # arch-specific targets
@@ -103,7 +103,13 @@ else:
                 context, builder, signature.return_type, _f32, _INSTRUCTION, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f,r,r", ins
             )
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            kinds = [types.uint32] * 6 + [types.float32] * 4 + [types.uint32] * 2
+            ins = [mlir_cast(lower, v, t, k) for v, t, k in zip(values, argtypes, kinds)]
+            return tuple(mlir_asm(_INSTRUCTION, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f,r,r", ins, "ffff"))
+
+        return sig, lowering(codegen, mlir)
 
 
 @cuda.jit(**DEVICE_INLINE)

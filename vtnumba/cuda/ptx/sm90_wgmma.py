@@ -40,7 +40,7 @@ Also here: mbarriers (the warp-specialized kernel's hand-over of ring slots), ``
 There is no simulator emulation: the kernels using these run on an sm_90 GPU only (kernels/sm90_wgmma_gemm.py).
 """
 
-from .target import SIMULATOR, intrinsic, types
+from .target import SIMULATOR, intrinsic, lowering, mlir_asm, mlir_cast, mlir_codegen, mlir_type, types
 
 MIN_CC = (9, 0)  # sm_90a: arch-specific, so exactly 9.0 (not 10.x, not 12.x)
 ARCH = "a"  # compile_kernel(..., arch=ARCH)
@@ -68,9 +68,32 @@ def available(cc):
 if not SIMULATOR and intrinsic is not None:
     from llvmlite import ir
 
-    from .mma import _shared_address
+    from .mma import _mlir_lane, _mlir_llvm, _mlir_shared_pointer, _mlir_void_asm, _shared_address
 
     _i32, _i64, _f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    # numba-cuda-mlir: a local array is a memref; its elements are read and written at constant
+    # indices (memref.load / memref.store), which MLIR's mem2reg keeps in registers as LLVM does
+    def _mlir_index(i):
+        from numba_cuda_mlir.lowering_utilities import index_of
+
+        return index_of(i)
+
+    def _mlir_cells(acc, regs):
+        from numba_cuda_mlir._mlir.dialects import memref
+
+        return [memref.load(acc, [_mlir_index(i)]) for i in range(regs)]
+
+    def _mlir_store_cells(acc, values):
+        from numba_cuda_mlir._mlir.dialects import memref
+
+        for i, v in enumerate(values):
+            memref.store(v, acc, [_mlir_index(i)])
+
+    def _mlir_call_through(acc, regs, text, constraints, extra=()):
+        """_call_through's MLIR twin: acc's ``regs`` floats tied through the asm, stored back."""
+        results = mlir_asm(text, constraints, _mlir_cells(acc, regs) + list(extra), "f" * regs, side_effect=True)
+        _mlir_store_cells(acc, results)
 
     def _void_asm(text):
         @intrinsic
@@ -79,7 +102,7 @@ if not SIMULATOR and intrinsic is not None:
                 builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True), [])
                 return context.get_dummy_value()
 
-            return types.void(), codegen
+            return types.void(), lowering(codegen, _mlir_void_asm(text))
 
         return op
 
@@ -96,7 +119,11 @@ if not SIMULATOR and intrinsic is not None:
             addr, _ = _shared_address(context, builder, signature.args[0], args[0], args[1], signature.args[1])
             return addr
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            return _mlir_shared_pointer(lower, values, argtypes)[0]
+
+        return sig, lowering(codegen, mlir)
 
     def _registers(builder, arr_ptr, first, count):
         return [builder.gep(arr_ptr, [ir.Constant(_i64, first + i)]) for i in range(count)]
@@ -147,7 +174,13 @@ if not SIMULATOR and intrinsic is not None:
                     _call_through(context, builder, tys[0], args[0], regs, text, constraints, extra, [_i64, _i64, _i32])
                     return context.get_dummy_value()
 
-                return sig, codegen
+                @mlir_codegen
+                def mlir(lower, values, argtypes, restype):
+                    kinds = (types.uint64, types.uint64, types.int32)
+                    extra = [mlir_cast(lower, v, t, k) for v, t, k in zip(values[1:], argtypes[1:], kinds)]
+                    _mlir_call_through(values[0], regs, text, constraints, extra)
+
+                return sig, lowering(codegen, mlir)
 
             _MMAS[n] = mma
         return _MMAS[n]
@@ -169,7 +202,11 @@ if not SIMULATOR and intrinsic is not None:
                     _call_through(context, builder, signature.args[0], args[0], regs, text, constraints)
                     return context.get_dummy_value()
 
-                return sig, codegen
+                @mlir_codegen
+                def mlir(lower, values, argtypes, restype):
+                    _mlir_call_through(values[0], regs, text, constraints)
+
+                return sig, lowering(codegen, mlir)
 
             _PASS_THROUGH[key] = op
         return _PASS_THROUGH[key]
@@ -200,7 +237,30 @@ if not SIMULATOR and intrinsic is not None:
             builder.store(vec, ptr, align=8 if tys[1] == types.float32 else 4)
             return context.get_dummy_value()
 
-        return sig, codegen
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            llvm = _mlir_llvm()
+            vec = llvm.mlir_undef(mlir_type("vector<2xf32>" if argtypes[1] == types.float32 else "vector<2xi16>"))
+            vec = llvm.insertelement(vec, values[1], _mlir_lane(0))
+            vec = llvm.insertelement(vec, values[2], _mlir_lane(1))
+            addr = mlir_cast(lower, values[0], argtypes[0], types.int64)
+            ptr = llvm.inttoptr(llvm.PointerType.get(1), addr)
+            llvm.store(vec, ptr, alignment=8 if argtypes[1] == types.float32 else 4)
+
+        return sig, lowering(codegen, mlir)
+
+    def _mlir_on_shared_word(text, constraints, returns=False):
+        """_on_shared_word's MLIR twin: the codegen calling ``text`` on the shared address of word
+        values[1] of the shared array values[0] and the other arguments as 32-bit operands."""
+
+        @mlir_codegen
+        def mlir(lower, values, argtypes, restype):
+            addr, _ = _mlir_shared_pointer(lower, values, argtypes)
+            ins = [addr] + [mlir_cast(lower, v, t, types.uint32) for v, t in zip(values[2:], argtypes[2:])]
+            out = mlir_asm(text, constraints, ins, "r" if returns else "", side_effect=True)
+            return out[0] if returns else None
+
+        return mlir
 
     def _on_shared_word(context, builder, signature, args, text, constraints, returns=False):
         """Call the asm ``text`` on the shared address of word args[1] of the shared array args[0]
@@ -223,7 +283,8 @@ if not SIMULATOR and intrinsic is not None:
             )
             return context.get_dummy_value()
 
-        return types.void(smem, word, count), codegen
+        mlir = _mlir_on_shared_word("mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}")
+        return types.void(smem, word, count), lowering(codegen, mlir)
 
     @intrinsic
     def mbarrier_arrive(typingctx, smem, word):
@@ -238,7 +299,8 @@ if not SIMULATOR and intrinsic is not None:
             )
             return context.get_dummy_value()
 
-        return types.void(smem, word), codegen
+        mlir = _mlir_on_shared_word("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }", "r,~{memory}")
+        return types.void(smem, word), lowering(codegen, mlir)
 
     @intrinsic
     def mbarrier_try_wait(typingctx, smem, word, parity):
@@ -254,7 +316,12 @@ if not SIMULATOR and intrinsic is not None:
                 returns=True,
             )
 
-        return types.uint32(smem, word, parity), codegen
+        mlir = _mlir_on_shared_word(
+            "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; selp.u32 $0, 1, 0, done; }",
+            "=r,r,r,~{memory}",
+            returns=True,
+        )
+        return types.uint32(smem, word, parity), lowering(codegen, mlir)
 
     _STASHES = {}
 
@@ -281,7 +348,16 @@ if not SIMULATOR and intrinsic is not None:
                         builder.store(builder.load(c), builder.gep(dst, [index]))
                     return context.get_dummy_value()
 
-                return sig, codegen
+                @mlir_codegen
+                def mlir(lower, values, argtypes, restype):
+                    from numba_cuda_mlir._mlir.dialects import arith, memref
+
+                    base_v, stride_v = (mlir_cast(lower, v, t, types.int64) for v, t in zip(values[2:], argtypes[2:]))
+                    for i, v in enumerate(_mlir_cells(values[0], regs)):
+                        index = arith.index_cast(mlir_type("index"), base_v + stride_v * i)
+                        memref.store(v, values[1], [index])
+
+                return sig, lowering(codegen, mlir)
 
             _STASHES[regs] = stash_op
         return _STASHES[regs]

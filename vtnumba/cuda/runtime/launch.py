@@ -37,7 +37,10 @@ The API (for every vtnumba GPU module)::
 The array ABI: Numba flattens each array argument into ``meminfo, parent, nitems, itemsize, data,
 shape[0..ndim), strides[0..ndim)`` (all 64-bit; strides in bytes). ``compile_kernel`` checks the
 count and widths against the ``.entry`` parameter list of the PTX it compiled, so a change of
-Numba's ABI fails loudly at load time instead of launching garbage.
+Numba's ABI fails loudly at load time instead of launching garbage. Under numba-cuda-mlir
+(``VTNUMBA_CUDA_TARGET``, ``ptx/target.py``) an array is its MLIR memref descriptor instead:
+``allocated pointer, aligned pointer, offset, shape[0..ndim), strides[0..ndim)``, strides in
+elements (``_MemrefArg``); the same check holds it to that.
 
 Import trap (numba-cuda 0.30): its import hook ``_numba_cuda_redirector`` treats every module name
 containing "numba.cuda" -- "vtnumba.cuda.launch" does -- as part of numba.cuda and recurses until
@@ -52,7 +55,7 @@ from collections import namedtuple
 import numpy as np
 
 from ... import _faults
-from ..ptx.target import SIMULATOR, cuda, require_gpu, types
+from ..ptx.target import MLIR, SIMULATOR, cuda, require_gpu, types
 
 _LAUNCH = _faults.register("cuda.launch", "a kernel launch (cuLaunchKernel), bound or not")
 
@@ -119,6 +122,7 @@ def _array_ptr_shape_strides(arr):
 
 class _ArrayArg:
     __slots__ = ("ndim", "itemsize", "code")
+    data_slot = 4  # the parameter, among the array's, that holds its data pointer
 
     def __init__(self, arrtype):
         self.ndim = arrtype.ndim
@@ -144,6 +148,35 @@ class _ArrayArg:
         return [8] * (5 + 2 * self.ndim)
 
 
+class _MemrefArg(_ArrayArg):
+    """An array argument under numba-cuda-mlir: the memref descriptor MLIR lowers it to (allocated
+    and aligned pointer, offset in elements, shape, strides in elements). The kernel reads the
+    aligned pointer; the allocated one (for deallocation, which a kernel never does) is the same
+    pointer, and ``PreparedLaunch.set_arg`` replaces only the aligned one."""
+
+    __slots__ = ()
+    data_slot = 1
+
+    def __init__(self, arrtype):
+        super().__init__(arrtype)
+        self.code = "QQq" + "q" * (2 * self.ndim)
+
+    def flatten(self, arr, out):
+        ptr, shape, strides = arr if type(arr) is Buffer else _array_ptr_shape_strides(arr)
+        if len(shape) != self.ndim:
+            raise ValueError(f"array argument must be {self.ndim}-D, got shape {tuple(shape)}")
+        size = self.itemsize
+        if any(s % size for s in strides):
+            raise ValueError(f"array strides {tuple(strides)} are not multiples of the element size {size}")
+        out += (ptr, ptr, 0)
+        out += shape
+        out += tuple(s // size for s in strides)
+
+    @property
+    def ptx_widths(self):
+        return [8] * (3 + 2 * self.ndim)
+
+
 class _ScalarArg:
     __slots__ = ("width", "code")
 
@@ -162,7 +195,7 @@ def _arg_plan(signature):
     plan = []
     for t in signature:
         if isinstance(t, types.Array):
-            plan.append(_ArrayArg(t))
+            plan.append(_MemrefArg(t) if MLIR else _ArrayArg(t))
         elif t in _SCALARS:
             plan.append(_ScalarArg(t))
         else:
@@ -339,13 +372,13 @@ class PreparedLaunch:
         self._param_ptrs = np.array([base + 8 * i for i in range(len(values))], dtype=np.uint64)
         self._ptrs_address = self._param_ptrs.ctypes.data
         # the slot of each array argument's data pointer (Numba's ABI: meminfo, parent, nitems,
-        # itemsize, data, shape..., strides...)
+        # itemsize, data, shape..., strides...; numba-cuda-mlir's: the memref's aligned pointer)
         self._data_slot = []
         slot = 0
         for arg in kernel._plan:
             if isinstance(arg, _ArrayArg):
-                self._data_slot.append(slot + 4)
-                slot += 5 + 2 * arg.ndim
+                self._data_slot.append(slot + arg.data_slot)
+                slot += len(arg.ptx_widths)
             else:
                 self._data_slot.append(None)
                 slot += 1
