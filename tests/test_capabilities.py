@@ -131,7 +131,7 @@ def test_without_a_gpu_it_says_why():
     caps = capabilities()
     assert caps.gpu is None and caps.cc is None and caps.reason == reason
     assert not any(caps.available(key) for key in KEYS)
-    assert str(caps).splitlines()[0] == f"no GPU: {reason}"
+    assert str(caps).splitlines()[0] == f"no GPU: {reason}; kernels built by {caps.compiler}"
     json.dumps(caps.as_dict())
 
 
@@ -196,3 +196,18 @@ def test_the_report_names_the_moe_paths():
         assert d["moe_paths"]["moe_grouped_tiled_mma"]["available"] is tensor_core
         assert d["moe_paths"]["moe_grouped_tiled_wgmma"]["available"] is wgmma
         assert d["moe_paths"]["moe_routing"] == {"available": True, "why_not": None}
+
+
+def test_the_report_names_the_compiler_of_the_kernels():
+    """capabilities() says which compiler builds the GPU kernels (numba-cuda unless
+    VTNUMBA_CUDA_TARGET picks numba-cuda-mlir), in its header line and its JSON, GPU or not."""
+    from vtnumba.cuda.capabilities import compiler_text
+    from vtnumba.cuda.ptx.target import TARGET, TARGETS
+
+    caps = capabilities()
+    assert TARGET in TARGETS and caps.compiler == compiler_text() and caps.compiler.startswith(TARGET + " ")
+    assert caps.header().endswith(f"kernels built by {caps.compiler}")
+    assert json.loads(json.dumps(caps.as_dict()))["compiler"] == caps.compiler
+    rules = path_rules((9, 0), CUBLASLT_13_1)
+    gpu = Capabilities("GPU", (9, 0), 132, "13.0", "13.0", "13.1.0", rules, compiler="numba-cuda-mlir 0.6.0")
+    assert gpu.header().endswith("; kernels built by numba-cuda-mlir 0.6.0")

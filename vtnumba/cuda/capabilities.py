@@ -34,8 +34,20 @@ import html
 from dataclasses import dataclass, field
 
 from .. import _config
-from .ptx.target import SIMULATOR, gpu_unavailable_reason
+from .ptx.target import SIMULATOR, TARGET, gpu_unavailable_reason
 from .runtime import cublaslt
+
+
+def compiler_text():
+    """The compiler the GPU kernels are built with, as 'numba-cuda 0.30.4': numba-cuda by default,
+    numba-cuda-mlir with VTNUMBA_CUDA_TARGET=numba-cuda-mlir (cuda/ptx/target.py)."""
+    from importlib import metadata
+
+    try:
+        return f"{TARGET} {metadata.version(TARGET)}"
+    except metadata.PackageNotFoundError:
+        return f"{TARGET} (no version: not installed as a distribution)"
+
 
 # (key, what it is), in the order every report lists them.
 PATHS = (
@@ -181,6 +193,7 @@ class Capabilities:
     paths: dict = field(default_factory=dict)
     reason: str | None = None
     moe_paths: dict = field(default_factory=dict)  # MOE_PATHS' keys -> None (runs here) or why not
+    compiler: str | None = None  # compiler_text(): which compiler builds the kernels, and its version
 
     def available(self, path):
         """Whether ``path`` (a key of ``PATHS``) runs here."""
@@ -197,6 +210,7 @@ class Capabilities:
             cuda_driver=self.cuda_driver,
             cublaslt=self.cublaslt,
             reason=self.reason,
+            compiler=self.compiler,
             paths={key: dict(available=self.paths[key] is None, why_not=self.paths[key]) for key, _ in PATHS},
             moe_paths={
                 key: dict(available=self.moe_paths[key] is None, why_not=self.moe_paths[key])
@@ -207,8 +221,9 @@ class Capabilities:
 
     def header(self):
         """One line: the GPU and the versions (or why there is no GPU)."""
+        compiler = "" if self.compiler is None else f"; kernels built by {self.compiler}"
         if self.gpu is None:
-            return f"no GPU: {self.reason}"
+            return f"no GPU: {self.reason}{compiler}"
         arch = "" if self.cc is None else f", {sm(self.cc)}"
         sms = "" if self.sm_count is None else f", {self.sm_count} SMs"
         versions = ", ".join(
@@ -219,7 +234,7 @@ class Capabilities:
                 ("cuBLASLt", self.cublaslt),
             )
         )
-        return f"{self.gpu}{arch}{sms}; {versions}"
+        return f"{self.gpu}{arch}{sms}; {versions}{compiler}"
 
     def lines(self):
         rows = [(label, self.paths[key]) for key, label in PATHS]
@@ -258,7 +273,9 @@ def capabilities():
     reason = gpu_unavailable_reason()
     if reason is not None:
         why = "no usable GPU here (see reason)"
-        return Capabilities(None, None, None, None, None, None, {key: why for key, _ in PATHS}, reason)
+        return Capabilities(
+            None, None, None, None, None, None, {key: why for key, _ in PATHS}, reason, compiler=compiler_text()
+        )
     from .runtime import device
 
     dev = device.current()
@@ -272,6 +289,7 @@ def capabilities():
             None,
             path_rules(None, None, simulator=True),
             moe_paths=moe_path_rules(None, None, simulator=True),
+            compiler=compiler_text(),
         )
     runtime = device.xp.cuda.runtime
     version, why = _cublaslt_version(dev)
@@ -289,7 +307,17 @@ def capabilities():
         version_text(version),
         paths,
         moe_paths=moe_path_rules(dev.cc, paths["cublaslt_per_tensor"]),
+        compiler=compiler_text(),
     )
 
 
-__all__ = ["capabilities", "Capabilities", "path_rules", "PATHS", "version_text", "MOE_PATHS", "moe_path_rules"]
+__all__ = [
+    "capabilities",
+    "compiler_text",
+    "Capabilities",
+    "path_rules",
+    "PATHS",
+    "version_text",
+    "MOE_PATHS",
+    "moe_path_rules",
+]
