@@ -544,10 +544,8 @@ class TensorCoreGroupedGemv:
             return "kernels/tc_gemv.py has no grouped_gemv_launch (the tensor-core grouped GEMV)"
         why = tc_gemv.grouped_gemv_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
         if why is None and not forced and call.p > TILED_MIN_ROWS * call.e:
-            tiled = next(
-                (k.name for k in _TILED if k.name not in _gemm.disabled_kernels() and k.reason(call, False) is None),
-                None,
-            )
+            disabled = _gemm.disabled_kernels()
+            tiled = next((k.name for k in _TILED if k.name not in disabled and k.reason(call, False) is None), None)
             if tiled is not None:
                 why = (
                     f"a prefill-sized call ({call.p} rows over {call.e} experts): {tiled} takes it, past "
@@ -829,7 +827,7 @@ def grouped_scaled_mm(a, scale_a, b, scale_b, offsets, out_dtype, block_size=Non
     if call.p == 0 or call.n == 0:
         return y
     chosen = select(call, kernel)
-    if chosen.name != "per_expert" and active is None:
+    if active is None and not isinstance(chosen, (PerExpert, _TiledGrouped)):  # the tiles read their own map
         active = active_map(call)
     chosen.run(call, y, active)
     return y
