@@ -1,6 +1,6 @@
 """Which kernel variants compile to PTX under each CUDA compiler, offline (no GPU).
 
-    python tools/compile_matrix.py run OUT.json [--family NAME ...] [--stride N] [--only SUBSTRING] [--label L ...]
+    python tools/compile_matrix.py run OUT.json [--family NAME ...] [--stride N] [--only SUBSTRING ...] [--label L ...]
                                            [--cc 12.1]
     python tools/compile_matrix.py table NUMBA_CUDA.json NUMBA_CUDA_MLIR.json
 
@@ -163,7 +163,7 @@ def _cause(exc):
     return text if root is exc else f"{text} <- {type(root).__name__}: {first_line(root)}"
 
 
-def run(path, families=(), stride=1, only="", labels=()):
+def run(path, families=(), stride=1, only=("",), labels=()):
     os.environ["PATH"] = ptx_report.tool_path()
     sys.path.insert(0, os.getcwd())
     from vtnumba.cuda.ptx import target
@@ -172,7 +172,7 @@ def run(path, families=(), stride=1, only="", labels=()):
         raise SystemExit(f"{target.TARGET} does not import here: {target.IMPORT_ERROR!r}")
     _stand_in(target.TARGET)
     inventory = ptx_report.variants() + (moe_variants() if CC == (9, 0) else [])
-    todo = [v for v in inventory if only in v[1] and (not labels or v[1] in labels)]
+    todo = [v for v in inventory if any(o in v[1] for o in only) and (not labels or v[1] in labels)]
     todo = ptx_report._sample(todo, families, stride)
     records = {}
     start = time.time()
@@ -274,7 +274,7 @@ def main(argv=None):
     r.add_argument("out")
     r.add_argument("--family", action="append", default=[])
     r.add_argument("--stride", type=int, default=1)
-    r.add_argument("--only", default="")
+    r.add_argument("--only", action="append", help="keep variants whose label holds this (repeatable: any of them)")
     r.add_argument("--label", action="append", default=[], help="exactly this variant (repeatable)")
     r.add_argument("--cc", default="9.0", help="compute capability to build for (12.1: GB10)")
     t = sub.add_parser("table")
@@ -284,7 +284,7 @@ def main(argv=None):
     if args.command == "run":
         global CC
         CC = ptx_report.CC = tuple(int(v) for v in args.cc.split("."))
-        run(args.out, tuple(args.family), max(1, args.stride), args.only, tuple(args.label))
+        run(args.out, tuple(args.family), max(1, args.stride), tuple(args.only or ("",)), tuple(args.label))
     else:
         table(args.numba_cuda, args.numba_cuda_mlir)
 

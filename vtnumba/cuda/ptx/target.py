@@ -66,8 +66,9 @@ if TARGET == "numba-cuda-mlir":
         IMPORT_ERROR = None
 else:
     try:
-        from numba import cuda
-        from numba.cuda import libdevice, types
+        # the same names as numba-cuda-mlir's above: where both are installed mypy sees two imports
+        from numba import cuda  # type: ignore[no-redef]
+        from numba.cuda import libdevice, types  # type: ignore[no-redef]
     except Exception as exc:  # AttributeError 'row_stack' under numpy 2.5, ImportError without numba-cuda
         cuda = libdevice = types = None  # type: ignore[assignment]
         IMPORT_ERROR = exc

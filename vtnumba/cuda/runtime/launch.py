@@ -257,7 +257,10 @@ class Kernel:
             lineinfo=self._lineinfo,
             launch_bounds=self._launch_bounds,
         )
-        return ptx
+        # numba-cuda-mlir 0.6.0 ends the PTX it gets from NVVM (its path for sm_12x) with the C
+        # string's terminator; the driver stops there, but ptxas reads a file with it as a truncated
+        # statement ("Unexpected EOF", docs/DEVICE.md)
+        return ptx.rstrip("\x00")
 
     def _load(self, device_id):
         require_gpu()
