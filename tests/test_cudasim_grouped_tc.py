@@ -301,3 +301,18 @@ def test_row_tile_map():
     expected = [(1, 0, 3), (2, 3, 73), (2, 35, 73), (2, 67, 73), (4, 73, 105), (5, 105, 110)]
     assert [tuple(t) for t in tiles[: len(expected)]] == expected
     assert (tiles[len(expected) :, 0] == -1).all() and len(tiles) > len(expected)
+
+
+def test_the_wgmma_tiles_are_64_rows_below_256_rows_an_expert():
+    """The grouped wgmma GEMM's tile configuration by the rows an expert gets on average, and the tile
+    map made in the same unit the kernel's tiles cover (no kernel runs: the simulator has no wgmma)."""
+    from collections import namedtuple
+
+    from vtnumba.cuda import experts
+    from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg
+
+    call = namedtuple("Call", "p e")
+    for p, e, want in ((64 * 128, 128, 64), (255 * 128, 128, 64), (256 * 128, 128, 128), (512 * 16, 16, 128)):
+        cfg = wg.grouped_config(call(p, e))
+        assert (wg.block_rows(cfg), wg.threads(cfg)) == (want, 128 if want == 64 else 256), (p, e)
+        assert experts.WgmmaGrouped().tile_rows(call(p, e)) == want, (p, e)

@@ -196,7 +196,11 @@ def check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, tensor_core, 
     return compared
 
 
-@pytest.mark.parametrize("kernel_name", ["tensorcore_grouped_gemm", "wgmma_grouped_gemm"])
+@pytest.mark.parametrize(
+    "kernel_name, tiles",
+    [("tensorcore_grouped_gemm", None), ("wgmma_grouped_gemm", "rows_64"), ("wgmma_grouped_gemm", "rows_128")],
+    ids=["tensorcore", "wgmma-rows_64", "wgmma-rows_128"],
+)
 @pytest.mark.parametrize(
     "e, n, k, scales, out_dtype, typical",
     [
@@ -206,14 +210,19 @@ def check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, tensor_core, 
     ],
     ids=["qwen3_gate_up-row_channel-bf16", "qwen3_down-tensor_expert-f32", "deepseek_gate_up-block-bf16"],
 )
-def test_grouped_tiled_gemm_real_shapes(cp, kernel_name, e, n, k, scales, out_dtype, typical):
+def test_grouped_tiled_gemm_real_shapes(cp, monkeypatch, kernel_name, tiles, e, n, k, scales, out_dtype, typical):
     """Uneven routing (empty experts first, in the middle and last; one expert over 300 rows), a
     padding tail: G3 for the mma.sync kernel, the tensor-core bound for wgmma's, and bit for bit the
-    dense kernel of the same family run expert by expert (its tiles on views of the expert)."""
+    dense kernel of the same family run expert by expert (its tiles on views of the expert). The wgmma
+    kernel runs in each of its grouped tile configurations (64 or 128 rows), which give the dense
+    kernel's bits alike: each warpgroup's 64 rows are the same wgmma chain."""
+    from vtnumba.cuda.kernels import sm90_wgmma_gemm
     from vtnumba.cuda.runtime import device
 
     if kernel_name == "wgmma_grouped_gemm" and tuple(device.current().cc) != (9, 0):
         pytest.skip("wgmma is sm_90's")
+    if tiles is not None:  # every call below the threshold (64-row tiles), or none
+        monkeypatch.setattr(sm90_wgmma_gemm, "GROUPED_64_BELOW", 1 << 30 if tiles == "rows_64" else 0)
     rng = np.random.default_rng(e + n + k + typical)
     counts = routed_counts(rng, e, typical, 300)
     block_size = BLOCK_SIZE if scales == "block" else None

@@ -264,15 +264,19 @@ def variants():
                             ),
                         )
                     )
-        for block_scaled in (False, True) if CC == (9, 0) else ():
-            for f32 in (False, True):
-                out.append(
-                    (
-                        "wg_gemm",
-                        f"wg_gemm grouped per_128 block={block_scaled} f32={f32}",
-                        lambda b=block_scaled, f=f32: wg_gemm.gemm_launcher(wg_gemm.WG_DEFAULT, "per_128", b, f, True),
+        grouped_configs = getattr(wg_gemm, "GROUPED_CONFIGS", {"rows_128": wg_gemm.WG_DEFAULT})
+        for rows, cfg in grouped_configs.items() if CC == (9, 0) else ():
+            for block_scaled in (False, True):
+                for f32 in (False, True):
+                    # the 128-row label is the one snapshots before the 64-row tiles hold
+                    tag = "" if rows == "rows_128" else f" {rows}"
+                    out.append(
+                        (
+                            "wg_gemm",
+                            f"wg_gemm grouped{tag} per_128 block={block_scaled} f32={f32}",
+                            lambda c=cfg, b=block_scaled, f=f32: wg_gemm.gemm_launcher(c, "per_128", b, f, True),
+                        )
                     )
-                )
     return out
 
 

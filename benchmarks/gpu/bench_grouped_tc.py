@@ -280,13 +280,24 @@ def main(argv=None):
 
                 if args.kernels:
                     from vtnumba.cuda import experts
+                    from vtnumba.cuda.kernels import sm90_wgmma_gemm
 
-                    for kname in (
-                        "tensorcore_grouped_gemv",
-                        "wgmma_grouped_gemm",
-                        "tensorcore_grouped_gemm",
-                        "per_expert",
+                    threshold = sm90_wgmma_gemm.GROUPED_64_BELOW
+                    # the wgmma tiles in each grouped configuration (the threshold moved to force it),
+                    # then as chosen; the other kernels as named
+                    for kname, below in (
+                        ("tensorcore_grouped_gemv", threshold),
+                        ("wgmma_grouped_gemm", 1 << 30),
+                        ("wgmma_grouped_gemm", 0),
+                        ("wgmma_grouped_gemm", threshold),
+                        ("tensorcore_grouped_gemm", threshold),
+                        ("per_expert", threshold),
                     ):
+                        label = kname
+                        if kname == "wgmma_grouped_gemm":
+                            tiles = {1 << 30: "64-row tiles", 0: "128-row tiles"}.get(below, "as chosen")
+                            label = f"{kname} ({tiles})"
+                        sm90_wgmma_gemm.GROUPED_64_BELOW = below
                         try:
 
                             def named(kname=kname):
@@ -296,13 +307,15 @@ def main(argv=None):
                             # per_expert synchronizes and costs ~100 us of host time an expert: a few calls
                             reps, rounds = (2, 1) if kname == "per_expert" else (args.repeats, args.rounds)
                             us, note = device_us(torch, named, reps, rounds)
-                            emit(f"experts kernel={kname}", us, out, note, routed_bytes)
+                            emit(f"experts kernel={label}", us, out, note, routed_bytes)
                         except Exception as exc:  # noqa: BLE001 - a kernel that refuses the shape is reported
                             print(
-                                f"| {rows_label} | experts kernel={kname} | - | - | - | - | cannot run: "
+                                f"| {rows_label} | experts kernel={label} | - | - | - | - | cannot run: "
                                 f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]} |",
                                 flush=True,
                             )
+                        finally:
+                            sm90_wgmma_gemm.GROUPED_64_BELOW = threshold
 
             w_bf16 = None  # free it before the next shape's
             torch.cuda.empty_cache()

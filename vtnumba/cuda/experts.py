@@ -683,7 +683,7 @@ class WgmmaGrouped(_TiledGrouped):
     def tile_rows(self, call):
         from .kernels import sm90_wgmma_gemm
 
-        return sm90_wgmma_gemm.block_rows(sm90_wgmma_gemm.WG_DEFAULT)
+        return sm90_wgmma_gemm.block_rows(sm90_wgmma_gemm.grouped_config(call))
 
     def launch(self, call, y_bits, tiles):
         from .kernels import sm90_wgmma_gemm
