@@ -8,7 +8,7 @@ bfloat16 and per-token rows. Everything lands in the output folder: one ``<part>
 
 Each part runs in its own Python process with its own time box, so a crash, a hang or a CUDA context
 a failed capture poisoned loses that part only. The small parts run first and the test suite last,
-with what is left of ``--budget`` seconds (at most 300):
+with what is left of ``--budget`` seconds (at most ``--suite-seconds``, 300 unless told):
 
 - env      versions; ``vtnumba.cuda`` under each target; both targets in one process (do they clash?);
            vtnumba's quantization kernels compiled to PTX one by one under numba-cuda-mlir, with the
@@ -680,11 +680,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder for logs, JSON, junit XML and summary.md")
     ap.add_argument(
-        "--budget", type=float, default=510.0, help="seconds for everything (the suite gets what is left, <= 300)"
+        "--budget",
+        type=float,
+        default=510.0,
+        help="seconds for everything (the suite gets what is left, <= --suite-seconds)",
     )
     ap.add_argument(
         "--parts", default="env,g2,speed,graph,suite", help="comma-separated subset of env,g2,speed,graph,suite"
     )
+    ap.add_argument("--suite-seconds", type=float, default=300.0, help="the most seconds the suite may take")
     ap.add_argument("--workers", type=int, default=8, help="pytest-xdist workers for the suite")
     ap.add_argument("--per-test", type=int, default=90, help="seconds one test may take in the suite")
     ap.add_argument("--part", help=argparse.SUPPRESS)
@@ -736,7 +740,7 @@ def main():
         results[tag] = data
     suite_md, suite_info = None, {}
     if "suite" in parts:
-        seconds = min(300.0, left() - 15)
+        seconds = min(args.suite_seconds, left() - 15)
         suite_info = run_suite(out, seconds, args.per_test, args.workers)
         try:
             suite_md = summarize_suite(out)
