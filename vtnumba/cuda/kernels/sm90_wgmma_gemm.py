@@ -793,7 +793,8 @@ def grouped_reason(call):
 # The grouped GEMM's tiles by the rows an expert gets on average. Each expert's last tile is partly
 # padding rows, so at 64-256 rows an expert the 128-row tiles compute up to twice the rows there
 # are, the 64-row ones (one warpgroup, two blocks an SM; 223 against 201 us on the dense 4096^3, 10%
-# slower where nothing is padding) half as many. CUTLASS's grouped GEMMs pick their M tile the same way.
+# slower where nothing is padding) half as many. The threshold is reasoned, not yet timed on a GPU
+# (bench_grouped_tc.py --kernels times both); 0 gives the 128-row tiles everywhere.
 GROUPED_CONFIGS = {"rows_64": WG_CONFIGS["64x128_s4_x2"], "rows_128": WG_DEFAULT}
 GROUPED_64_BELOW = 256  # rows an expert on average under which the 64-row tiles run
 

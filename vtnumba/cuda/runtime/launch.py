@@ -257,9 +257,9 @@ class Kernel:
             lineinfo=self._lineinfo,
             launch_bounds=self._launch_bounds,
         )
-        # numba-cuda-mlir 0.6.0 ends the PTX it gets from NVVM (its path for sm_12x) with the C
-        # string's terminator; the driver stops there, but ptxas reads a file with it as a truncated
-        # statement ("Unexpected EOF", docs/DEVICE.md)
+        # numba-cuda-mlir 0.6.0 ends its PTX for compute capability 10.0 on (sm_12x included) with
+        # NVVM's C-string terminator; the driver stops there, but ptxas reads a file with it as a
+        # truncated statement ("Unexpected EOF", docs/DEVICE.md)
         return ptx.rstrip("\x00")
 
     def _load(self, device_id):
