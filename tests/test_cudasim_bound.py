@@ -61,3 +61,38 @@ def test_bound_call_replays_the_full_path_bitwise(scheme, m, x_dtype, out_dtype)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
         compared += int(np.count_nonzero(want.astype(np.float32)))
     assert compared > 2 * m * n
+
+
+@pytest.mark.parametrize("scheme", ["static", "per_group"])
+def test_the_fused_decode_binding_replays_the_unbound_fused_layer_bitwise(scheme):
+    """The one-launch decode binding (``BoundLinear(..., fused=True)``, what an eager call at M <= 16
+    replays): new inputs through the same prepared launch give the bytes of the fused tensor-core
+    layer run unbound, with no scratch block and one launch."""
+    from vtnumba import seam
+    from vtnumba.cuda.bound import FUSED_KERNEL, BoundLinear, _fused_arguments
+    from vtnumba.cuda.kernels import tc_gemv
+
+    rng = np.random.default_rng(5)
+    m, n, k = 2, 16, 128
+    codes = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8)
+    bias = rng.standard_normal(n).astype(np.float32)
+    if scheme == "per_group":
+        w = seam.Fp8Weight(codes, np.array([[0.004]], dtype=np.float32), bias=bias, block_size=(128, 128))
+    else:
+        w = seam.Fp8Weight(
+            codes, rng.uniform(0.001, 0.01, size=n).astype(np.float32), bias=bias, input_scale=np.float32(0.02)
+        )
+    xs = [(rng.standard_normal((m, k)) * 3).astype(BF16) for _ in range(2)]
+    bound = BoundLinear(xs[0], w, BF16, fused=True)
+    assert bound.kernels == (FUSED_KERNEL,) and bound.scratch_bytes == 0 and not bound.quant_steps
+    scale_b, input_scale, per_token, scale_ub, block_scales = _fused_arguments(w)
+    compared = 0
+    for x in xs:
+        want = tc_gemv.fused_linear(
+            x, w.data, scale_b, input_scale, per_token, scale_ub, BF16, w.bias, None, block_scales
+        )
+        got = bound(x, 0)
+        assert got.dtype == BF16 and got.shape == (m, n)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        compared += int(np.count_nonzero(want.astype(np.float32)))
+    assert compared > m * n

@@ -34,13 +34,16 @@ if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict):
 
     def kernel_settings():
         """The environment settings that steer the GPU kernel choice, read now: (VT_DENSE_CUBLASLT_FP8,
-        VT_DISABLE_KERNELS) as set (None when unset). A call bound under other settings is not reused."""
-        return _ENVIRON_BYTES.get(b"VT_DENSE_CUBLASLT_FP8"), _ENVIRON_BYTES.get(b"VT_DISABLE_KERNELS")
+        VT_DISABLE_KERNELS, VT_DECODE_PATH) as set (None when unset). A call bound under other settings
+        is not reused."""
+        get = _ENVIRON_BYTES.get
+        return get(b"VT_DENSE_CUBLASLT_FP8"), get(b"VT_DISABLE_KERNELS"), get(b"VT_DECODE_PATH")
 else:
 
     def kernel_settings():
         """As above, through os.environ."""
-        return os.environ.get("VT_DENSE_CUBLASLT_FP8"), os.environ.get("VT_DISABLE_KERNELS")
+        get = os.environ.get
+        return get("VT_DENSE_CUBLASLT_FP8"), get("VT_DISABLE_KERNELS"), get("VT_DECODE_PATH")
 
 
 def dense_cublaslt_fp8_enabled() -> bool:
@@ -48,6 +51,24 @@ def dense_cublaslt_fp8_enabled() -> bool:
     call so a test or a notebook can flip it live. On by default; any value whose first character is
     '0' turns cuBLASLt off and routes GPU GEMMs to the Numba kernels."""
     return not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")
+
+
+# How a linear layer's call at decode (M <= 16 rows) is bound on the GPU (docs/DESIGN.md, "Decode:
+# one launch in eager, the fastest kernels in a graph"):
+# - 'auto' (the default): eager calls, where the GPU waits on the host, take the one fused launch
+#   (the tensor-core GEMV quantizes x as it reads it); calls captured into a CUDA graph, where only
+#   device time counts, take the quantization kernel and the GEMM the kernel choice picks (cuBLASLt).
+# - 'fused': the fused launch in both regimes (eager and a graph then give the same bytes).
+# - 'split': the quantization and the chosen GEMM in both regimes (the choice before 2026-12-02).
+DECODE_PATHS = ("auto", "fused", "split")
+
+
+def decode_path() -> str:
+    """VT_DECODE_PATH, read now: 'auto' (unset or empty), 'fused' or 'split'."""
+    value = os.environ.get("VT_DECODE_PATH") or "auto"
+    if value not in DECODE_PATHS:
+        raise ValueError(f"VT_DECODE_PATH must be one of {', '.join(DECODE_PATHS)}, got {value!r}")
+    return value
 
 
 # -- threads ---------------------------------------------------------------------------------------

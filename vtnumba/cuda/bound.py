@@ -37,7 +37,10 @@ import threading
 import numpy as np
 
 from .. import _arrays
+from .._config import decode_path
 from . import block, gemm
+from .kernels import tc_gemv
+from .kernels.epilogue import out_bits
 from .ptx.target import SIMULATOR
 from .quantize import quantize_launches
 from .runtime import device
@@ -199,10 +202,14 @@ class BoundLinear:
         "_lock",
     )
 
-    def __init__(self, x, weight, out_dtype):
+    def __init__(self, x, weight, out_dtype, fused=False):
         self.out_dtype = np.dtype(out_dtype)
         m, n = x.shape[0], weight.shape[0]
         self.out_shape = (m, n)
+        self._lock = threading.Lock()  # the prepared parameters are rewritten per call
+        if fused:
+            self._bind_fused(x, weight)
+            return
         quant_scratch, gemm_scratch = _Scratch(_QUANT), _Scratch(_GEMM)
         scheme = str(weight.activation_scheme)
         e8m0 = weight.activation_scale_rounding if weight.activation_scale_format == "e8m0" else None
@@ -234,7 +241,30 @@ class BoundLinear:
         self._gemm_offset = _aligned(quant_scratch.nbytes)
         self.scratch_bytes = self._gemm_offset + gemm_scratch.nbytes
         self.kernels = tuple(launch[0].pyfunc.__name__ for launch in launches) + (kernel.name,)
-        self._lock = threading.Lock()  # the prepared parameters are rewritten per call
+
+    def _bind_fused(self, x, weight):
+        """The one-launch form: the tensor-core GEMV quantizes x as it reads it and writes y, so a
+        call needs no scratch block and no other launch (``fused_reason`` said it serves)."""
+        device.current()  # the device record (and its array module) for x's GPU
+        y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
+        scale_b, input_scale, per_token, scale_ub, block_scales = _fused_arguments(weight)
+        launches = tc_gemv.fused_launches(
+            x,
+            weight.data,
+            scale_b,
+            input_scale,
+            per_token,
+            scale_ub,
+            self.out_dtype,
+            weight.bias,
+            out_bits(y),
+            block_scales,
+        )
+        layout = _Layout(x, y)
+        self.quant_steps = ()
+        self.gemm_steps = tuple(_LaunchStep(launch[:4], layout, launch[4]) for launch in launches)
+        self.quant_bytes = self.scratch_bytes = self._gemm_offset = 0
+        self.kernels = (FUSED_KERNEL,) * len(launches)
 
     def enqueue(self, x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc=None, quant_ptr=None):
         with self._lock:
@@ -250,21 +280,92 @@ class BoundLinear:
     def __call__(self, x, stream_ptr):
         xp = device.xp
         y = xp.empty(self.out_shape, dtype=self.out_dtype)
-        scratch = xp.empty(max(self.scratch_bytes, 1), dtype=np.uint8)
+        scratch = xp.empty(self.scratch_bytes, dtype=np.uint8) if self.scratch_bytes else None
         if SIMULATOR:
-            arrays = (np.ascontiguousarray(x), y, scratch, scratch[self._gemm_offset :])
+            arrays = (np.ascontiguousarray(x), y, scratch, None if scratch is None else scratch[self._gemm_offset :])
             with self._lock:
                 for step in self.quant_steps + self.gemm_steps:
                     step.simulate(arrays)
         else:
-            self.enqueue(x.data.ptr, y.data.ptr, scratch.data.ptr, stream_ptr)
+            self.enqueue(x.data.ptr, y.data.ptr, 0 if scratch is None else scratch.data.ptr, stream_ptr)
         return y
 
 
+# -- the decode path: one fused launch in eager, the fastest kernels in a graph ------------------
+
+FUSED_KERNEL = "fused_tensorcore_gemv"  # the name ``kernels`` gives the one-launch form
+
+
+def _fused_arguments(weight):
+    """(scale_b, input_scale, per_token, scale_ub, block_scales) of ``tc_gemv.fused_launches`` for
+    the weight's activation scheme."""
+    scheme = str(weight.activation_scheme)
+    if scheme == "per_group":
+        return None, None, False, None, weight.weight_scale
+    return weight.weight_scale, weight.input_scale, scheme == "per_token", None, None
+
+
+def fused_reason(x, weight):
+    """Why ``weight``'s call on x [M, K] (C-contiguous, 16-byte aligned) cannot be bound as the one
+    fused launch (None when it can): the fused GEMV takes 1..16 rows, per-tensor or per-channel
+    float32 weight scales (any activation scheme but MXFP8's), or 128 x 128 float32 blocks with float32
+    1 x 128 activation groups, rounded as the CPU rounds them (not UE8M0)."""
+    if SIMULATOR:
+        return "the simulator runs the split path (its fused kernel is tested on its own)"
+    if "tensorcore_gemv" in gemm.disabled_kernels():
+        return "the tensor-core GEMV is disabled by VT_DISABLE_KERNELS"
+    block_size = weight.block_size
+    if block_size is not None:
+        if block_size != (128, 128):
+            return f"the fused GEMV takes 128 x 128 weight blocks, got {block_size}"
+        if weight.scale_format != "float32" or weight.activation_scale_format != "float32" or weight.scale_ue8m0:
+            return "the fused GEMV takes float32 block scales and float32 activation group scales (no E8M0, no UE8M0)"
+    why = tc_gemv.fused_linear_reason(x, weight.data, block_scaled=block_size is not None)
+    if why is None and block_size is None:
+        scheme = str(weight.activation_scheme)
+        why = tc_gemv.fusion_reason(x.shape[0], x.shape[1], scheme == "per_token", scheme == "dynamic")
+    return why
+
+
+class LinearBinding:
+    """What one input signature of a linear layer binds: ``eager``, the call replayed when the stream
+    is not capturing, and ``graph``, the one a CUDA graph captures -- the same object unless the
+    decode path differs by regime (``VT_DECODE_PATH``, ``vtnumba._config.decode_path``). At decode
+    in eager the GPU waits on the host, so there the one fused launch wins (a quarter of the split
+    path's host time); in a graph only device time counts, and the quantization kernel plus cuBLASLt
+    is faster there (docs/DESIGN.md has the figures). ``why_not_fused`` says why the eager call is
+    not the fused one (None when it is)."""
+
+    __slots__ = ("eager", "graph", "why_not_fused")
+
+    def __init__(self, eager, graph, why_not_fused):
+        self.eager, self.graph, self.why_not_fused = eager, graph, why_not_fused
+
+    @property
+    def by_regime(self):
+        """True when eager calls and captures run different kernels (then a call asks which it is)."""
+        return self.eager is not self.graph
+
+    def explain(self):
+        text = f"eager: {' + '.join(self.eager.kernels)}"
+        if self.by_regime:
+            text += f"; graph capture: {' + '.join(self.graph.kernels)}"
+        if self.why_not_fused is not None:
+            text += f" (not the fused launch: {self.why_not_fused})"
+        return text
+
+
 def bind_linear(x, weight, out_dtype):
-    """A ``BoundLinear`` for ``weight`` (an ``Fp8Weight`` whose arrays are on x's GPU) and inputs
-    like ``x``, quantized by the weight's activation scheme."""
-    return BoundLinear(x, weight, _arrays.out_dtype_of(out_dtype))
+    """A ``LinearBinding`` for ``weight`` (an ``Fp8Weight`` whose arrays are on x's GPU) and inputs
+    like ``x`` [M, K] (C-contiguous, 16-byte aligned), quantized by the weight's activation scheme."""
+    out = _arrays.out_dtype_of(out_dtype)
+    path = decode_path()
+    why = "VT_DECODE_PATH=split" if path == "split" else fused_reason(x, weight)
+    if why is None:
+        fused = BoundLinear(x, weight, out, fused=True)
+        return LinearBinding(fused, fused if path == "fused" else BoundLinear(x, weight, out), None)
+    split = BoundLinear(x, weight, out)
+    return LinearBinding(split, split, why)
 
 
 # -- the mixture-of-experts layer -------------------------------------------------------------------
@@ -325,6 +426,9 @@ class BoundMoe:
         self.kernels = kernels
         self._lock = threading.Lock()  # the prepared parameters are rewritten per call
 
+    def explain(self):
+        return f"{len(self.kernels)} launches: {' + '.join(self.kernels)}"
+
     def enqueue(self, x_ptr, ids_ptr, weights_ptr, y_ptr, scratch_ptr, stream_ptr):
         bases = (x_ptr, y_ptr, scratch_ptr, scratch_ptr, ids_ptr, weights_ptr)
         with self._lock:
@@ -382,4 +486,4 @@ def bind_moe(x, topk_ids, topk_weights, run):
     return BoundMoe(steps, scratch.nbytes, tuple(y.shape), np.dtype(y.dtype), kernels), None
 
 
-__all__ = ["BoundLinear", "bind_linear", "BoundMoe", "bind_moe"]
+__all__ = ["BoundLinear", "LinearBinding", "bind_linear", "fused_reason", "FUSED_KERNEL", "BoundMoe", "bind_moe"]

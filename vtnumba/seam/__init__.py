@@ -11,6 +11,7 @@ Names follow the C++ seam it comes from (ResidentFp8, DenseCublasLtFp8Enabled, M
 MatmulFp8CutlassPreQuantD, Fp8W8A8LinearMethod, MakeLinearMethod) in Python spelling.
 """
 
+from .bound import explain
 from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, load_fp8_linear
 from .config import Fp8Config
 from .experts import Fp8Experts, grouped_matmul_fp8, moe_debug_checks, moe_fp8
@@ -41,6 +42,7 @@ __all__ = [
     # matmul and the lever
     "quantize_activation",
     "matmul_fp8",
+    "explain",
     "matmul_fp8_prequant",
     "dense_cublaslt_fp8_enabled",
     # mixture of experts

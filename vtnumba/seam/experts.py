@@ -33,9 +33,9 @@ import numpy as np
 
 from .. import _arrays
 from .._arrays import Array, DType, Scale
-from .._config import kernel_settings
 from .._interop import interop
 from ..ops import ActivationScheme, quantize_fp8
+from . import bound
 from .weights import Fp8Weight, ResidentFp8, _host_values, _is_host_scalar, _to_device
 
 __all__ = ["Fp8Experts", "grouped_matmul_fp8", "moe_fp8", "MoeCall", "moe_debug_checks"]
@@ -611,24 +611,21 @@ def moe_fp8(
         key = _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray)
         if key is not None:
             calls = _bound_holder(gate_up).bound_calls
-            bound = calls.get(key, _UNSEEN) if calls else _UNSEEN  # one read: another thread may clear it
-            if bound is not _UNSEEN:
-                if bound is None:  # a signature bind_moe refused: the full path, not bound again
+            replay = calls.get(key, _UNSEEN) if calls else _UNSEEN  # one read: another thread may clear it
+            if replay is not _UNSEEN:
+                if replay is None:  # a signature bind_moe refused: the full path, not bound again
                     return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
                 import cupy
 
-                return bound(x, topk_ids, topk_weights, cupy.cuda.get_current_stream().ptr)
+                return replay(x, topk_ids, topk_weights, cupy.cuda.get_current_stream().ptr)
             out = MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
             bind_moe_call(x, gate_up, down, topk_ids, topk_weights, key)
             return out
     return MoeCall(x, gate_up, down, topk_ids, topk_weights, activation).run()
 
 
-# -- bound calls ----------------------------------------------------------------------------------
+# -- bound calls (seam.bound: the table, the key, the eviction) -------------------------------------
 
-# Signatures bound per experts pair (prompts of many lengths would otherwise grow the table without
-# end; a decode step's signature is bound again at once after a reset)
-_MAX_BOUND_MOE = 16
 _UNSEEN: Any = object()  # a signature not met yet (None: met, and refused by bind_moe)
 
 
@@ -637,19 +634,7 @@ def _bound_holder(gate_up):
     return gate_up.weight if type(gate_up) is ResidentFp8 else gate_up
 
 
-def moe_bound_key(x_shape, x_dtype, ids_shape, ids_dtype, weights_shape, weights_dtype, down, device_id):
-    """The signature a bound MoE call is kept under (numpy dtypes; torch callers map theirs)."""
-    return (
-        tuple(x_shape),
-        x_dtype,
-        tuple(ids_shape),
-        ids_dtype,
-        tuple(weights_shape),
-        weights_dtype,
-        down,
-        device_id,
-        kernel_settings(),
-    )
+moe_bound_key = bound.moe_key  # the name vtnumba.torch and the tests use
 
 
 def _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray):
@@ -677,21 +662,14 @@ def bind_moe_call(x, gate_up, down, topk_ids, topk_weights, key):
     ``BoundMoe`` for later calls, or None where ``bind_moe`` refuses (those calls take the full path)."""
     import cupy
 
-    from ..cuda import bound
+    from ..cuda import bound as cuda_bound
 
     if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
         return None  # bound at the next eager call: a capture records the full path's launches
-    holder = _bound_holder(gate_up)
-    calls = holder.bound_calls
-    if calls is None:
-        calls = {}
-        object.__setattr__(holder, "bound_calls", calls)
-    if len(calls) >= _MAX_BOUND_MOE:  # a caller sweeping over shapes: start over
-        calls.clear()
-    replay, _ = bound.bind_moe(
+    replay, why = cuda_bound.bind_moe(
         x, topk_ids, topk_weights, lambda: MoeCall(x, gate_up, down, topk_ids, topk_weights).run()
     )
-    calls[key] = replay
+    bound.table_of(_bound_holder(gate_up)).put(key, replay, why)
     return replay
 
 

@@ -13,9 +13,10 @@ import numpy as np
 
 from .. import _arrays
 from .._arrays import Array, DType
-from .._config import dense_cublaslt_fp8_enabled, kernel_settings
+from .._config import dense_cublaslt_fp8_enabled
 from .._interop import interop
 from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
+from . import bound
 from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["quantize_activation", "matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
@@ -86,13 +87,12 @@ def quantize_activation(x: Array, weight: Fp8Weight | ResidentFp8) -> QuantizedA
 
 
 # -- the bound fast path on the GPU ------------------------------------------------------------
-# A layer called again with an input of the same signature replays the call bound at its first
-# call (vtnumba.cuda.bound): the full path below validates and chooses once per signature. The
-# per-call checks are what could change between calls: the input's type, contiguity, alignment,
-# shape and dtype, the output dtype, the device, and the settings that steer the kernel choice (the
-# lever, VT_DISABLE_KERNELS). Anything else falls back to the full path. A binding writes nothing
+# A layer called again with an input of the same signature replays the call bound after its first
+# full call (``seam.bound``, ``vtnumba.cuda.bound``): the full path below validates and chooses once
+# per signature. The per-call checks are what could change between calls: the input's type,
+# contiguity, alignment, shape and dtype, the output dtype, the device, and the settings that steer
+# the kernel choice (in the key). Anything else falls back to the full path. A binding writes nothing
 # that outlives a call (its temporaries are allocated per call), so it serves every stream.
-_MAX_BOUND_PER_WEIGHT = 16
 _gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
 
 
@@ -110,28 +110,29 @@ def _gpu_parts():
 
 def _bound_key(x, w, out_dtype):
     """The signature a bound call is kept under, or None when x cannot take the bound path."""
-    if not x._c_contiguous or x.data.ptr & 15 or len(x.shape) != 2 or w.data is None:
+    if not x._c_contiguous or x.data.ptr & 15 or w.data is None:
         return None
-    return (x.shape, x.dtype, out_dtype, x.data.device_id, kernel_settings())
+    return bound.linear_key(x.shape, x.dtype, out_dtype, x.data.device_id)
 
 
 def _host_weight(weight):
     return weight.weight if type(weight) is ResidentFp8 else weight
 
 
+def _replay(binding, x, stream_ptr):
+    """y of the bound call for x (cupy), shaped as x's leading dimensions."""
+    y = bound.linear_for_stream(binding, stream_ptr)(x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1]), stream_ptr)
+    return y if len(x.shape) == 2 else y.reshape(*x.shape[:-1], y.shape[1])
+
+
 def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
     """Bind ``weight``'s call for x's signature (called after a full-path call succeeded)."""
     w = _host_weight(weight)
     key = _bound_key(x, w, out_dtype)
-    if key is None:
+    if key is None or not x.size:
         return
-    calls = w.bound_calls
-    if calls is None:
-        calls = {}
-        object.__setattr__(w, "bound_calls", calls)
-    if len(calls) >= _MAX_BOUND_PER_WEIGHT:  # a caller sweeping over shapes: start over
-        calls.clear()
-    calls[key] = gpu[2].bind_linear(x, w_device, x.dtype if out_dtype is None else out_dtype)
+    x2d = x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1])
+    bound.table_of(w).put(key, gpu[2].bind_linear(x2d, w_device, x.dtype if out_dtype is None else out_dtype))
 
 
 @interop
@@ -146,17 +147,18 @@ def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | Non
     uploaded once (cached) and reused. On the GPU the ops run on cupy's current device and stream,
     as cupy's own calls do: make x's device current (``with cupy.cuda.Device(i):``). A GPU call
     with an input signature seen before replays the call bound at its first occurrence
-    (``vtnumba.cuda.bound``): the same launches, bitwise the same result, a fraction of the host
-    time.
+    (``seam.bound``): the same arithmetic, a fraction of the host time. At decode (M <= 16) an eager
+    call is then one fused launch, and a call captured into a CUDA graph the quantization kernel and
+    the GEMM (``VT_DECODE_PATH``; ``seam.explain(weight)`` says what each signature runs).
     """
     gpu = _gpu if _gpu is not None else _gpu_parts()
     if gpu is not None and type(x) is gpu[0]:
         w = _host_weight(weight)
-        calls = getattr(w, "bound_calls", None)
+        calls = w.bound_calls
         if calls:
-            bound = calls.get(_bound_key(x, w, out_dtype))
-            if bound is not None:
-                return bound(x, gpu[1]().ptr)
+            binding = calls.get(_bound_key(x, w, out_dtype))
+            if binding is not None:
+                return _replay(binding, x, gpu[1]().ptr)
         y, w_device = _matmul_fp8(x, weight, out_dtype)
         if type(w) is Fp8Weight:
             _bind_after_full_call(x, weight, out_dtype, w_device, gpu)

@@ -16,11 +16,11 @@ import weakref
 import numpy as np
 import torch
 
-from .._config import kernel_settings
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
 from ..seam import Fp8Weight, matmul_fp8
+from ..seam import bound as seam_bound
 from ..seam import moe_fp8 as seam_moe_fp8
 from ..seam.experts import _bound_holder, moe_bound_key, moe_debug_checks
 from ._common import (
@@ -44,14 +44,14 @@ from ._common import (
 
 
 class _GpuState:
-    """The FP8 weight on one GPU as the seam sees it, and its bound calls by input signature."""
+    """The FP8 weight on one GPU as the seam sees it (its bound calls live on it: ``seam.bound``)."""
 
-    __slots__ = ("index", "device", "weight", "bound", "alloc")
+    __slots__ = ("index", "device", "weight", "calls", "alloc")
 
     def __init__(self, weight, index):
         self.index, self.device = index, torch.device("cuda", index)
         self.weight = weight
-        self.bound = {}
+        self.calls = seam_bound.table_of(weight)
         self.alloc = _torch_bytes(self.device)
 
 
@@ -118,10 +118,15 @@ def _gpu_forward(state, x, out_dtype, quant_key=None):
         _refuse_grad(x)
     if out_dtype is None:
         out_dtype = x.dtype
-    entry = state.bound.get((x.shape, x.dtype, out_dtype, kernel_settings()))
-    if entry is not None and x.is_contiguous() and not x.data_ptr() & 15 and _current_device() == state.index:
-        return _run_bound(state, entry, x, out_dtype, quant_key)
+    binding = state.calls.get(_linear_key(x, out_dtype, state.index))
+    if binding is not None and x.is_contiguous() and not x.data_ptr() & 15 and _current_device() == state.index:
+        return _run_bound(state, binding, x, out_dtype, quant_key)
     return _gpu_full(state, x, out_dtype)
+
+
+def _linear_key(x, out_dtype, index):
+    """The seam's signature key of a torch call (numpy dtypes; None for a dtype no binding takes)."""
+    return seam_bound.linear_key(x.shape, _NUMPY_OUT.get(x.dtype), _NUMPY_OUT.get(out_dtype), index)
 
 
 # The last activation quantized on each GPU by an eager forward: (x, its version, how it was
@@ -129,15 +134,13 @@ def _gpu_forward(state, x, out_dtype, quant_key=None):
 # input -- q, k and v; gate and up -- quantize it once: the next layer given the very same tensor,
 # unchanged (torch bumps ``_version`` on every in-place write), quantized the same way on the same
 # stream, takes these codes instead of making them again. The bytes are the same by construction.
-# Only eager forwards share, and never while a CUDA graph is being captured: a graph must hold its
-# own quantization (its input is rewritten between replays, and nothing runs during a capture to
-# fill codes another call could read). Inside torch.compile each op stays self-contained. Tensors
-# made under ``torch.inference_mode()`` keep no version counter, so an in-place write to one could
-# not be seen: they never share (``torch.no_grad()``, as transformers' ``generate`` runs, does).
+# Only eager forwards of the split path share (the fused decode launch quantizes inside the GEMV
+# and leaves no codes), and never while a CUDA graph is being captured: a graph must hold its own
+# quantization (its input is rewritten between replays, and nothing runs during a capture to fill
+# codes another call could read). Inside torch.compile each op stays self-contained. Tensors made
+# under ``torch.inference_mode()`` keep no version counter, so an in-place write to one could not
+# be seen: they never share (``torch.no_grad()``, as transformers' ``generate`` runs, does).
 _LAST_QUANT = {}
-# Signatures bound per layer and GPU, as the seam keeps them (prompts of many lengths would otherwise
-# grow the table without end; a decode step's signature is bound again at once after a reset)
-_MAX_BOUND_PER_LAYER = 16
 
 
 def _stream_is_capturing(stream):
@@ -148,13 +151,20 @@ def _stream_is_capturing(stream):
     return _stream_is_capturing(stream)
 
 
-def _run_bound(state, entry, x, out_dtype, quant_key=None):
-    """The bound call: y and the scratch block from torch's allocator, on torch's current stream."""
-    bound, y_shape = entry
-    y = torch.empty(y_shape, dtype=out_dtype, device=state.device)
-    scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=state.device)
+def _run_bound(state, binding, x, out_dtype, quant_key=None):
+    """The bound call: y (and the split path's scratch block) from torch's allocator, on torch's
+    current stream; the eager or the graph call of the binding by whether the stream is capturing."""
     stream = _raw_stream(state.index)
-    if quant_key is None or x.is_inference() or _stream_is_capturing(stream):
+    capturing = _stream_is_capturing(stream) if binding.by_regime else None  # asked once, when it matters
+    bound = binding.graph if capturing else binding.eager
+    y = torch.empty((*x.shape[:-1], bound.out_shape[1]), dtype=out_dtype, device=state.device)
+    if not bound.scratch_bytes:  # the fused decode launch: x in, y out
+        bound.enqueue(x.data_ptr(), y.data_ptr(), 0, stream)
+        return y
+    scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=state.device)
+    if quant_key is not None and not x.is_inference() and capturing is None:
+        capturing = _stream_is_capturing(stream)
+    if quant_key is None or x.is_inference() or capturing:
         bound.enqueue(x.data_ptr(), y.data_ptr(), scratch.data_ptr(), stream, state.alloc)
         return y
     quant_key = (quant_key, x.shape, x.dtype, stream)
@@ -189,14 +199,9 @@ def _gpu_full(state, x, out_dtype):
             # what the binding keeps (a copy of a scale, say) comes from cupy's own pool, never
             # from torch's or a graph's
             with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc), on_torch_stream(index):
-                bound = cuda_bound.bind_linear(x2d, state.weight, _NUMPY_OUT[out_dtype])
-            if len(state.bound) >= _MAX_BOUND_PER_LAYER:  # a caller sweeping over shapes: start over
-                state.bound.clear()
-            entry = state.bound[(x.shape, x.dtype, out_dtype, kernel_settings())] = (
-                bound,
-                (*x.shape[:-1], state.weight.shape[0]),
-            )
-            return _run_bound(state, entry, x, out_dtype)
+                binding = cuda_bound.bind_linear(x2d, state.weight, _NUMPY_OUT[out_dtype])
+            state.calls.put(_linear_key(x, out_dtype, index), binding)
+            return _run_bound(state, binding, x, out_dtype)
         return matmul_fp8(x, state.weight, out_dtype)  # results and temporaries from torch's allocator
 
 

@@ -4,13 +4,23 @@
 import torch
 from torch import nn
 
-from .._config import kernel_settings
 from .._format import E4M3_MAX, F32_GROUP_EPS
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme, encode_e4m3
 from ..seam import Fp8Weight, ResidentFp8, load_fp8_linear
-from ._common import _DTYPE_NAMES, _host_scalar, _is_compiling, _on_device, _out_dtype, _scheme, _tensor, _view
-from .custom_ops import _cpu_forward, _gpu_forward, _GpuState, _seam_weight, fp8_linear
+from ..seam.bound import linear_for_stream
+from ._common import (
+    _DTYPE_NAMES,
+    _host_scalar,
+    _is_compiling,
+    _on_device,
+    _out_dtype,
+    _raw_stream,
+    _scheme,
+    _tensor,
+    _view,
+)
+from .custom_ops import _cpu_forward, _gpu_forward, _GpuState, _linear_key, _seam_weight, fp8_linear
 
 __all__ = ["Fp8Linear"]
 
@@ -269,8 +279,19 @@ class Fp8Linear(nn.Module):
         if x.get_device() < 0:
             return self._cpu_kernels(x)
         state = self._states[x.get_device()]
-        out = self.out_dtype or x.dtype
-        return state.bound[(x.shape, x.dtype, out, kernel_settings())][0].kernels
+        binding = state.calls[_linear_key(x, self.out_dtype or x.dtype, state.index)]
+        return linear_for_stream(binding, _raw_stream(state.index)).kernels
+
+    def explain(self):
+        """What this layer's forwards run on the GPU, input signature by input signature: the kernels
+        of an eager call and of a call captured into a CUDA graph, and why a call is not bound or
+        not the one fused decode launch (``seam.explain``); on the CPU, which kernels its rules pick."""
+        lines = [
+            f"cuda:{index}: {line}"
+            for index, state in self._states.items()
+            for line in state.calls.explain().split("\n")
+        ]
+        return "\n".join(lines) if lines else "no GPU call yet (Fp8Linear.kernels(x) names the CPU's)"
 
     def _cpu_kernels(self, x):
         # The CPU runs no bound call to read the names from: they follow from the same rules its

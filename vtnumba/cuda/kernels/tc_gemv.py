@@ -716,33 +716,35 @@ def _max_fused_k(config):
     return k
 
 
-def _fused_in_slices(
-    m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode, block_scaled, dev
+def _fused_slices(
+    m, rows, x_bits, x_kind, qscale, b, scale_a, scale_b, sb_step, out_dtype, bias, mode, block_scaled, y_bits, dev
 ):
-    """The fused GEMV over x's rows, ``rows`` at a time (rows are independent in these modes)."""
-    y, y_bits = empty_out(m, b.shape[0], out_dtype)
+    """The fused GEMV's launches over x's rows, ``rows`` at a time (rows are independent in these
+    modes): (kernel, grid, block, args, shared bytes) each, writing ``y_bits``."""
+    launches = []
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        kernel, grid, block, args, shared = gemv_launch(
-            r1 - r0,
-            dev.placeholder("u8_2d"),
-            x_bits[r0:r1],
-            x_kind,
-            qscale,
-            b,
-            scale_a,
-            0,
-            scale_b,
-            sb_step,
-            out_dtype,
-            bias,
-            mode,
-            block_scaled,
-            y_bits[r0:r1],
-            dev,
+        launches.append(
+            gemv_launch(
+                r1 - r0,
+                dev.placeholder("u8_2d"),
+                x_bits[r0:r1],
+                x_kind,
+                qscale,
+                b,
+                scale_a,
+                0,
+                scale_b,
+                sb_step,
+                out_dtype,
+                bias,
+                mode,
+                block_scaled,
+                y_bits[r0:r1],
+                dev,
+            )
         )
-        kernel(grid, block, *args, shared_mem=shared)
-    return y
+    return launches
 
 
 # ------------------------------------------------------------------------------------------------
@@ -849,24 +851,38 @@ def fused_linear_reason(x, b, block_scaled=False):
     return unavailable_reason(dev) or rows_reason(b, "b")
 
 
-def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, quantize, block_scales=None):
-    """One FP8 linear layer at decode in ONE launch, arguments as ``vtnumba.ops.fp8_linear``
-    normalizes them (callers check ``fused_linear_reason``): the tensor-core GEMV quantizes x [M, K]
-    as it reads it. ``block_scales`` [ceil(N/128), ceil(K/128)] (then scale_b is None): 1 x 128
-    group activations and the block-scaled GEMM. Where x does not fit one launch's shared memory
-    (or a dynamic amax would make every block read many rows), ``quantize(x)`` -> (codes, scale_a)
-    runs first and the codes GEMV follows."""
+def fusion_reason(m, k, per_token, dynamic):
+    """Why a per-tensor or per-channel call's activation x [M, K] cannot be quantized inside the
+    GEMV's launch (None when it can): x must fit the launch's shared memory, and a dynamic amax is
+    found in the launch for a few rows only (every block reads all of them)."""
+    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
+    if rows == 0:
+        return f"a row of K = {k} does not fit the fused GEMV's shared memory"
+    if (per_token or dynamic) and m > FUSED_AMAX_MAX_M:
+        return f"the fused GEMV finds the amax of at most {FUSED_AMAX_MAX_M} rows in its launch, got M = {m}"
+    if dynamic and rows < m:
+        return f"a dynamic per-tensor scale needs all {m} rows in one launch, and {rows} fit"
+    return None
+
+
+def fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, y_bits, block_scales=None):
+    """The launches of one FP8 linear layer at decode with the activation's quantization fused in,
+    writing ``y_bits``: [(kernel, grid, block, args, shared bytes)], one per slice of rows that fits
+    a launch's shared memory (one at decode); or None where the fusion does not serve (x does not fit
+    shared memory at all, or a dynamic amax would make every block read many rows: then x is
+    quantized first and the codes GEMV follows, ``fused_linear``). x [M, K] is C-contiguous and
+    16-byte aligned; arguments otherwise as ``vtnumba.ops.fp8_linear`` normalizes them, with
+    ``block_scales`` [ceil(N/128), ceil(K/128)] (then scale_b is None) for 1 x 128 group
+    activations and the block-scaled GEMM. A bound call (``vtnumba.cuda.bound``) prepares these
+    launches once and replays them with new x / y pointers."""
     dev = device.current()
     m, k = x.shape
     n = b.shape[0]
     x_kind = X_KIND[np.dtype(x.dtype)]
-    x = device.xp.ascontiguousarray(x)
-    if not SIMULATOR and x.data.ptr % 16:
-        x = x.copy()
     x_bits = x.view(np.uint16)
     if block_scales is not None:
         rows = _fused_rows(k, MODE_PER_GROUP, None)
-        return _fused_in_slices(
+        return _fused_slices(
             m,
             rows,
             x_bits,
@@ -880,44 +896,79 @@ def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bia
             bias,
             MODE_PER_GROUP,
             True,
-            dev,
-        )
-    sb, sb_step = scale_vector(scale_b, n, dev)
-    dynamic = input_scale is None and not per_token
-    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
-    if rows == 0 or ((per_token or dynamic) and m > FUSED_AMAX_MAX_M) or (dynamic and rows < m):
-        codes, scale_a = quantize(x)
-        sa, sa_step = scale_vector(scale_a, m, dev)
-        y, y_bits = empty_out(m, n, out_dtype)
-        kernel, grid, block, args, _ = gemv_launch(
-            m,
-            codes,
-            dev.placeholder("u16_2d"),
-            0,
-            dev.placeholder("f32"),
-            b,
-            sa,
-            sa_step,
-            sb,
-            sb_step,
-            out_dtype,
-            bias,
-            MODE_CODES,
-            False,
             y_bits,
             dev,
         )
-        kernel(grid, block, *args)
-        return y
+    dynamic = input_scale is None and not per_token
+    if fusion_reason(m, k, per_token, dynamic) is not None:
+        return None
+    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
+    sb, sb_step = scale_vector(scale_b, n, dev)
     if per_token:
         mode, qscale = MODE_PER_TOKEN, scale_vector(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
     elif dynamic:
         mode, qscale = MODE_DYNAMIC, dev.scalar(1.0)
     else:
         mode, qscale = MODE_STATIC, scale_vector(input_scale, 1, dev)[0]
-    return _fused_in_slices(
-        m, rows, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype, bias, mode, False, dev
+    return _fused_slices(
+        m,
+        rows,
+        x_bits,
+        x_kind,
+        qscale,
+        b,
+        dev.placeholder("f32"),
+        sb,
+        sb_step,
+        out_dtype,
+        bias,
+        mode,
+        False,
+        y_bits,
+        dev,
     )
+
+
+def fused_linear(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, quantize, block_scales=None):
+    """One FP8 linear layer at decode in ONE launch, arguments as ``vtnumba.ops.fp8_linear``
+    normalizes them (callers check ``fused_linear_reason``): the tensor-core GEMV quantizes x [M, K]
+    as it reads it (``fused_launches``). Where the fusion does not serve, ``quantize(x)`` ->
+    (codes, scale_a) runs first and the codes GEMV follows."""
+    dev = device.current()
+    m = x.shape[0]
+    n = b.shape[0]
+    x = device.xp.ascontiguousarray(x)
+    if not SIMULATOR and x.data.ptr % 16:
+        x = x.copy()
+    y, y_bits = empty_out(m, n, out_dtype)
+    launches = fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, y_bits, block_scales)
+    if launches is None:
+        codes, scale_a = quantize(x)
+        sa, sa_step = scale_vector(scale_a, m, dev)
+        sb, sb_step = scale_vector(scale_b, n, dev)
+        launches = [
+            gemv_launch(
+                m,
+                codes,
+                dev.placeholder("u16_2d"),
+                0,
+                dev.placeholder("f32"),
+                b,
+                sa,
+                sa_step,
+                sb,
+                sb_step,
+                out_dtype,
+                bias,
+                MODE_CODES,
+                False,
+                y_bits,
+                dev,
+            )
+        ]
+    for kernel, grid, block, args, shared in launches:
+        kernel(grid, block, *args, shared_mem=shared)
+    return y
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1146,6 +1197,8 @@ __all__ = [
     "MODE_DYNAMIC",
     "MODE_PER_TOKEN",
     "MODE_PER_GROUP",
+    "fused_launches",
+    "fusion_reason",
     "grouped_gemv",
     "grouped_gemv_launch",
     "grouped_gemv_reason",
