@@ -1,15 +1,17 @@
 """The seam's bound fast path and CUDA graphs on a real GPU (marker ``gpu``; the H200 run proves
 them): a repeated call replays the bound call bitwise; every change that must send a call back to
 the full path does (another shape, a strided view, a misaligned view, the lever flipped, another
-output dtype; another stream reuses the binding); a captured graph replays bitwise what eager calls give, for a
-two-layer MLP and for the seven linear layers of a Llama-3-8B block with SiLU; nothing synchronizes
-per call (a capture would refuse it)."""
+output dtype; another stream reuses the binding); at decode an eager call is the one fused launch and
+a captured one the split path (VT_DECODE_PATH); with the path forced to one side a captured graph
+replays bitwise what eager calls give, for a two-layer MLP and for the seven linear layers of a
+Llama-3-8B block with SiLU; nothing synchronizes per call (a capture would refuse it)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from vtnumba import seam
+from vtnumba.cuda.bound import FUSED_KERNEL
 from vtnumba.seam import matmul as seam_matmul
 from vtnumba.testing.devices import to_device, to_host
 
@@ -47,12 +49,19 @@ def test_repeated_calls_take_the_bound_path_bitwise(cp, scheme, m, dtype):
     xs = [to_device(RNG.standard_normal((m, 512)).astype(dtype), "cuda") for _ in range(4)]
     layer.apply(xs[0])  # the full path, then the binding
     assert w.bound_calls and len(w.bound_calls) == 1
-    (bound,) = w.bound_calls.values()
+    (binding,) = w.bound_calls.values()
+    bound = binding.eager
+    # at decode in eager code: the one fused launch where the GEMV finds the amax in its launch (a
+    # static scale at any M <= 16, a dynamic one at M <= 4), else quantize + the tensor-core GEMV
+    fused = scheme == "static" or m <= 4
+    assert bound.kernels == ((FUSED_KERNEL,) if fused else (bound.kernels[0], "tensorcore_gemv")), bound.kernels
+    assert (bound.scratch_bytes == 0) == fused
     calls = []
     original = type(bound).__call__
     try:
         type(bound).__call__ = lambda self, *a: calls.append(1) or original(self, *a)
         for x in xs[1:]:
+            # the full path quantizes, then the same GEMV: the fused launch's bytes
             np.testing.assert_array_equal(_bits(layer.apply(x)), _bits(_full(x, layer.weight)))
     finally:
         type(bound).__call__ = original
@@ -99,10 +108,14 @@ def _mlp(cp, d=256, h=512, schemes=("static", "per_token")):
     return forward
 
 
+@pytest.mark.parametrize("decode_path", ["fused", "split"])
 @pytest.mark.parametrize("schemes", [("static", "per_token"), ("dynamic", "static")])
-def test_graph_replay_equals_eager_bitwise(cp, schemes):
+def test_graph_replay_equals_eager_bitwise(cp, monkeypatch, schemes, decode_path):
+    """With the decode path forced to one side (VT_DECODE_PATH), eager calls and a captured graph run
+    the same kernels, and the graph replays the eager bytes."""
     import vtnumba.cuda as vcuda
 
+    monkeypatch.setenv("VT_DECODE_PATH", decode_path)
     forward = _mlp(cp, schemes=schemes)
     xs = [cp.asarray(RNG.standard_normal((2, 256)).astype(np.float32)).astype(cp.float16) for _ in range(4)]
     step = vcuda.capture(forward, xs[0])
@@ -148,9 +161,38 @@ def llama_block(cp, scheme="static", reduce=1):
     return block
 
 
-def test_llama_block_graph_equals_eager_bitwise(cp):
+def test_auto_decode_path_eager_fused_graph_split(cp):
+    """The default (VT_DECODE_PATH unset): an eager call at decode is the one fused launch, the same
+    call captured into a graph the quantization kernel and cuBLASLt; the two agree within the tensor
+    cores' bound (the fused GEMV accumulates exactly, G3), and each replays its own bytes."""
+    import vtnumba.cuda as vcuda
+    from vtnumba.testing import reference
+
+    w = _weight(256, 512, "static", bias=False)
+    layer = seam.make_linear_method(seam.ResidentFp8(w, "cuda"))
+    x = cp.asarray(RNG.standard_normal((1, 512)).astype(np.float32))
+    eager = layer.apply(x)
+    (binding,) = layer.weight.weight.bound_calls.values()
+    assert binding.eager.kernels == (FUSED_KERNEL,)
+    assert binding.graph.kernels == ("quantize_static", "cublaslt"), binding.graph.kernels
+    step = vcuda.capture(lambda a: layer.apply(a), x)
+    replay = cp.asnumpy(step(x))
+    np.testing.assert_array_equal(_bits(layer.apply(x)), _bits(eager))  # eager: its own bytes again
+    np.testing.assert_array_equal(_bits(step(x)), replay.view(np.uint8))
+    q = seam.quantize_activation(x.get(), w)
+    ref, g3 = reference.scaled_mm(q.data, w.data, q.scale, w.weight_scale, None)
+    tensor_cores = reference.tensor_core_bound(q.data, w.data, q.scale, w.weight_scale)
+    allow = g3 + tensor_cores + reference.out_rounding(ref, np.float32)
+    assert np.all(np.abs(replay.astype(np.float64) - ref) <= allow)
+    assert np.all(np.abs(cp.asnumpy(eager).astype(np.float64) - ref) <= allow)
+    assert np.count_nonzero(ref) > 0
+
+
+@pytest.mark.parametrize("decode_path", ["fused", "split"])
+def test_llama_block_graph_equals_eager_bitwise(cp, monkeypatch, decode_path):
     import vtnumba.cuda as vcuda
 
+    monkeypatch.setenv("VT_DECODE_PATH", decode_path)
     block = llama_block(cp, reduce=4)
     xs = [cp.asarray(RNG.standard_normal((1, 1024)).astype(np.float16)) for _ in range(3)]
     step = vcuda.capture(block, xs[0])
@@ -158,9 +200,11 @@ def test_llama_block_graph_equals_eager_bitwise(cp):
         np.testing.assert_array_equal(_bits(step(x)), _bits(block(x)))
 
 
-def test_capture_on_a_torch_stream(cp):
+def test_capture_on_a_torch_stream(cp, monkeypatch):
     torch = pytest.importorskip("torch")
     import vtnumba.cuda as vcuda
+
+    monkeypatch.setenv("VT_DECODE_PATH", "fused")  # eager and the graph run the same kernels
 
     forward = _mlp(cp)
     x = cp.asarray(RNG.standard_normal((1, 256)).astype(np.float32))

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from vtnumba import seam
+from vtnumba.seam import bound as seam_bound
 from vtnumba.seam import experts as se
 from vtnumba.seam import matmul as seam_matmul
 
@@ -59,7 +60,7 @@ def test_threads_share_a_dense_layer_bitwise(cp, own_streams):
     rng = np.random.default_rng(81)
     w = (rng.standard_normal((256, 512)) / np.sqrt(512)).astype(np.float32)
     weight = seam.ResidentFp8(seam.Fp8Weight.from_float(w, per_channel=True, activation_scheme="per_token"), "cuda")
-    rows = list(range(1, 2 + seam_matmul._MAX_BOUND_PER_WEIGHT + 4))  # more shapes than stay bound
+    rows = list(range(1, 2 + seam_bound.MAX_SIGNATURES + 4))  # more shapes than stay bound
     xs = _inputs(cp, rng, rows, 512)
     want = [cp.asnumpy(seam_matmul._matmul_fp8(x, weight, None)[0]) for x in xs]  # the full path, serial
 

@@ -2,9 +2,9 @@
 graph capture, torch.compile, torch's allocator, conversion on the GPU.
 
 - Kernel choice is pinned two ways: the layer's binding names what it runs (``Fp8Linear.kernels``),
-  and torch.profiler sees exactly those launches -- cuBLASLt's GEMM with no Numba epilogue after it
-  wherever the docstrings promise cuBLASLt (per-token x per-channel scales through OUTER_VEC_32F
-  included), so a silent fallback fails here.
+  and torch.profiler sees exactly those launches -- at decode in eager one fused GEMV launch, above
+  it cuBLASLt's GEMM with no Numba epilogue after it wherever the docstrings promise cuBLASLt
+  (per-token x per-channel scales through OUTER_VEC_32F included), so a silent fallback fails here.
 - ``torch.cuda.graph`` in its default capture mode replays every scheme to the eager bytes.
 - ``torch.compile(fullgraph=True)`` and ``mode="reduce-overhead"`` give the eager bytes.
 - Results are torch allocations (``torch.cuda.memory_allocated`` counts them); cupy's pool is left
@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
+FUSED_KERNEL = "fused_tensorcore_gemv"  # vtnumba.cuda.bound.FUSED_KERNEL (importing it needs no GPU)
 nn = torch.nn
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
@@ -62,12 +63,21 @@ def _converted(scheme, model=None, dtype=torch.bfloat16):
     return vtt.convert(model, scheme, input_scales=scales)
 
 
+def _fused(scheme, m):
+    """Whether an eager call of m rows is the one fused decode launch (vtnumba.cuda.bound.fused_reason):
+    M <= 16, and a dynamic amax only for M <= 4 (the layers here are K = 1024, so every row fits)."""
+    return m <= 4 or (m <= 16 and scheme in ("static", "per_group"))
+
+
 def _expected_gemm(scheme, m):
-    """The GEMM vtnumba.cuda.gemm's docstring promises: cuBLASLt everywhere, with per-row x per-channel
-    scales through OUTER_VEC_32F from OUTER_VEC_MIN_M rows on and the f32-staged path below; block
-    scales through cuBLASLt where it takes them (M % 4 == 0), the tensor-core GEMV at decode."""
+    """The GEMM vtnumba.cuda.gemm's docstring promises for an eager call: the tensor-core GEMV at
+    decode (M <= 16); above, cuBLASLt everywhere, with per-row x per-channel scales through
+    OUTER_VEC_32F from OUTER_VEC_MIN_M rows on and the f32-staged path below; block scales through
+    cuBLASLt where it takes them (M % 4 == 0), the tensor-core GEMV else."""
     from vtnumba.cuda import gemm
 
+    if m <= 16:
+        return "tensorcore_block_gemv" if scheme == "per_group" else "tensorcore_gemv"
     if scheme == "per_group":
         return "cublaslt_block" if m % 4 == 0 else "tensorcore_block_gemv"
     if scheme == "per_token" and m < gemm.OUTER_VEC_MIN_M:
@@ -99,10 +109,14 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
     with torch.inference_mode():  # an inference tensor: each call quantizes (no sharing between calls)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         kernels = layer.kernels(x)
-        assert kernels == _quant_kernels(scheme, m, 1024) + (_expected_gemm(scheme, m),), kernels
         names = _profiled_kernels(lambda: layer(x))
     ours = [n for n in names if OURS in n]
     theirs = [n for n in names if n not in ours]
+    if _fused(scheme, m):  # one launch: the GEMV quantizes x as it reads it
+        assert kernels == (FUSED_KERNEL,), kernels
+        assert len(names) == 1 and "gemv" in names[0] and OURS in names[0], names
+        return
+    assert kernels == _quant_kernels(scheme, m, 1024) + (_expected_gemm(scheme, m),), kernels
     assert all(any(q in n for n in ours) for q in _quant_kernels(scheme, m, 1024)), names
     staged = _expected_gemm(scheme, m) == "cublaslt_f32_epilogue"
     assert any("_epilogue_vector_kernel" in n for n in names) == staged, names  # no silent f32-staged fallback
@@ -112,9 +126,11 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
         assert any("gemv" in n for n in ours) and not theirs, names
 
 
-def test_float32_bias_for_bf16_output_takes_the_f32_staged_path():
+def test_float32_bias_for_bf16_output_takes_the_f32_staged_path(monkeypatch):
     """The one documented fallback: a float32 bias with bf16 output (cuBLASLt would round the bias
-    to bf16 first) runs cuBLASLt into float32 and the Numba epilogue, the 8-wide form."""
+    to bf16 first) runs cuBLASLt into float32 and the Numba epilogue, the 8-wide form (on the split
+    path: at M = 16 in eager code the tensor-core GEMV would take the call)."""
+    monkeypatch.setenv("VT_DECODE_PATH", "split")
     vtt = _vtt()
     linear = nn.Linear(1024, 512).cuda()  # float32 bias
     layer = vtt.Fp8Linear.from_linear(linear, "per_token", out_dtype=torch.bfloat16)
@@ -125,12 +141,16 @@ def test_float32_bias_for_bf16_output_takes_the_f32_staged_path():
     assert any("_epilogue_vector_kernel" in n for n in names), names
 
 
+@pytest.mark.parametrize("decode_path", ["fused", "split"])
 @pytest.mark.parametrize("grad_mode", ["inference_mode", "no_grad"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_torch_cuda_graph_replays_the_eager_bytes(scheme, grad_mode):
+def test_torch_cuda_graph_replays_the_eager_bytes(monkeypatch, scheme, grad_mode, decode_path):
     """Default capture mode (any cudaMalloc would break it), warm-up and capture on one stream: the
     graph holds its own quantization even right after an eager call on the same tensor (under
-    no_grad, where eager calls share codes), so new inputs copied in replay to the eager bytes."""
+    no_grad, where eager calls share codes), so new inputs copied in replay to the eager bytes. The
+    decode path is forced to one side (VT_DECODE_PATH): by default an eager call at decode is the
+    fused launch and a captured one the split path, which agree within the tensor cores' bound only."""
+    monkeypatch.setenv("VT_DECODE_PATH", decode_path)
     model = _converted(scheme)
     xs = [torch.randn(4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     static_x = xs[0].clone()
@@ -155,7 +175,9 @@ def test_torch_cuda_graph_replays_the_eager_bytes(scheme, grad_mode):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_compiled_model_equals_eager(scheme):
+def test_compiled_model_equals_eager(monkeypatch, scheme):
+    # the graph of mode="reduce-overhead" runs what eager runs only with the decode path forced
+    monkeypatch.setenv("VT_DECODE_PATH", "fused")
     torch._dynamo.reset()
     model = _converted(scheme)
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
@@ -223,31 +245,37 @@ def test_convert_on_the_gpu_gives_the_cpu_conversion(scheme):
 
 
 def test_fp8_linear_host_cost_stays_near_nn_linear():
-    """Not a timing gate (benchmarks/gpu/bench_torch_model.py measures it): a bound forward makes two
-    torch allocations and no cupy ones, and takes no lock other than the binding's."""
+    """Not a timing gate (benchmarks/gpu/bench_torch_model.py measures it): a bound forward at decode
+    makes one torch allocation (y) and no cupy one, and one launch (the fused GEMV)."""
     layer = _converted("dynamic")[0]
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
         layer(x)
         state = layer._states[0]
-        assert len(state.bound) == 1
-        (entry,) = state.bound.values()
+        assert len(state.calls) == 1
+        (binding,) = state.calls.values()
+        assert binding.eager.kernels == (FUSED_KERNEL,) and binding.eager.scratch_bytes == 0
         calls = []
-        original = type(entry[0]).enqueue
-        type(entry[0]).enqueue = lambda self, *a: calls.append(a) or original(self, *a)
+        original = type(binding.eager).enqueue
+        type(binding.eager).enqueue = lambda self, *a: calls.append(a) or original(self, *a)
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
         try:
             layer(x)
             layer(x)
         finally:
-            type(entry[0]).enqueue = original
-    assert len(calls) == 2 and len(state.bound) == 1
+            type(binding.eager).enqueue = original
+        allocations = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    assert len(calls) == 2 and len(state.calls) == 1
+    assert allocations == 2, allocations  # y, once a call
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_layers_that_share_an_input_quantize_it_once(scheme):
-    """q/k/v and gate/up read one tensor: the second layer takes the first one's codes (one set of
+def test_layers_that_share_an_input_quantize_it_once(monkeypatch, scheme):
+    """q/k/v and gate/up read one tensor: on the split path (the fused decode launch quantizes inside
+    its GEMV and shares nothing) the second layer takes the first one's codes (one set of
     quantization launches for two GEMMs), to the bytes each layer gives alone; an in-place write to
     x between them, or another tensor, quantizes again."""
+    monkeypatch.setenv("VT_DECODE_PATH", "split")
     vtt = _vtt()
     torch.manual_seed(5)
     a, b = (nn.Linear(512, 256, bias=False).to("cuda", torch.bfloat16) for _ in range(2))

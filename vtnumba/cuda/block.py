@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import _arrays, _config
 from .._format import MX_BLOCK
-from .gemm import Kernel, Launch, Matmul, choose, execute
+from .gemm import Kernel, Launch, Matmul, choose, decode_gemv_reason, execute
 from .kernels import sm90_wgmma_gemm as wg_gemm
 from .kernels import tc_gemm, tc_gemv
 from .kernels.epilogue import OUT_KIND, bias_bits, out_bits
@@ -281,10 +281,17 @@ KERNELS = (CublasLtBlock(), TensorCoreBlockGemv(), TensorCoreBlock(), TensorCore
 KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaBlock(),)}  # wgmma: by name only
 
 
-def select(call, kernel=None):
-    """The kernel that runs ``call`` (``kernel`` by name if given); ValueError listing every reason
-    when none can (``gemm.choose``)."""
-    return choose(call, kernel, KERNELS, KERNELS_BY_NAME, "block-scaled GEMM")
+# the tensor-core block GEMV first at decode in eager code, as gemm's order does (gemm.decode_gemv_reason)
+_DECODE_KERNELS = (KERNELS_BY_NAME["tensorcore_block_gemv"],) + tuple(
+    k for k in KERNELS if k.name != "tensorcore_block_gemv"
+)
+
+
+def select(call, kernel=None, regime=None):
+    """The kernel that runs ``call`` (``kernel`` by name if given) in ``regime`` ('eager', 'graph';
+    None: the current stream's); ValueError listing every reason when none can (``gemm.choose``)."""
+    decode = call.m <= tc_gemv.GEMV_MAX_M and decode_gemv_reason(call.m, regime) is None
+    return choose(call, kernel, _DECODE_KERNELS if decode else KERNELS, KERNELS_BY_NAME, "block-scaled GEMM")
 
 
 def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):

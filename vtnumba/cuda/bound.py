@@ -37,7 +37,6 @@ import threading
 import numpy as np
 
 from .. import _arrays
-from .._config import decode_path
 from . import block, gemm
 from .kernels import tc_gemv
 from .kernels.epilogue import out_bits
@@ -202,7 +201,7 @@ class BoundLinear:
         "_lock",
     )
 
-    def __init__(self, x, weight, out_dtype, fused=False):
+    def __init__(self, x, weight, out_dtype, fused=False, regime="graph"):
         self.out_dtype = np.dtype(out_dtype)
         m, n = x.shape[0], weight.shape[0]
         self.out_shape = (m, n)
@@ -225,12 +224,12 @@ class BoundLinear:
         y = device.xp.empty(self.out_shape, dtype=self.out_dtype)
         if weight.block_size is None:
             call = gemm.GemmCall(codes, weight.data, scale_a, weight.weight_scale, self.out_dtype, weight.bias)
-            kernel = gemm.select(call)
+            kernel = gemm.select(call, regime=regime)
         else:
             call = block.BlockCall(
                 codes, weight.data, scale_a, weight.weight_scale, weight.block_size, self.out_dtype, weight.bias
             )
-            kernel = block.select(call)
+            kernel = block.select(call, regime=regime)
         gemm_steps = kernel.steps(call, y, gemm_scratch)
         layout = _Layout(x, y, quant_scratch, gemm_scratch)
         self.quant_steps = tuple(_LaunchStep(launch, layout) for launch in launches)
@@ -310,8 +309,6 @@ def fused_reason(x, weight):
     fused launch (None when it can): the fused GEMV takes 1..16 rows, per-tensor or per-channel
     float32 weight scales (any activation scheme but MXFP8's), or 128 x 128 float32 blocks with float32
     1 x 128 activation groups, rounded as the CPU rounds them (not UE8M0)."""
-    if SIMULATOR:
-        return "the simulator runs the split path (its fused kernel is tested on its own)"
     if "tensorcore_gemv" in gemm.disabled_kernels():
         return "the tensor-core GEMV is disabled by VT_DISABLE_KERNELS"
     block_size = weight.block_size
@@ -330,11 +327,11 @@ def fused_reason(x, weight):
 class LinearBinding:
     """What one input signature of a linear layer binds: ``eager``, the call replayed when the stream
     is not capturing, and ``graph``, the one a CUDA graph captures -- the same object unless the
-    decode path differs by regime (``VT_DECODE_PATH``, ``vtnumba._config.decode_path``). At decode
-    in eager the GPU waits on the host, so there the one fused launch wins (a quarter of the split
-    path's host time); in a graph only device time counts, and the quantization kernel plus cuBLASLt
-    is faster there (docs/DESIGN.md has the figures). ``why_not_fused`` says why the eager call is
-    not the fused one (None when it is)."""
+    kernel choice differs by regime (``gemm.decode_gemv_reason``; ``VT_DECODE_PATH``). At decode in
+    eager code the GPU waits on the host, so there the one fused launch wins (no quantization launch,
+    no cuBLASLt call, no scratch block); in a graph only device time counts, and the quantization
+    kernel plus cuBLASLt is faster there (docs/DESIGN.md has the figures). ``why_not_fused`` says why
+    the eager call is not the fused one (None when it is)."""
 
     __slots__ = ("eager", "graph", "why_not_fused")
 
@@ -357,15 +354,25 @@ class LinearBinding:
 
 def bind_linear(x, weight, out_dtype):
     """A ``LinearBinding`` for ``weight`` (an ``Fp8Weight`` whose arrays are on x's GPU) and inputs
-    like ``x`` [M, K] (C-contiguous, 16-byte aligned), quantized by the weight's activation scheme."""
+    like ``x`` [M, K] (C-contiguous, 16-byte aligned), quantized by the weight's activation scheme:
+    for each regime the GEMM its kernel order puts first (``gemm.decode_gemv_reason``), and where the
+    tensor-core GEMV goes first, the one fused launch when it serves (``fused_reason``)."""
     out = _arrays.out_dtype_of(out_dtype)
-    path = decode_path()
-    why = "VT_DECODE_PATH=split" if path == "split" else fused_reason(x, weight)
-    if why is None:
-        fused = BoundLinear(x, weight, out, fused=True)
-        return LinearBinding(fused, fused if path == "fused" else BoundLinear(x, weight, out), None)
-    split = BoundLinear(x, weight, out)
-    return LinearBinding(split, split, why)
+    m = x.shape[0]
+
+    def bound_for(regime):
+        why = gemm.decode_gemv_reason(m, regime)
+        if why is None:
+            why = fused_reason(x, weight)
+            if why is None:
+                return BoundLinear(x, weight, out, fused=True), None
+        return BoundLinear(x, weight, out, regime=regime), why
+
+    eager, why = bound_for("eager")
+    if (gemm.decode_gemv_reason(m, "eager") is None) == (gemm.decode_gemv_reason(m, "graph") is None):
+        return LinearBinding(eager, eager, why)  # one choice for both regimes
+    graph, _ = bound_for("graph")
+    return LinearBinding(eager, graph, why)
 
 
 # -- the mixture-of-experts layer -------------------------------------------------------------------

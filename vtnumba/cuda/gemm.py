@@ -423,15 +423,47 @@ def disabled_kernels():
     return {name.strip() for name in value.split(",") if name.strip()} if value else ()
 
 
-def kernel_order(m):
-    """The kernels in the order they are tried for an M-row call."""
+# At decode in eager code the tensor-core GEMV goes first (docs/DESIGN.md, "Decode: one launch in
+# eager, the fastest kernels in a graph"): there the GPU waits on the host, and a prepared Numba
+# launch costs the host a fraction of a cuBLASLt call, while a graph replays device time alone,
+# where cuBLASLt is 0-23% faster at M = 1 and up to 1.9x at M = 16 (RESULTS.md, 2026-11-30 17:47).
+_DECODE_ORDER = (KERNELS_BY_NAME["tensorcore_gemv"],) + tuple(k for k in KERNELS if k.name != "tensorcore_gemv")
+
+
+def current_regime():
+    """'graph' while cupy's current stream is being captured into a CUDA graph, else 'eager'."""
+    import cupy
+
+    return "graph" if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr) else "eager"
+
+
+def decode_gemv_reason(m, regime=None):
+    """Why an M-row GEMM in ``regime`` ('eager', 'graph'; None: ``current_regime()``) does not put
+    the tensor-core GEMV first (None when it does): M <= 16 (the GEMV's rows), VT_DECODE_PATH 'fused',
+    or 'auto' (the default) in eager code; never under the simulator, whose order stays the plain one."""
+    if m > tc_gemv.GEMV_MAX_M:
+        return f"M = {m} rows: the decode path takes 1..{tc_gemv.GEMV_MAX_M}"
+    if SIMULATOR:
+        return "the simulator keeps the plain kernel order"
+    path = _config.decode_path()
+    if path == "split":
+        return "VT_DECODE_PATH=split"
+    if path == "auto" and (regime or current_regime()) == "graph":
+        return "a CUDA graph capture: device time alone counts, and the split path is faster there"
+    return None
+
+
+def kernel_order(m, regime=None):
+    """The kernels in the order they are tried for an M-row call in ``regime`` (``decode_gemv_reason``)."""
+    if m <= tc_gemv.GEMV_MAX_M and decode_gemv_reason(m, regime) is None:
+        return _DECODE_ORDER
     return _SMALL_M_ORDER if m <= DECODE_GEMV_PREFERRED_MAX_M else _LARGE_M_ORDER
 
 
-def select(call, kernel=None):
+def select(call, kernel=None, regime=None):
     """The kernel that runs ``call``: ``kernel`` (a name) if given, else the first in priority
-    order that can; ValueError listing every reason when none can."""
-    return choose(call, kernel, kernel_order(call.m), KERNELS_BY_NAME, "FP8 GEMM")
+    order (``kernel_order``) that can; ValueError listing every reason when none can."""
+    return choose(call, kernel, kernel_order(call.m, regime), KERNELS_BY_NAME, "FP8 GEMM")
 
 
 def choose(call, kernel, candidates, by_name, what):
@@ -520,6 +552,8 @@ __all__ = [
     "select",
     "choose",
     "kernel_order",
+    "current_regime",
+    "decode_gemv_reason",
     "disabled_kernels",
     "GemmCall",
     "KERNELS",
