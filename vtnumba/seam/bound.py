@@ -27,7 +27,16 @@ from typing import Any
 
 from .._config import kernel_settings
 
-__all__ = ["BoundTable", "MAX_SIGNATURES", "table_of", "linear_key", "moe_key", "linear_for_stream", "explain"]
+__all__ = [
+    "BoundTable",
+    "MAX_SIGNATURES",
+    "table_of",
+    "linear_key",
+    "moe_key",
+    "bind_linear",
+    "linear_for_stream",
+    "explain",
+]
 
 # Signatures bound per owner: prompts of many lengths would otherwise grow a table without end; a
 # decode step's signature is bound again at once after a reset
@@ -99,6 +108,19 @@ def moe_key(x_shape, x_dtype, ids_shape, ids_dtype, weights_shape, weights_dtype
         device_id,
         kernel_settings(),
     )
+
+
+def bind_linear(owner, key, x2d, weight, out_dtype):
+    """Bind a linear call for signature ``key`` and keep it in ``owner``'s table: ``weight`` is the
+    Fp8Weight whose arrays are on x's GPU (owner's own, or its resident copy), ``x2d`` the input as
+    [M, K] (C-contiguous, 16-byte aligned), ``out_dtype`` a numpy dtype. Returns the binding
+    (``vtnumba.cuda.bound.LinearBinding``). The seam binds after a signature's first full call (which
+    validated it), ``vtnumba.torch`` at the first call after its own checks."""
+    from ..cuda import bound as cuda_bound
+
+    binding = cuda_bound.bind_linear(x2d, weight, out_dtype)
+    table_of(owner).put(key, binding)
+    return binding
 
 
 _is_capturing = None  # cupy.cuda.runtime.streamIsCapturing, bound at the first call that asks

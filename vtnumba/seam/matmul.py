@@ -93,7 +93,7 @@ def quantize_activation(x: Array, weight: Fp8Weight | ResidentFp8) -> QuantizedA
 # contiguity, alignment, shape and dtype, the output dtype, the device, and the settings that steer
 # the kernel choice (in the key). Anything else falls back to the full path. A binding writes nothing
 # that outlives a call (its temporaries are allocated per call), so it serves every stream.
-_gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream, vtnumba.cuda.bound), bound once cupy is in use
+_gpu = None  # (cupy.ndarray, cupy.cuda.get_current_stream), bound once cupy is in use
 
 
 def _gpu_parts():
@@ -102,9 +102,7 @@ def _gpu_parts():
     if cupy_ndarray is not None and _gpu is None:
         import cupy
 
-        from ..cuda import bound
-
-        _gpu = (cupy_ndarray, cupy.cuda.get_current_stream, bound)
+        _gpu = (cupy_ndarray, cupy.cuda.get_current_stream)
     return _gpu
 
 
@@ -125,14 +123,14 @@ def _replay(binding, x, stream_ptr):
     return y if len(x.shape) == 2 else y.reshape(*x.shape[:-1], y.shape[1])
 
 
-def _bind_after_full_call(x, weight, out_dtype, w_device, gpu):
+def _bind_after_full_call(x, weight, out_dtype, w_device):
     """Bind ``weight``'s call for x's signature (called after a full-path call succeeded)."""
     w = _host_weight(weight)
     key = _bound_key(x, w, out_dtype)
     if key is None or not x.size:
         return
     x2d = x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1])
-    bound.table_of(w).put(key, gpu[2].bind_linear(x2d, w_device, x.dtype if out_dtype is None else out_dtype))
+    bound.bind_linear(w, key, x2d, w_device, _arrays.out_dtype_of(x.dtype if out_dtype is None else out_dtype))
 
 
 @interop
@@ -161,7 +159,7 @@ def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | Non
                 return _replay(binding, x, gpu[1]().ptr)
         y, w_device = _matmul_fp8(x, weight, out_dtype)
         if type(w) is Fp8Weight:
-            _bind_after_full_call(x, weight, out_dtype, w_device, gpu)
+            _bind_after_full_call(x, weight, out_dtype, w_device)
         return y
     return _matmul_fp8(x, weight, out_dtype)[0]
 

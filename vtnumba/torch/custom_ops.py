@@ -183,8 +183,6 @@ def _gpu_full(state, x, out_dtype):
     graph is being captured (binding allocates what it keeps, which a capture must not)."""
     import cupy
 
-    from ..cuda import bound as cuda_bound
-
     _check_input(x, state.weight.shape[1])
     index = state.index
     with cupy.cuda.Device(index), torch.cuda.device(index):
@@ -199,8 +197,9 @@ def _gpu_full(state, x, out_dtype):
             # what the binding keeps (a copy of a scale, say) comes from cupy's own pool, never
             # from torch's or a graph's
             with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc), on_torch_stream(index):
-                binding = cuda_bound.bind_linear(x2d, state.weight, _NUMPY_OUT[out_dtype])
-            state.calls.put(_linear_key(x, out_dtype, index), binding)
+                binding = seam_bound.bind_linear(
+                    state.weight, _linear_key(x, out_dtype, index), x2d, state.weight, _NUMPY_OUT[out_dtype]
+                )
             return _run_bound(state, binding, x, out_dtype)
         return matmul_fp8(x, state.weight, out_dtype)  # results and temporaries from torch's allocator
 
