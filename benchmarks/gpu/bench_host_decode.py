@@ -149,6 +149,7 @@ def part_seam(torch, cp, calls, rounds):
             "N x K",
             "scheme",
             "kernels (eager)",
+            "bound == full path",
             "fp8 host us",
             "torch host us",
             "fp8 / torch",
@@ -163,8 +164,11 @@ def part_seam(torch, cp, calls, rounds):
         for scheme in SCHEMES:
             rw = _weight(seam, rng, n, k, scheme)
             x = to_device(rng.standard_normal((1, k)).astype(BF16), "cuda")
-            seam.matmul_fp8(x, rw)  # the full path, then the binding
+            full = seam.matmul_fp8(x, rw)  # the full path, then the binding
             (binding,) = rw.weight.bound_calls.values()
+            # the bound call must give the full path's bytes (the fused launch quantizes as the
+            # quantization kernels do and accumulates as the codes GEMV does)
+            same = bool((seam.matmul_fp8(x, rw).view(cp.uint16) == full.view(cp.uint16)).all())
             best = interleaved(
                 [("fp8", lambda: seam.matmul_fp8(x, rw)), ("torch", lambda: xt @ wt.t())],
                 calls,
@@ -176,6 +180,7 @@ def part_seam(torch, cp, calls, rounds):
                 f"{n} x {k}",
                 scheme,
                 " + ".join(binding.eager.kernels),
+                "bitwise" if same else "DIFFERENT",
                 best["fp8"],
                 best["torch"],
                 f"{best['fp8'] / best['torch']:.2f}x",
