@@ -318,9 +318,17 @@ def fused_reason(x, weight):
         if weight.scale_format != "float32" or weight.activation_scale_format != "float32" or weight.scale_ue8m0:
             return "the fused GEMV takes float32 block scales and float32 activation group scales (no E8M0, no UE8M0)"
     why = tc_gemv.fused_linear_reason(x, weight.data, block_scaled=block_size is not None)
+    scheme = str(weight.activation_scheme)
+    m, k = x.shape
     if why is None and block_size is None:
-        scheme = str(weight.activation_scheme)
-        why = tc_gemv.fusion_reason(x.shape[0], x.shape[1], scheme == "per_token", scheme == "dynamic")
+        why = tc_gemv.fusion_reason(m, k, scheme == "per_token", scheme == "dynamic")
+    if why is None:
+        rows = tc_gemv.fused_rows(k, block_size is not None, scheme == "per_token", scheme == "dynamic")
+        if rows < m:
+            # sliced, each launch re-reads the whole weight: at M = 16, K = 4096 two slices took
+            # 35.9 / 54.6 us (static / per_group) against 9.5-9.7 us for quantize + the GEMV (H200,
+            # benchmarks/gpu/bench_host_decode.py, 2026-12-02)
+            why = f"{rows} rows of K = {k} fit one fused launch's shared memory, got M = {m}"
     return why
 
 
@@ -333,15 +341,12 @@ class LinearBinding:
     kernel plus cuBLASLt is faster there (docs/DESIGN.md has the figures). ``why_not_fused`` says why
     the eager call is not the fused one (None when it is)."""
 
-    __slots__ = ("eager", "graph", "why_not_fused")
+    __slots__ = ("eager", "graph", "why_not_fused", "by_regime")
 
     def __init__(self, eager, graph, why_not_fused):
         self.eager, self.graph, self.why_not_fused = eager, graph, why_not_fused
-
-    @property
-    def by_regime(self):
-        """True when eager calls and captures run different kernels (then a call asks which it is)."""
-        return self.eager is not self.graph
+        # True when eager calls and captures run different kernels (then a call asks which it is)
+        self.by_regime = eager is not graph
 
     def explain(self):
         text = f"eager: {' + '.join(self.eager.kernels)}"

@@ -129,7 +129,7 @@ _is_capturing = None  # cupy.cuda.runtime.streamIsCapturing, bound at the first 
 def linear_for_stream(binding, stream_ptr):
     """The call of ``binding`` for work enqueued on ``stream_ptr``: the graph's while the stream is
     being captured, else the eager one. One driver query, made only when the two differ."""
-    if binding.eager is binding.graph:
+    if not binding.by_regime:
         return binding.eager
     global _is_capturing
     if _is_capturing is None:

@@ -158,7 +158,7 @@ def _run_bound(state, binding, x, out_dtype, quant_key=None):
     capturing = _stream_is_capturing(stream) if binding.by_regime else None  # asked once, when it matters
     bound = binding.graph if capturing else binding.eager
     y = torch.empty((*x.shape[:-1], bound.out_shape[1]), dtype=out_dtype, device=state.device)
-    if not bound.scratch_bytes:  # the fused decode launch: x in, y out
+    if not bound.scratch_bytes:  # the fused decode launch: x in, y out, nothing else
         bound.enqueue(x.data_ptr(), y.data_ptr(), 0, stream)
         return y
     scratch = torch.empty(bound.scratch_bytes, dtype=torch.uint8, device=state.device)

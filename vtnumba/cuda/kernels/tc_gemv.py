@@ -851,6 +851,12 @@ def fused_linear_reason(x, b, block_scaled=False):
     return unavailable_reason(dev) or rows_reason(b, "b")
 
 
+def fused_rows(k, block_scaled, per_token, dynamic):
+    """How many rows of x [., K] one fused launch stages in shared memory (0: not one)."""
+    mode = MODE_PER_GROUP if block_scaled else MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC
+    return _fused_rows(k, mode, None)
+
+
 def fusion_reason(m, k, per_token, dynamic):
     """Why a per-tensor or per-channel call's activation x [M, K] cannot be quantized inside the
     GEMV's launch (None when it can): x must fit the launch's shared memory, and a dynamic amax is
@@ -1199,6 +1205,7 @@ __all__ = [
     "MODE_PER_GROUP",
     "fused_launches",
     "fusion_reason",
+    "fused_rows",
     "grouped_gemv",
     "grouped_gemv_launch",
     "grouped_gemv_reason",
