@@ -56,7 +56,6 @@ EXPECTED = {
     "matmul_fp8 dynamic":   Row(("quantize_dynamic_small",),                               1, 1, 2, 23),
     "matmul_fp8 per_token": Row(("quantize_per_token", "_epilogue_vector_kernel"),         1, 0, 2, 23),
     "matmul_fp8 per_group": Row(("quantize_per_group16", "gemv"),                          0, 0, 2, 13),
-    "moe_fp8 static":       Row(MOE("gather", "quantize_rows_static"),                     0, 0, 2, 31),
     "moe_fp8 dynamic":      Row(MOE("quantize_dynamic_small", "gather", silu=SILU2),      0, 0, 2, 33),
     "moe_fp8 per_token":    Row(MOE("quantize_per_token", "gather", "gather"),             0, 0, 2, 33),
     "moe_fp8 per_group":    Row(MOE("quantize_per_group16", "gather", "gather"),           0, 0, 2, 33),

@@ -36,6 +36,7 @@ module is never imported by vtnumba itself: it lives beside the other test helpe
 import ctypes
 import enum
 import itertools
+import math
 import os
 import re
 import sys
@@ -119,7 +120,7 @@ class _State:
         self.snapshot_params = False
         self.functions = {}  # fake function ptr -> (entry name, PTX parameter widths)
         self.names = {}  # fake function ptr -> kernel name, resolved at the first launch
-        self.local = threading.local()  # current device, stream stack, allocator, memory hooks
+        self.local = _Local()
 
 
 # -- the stand-in cupy: memory ----------------------------------------------------------------------
@@ -147,19 +148,26 @@ class _Memory:
     """A block of host memory standing in for a device allocation (aligned as cupy's pool aligns),
     given back to its pool when the last array on it is gone."""
 
-    __slots__ = ("buffer", "ptr", "size", "device_id", "pool")
+    __slots__ = ("block", "buffer", "offset", "ptr", "size", "device_id", "pool")
 
-    def __init__(self, buffer, size, device_id, pool=None):
-        self.buffer = buffer
-        base = buffer.ctypes.data
-        self.ptr = base + (-base % _ALIGN)
+    def __init__(self, block, size, device_id, pool=None):
+        self.block = block  # (host buffer, offset of its first aligned byte, that byte's address)
+        self.buffer, self.offset, self.ptr = block
         self.size = size
         self.device_id = device_id
         self.pool = pool
 
     def __del__(self):
         if self.pool is not None:
-            self.pool._release(self.buffer, self.size)
+            self.pool._release(self.block, self.size)
+
+
+def _host_block(size):
+    """(host buffer, offset, address) of ``size`` bytes starting on an ``_ALIGN`` boundary."""
+    buffer = np.empty(size + _ALIGN, dtype=np.uint8)
+    base = buffer.__array_interface__["data"][0]
+    offset = -base % _ALIGN
+    return buffer, offset, base + offset
 
 
 class UnownedMemory:
@@ -206,7 +214,7 @@ def _make_memory_module(state):
         after run."""
 
         def __init__(self, allocator=None):
-            self._free = {}  # rounded size -> [host buffer, ...], the last freed last
+            self._free = {}  # rounded size -> [host block (_host_block), ...], the last freed last
             self._used = 0
 
         def malloc(self, size):
@@ -216,8 +224,8 @@ def _make_memory_module(state):
                 hook.malloc_preprocess(device_id=device_id, size=size, mem_size=size)
             rounded = -(-max(size, 1) // _ALIGN) * _ALIGN
             free = self._free.get(rounded)
-            buffer = free.pop() if free else np.empty(rounded + _ALIGN, dtype=np.uint8)
-            memptr = MemoryPointer(_Memory(buffer, rounded, device_id, self), 0)
+            block = free.pop() if free else _host_block(rounded)
+            memptr = MemoryPointer(_Memory(block, rounded, device_id, self), 0)
             self._used += rounded
             counts = state.counts
             if counts is not None:
@@ -227,9 +235,9 @@ def _make_memory_module(state):
                 hook.malloc_postprocess(device_id=device_id, size=size, mem_size=rounded, mem_ptr=memptr.ptr, pmem_id=0)
             return memptr
 
-        def _release(self, buffer, rounded):
+        def _release(self, block, rounded):
             self._used -= rounded
-            self._free.setdefault(rounded, []).append(buffer)
+            self._free.setdefault(rounded, []).append(block)
 
         def used_bytes(self):
             return self._used
@@ -246,14 +254,19 @@ def _make_memory_module(state):
     return MemoryHook, MemoryPool
 
 
+class _Local(threading.local):
+    """Per-thread state, as cupy keeps it per thread: the current device, the entered streams and
+    allocators, the memory hooks (``__init__`` runs once in each thread that reads it)."""
+
+    def __init__(self):
+        self.device = 0
+        self.streams = []
+        self.allocators = []
+        self.hooks = []
+
+
 def _local(state):
-    local = state.local
-    if not hasattr(local, "device"):
-        local.device = 0
-        local.streams = []
-        local.allocators = []
-        local.hooks = []
-    return local
+    return state.local
 
 
 def _hooks(state):
@@ -320,11 +333,20 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 -- cupy's name
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if memptr is None:
             memptr = _allocate(nbytes)
-        a = np.ndarray(shape, dtype, buffer=_host_view(memptr, nbytes), strides=strides, order=order)
-        self._set(a, memptr.mem)
+        mem = memptr.mem
+        if isinstance(mem, _Memory):
+            offset = mem.offset + memptr.ptr - mem.ptr
+            a = np.ndarray(shape, dtype, buffer=mem.buffer, offset=offset, strides=strides, order=order)
+        else:  # memory someone else owns (UnownedMemory): viewed at its address
+            buffer = (ctypes.c_uint8 * nbytes).from_address(memptr.ptr) if nbytes else b""
+            a = np.ndarray(shape, dtype, buffer=buffer, strides=strides, order=order)
+        self._a = a
+        self._mem = mem
+        self.data = memptr
+        self._c_contiguous = strides is None or a.flags.c_contiguous
 
     @classmethod
     def _view(cls, a, mem):
@@ -424,16 +446,6 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 -- cupy's name
         return method
 
 
-def _host_view(memptr, nbytes):
-    """The host bytes at ``memptr`` (a MemoryPointer), as a buffer numpy can view."""
-    mem = memptr.mem
-    offset = memptr.ptr - mem.ptr
-    if isinstance(mem, _Memory):
-        start = mem.ptr - mem.buffer.ctypes.data + offset
-        return mem.buffer[start : start + nbytes]
-    return (ctypes.c_uint8 * nbytes).from_address(memptr.ptr) if nbytes else b""
-
-
 _RUNTIME = None  # the active RecordingRuntime's state
 
 
@@ -441,7 +453,7 @@ def _allocate(nbytes):
     """``nbytes`` from the current allocator (the default pool unless ``using_allocator`` routed it).
     An empty array allocates nothing, as in cupy (``bound.bind_moe`` counts on that)."""
     if nbytes == 0:
-        return MemoryPointer(_Memory(np.empty(_ALIGN, dtype=np.uint8), 0, _current_device(_RUNTIME)), 0)
+        return MemoryPointer(_Memory(_host_block(0), 0, _current_device(_RUNTIME)), 0)
     allocators = _local(_RUNTIME).allocators
     allocator = allocators[-1] if allocators else _DEFAULT_POOL[0].malloc
     return allocator(nbytes)
@@ -1144,7 +1156,7 @@ def time_call(fn, *, repeat=2000, rounds=7):
 # (benchmarks/cpu/bench_host_cost.py): one definition, so the two always speak of the same call ------
 
 DENSE_SCHEMES = ("static", "dynamic", "per_token", "per_group")
-MOE_SCHEMES = ("static", "dynamic", "per_token", "per_group")
+MOE_SCHEMES = ("dynamic", "per_token", "per_group")
 
 
 def _bf16_on_device(cupy, host):
