@@ -18,6 +18,7 @@ torch's allocator: not counted here).
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,17 @@ def test_an_added_launch_or_allocation_fails_the_pins(recorded):
     assert any(w.startswith("kernels") for w in _mismatches(EXPECTED[case], extra_launch))
     assert extra_alloc["allocations"] == EXPECTED[case].allocations + 1
     assert len(extra_launch["kernels"]) == 2 * len(EXPECTED[case].kernels)
+
+
+def test_nothing_on_the_production_path_imports_the_recorder():
+    """The stand-ins must never reach a user's process: no vtnumba module outside vtnumba/testing
+    names the recorder."""
+    package = ROOT / "vtnumba"
+    sources = [p for p in package.rglob("*.py") if "testing" not in p.relative_to(package).parts]
+    assert len(sources) > 50
+    imports = re.compile(r"testing(\.| import )recording\b")
+    assert [p for p in sources if imports.search(p.read_text(encoding="utf-8"))] == []
+    assert imports.search("from vtnumba.testing import recording")  # the pattern finds an import
 
 
 # -- the worker: run as a script, it records every case and prints one JSON line ---------------------
