@@ -24,8 +24,11 @@ host work; it never stands in for a run, so no test may read a result computed u
 
 ``rt.record()`` counts one stretch of calls (``Counts``): kernel launches by kernel name, cuBLASLt
 matmuls, cuBLASLt attribute sets, pool allocations, and Python function calls (``sys.setprofile``
-'call' events, the recorder's own frames and everything they call left out: cupy and the driver
-are compiled code, whose calls the profiler does not see as Python calls either).
+'call' events, the stand-ins' frames and everything they call left out: cupy and the driver are
+compiled code, whose calls the profiler does not see as Python calls either; a cupy memory hook a
+caller entered is the one Python code real cupy would call back, and it goes uncounted here). The
+decode calls at the end (``dense_decode``, ``moe_decode``) are the calls the tests pin and the CPU
+benchmark times; their own frames are the caller's side, neither counted nor hiding what they call.
 
 vtnumba binds cupy, the driver's launch and cuBLASLt into module globals at their first use and
 caches kernels per device, so the stand-ins cannot be taken back out of a process that used them:
@@ -346,7 +349,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 -- cupy's name
         self._a = a
         self._mem = mem
         self.data = memptr
-        self._c_contiguous = strides is None or a.flags.c_contiguous
+        self._c_contiguous = (strides is None and order == "C") or a.flags.c_contiguous
 
     @classmethod
     def _view(cls, a, mem):
