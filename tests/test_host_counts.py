@@ -1,0 +1,220 @@
+"""What one bound decode call does on the host, counted without a GPU (issue 39, item 4).
+
+``vtnumba.testing.recording.RecordingRuntime`` stands in for cupy, the driver's launch, module
+loading and nvmath's cuBLASLt; the kernels still compile to PTX with Numba and the launcher still
+packs their parameters. Each case calls a layer twice (the first call runs the full path and binds,
+the second is bound), then records the third call -- on another activation of the same signature --
+and its counts must be exactly those of ``EXPECTED``: the kernels launched, in order, cuBLASLt
+matmuls, cuBLASLt attribute sets, device allocations, and at most so many Python function calls.
+A change that adds a launch or an allocation to a bound call fails here, on the CPU machine.
+
+The recording runs in a process of its own (this file, run as a script): vtnumba binds cupy and
+cuBLASLt into module globals at first use, so the stand-ins must never meet another test's imports.
+The torch modules cannot run here (a torch CUDA tensor needs a GPU); the ``enqueue`` cases count
+what their bound call runs per call -- ``BoundLinear.enqueue`` / ``BoundMoe.enqueue``, which
+``vtnumba.torch.custom_ops`` calls after its two ``torch.empty`` (y and the scratch block, from
+torch's allocator: not counted here).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Row(NamedTuple):
+    kernels: tuple  # the kernels launched, in order (their number is the launch count)
+    matmuls: int  # cublasLtMatmul calls
+    attribute_sets: int  # cublasLtMatmulDescSetAttribute calls
+    allocations: int  # device allocations (cupy pool mallocs)
+    max_python_calls: int  # a ceiling on Python function calls (sys.setprofile 'call' events)
+
+
+def MOE(*routed, silu=("silu",)):
+    """An MoE decode call's kernels: the routing (align, the active-experts map), ``routed`` (the
+    activation's quantization and gathers, in the scheme's order), gate_up, the SiLU-and-quantize
+    launches ``silu`` (dynamic: its amax pass, then the quantization), down, the combine."""
+    return ("_align", "_active_experts", *routed, "gemv_grouped", *silu, "gemv_grouped", "combine")
+
+
+SILU2 = ("silu", "silu")
+
+# TODAY's counts for one bound decode call (M = 1, N = K = 256, bfloat16 x; MoE: one token, 8 experts,
+# H = I = 256, top-2). Every number here is a pinned fact of the host path: a change to this table needs
+# its reason in the commit message (what was added or removed, and why it pays).
+EXPECTED = {
+    # case                  kernels launched, in order                                    mm attr alloc py<=
+    "matmul_fp8 static":    Row(("quantize_static",),                                      1, 0, 2, 21),
+    # dynamic's scale is in the per-call scratch: the pool handed this call another block than the
+    # last one, so cuBLASLt's B scale pointer was set again
+    "matmul_fp8 dynamic":   Row(("quantize_dynamic_small",),                               1, 1, 2, 23),
+    "matmul_fp8 per_token": Row(("quantize_per_token", "_epilogue_vector_kernel"),         1, 0, 2, 23),
+    "matmul_fp8 per_group": Row(("quantize_per_group16", "gemv"),                          0, 0, 2, 13),
+    "moe_fp8 dynamic":      Row(MOE("quantize_dynamic_small", "gather", silu=SILU2),      0, 0, 2, 33),
+    "moe_fp8 per_token":    Row(MOE("quantize_per_token", "gather", "gather"),             0, 0, 2, 33),
+    "moe_fp8 per_group":    Row(MOE("quantize_per_group16", "gather", "gather"),           0, 0, 2, 33),
+    # the torch modules' per-call part, on y / scratch pointers they allocated (two torch.empty, not
+    # counted here: they come on top)
+    "enqueue dense dynamic":   Row(("quantize_dynamic_small",),                            1, 0, 0, 15),
+    "enqueue dense per_token": Row(("quantize_per_token", "_epilogue_vector_kernel"),      1, 0, 0, 17),
+    "enqueue moe per_token":   Row(MOE("quantize_per_token", "gather", "gather"),          0, 0, 0, 21),
+}  # fmt: skip
+
+
+def _counted(counts):
+    """The pinned fields of one recorded call, from the worker's JSON."""
+    return Row(tuple(counts["kernels"]), counts["matmuls"], counts["attribute_sets"], counts["allocations"], 0)
+
+
+def _mismatches(row, counts):
+    """What differs between a pinned row and a recorded call (empty: they agree)."""
+    got = _counted(counts)
+    fields = zip(Row._fields[:4], row[:4], got[:4])
+    wrong = [f"{name}: pinned {want!r}, counted {have!r}" for name, want, have in fields if want != have]
+    if counts["python_calls"] > row.max_python_calls:
+        wrong.append(f"python calls: at most {row.max_python_calls} pinned, counted {counts['python_calls']}")
+    return wrong
+
+
+# -- the pytest side: one worker process for every case --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VT_", "VTNUMBA_", "NUMBA_ENABLE_CUDASIM"))}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    )
+    proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_a_bound_decode_call_does_exactly_the_pinned_host_work(recorded, case):
+    counts = recorded["cases"][case]
+    assert not _mismatches(EXPECTED[case], counts), (case, _mismatches(EXPECTED[case], counts), counts["functions"])
+    assert len(counts["kernels"]) + counts["matmuls"] > 0  # it recorded work, not an empty call
+
+
+def test_every_recorded_case_is_pinned(recorded):
+    assert sorted(recorded["cases"]) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in EXPECTED if not c.startswith("enqueue")))
+def test_the_recorded_launches_carry_this_calls_pointers(recorded, case):
+    """The recorder sees the launcher's real parameters: the recorded call's own x (an activation the
+    binding never saw) is in the parameters of a launch (the quantization's, or MoE's gather), and its
+    result y is what its last step wrote (the last launch's parameters, or the last matmul's D)."""
+    counts = recorded["cases"][case]
+    assert any(counts["x_ptr"] in params for params in counts["all_params"])
+    assert counts["y_ptr"] in counts["last_params"] or counts["y_ptr"] == counts["last_matmul_d"]
+    assert counts["x_ptr"] != counts["bind_x_ptr"]
+
+
+def test_an_added_launch_or_allocation_fails_the_pins(recorded):
+    """The pins can fail: with ``BoundLinear.__call__`` given one more allocation, and with its
+    enqueue run twice (one more of each launch and matmul), the recorded counts break the table."""
+    case = "matmul_fp8 dynamic"
+    extra_alloc, extra_launch = recorded["mutants"]["allocation"], recorded["mutants"]["launch"]
+    assert _mismatches(EXPECTED[case], recorded["cases"][case]) == []
+    assert any(w.startswith("allocations") for w in _mismatches(EXPECTED[case], extra_alloc))
+    assert any(w.startswith("kernels") for w in _mismatches(EXPECTED[case], extra_launch))
+    assert extra_alloc["allocations"] == EXPECTED[case].allocations + 1
+    assert len(extra_launch["kernels"]) == 2 * len(EXPECTED[case].kernels)
+
+
+def test_nothing_on_the_production_path_imports_the_recorder():
+    """The stand-ins must never reach a user's process: no vtnumba module outside vtnumba/testing
+    names the recorder."""
+    package = ROOT / "vtnumba"
+    sources = [p for p in package.rglob("*.py") if "testing" not in p.relative_to(package).parts]
+    assert len(sources) > 50
+    imports = re.compile(r"testing(\.| import )recording\b")
+    assert [p for p in sources if imports.search(p.read_text(encoding="utf-8"))] == []
+    assert imports.search("from vtnumba.testing import recording")  # the pattern finds an import
+
+
+# -- the worker: run as a script, it records every case and prints one JSON line ---------------------
+
+
+def _record(rt, decode, step):
+    """The third call of ``decode`` (after its first two bound it), recorded twice over: once with the
+    profiler for the counts, once with the parameter snapshots for the pointers."""
+    with rt.record() as counts:
+        y = step()
+    with rt.record(python_calls=False, snapshot_params=True) as snap:
+        y = step()
+    matmul_d = snap.matmul_pointers[-1][2] if snap.matmul_pointers else None
+    return {
+        **{k: v for k, v in counts.summary().items() if k != "launches"},
+        "python_calls": counts.python_calls,
+        "functions": dict(counts.python_functions),
+        "all_params": [list(launch.params) for launch in snap.launches],
+        "last_params": list(snap.launches[-1].params) if snap.launches else [],
+        "last_matmul_d": matmul_d,
+        "x_ptr": decode.current.data.ptr,
+        "bind_x_ptr": decode.x.data.ptr,
+        "y_ptr": y.data.ptr if y is not None else None,
+    }
+
+
+def _worker():
+    import warnings
+
+    from vtnumba.testing import recording
+
+    warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+    out = {"cases": {}, "mutants": {}}
+    with recording.RecordingRuntime() as rt:
+        import cupy
+
+        from vtnumba.cuda import bound
+
+        calls = {}
+        for scheme in recording.DENSE_SCHEMES:
+            calls[f"matmul_fp8 {scheme}"] = recording.dense_decode(cupy, scheme)
+        for scheme in recording.MOE_SCHEMES:
+            calls[f"moe_fp8 {scheme}"] = recording.moe_decode(cupy, scheme)
+        for name, decode in calls.items():
+            decode.bind()
+            decode.use(decode.other_x)
+            out["cases"][name] = _record(rt, decode, decode.call)
+        for name, source in (
+            ("enqueue dense dynamic", "matmul_fp8 dynamic"),
+            ("enqueue dense per_token", "matmul_fp8 per_token"),
+            ("enqueue moe per_token", "moe_fp8 per_token"),
+        ):
+            decode = calls[source]
+            decode.enqueue()  # the first enqueue on these y / scratch pointers sets cuBLASLt's anew
+            out["cases"][name] = _record(rt, decode, decode.enqueue)
+
+        # the mutants: what the pins must catch
+        decode = calls["matmul_fp8 dynamic"]
+        original_call, original_enqueue = bound.BoundLinear.__call__, bound.BoundLinear.enqueue
+
+        def call_with_one_more_allocation(self, x, stream_ptr):
+            bound.device.xp.empty(16, dtype="uint8")
+            return original_call(self, x, stream_ptr)
+
+        def enqueue_twice(self, *args, **kwargs):
+            original_enqueue(self, *args, **kwargs)
+            original_enqueue(self, *args, **kwargs)
+
+        bound.BoundLinear.__call__ = call_with_one_more_allocation
+        out["mutants"]["allocation"] = _record(rt, decode, decode.call)
+        bound.BoundLinear.__call__, bound.BoundLinear.enqueue = original_call, enqueue_twice
+        out["mutants"]["launch"] = _record(rt, decode, decode.call)
+        bound.BoundLinear.enqueue = original_enqueue
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _worker()
