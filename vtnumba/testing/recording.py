@@ -1200,6 +1200,11 @@ class DecodeCall:
     def enqueue(self):
         return self._enqueue()
 
+    def graph_enqueue(self):
+        """The enqueue of what a CUDA graph capture of this call records (at decode the split path,
+        not the eager call's fused launch), with its y and scratch allocated beforehand."""
+        return self._bound_of("graph")[1]
+
 
 def dense_decode(cupy, scheme, m=1, n=256, k=256, seed=0):
     """``seam.matmul_fp8(x, w)`` at decode: x [m, k] bfloat16 on the device, w a host ``Fp8Weight``
@@ -1221,12 +1226,14 @@ def dense_decode(cupy, scheme, m=1, n=256, k=256, seed=0):
     def run(x):
         return seam.matmul_fp8(x, weight)
 
-    def bound_of():
-        (bound,) = weight.bound_calls.values()
+    def bound_of(regime="eager"):
+        (binding,) = weight.bound_calls.values()
+        # what an eager call replays, or what a CUDA graph capture of the call records
+        bound = binding.graph if regime == "graph" else binding.eager
         y = cupy.empty(bound.out_shape, dtype=bound.out_dtype)
-        scratch = cupy.empty(max(bound.scratch_bytes, 1), dtype=np.uint8)
+        scratch = cupy.empty(bound.scratch_bytes, dtype=np.uint8) if bound.scratch_bytes else None
         stream = cupy.cuda.get_current_stream().ptr
-        x_ptr, y_ptr, s_ptr = x.data.ptr, y.data.ptr, scratch.data.ptr
+        x_ptr, y_ptr, s_ptr = x.data.ptr, y.data.ptr, 0 if scratch is None else scratch.data.ptr
         return bound, lambda: bound.enqueue(x_ptr, y_ptr, s_ptr, stream)
 
     return DecodeCall(run, bound_of, x, other)
@@ -1256,7 +1263,7 @@ def moe_decode(cupy, scheme, experts=8, hidden=256, intermediate=256, top_k=2, s
     def run(x):
         return seam.moe_fp8(x, gate_up, down, ids, weights)
 
-    def bound_of():
+    def bound_of(regime="eager"):  # one MoE binding serves both regimes
         (bound,) = seam_experts._bound_holder(gate_up).bound_calls.values()
         y = cupy.empty(bound.out_shape, dtype=np.uint16)
         scratch = cupy.empty(max(bound.scratch_bytes, 1), dtype=np.uint8)
