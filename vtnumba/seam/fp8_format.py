@@ -267,8 +267,8 @@ class Fp8Format:
         block-scaled weights, static or dynamic activations), 'mxfp8' (MXFP8) or
         'compressed-tensors' (llm-compressor's float-quantized format: per-channel weights or
         per-token activations, which the 'fp8' family cannot say)."""
-        if self.mxfp8:
-            return "mxfp8"
+        if self.block_size == MX_BLOCK and self.activation_scale_format == "e8m0":
+            return "mxfp8"  # the scales' dtype in the file says whether the weight's are E8M0 bytes
         if self.per_channel or self.activation_scheme == ActivationScheme.PER_TOKEN:
             return "compressed-tensors"
         return "fp8"
@@ -334,7 +334,7 @@ class Fp8Format:
           E8M0 weight scales (transformers' meaning: their storage), ``modules_to_not_convert``; and
           ``activation_scale_ue8m0``, vtnumba's own key (ignored by other readers), for what vLLM
           reads ``scale_fmt`` as.
-        - 'mxfp8': ``weight_block_size`` [1, 32], dynamic activations.
+        - 'mxfp8' (E8M0 activation scales per 1 x 32): ``weight_block_size`` [1, 32], dynamic activations.
         - 'compressed-tensors': one config group, weights 'tensor' / 'channel' / 'block' and input
           activations static 'tensor', dynamic 'tensor' / 'token' / 'group' (llm-compressor's
           FP8 and FP8_DYNAMIC presets).
