@@ -106,7 +106,6 @@ class Checkpoint:
         self._where = {}  # tensor name -> (file, header entry, data start)
         self._data_end = {}  # file -> the byte where its last tensor ends, by its header
         self._metadata = {}  # file -> its header's __metadata__ (strings), where it has one
-        self._formats = None  # {layer: Fp8Format} a vtnumba saver recorded, read when first asked
         for file in files:
             header, data_start = _read_header(file)
             self._data_end[file] = data_start + _check_entries(file, header, data_start)
@@ -123,6 +122,8 @@ class Checkpoint:
                 self._where[name] = (file, entry, data_start)
         if index is not None:
             self._check_index(index)
+        # what a vtnumba saver recorded, read with the headers (a load never changes a Checkpoint)
+        self._formats = _recorded_formats(path, self.metadata())
 
     def _check_index(self, index):
         """Each tensor is in the shard the index maps it to: an index that disagrees with its shards
@@ -167,26 +168,27 @@ class Checkpoint:
         return name in self._where
 
     def metadata(self) -> dict[str, str]:
-        """The files' safetensors ``__metadata__`` merged (strings); a key two files give different
-        values is refused, naming both files."""
+        """The files' safetensors ``__metadata__`` merged (strings; a key's first file wins), where the
+        entries vtnumba's savers write (the format records, the quantization_config) must agree: two
+        files that give one of them different values are refused, naming both."""
         merged: dict[str, str] = {}
         origin: dict[str, str] = {}
         for file, meta in self._metadata.items():
             for key, value in meta.items():
-                if key in merged and merged[key] != value:
+                if key not in merged:
+                    merged[key], origin[key] = value, file
+                elif merged[key] != value and key in (RECORD_KEY, QUANTIZATION_CONFIG_KEY):
                     raise ValueError(
                         f"__metadata__ entry {key!r} must be the same in every file of the checkpoint, got "
-                        f"different values in {origin[key]!r} and {file!r}"
+                        f"different values in {origin[key]!r} and {file!r}: the shards are of different saves; "
+                        f"save the checkpoint again"
                     )
-                merged[key], origin[key] = value, file
         return merged
 
     def formats(self) -> "dict[str, Fp8Format]":
         """{layer: Fp8Format} of the FP8 layers whose format a vtnumba saver recorded in the files'
         metadata (a dense layer under its prefix, fused experts under '{prefix}.gate_up_proj' and
         '{prefix}.down_proj'); {} for a checkpoint written by anything else."""
-        if self._formats is None:
-            self._formats = _recorded_formats(self.path, self.metadata())
         return self._formats
 
     def format_of(self, layer: str) -> "Fp8Format | None":

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._arrays import Array
 from .._format import MX_BLOCK
+from ..ops import ActivationScheme
 from .checkpoint import Checkpoint
 from .experts import Fp8Experts
 from .fp8_format import Fp8Format
@@ -189,7 +190,7 @@ class Fp8Config:
             self,
             "format",
             Fp8Format(
-                self.activation_scheme,
+                ActivationScheme(self.activation_scheme),
                 self.weight_block_size,
                 self.weight_strategy == "channel",
                 self.weight_scale_format,

@@ -253,7 +253,7 @@ def write_checkpoint(
     return written
 
 
-def _shards(entries, max_shard_bytes):
+def _shards(entries: Mapping[str, tuple[str, np.ndarray]], max_shard_bytes: int) -> list[list[str]]:
     """Tensor names in shards of at most ``max_shard_bytes`` (a tensor larger alone gets its own), in
     the order given, as transformers' ``split_torch_state_dict_into_shards`` fills them."""
     shards: list[list[str]] = [[]]
@@ -267,7 +267,7 @@ def _shards(entries, max_shard_bytes):
     return shards
 
 
-def _write_file(path, entries, metadata):
+def _write_file(path: str, entries: Mapping[str, tuple[str, np.ndarray]], metadata: dict[str, str]) -> None:
     """One safetensors file, as the format defines it: an 8-byte little-endian header length, the
     JSON header (dtype, shape, data_offsets of each tensor; ``__metadata__`` strings) padded with
     spaces to a multiple of 8, then the tensors' bytes back to back."""
@@ -284,7 +284,7 @@ def _write_file(path, entries, metadata):
             f.write(len(text).to_bytes(8, "little"))
             f.write(text)
             for _, arr in entries.values():
-                f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+                f.write(arr.reshape(-1).view(np.uint8).tobytes())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

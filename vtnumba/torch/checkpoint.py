@@ -133,7 +133,12 @@ def save_checkpoint(
     written = write_checkpoint(path, entries, formats, section, max_shard_bytes)
     folder = os.fspath(path)
     hf_config = getattr(model, "config", None)
-    if section is not None and not folder.endswith(".safetensors") and hasattr(hf_config, "to_json_string"):
+    if (
+        section is not None
+        and not folder.endswith(".safetensors")
+        and hf_config is not None
+        and hasattr(hf_config, "to_json_string")
+    ):
         full = json.loads(hf_config.to_json_string(use_diff=False))
         full["quantization_config"] = section
         file = os.path.join(folder, "config.json")

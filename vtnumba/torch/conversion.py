@@ -127,8 +127,8 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
 
     - ``config``: a ``seam.Fp8Config`` (``Fp8Config.from_hf(path)``: its activation scheme, weight
       granularity or block size and ignore list), None (the default: the config a vtnumba
-      ``checkpoint`` records, ``Fp8Config.from_checkpoint``, else 'dynamic') or a scheme: 'dynamic' (per-tensor weights and
-      activations), 'per_token' (per-channel weights, per-token activations), 'static' (per-tensor
+      ``checkpoint`` records, ``Fp8Config.from_checkpoint``, else 'dynamic') or a scheme:
+      'dynamic' (per-tensor weights and activations), 'per_token' (per-channel weights, per-token activations), 'static' (per-tensor
       weights, static activation scales from ``input_scales``) or 'per_group' (128 x 128 weight
       blocks, 1 x 128 activation groups: DeepSeek-V3's format). An MXFP8 config
       (``Fp8Config.mxfp8``: ``Fp8Config("mxfp8", "block", "per_group", (), (1, 32),
