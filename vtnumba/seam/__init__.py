@@ -5,6 +5,7 @@
     rw = seam.ResidentFp8(w, "cuda")                  # uploaded once, accounted in seam.load_stats()
     y = seam.matmul_fp8(x, rw)                         # quantize x by w's scheme, then vt.scaled_mm
     m = seam.make_linear_method(w); y = m.apply(x)     # or Fp8Config.from_hf(config).linear_method(prefix, w)
+    seam.save_fp8_checkpoint("out.safetensors", {"model.layers.0.mlp.down_proj": w})   # read back as saved
     col = seam.ColumnParallelLinearMethod(w, rank, world_size)             # tensor parallelism (seam.parallel)
 
 Names follow the C++ seam it comes from (ResidentFp8, DenseCublasLtFp8Enabled, MatmulFp8CutlassD,
@@ -16,6 +17,7 @@ from .checkpoint import Checkpoint, load_float_linear, load_fp8_fused_linear, lo
 from .config import Fp8Config
 from .experts import Fp8Experts, grouped_matmul_fp8, moe_debug_checks, moe_fp8
 from .experts_checkpoint import load_fp8_experts
+from .fp8_format import Fp8Format
 from .fusion import fuse_fp8_shards, requantize_with_max_scale
 from .linear import Fp8W8A8LinearMethod, LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .matmul import dense_cublaslt_fp8_enabled, matmul_fp8, matmul_fp8_prequant, quantize_activation
@@ -28,11 +30,13 @@ from .parallel import (
     shard_weight,
     torch_all_reduce,
 )
+from .saving import save_fp8_checkpoint
 from .weights import DeviceLoadStats, Fp8Weight, ResidentFp8, load_stats, reset_load_stats
 
 __all__ = [
-    # weights
+    # weights and their format
     "Fp8Weight",
+    "Fp8Format",
     "ResidentFp8",
     "load_stats",
     "reset_load_stats",
@@ -69,5 +73,6 @@ __all__ = [
     "load_fp8_fused_linear",
     "load_fp8_experts",
     "load_float_linear",
+    "save_fp8_checkpoint",
     "Checkpoint",
 ]

@@ -46,6 +46,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import _faults
+from .fp8_format import QUANTIZATION_CONFIG_KEY, RECORD_KEY, Fp8Format
 from .fusion import fuse_fp8_shards
 from .weights import Fp8Weight
 
@@ -104,9 +105,12 @@ class Checkpoint:
             )
         self._where = {}  # tensor name -> (file, header entry, data start)
         self._data_end = {}  # file -> the byte where its last tensor ends, by its header
+        self._metadata = {}  # file -> its header's __metadata__ (strings), where it has one
         for file in files:
             header, data_start = _read_header(file)
             self._data_end[file] = data_start + _check_entries(file, header, data_start)
+            if header.get("__metadata__"):
+                self._metadata[file] = header["__metadata__"]
             for name, entry in header.items():
                 if name == "__metadata__":
                     continue
@@ -118,6 +122,8 @@ class Checkpoint:
                 self._where[name] = (file, entry, data_start)
         if index is not None:
             self._check_index(index)
+        # what a vtnumba saver recorded, read with the headers (a load never changes a Checkpoint)
+        self._formats = _recorded_formats(path, self.metadata())
 
     def _check_index(self, index):
         """Each tensor is in the shard the index maps it to: an index that disagrees with its shards
@@ -160,6 +166,52 @@ class Checkpoint:
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def metadata(self) -> dict[str, str]:
+        """The files' safetensors ``__metadata__`` merged (strings; a key's first file wins), where the
+        entries vtnumba's savers write (the format records, the quantization_config) must agree: two
+        files that give one of them different values are refused, naming both."""
+        merged: dict[str, str] = {}
+        origin: dict[str, str] = {}
+        for file, meta in self._metadata.items():
+            for key, value in meta.items():
+                if key not in merged:
+                    merged[key], origin[key] = value, file
+                elif merged[key] != value and key in (RECORD_KEY, QUANTIZATION_CONFIG_KEY):
+                    raise ValueError(
+                        f"__metadata__ entry {key!r} must be the same in every file of the checkpoint, got "
+                        f"different values in {origin[key]!r} and {file!r}: the shards are of different saves; "
+                        f"save the checkpoint again"
+                    )
+        return merged
+
+    def formats(self) -> "dict[str, Fp8Format]":
+        """{layer: Fp8Format} of the FP8 layers whose format a vtnumba saver recorded in the files'
+        metadata (a dense layer under its prefix, fused experts under '{prefix}.gate_up_proj' and
+        '{prefix}.down_proj'); {} for a checkpoint written by anything else."""
+        return self._formats
+
+    def format_of(self, layer: str) -> "Fp8Format | None":
+        """The recorded ``Fp8Format`` of ``layer`` (``formats``), or None."""
+        return self.formats().get(layer)
+
+    def quantization_config(self) -> dict | None:
+        """The ``quantization_config`` a vtnumba saver wrote in the files' metadata, or None."""
+        text = self.metadata().get(QUANTIZATION_CONFIG_KEY)
+        if text is None:
+            return None
+        try:
+            section = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"__metadata__ entry {QUANTIZATION_CONFIG_KEY!r} in {self.path!r} must be JSON, got {exc}"
+            ) from None
+        if not isinstance(section, dict):
+            raise ValueError(
+                f"__metadata__ entry {QUANTIZATION_CONFIG_KEY!r} in {self.path!r} must be a JSON object, "
+                f"got {type(section).__name__}"
+            )
+        return section
 
     def names(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self._where if n.startswith(prefix))
@@ -231,6 +283,25 @@ class Checkpoint:
                 f"{size - want} bytes more: the file is damaged or not one safetensors file; download or "
                 f"copy it again"
             )
+
+
+def _recorded_formats(path, metadata):
+    """{layer: Fp8Format} from the metadata entry ``RECORD_KEY`` (fp8_format), {} without one."""
+    text = metadata.get(RECORD_KEY)
+    if text is None:
+        return {}
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"__metadata__ entry {RECORD_KEY!r} in {path!r} must be JSON, got {exc}") from None
+    if not isinstance(records, dict):
+        raise ValueError(
+            f"__metadata__ entry {RECORD_KEY!r} in {path!r} must map layer names to format records, "
+            f"got {type(records).__name__}"
+        )
+    return {
+        layer: Fp8Format.from_record(record, f" of layer {layer!r} in {path!r}") for layer, record in records.items()
+    }
 
 
 # A checkpoint given as a path (a .safetensors file, an index .json or a model directory) or opened.
@@ -386,8 +457,9 @@ def load_fp8_linear(
     *,
     activation_scheme: str | None = None,
     block_size: tuple[int, int] | None = None,
-    scale_ue8m0: bool = False,
+    scale_ue8m0: bool | None = None,
     activation_scale_format: str | None = None,
+    activation_scale_rounding: str | None = None,
 ) -> Fp8Weight:
     """The ``Fp8Weight`` of layer ``prefix`` (e.g. 'model.layers.0.mlp.down_proj') from a safetensors
     checkpoint (file, directory or sharded index; or a ``Checkpoint``).
@@ -401,12 +473,63 @@ def load_fp8_linear(
     activations are quantized MXFP8 (``activation_scale_format`` 'e8m0', the default for E8M0 scales in
     1 x bk blocks; ``Fp8Weight``).
 
-    ``activation_scheme`` (usually from ``Fp8Config``): 'static' requires ``{prefix}.input_scale``;
-    'dynamic' / 'per_token' ignore a stored input scale (as vLLM does for dynamic schemes). By
-    default: 'static' when the checkpoint has an input scale, else 'dynamic'. ``weight.source``
-    records the files, the tensors and the scale convention read.
+    ``activation_scheme`` (usually from ``Fp8Config``): 'static' requires ``{prefix}.input_scale``
+    (or transformers' ``{prefix}.activation_scale``); 'dynamic' / 'per_token' ignore a stored input
+    scale (as vLLM does for dynamic schemes). By default: 'static' when the checkpoint has an input
+    scale, else 'dynamic'. ``weight.source`` records the files, the tensors and the scale convention
+    read.
+
+    A checkpoint written by vtnumba (``seam.save_fp8_checkpoint``, ``vtnumba.torch.save_checkpoint``)
+    records each layer's ``Fp8Format`` in its metadata: every keyword left None is then the saved
+    one, so the layer comes back as it was saved (scheme, block size, scale formats, rounding); a
+    keyword that contradicts the record is refused, naming both.
     """
     ckpt = _checkpoint(path, prefix)
+    recorded = _recorded_kwargs(
+        ckpt,
+        prefix,
+        activation_scheme=activation_scheme,
+        block_size=block_size,
+        scale_ue8m0=scale_ue8m0,
+        activation_scale_format=activation_scale_format,
+        activation_scale_rounding=activation_scale_rounding,
+    )
+    fmt = recorded.pop("format")
+    weight = _load_fp8_linear(ckpt, prefix, **recorded)
+    if fmt is not None and weight.format != fmt:
+        raise ValueError(
+            f"layer {prefix!r}: its tensors in {ckpt.path!r} must hold the format recorded in the file's "
+            f"metadata ({fmt}), got {weight.format}: the file was edited after it was saved; save it again"
+        )
+    return weight
+
+
+def _recorded_kwargs(ckpt, layer, **given):
+    """The loader keywords for ``layer``: the ``Fp8Format`` a vtnumba saver recorded (``format``,
+    returned too), with every given keyword checked against it; without a record, the keywords as
+    given (``scale_ue8m0`` None read as False)."""
+    fmt = ckpt.format_of(layer) if isinstance(ckpt, Checkpoint) else None
+    if fmt is None:
+        return {**given, "scale_ue8m0": False if given["scale_ue8m0"] is None else given["scale_ue8m0"], "format": None}
+    saved = fmt.loader_kwargs()
+    for key, value in given.items():
+        if value is None:
+            continue
+        want = saved[key]
+        got = tuple(value) if key == "block_size" else bool(value) if key == "scale_ue8m0" else str(value)
+        if got != want:
+            raise ValueError(
+                f"{key} must be {want!r}, the value layer {layer!r} was saved with (its format, recorded in "
+                f"the metadata of {ckpt.path!r}: {fmt}), got {value!r}; leave {key} out to read the layer as "
+                f"saved, or quantize it anew from its float weight"
+            )
+    return {**saved, "format": fmt}
+
+
+def _load_fp8_linear(
+    ckpt, prefix, *, activation_scheme, block_size, scale_ue8m0, activation_scale_format, activation_scale_rounding
+):
+    """``load_fp8_linear`` once its keywords are settled."""
     wname = f"{prefix}.weight"
     if wname not in ckpt:
         near = ckpt.names(prefix + ".")
@@ -442,7 +565,21 @@ def load_fp8_linear(
     sshape = ckpt.shape(sname)
     if block_size is not None:
         return _load_block_fp8(
-            ckpt, prefix, wname, sname, (n, k), block_size, scale_ue8m0, activation_scheme, activation_scale_format
+            ckpt,
+            prefix,
+            wname,
+            sname,
+            (n, k),
+            block_size,
+            scale_ue8m0,
+            activation_scheme,
+            activation_scale_format,
+            activation_scale_rounding,
+        )
+    if activation_scale_rounding is not None:
+        raise ValueError(
+            f"activation_scale_rounding applies to block-scaled layers (MXFP8) only, got "
+            f"{activation_scale_rounding!r} for layer {prefix!r} without block_size"
         )
     if ckpt.dtype(sname) in _E8M0_DTYPES and sshape == (n, -(-k // 32)):
         raise ValueError(
@@ -483,8 +620,16 @@ def load_fp8_linear(
 
     codes = _finite_codes(ckpt, wname)
 
-    iname = f"{prefix}.input_scale"
-    input_scale = _scalar(ckpt, iname) if iname in ckpt else None
+    # the static activation scale: ``input_scale`` (vLLM, ModelOpt, compressed-tensors) or
+    # ``activation_scale`` (transformers' FP8Linear)
+    inames = [i for i in (f"{prefix}.input_scale", f"{prefix}.activation_scale") if i in ckpt]
+    if len(inames) > 1:
+        raise ValueError(
+            f"tensors {' and '.join(map(repr, inames))} must not both be present (which one is the static "
+            f"activation scale is ambiguous), got both in {sorted({ckpt.file(i) for i in inames})}"
+        )
+    iname = inames[0] if inames else f"{prefix}.input_scale"
+    input_scale = _scalar(ckpt, iname) if inames else None
     if activation_scheme is None:
         activation_scheme = "static" if input_scale is not None else "dynamic"
     elif activation_scheme == "static" and input_scale is None:
@@ -564,7 +709,16 @@ def _finite_codes(ckpt, wname):
 
 
 def _load_block_fp8(
-    ckpt, prefix, wname, sname, shape, block_size, scale_ue8m0, activation_scheme, activation_scale_format=None
+    ckpt,
+    prefix,
+    wname,
+    sname,
+    shape,
+    block_size,
+    scale_ue8m0,
+    activation_scheme,
+    activation_scale_format=None,
+    activation_scale_rounding=None,
 ):
     """A block-scaled layer: codes, [ceil(N / bn), ceil(K / bk)] scales (each block's checked, named):
     float scales widened to float32, E8M0 ones (F8_E8M0, U8) kept as bytes."""
@@ -617,6 +771,7 @@ def _load_block_fp8(
         activation_scheme="per_group",
         source=source,
         activation_scale_format=activation_scale_format,
+        activation_scale_rounding=activation_scale_rounding,
     )
 
 
@@ -626,7 +781,7 @@ def load_fp8_fused_linear(
     *,
     activation_scheme: str | None = None,
     block_size: tuple[int, int] | None = None,
-    scale_ue8m0: bool = False,
+    scale_ue8m0: bool | None = None,
     activation_scale_format: str | None = None,
 ) -> Fp8Weight:
     """One ``Fp8Weight`` from shards stored separately (q/k/v_proj, gate/up_proj), stacked in the

@@ -24,15 +24,17 @@ import fnmatch
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .._arrays import Array
 from .._format import MX_BLOCK
+from ..ops import ActivationScheme
 from .checkpoint import Checkpoint
 from .experts import Fp8Experts
+from .fp8_format import Fp8Format
 from .linear import LinearMethod, UnquantizedLinearMethod, make_linear_method
 from .weights import Fp8Weight, ResidentFp8
 
@@ -58,7 +60,8 @@ def _quantization_section(config, where=""):
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if os.path.isdir(path):
-            for fname in ("config.json", "hf_quant_config.json"):
+            # quantization_config.json: the section itself, as vtnumba's savers write it beside the shards
+            for fname in ("config.json", "hf_quant_config.json", "quantization_config.json"):
                 candidate = os.path.join(path, fname)
                 if os.path.isfile(candidate):
                     found = _quantization_section(_read_json(candidate, "config"), f" in {candidate!r}")
@@ -119,6 +122,13 @@ class Fp8Config:
       ``scale_fmt`` "ue8m0").
     - ``activation_scale_format``: 'e8m0' for MXFP8 (activations quantized with E8M0 group scales, the
       weight's scales E8M0 bytes), else 'float32'.
+    - ``weight_scale_format``: 'e8m0' where the format says the block scales are stored as E8M0 bytes
+      (MXFP8; transformers' ``scale_fmt`` 'ue8m0'), else 'float32'. What the loaders read is decided
+      by each scale tensor's dtype; this is what a saved config says.
+
+    ``format`` is the ``seam.Fp8Format`` of the config's quantized layers, built once from these
+    fields; ``to_hf()`` the ``quantization_config`` a saver writes for it (``Fp8Format.quantization_config``),
+    which ``from_hf`` reads back to an equal config.
     """
 
     quant_method: str
@@ -129,6 +139,8 @@ class Fp8Config:
     activation_group_size: int | None = None
     activation_scale_ue8m0: bool = False
     activation_scale_format: str = "float32"
+    weight_scale_format: str = "float32"
+    format: Fp8Format = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         methods = _formats().names()
@@ -172,6 +184,59 @@ class Fp8Config:
                 f"activation_scale_format 'e8m0' needs activation_scheme 'per_group' without "
                 f"activation_scale_ue8m0, got {self.activation_scheme!r}, {self.activation_scale_ue8m0!r}"
             )
+        if self.weight_scale_format not in ("float32", "e8m0"):
+            raise ValueError(f"weight_scale_format must be 'float32' or 'e8m0', got {self.weight_scale_format!r}")
+        object.__setattr__(
+            self,
+            "format",
+            Fp8Format(
+                ActivationScheme(self.activation_scheme),
+                self.weight_block_size,
+                self.weight_strategy == "channel",
+                self.weight_scale_format,
+                self.activation_scale_format,
+                None,
+                self.activation_scale_ue8m0,
+            ),
+        )
+
+    @classmethod
+    def from_format(cls, fmt: Fp8Format, ignore: tuple[str, ...] = ()) -> "Fp8Config":
+        """The config of a model whose quantized layers all have format ``fmt`` (``ignore``: the layers
+        left in float), under the public ``quant_method`` that describes it (``Fp8Format.layout``)."""
+        if not isinstance(fmt, Fp8Format):
+            raise TypeError(f"fmt must be a seam.Fp8Format, got {type(fmt).__name__}")
+        return cls(
+            fmt.layout,
+            fmt.weight_strategy,
+            fmt.activation_scheme.value,
+            tuple(ignore),
+            fmt.block_size,
+            None,
+            fmt.scale_ue8m0,
+            fmt.activation_scale_format,
+            fmt.weight_scale_format,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``quantization_config`` section (a transformers config.json's) this config is saved as:
+        ``Fp8Format.quantization_config`` of ``format`` with the ignore list; ``from_hf`` reads it back."""
+        return self.format.quantization_config(self.ignore)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: "str | os.PathLike | Checkpoint") -> "Fp8Config | None":
+        """The config a vtnumba saver wrote in a checkpoint's metadata (``Checkpoint.quantization_config``,
+        read by ``from_hf``), or None when it holds none (a checkpoint written by anything else:
+        pass its config.json to ``from_hf``)."""
+        from .checkpoint import _checkpoint
+
+        section = _checkpoint(checkpoint).quantization_config()
+        if section is None:
+            return None
+        try:
+            return _formats().parse(section)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (the quantization_config in the metadata of {checkpoint!r})") from None
 
     @property
     def mxfp8(self) -> bool:
@@ -312,14 +377,7 @@ class Fp8Config:
             )
         return self.linear_method(
             prefix,
-            load_fp8_linear(
-                path,
-                prefix,
-                activation_scheme=self.activation_scheme,
-                block_size=self.weight_block_size,
-                scale_ue8m0=self.activation_scale_ue8m0,
-                activation_scale_format=self.activation_scale_format,
-            ),
+            load_fp8_linear(path, prefix, **self._loader_kwargs()),
         )
 
     # -- mixture-of-experts layers -------------------------------------------------------------
@@ -358,15 +416,14 @@ class Fp8Config:
                     f"experts {prefix!r} must be FP8-quantized to load as seam.Fp8Experts, got {layer!r} "
                     f"left unquantized by the ignore entry {pattern!r} (the checkpoint {ckpt.path!r})"
                 )
-        return load_fp8_experts(
-            ckpt,
-            prefix,
-            num_experts=num_experts,
-            activation_scheme=self.activation_scheme,
-            block_size=self.weight_block_size,
-            scale_ue8m0=self.activation_scale_ue8m0,
-            activation_scale_format=self.activation_scale_format,
-        )
+        return load_fp8_experts(ckpt, prefix, num_experts=num_experts, **self._loader_kwargs())
+
+    def _loader_kwargs(self):
+        """The loaders' keywords for this config's format (no rounding: a config names none, so a
+        saved layer's recorded one is read)."""
+        kw = self.format.loader_kwargs()
+        kw["activation_scale_rounding"] = None
+        return kw
 
 
 def _float_weight(path, prefix):

@@ -36,6 +36,7 @@ from .._arrays import Array, DType, Scale
 from .._interop import interop
 from ..ops import ActivationScheme, quantize_fp8
 from . import bound
+from .fp8_format import Fp8Format
 from .weights import Fp8Weight, ResidentFp8, _host_values, _is_host_scalar, _to_device
 
 __all__ = ["Fp8Experts", "grouped_matmul_fp8", "moe_fp8", "MoeCall", "moe_debug_checks"]
@@ -94,6 +95,8 @@ class Fp8Experts:
     released_to: str | None = field(init=False, default=None, repr=False)
     # the grouped calls bound for these experts (vtnumba.cuda.experts), by input signature
     bound_calls: dict | None = field(init=False, default=None, repr=False)
+    # how every expert is quantized (seam.Fp8Format), expert 0's as its Fp8Weight view settled it
+    format: Fp8Format = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -168,6 +171,7 @@ class Fp8Experts:
             "scale_ue8m0",
             "activation_scale_format",
             "activation_scale_rounding",
+            "format",
         ):
             set_(self, name, getattr(probe, name))
 
@@ -346,6 +350,7 @@ class Fp8Experts:
             "activation_scale_rounding",
             "shape",
             "per_channel",
+            "format",
         ):
             set_(copy, name, getattr(self, name))
         set_(copy, "data", parts[0])

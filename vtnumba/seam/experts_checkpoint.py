@@ -39,7 +39,7 @@ import os
 
 import numpy as np
 
-from .checkpoint import _E8M0_DTYPES, Checkpoint, CheckpointLike, _checkpoint, load_fp8_linear
+from .checkpoint import _E8M0_DTYPES, Checkpoint, CheckpointLike, _checkpoint, _recorded_kwargs, load_fp8_linear
 from .experts import Fp8Experts
 from .fusion import fuse_fp8_shards
 
@@ -91,8 +91,9 @@ def load_fp8_experts(
     num_experts: int | None = None,
     activation_scheme: str | None = None,
     block_size: tuple[int, int] | None = None,
-    scale_ue8m0: bool = False,
+    scale_ue8m0: bool | None = None,
     activation_scale_format: str | None = None,
+    activation_scale_rounding: str | None = None,
 ) -> tuple[Fp8Experts, Fp8Experts]:
     """``(gate_up, down)``: the FP8 experts of the MoE layer ``prefix`` (e.g.
     'model.layers.3.mlp.experts') from a safetensors checkpoint (file, directory, sharded index, or a
@@ -104,6 +105,14 @@ def load_fp8_experts(
     them), applied to every projection. ``num_experts``: E, if known; by default the largest
     index found + 1. ``source`` of each result records the layout, files, tensors and the scale
     convention read.
+
+    Fused experts saved by vtnumba (``seam.save_fp8_checkpoint``, ``vtnumba.torch.save_checkpoint``)
+    carry the ``Fp8Format`` of ``{prefix}.gate_up_proj`` and ``{prefix}.down_proj`` in the file's
+    metadata: keywords left None are the saved ones, and one that contradicts the record is refused
+    (``load_fp8_linear``). The scale and static input scale may be named as transformers names them
+    (``_scale_inv``, ``_activation_scale``) or as ``vtnumba.torch.Fp8Experts``' ``state_dict`` does
+    (``_scale``, ``_input_scale``), so a converted model's plain ``state_dict()`` saved with
+    safetensors loads too.
     """
     ckpt = _checkpoint(path, prefix)
     if num_experts is not None and (
@@ -118,15 +127,28 @@ def load_fp8_experts(
             f"{prefix}.gate_up_proj), got none in {ckpt.path!r}"
             + (f" (tensors under it: {near})" if near else f" (no tensor starts with {prefix!r})")
         )
-    kw = dict(
+    given = dict(
         activation_scheme=activation_scheme,
         block_size=block_size,
         scale_ue8m0=scale_ue8m0,
         activation_scale_format=activation_scale_format,
+        activation_scale_rounding=activation_scale_rounding,
     )
     if layout == "per_expert":
+        kw = _recorded_kwargs(ckpt, prefix, **given)
+        kw.pop("format")
         return _load_per_expert(ckpt, prefix, num_experts, kw)
-    return _load_fused(ckpt, prefix, num_experts, kw)
+    kws = [_recorded_kwargs(ckpt, f"{prefix}.{proj}", **given) for proj in ("gate_up_proj", "down_proj")]
+    formats = [kw.pop("format") for kw in kws]
+    pair = _load_fused(ckpt, prefix, num_experts, *kws)
+    for proj, fmt, experts in zip(("gate_up_proj", "down_proj"), formats, pair):
+        if fmt is not None and experts.format != fmt:
+            raise ValueError(
+                f"experts {prefix}.{proj}: the tensors in {ckpt.path!r} must hold the format recorded in the "
+                f"file's metadata ({fmt}), got {experts.format}: the file was edited after it was saved; "
+                f"save it again"
+            )
+    return pair
 
 
 # -- per-expert tensors ------------------------------------------------------------------------
@@ -267,6 +289,9 @@ class _ExpertSlices(Checkpoint):
     def __contains__(self, name):
         return name in self._views
 
+    def format_of(self, layer):
+        return None  # a slice is read with the keywords its experts' record settled (load_fp8_experts)
+
     def names(self, prefix=""):
         return sorted(n for n in self._views if n.startswith(prefix))
 
@@ -294,23 +319,37 @@ class _ExpertSlices(Checkpoint):
         return part if rows is None else part[rows]
 
 
-def _fused_names(prefix, proj):
-    return {
-        "weight": f"{prefix}.{proj}",
-        "weight_scale_inv": f"{prefix}.{proj}_scale_inv",
-        "input_scale": f"{prefix}.{proj}_activation_scale",
-        "bias": f"{prefix}.{proj}_bias",
-    }
+# Each role's names, the first transformers' (FP8Experts' parameters), the second the buffers of
+# vtnumba.torch.Fp8Experts, so that its state_dict() saved as it is reads back
+_FUSED_SUFFIXES = {"weight_scale_inv": ("_scale_inv", "_scale"), "input_scale": ("_activation_scale", "_input_scale")}
 
 
-def _load_fused(ckpt, prefix, num_experts, kw):
-    gu, dn = _fused_names(prefix, "gate_up_proj"), _fused_names(prefix, "down_proj")
+def _fused_names(ckpt, prefix, proj):
+    """{role: tensor name} of the fused projection ``proj``: the one name of each role present (the
+    first when none is); both names of a role present is refused (which one to read is ambiguous)."""
+    base = f"{prefix}.{proj}"
+    names = {"weight": base, "bias": f"{base}_bias"}
+    for role, suffixes in _FUSED_SUFFIXES.items():
+        present = [base + s for s in suffixes if base + s in ckpt]
+        if len(present) > 1:
+            raise ValueError(
+                f"tensors {' and '.join(map(repr, present))} must not both be present (transformers' name and "
+                f"vtnumba.torch.Fp8Experts' buffer name for one tensor: which one to read is ambiguous), got "
+                f"both in {sorted({ckpt.file(n) for n in present})}"
+            )
+        names[role] = present[0] if present else base + suffixes[0]
+    return names
+
+
+def _load_fused(ckpt, prefix, num_experts, kw_gate_up, kw_down):
+    gu, dn = _fused_names(ckpt, prefix, "gate_up_proj"), _fused_names(ckpt, prefix, "down_proj")
     for names in (gu, dn):
         for part in ("weight", "weight_scale_inv"):
             if names[part] not in ckpt:
                 raise ValueError(
                     f"checkpoint must hold {names[part]} (transformers' fused FP8 experts: "
-                    f"{gu['weight']}, {dn['weight']} and their _scale_inv), got none in {ckpt.path!r}"
+                    f"{gu['weight']}, {dn['weight']} and their _scale_inv, or vtnumba.torch.Fp8Experts' "
+                    f"_scale), got none in {ckpt.path!r}"
                 )
         if names["bias"] in ckpt:
             raise ValueError(
@@ -345,12 +384,23 @@ def _load_fused(ckpt, prefix, num_experts, kw):
                 )
     # Without blocks transformers keeps one scale per half of gate_up ([E, 2, 1]): the halves are two
     # per-tensor layers to fuse, as per-expert gate and up are.
-    halves = kw["block_size"] is None and ckpt.shape(gu["weight_scale_inv"]) == (e_count, 2, 1)
+    halves = kw_gate_up["block_size"] is None and ckpt.shape(gu["weight_scale_inv"]) == (e_count, 2, 1)
     half = two_i // 2
     arrays = {}
+    same_halves = np.zeros(e_count, dtype=bool)
+    if halves:
+        # halves of one scale (vtnumba's saver writes the expert's one scale twice, as transformers
+        # allocates two) are one per-tensor layer: read so, the codes are kept as they are
+        arrays[gu["weight_scale_inv"]] = scales = ckpt.read(gu["weight_scale_inv"])
+        same_halves = scales[:, 0, 0] == scales[:, 1, 0]
     gate_ups, downs, read = [], [], {"gate_up": [], "down": []}
+    kw = kw_gate_up
     for e in range(e_count):
-        if halves:
+        if halves and same_halves[e]:
+            w = _load_slice(ckpt, arrays, gu, e, f"{gu['weight']}[{e}]", None, 0, kw)
+            read["gate_up"].append(w.source)
+            gate_ups.append(w)
+        elif halves:
             parts = [
                 (f"{gu['weight']}[{e}].gate", slice(0, half), 0),
                 (f"{gu['weight']}[{e}].up", slice(half, two_i), 1),
@@ -362,7 +412,7 @@ def _load_fused(ckpt, prefix, num_experts, kw):
             w = _load_slice(ckpt, arrays, gu, e, f"{gu['weight']}[{e}]", None, None, kw)
             read["gate_up"].append(w.source)
             gate_ups.append(w)
-        w = _load_slice(ckpt, arrays, dn, e, f"{dn['weight']}[{e}]", None, None, kw)
+        w = _load_slice(ckpt, arrays, dn, e, f"{dn['weight']}[{e}]", None, None, kw_down)
         read["down"].append(w.source)
         downs.append(w)
     return (

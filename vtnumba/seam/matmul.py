@@ -15,35 +15,14 @@ from .. import _arrays
 from .._arrays import Array, DType
 from .._config import dense_cublaslt_fp8_enabled
 from .._interop import interop
-from ..ops import ActivationScheme, QuantizedActivation, quantize_fp8, scaled_mm
+from ..ops import QuantizedActivation, scaled_mm
 from . import bound
 from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["quantize_activation", "matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
 
-# How each activation scheme quantizes x [M, K] for a weight w: the one place the scheme maps to a
-# ``vt.quantize_fp8`` call (and the text a caller is told to write).
-_QUANTIZERS = {
-    ActivationScheme.STATIC: (lambda x, w: quantize_fp8(x, w.input_scale), "vt.quantize_fp8(x, weight.input_scale)"),
-    ActivationScheme.DYNAMIC: (lambda x, w: quantize_fp8(x), "vt.quantize_fp8(x)"),
-    ActivationScheme.PER_TOKEN: (lambda x, w: quantize_fp8(x, per_token=True), "vt.quantize_fp8(x, per_token=True)"),
-    # column-major float32 group scales: the layout cuBLASLt's block scaling reads, and the CPU's block
-    # kernels' K-block-major one, so no kernel has to transpose them; E8M0 ones row-major, the layout
-    # of the OCP MX formats and of the MX kernels
-    ActivationScheme.PER_GROUP: (
-        lambda x, w: quantize_fp8(
-            x,
-            group_size=w.block_size[1],
-            scale_ue8m0=w.scale_ue8m0,
-            column_major_scales=w.activation_scale_format == "float32",
-            scale_format=w.activation_scale_format,
-            scale_rounding=w.activation_scale_rounding,
-        ),
-        "vt.quantize_fp8(x, group_size=weight.block_size[1], scale_ue8m0=weight.scale_ue8m0, "
-        "scale_format=weight.activation_scale_format, "
-        "scale_rounding=weight.activation_scale_rounding)",
-    ),
-}
+# How x [M, K] is quantized for a weight w is its format's to say (w.format.quantize, and the text a
+# caller is told to write, w.format.quantize_call: seam.Fp8Format).
 
 
 def _fp8_weight(weight):
@@ -83,7 +62,7 @@ def quantize_activation(x: Array, weight: Fp8Weight | ResidentFp8) -> QuantizedA
     w = _fp8_weight(weight)
     _arrays.device_of(x, "x")
     _rows(x, w, "x")  # K must be the weight's: codes of another width would only fail at the GEMM
-    return _QUANTIZERS[w.activation_scheme][0](x, w)
+    return w.format.quantize(x, w.input_scale)
 
 
 # -- the bound fast path on the GPU ------------------------------------------------------------
@@ -167,7 +146,7 @@ def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | Non
 def _matmul_fp8(x, weight, out_dtype=None):
     """The full path of ``matmul_fp8``: (y, the Fp8Weight used, on x's device)."""
     w = _weight_for(weight, x, "x")
-    q = _QUANTIZERS[w.activation_scheme][0](_rows(x, w, "x"), w)
+    q = w.format.quantize(_rows(x, w, "x"), w.input_scale)
     y = scaled_mm(
         q.data,
         w.data,
@@ -212,7 +191,7 @@ def matmul_fp8_prequant(
     if q.scheme != w.activation_scheme:
         raise ValueError(
             f"q.scheme must be the weight's activation_scheme {w.activation_scheme!r}, "
-            f"got {q.scheme!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+            f"got {q.scheme!r}; quantize with {w.format.quantize_call} "
             f"(or seam.quantize_activation(x, weight))"
         )
     if w.block_size is not None and q.group_size != w.block_size[1]:
@@ -223,7 +202,7 @@ def matmul_fp8_prequant(
     if w.block_size is not None and q.scale_format != w.activation_scale_format:
         raise ValueError(
             f"q.scale_format must be the weight's activation_scale_format {w.activation_scale_format!r}, "
-            f"got {q.scale_format!r}; quantize with {_QUANTIZERS[w.activation_scheme][1]} "
+            f"got {q.scale_format!r}; quantize with {w.format.quantize_call} "
             f"(or seam.quantize_activation(x, weight))"
         )
     y = scaled_mm(

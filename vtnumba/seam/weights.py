@@ -29,6 +29,7 @@ from ..ops import (
     quant_scale,
     quantize_fp8,
 )
+from .fp8_format import Fp8Format, activation_scheme_of
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
 
@@ -95,6 +96,8 @@ class Fp8Weight:
     released_to: str | None = field(init=False, default=None, repr=False)
     # the GPU calls bound for this weight (vtnumba.cuda.bound), by input signature; see seam.matmul
     bound_calls: dict | None = field(init=False, default=None, repr=False)
+    # how the weight is quantized, built once from the fields above (seam.Fp8Format)
+    format: Fp8Format = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -131,17 +134,14 @@ class Fp8Weight:
                 value = _host_values(value)
             set_(self, "input_scale", np.float32(quant_scale(value, "input_scale")))
 
+        # the format (scheme, block size, scale formats and rounding) is decided and checked by
+        # Fp8Format, once; the input scale is the one check that needs the weight's value
         scheme = self.activation_scheme
-        if scheme is None and self.block_size is not None:
-            scheme = ActivationScheme.PER_GROUP
-        elif scheme is None:
-            scheme = ActivationScheme.DYNAMIC if self.input_scale is None else ActivationScheme.STATIC
-        try:
-            scheme = ActivationScheme(scheme)
-        except ValueError:
-            raise ValueError(
-                f"activation_scheme must be one of {', '.join(ActivationScheme)}, got {scheme!r}"
-            ) from None
+        if scheme is None:
+            scheme = Fp8Format.resolve(
+                block_size=self.block_size, static=self.input_scale is not None
+            ).activation_scheme
+        scheme = activation_scheme_of(scheme)
         if scheme == ActivationScheme.STATIC and self.input_scale is None:
             raise ValueError("input_scale must be given for activation_scheme='static', got None")
         if scheme != ActivationScheme.STATIC and self.input_scale is not None:
@@ -149,46 +149,21 @@ class Fp8Weight:
                 f"input_scale must be None for activation_scheme={scheme!r} "
                 f"(its scales come from each input), got {self.input_scale!r}"
             )
-        if (scheme == ActivationScheme.PER_GROUP) != (self.block_size is not None):
-            raise ValueError(
-                f"activation_scheme 'per_group' goes with block-scaled weights and only with them: "
-                f"got activation_scheme={str(scheme)!r} with block_size={self.block_size!r}"
-            )
-        if _flag(self.scale_ue8m0, "scale_ue8m0") and scheme != ActivationScheme.PER_GROUP:
-            raise ValueError(
-                f"scale_ue8m0 applies to per-group activations only, got activation_scheme={str(scheme)!r}"
-            )
-        set_(self, "scale_ue8m0", bool(self.scale_ue8m0))
-        set_(self, "activation_scheme", scheme)
-        fmt = self.activation_scale_format
-        if fmt is None:
-            mx = self.block_size is not None and self.block_size[0] == 1 and self.scale_format == "e8m0"
-            fmt = "e8m0" if mx else "float32"
-        fmt = _scale_format(fmt, "activation_scale_format")
-        if fmt == "e8m0":
-            if scheme != ActivationScheme.PER_GROUP:
-                raise ValueError(
-                    f"activation_scale_format 'e8m0' needs per-group activations (a block-scaled weight), "
-                    f"got activation_scheme={str(scheme)!r}"
-                )
-            if self.scale_ue8m0:
-                raise ValueError(
-                    "scale_ue8m0 must be False with activation_scale_format='e8m0' (an E8M0 scale is "
-                    "rounded by activation_scale_rounding), got True"
-                )
-            rounding = _e8m0_rounding(
-                "rceil" if self.activation_scale_rounding is None else self.activation_scale_rounding,
-                "activation_scale_rounding",
-            )
-        elif self.activation_scale_rounding is not None:
-            raise ValueError(
-                f"activation_scale_rounding applies to activation_scale_format='e8m0' only, got "
-                f"{self.activation_scale_rounding!r} with {fmt!r}"
-            )
-        else:
-            rounding = None
-        set_(self, "activation_scale_format", fmt)
-        set_(self, "activation_scale_rounding", rounding)
+        fmt = Fp8Format.resolve(
+            scheme,
+            self.block_size,
+            per_channel=per_channel,
+            weight_scale_format=self.scale_format,
+            activation_scale_format=self.activation_scale_format,
+            activation_scale_rounding=self.activation_scale_rounding,
+            scale_ue8m0=self.scale_ue8m0,
+        )
+        set_(self, "format", fmt)
+        # the loose fields stay, for compatibility: each is the format's
+        set_(self, "activation_scheme", fmt.activation_scheme)
+        set_(self, "scale_ue8m0", fmt.scale_ue8m0)
+        set_(self, "activation_scale_format", fmt.activation_scale_format)
+        set_(self, "activation_scale_rounding", fmt.activation_scale_rounding)
 
         if self.bias is not None:
             bias = self.bias
@@ -314,6 +289,19 @@ class Fp8Weight:
             ("activation_scale_rounding", activation_scale_rounding),
         ):
             set_(self, name, value)
+        set_(
+            self,
+            "format",
+            Fp8Format.of(
+                activation_scheme,
+                block_size,
+                bool(per_channel),
+                self.scale_format,
+                activation_scale_format,
+                activation_scale_rounding,
+                bool(scale_ue8m0),
+            ),
+        )
         return self
 
     def __repr__(self):

@@ -4,6 +4,8 @@
     model = vtt.convert(model, "per_token")      # every nn.Linear -> Fp8Linear, every fused MoE experts
                                                  # module -> Fp8Experts, in place (on its device)
     print(vtt.conversion_report(model))          # what was converted, what is left in float
+    vtt.save_checkpoint(model, "out")            # safetensors + quantization_config; read back with
+                                                 # vtt.convert(model, checkpoint="out"), format intact
     with torch.inference_mode():
         y = model(x)
     compiled = torch.compile(model, fullgraph=True)            # the layers are torch custom ops
@@ -44,7 +46,7 @@ leaves in floating point (``vtnumba.torch.conversion``).
 The package's modules: ``linear`` (``Fp8Linear``), ``experts`` (``Fp8Experts``, which experts
 modules are recognised), ``custom_ops`` (the torch custom ops and the forward paths they share with
 eager calls), ``conversion`` (``convert``, ``calibrate``, ``conversion_report``), ``parallel``
-(tensor parallelism). Every public name is here, at ``vtnumba.torch``.
+(tensor parallelism), ``checkpoint`` (``save_checkpoint``). Every public name is here, at ``vtnumba.torch``.
 """
 
 try:
@@ -59,6 +61,7 @@ if not hasattr(torch.library, "custom_op"):  # the layers are torch custom ops (
         f"pip install 'torch>=2.4'"
     )
 
+from .checkpoint import save_checkpoint
 from .conversion import ConversionReport, calibrate, conversion_report, convert
 from .experts import Fp8Experts
 from .linear import Fp8Linear
@@ -69,6 +72,7 @@ __all__ = [
     "Fp8Experts",
     "RowParallelFp8Linear",
     "convert",
+    "save_checkpoint",
     "calibrate",
     "conversion_report",
     "ConversionReport",

@@ -120,14 +120,15 @@ def _replace(model, name, layer):
 # -- convert --------------------------------------------------------------------------------------
 
 
-def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint=None, out_dtype=None):
+def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None, out_dtype=None):
     """Replace, in place, every ``nn.Linear`` of ``model`` that ``config`` quantizes with an
     ``Fp8Linear``, and every fused MoE experts module with an ``Fp8Experts``; return ``model`` (the
     new layer when ``model`` is itself one of them).
 
     - ``config``: a ``seam.Fp8Config`` (``Fp8Config.from_hf(path)``: its activation scheme, weight
-      granularity or block size and ignore list) or a scheme: 'dynamic' (per-tensor weights and
-      activations), 'per_token' (per-channel weights, per-token activations), 'static' (per-tensor
+      granularity or block size and ignore list), None (the default: the config a vtnumba
+      ``checkpoint`` records, ``Fp8Config.from_checkpoint``, else 'dynamic') or a scheme:
+      'dynamic' (per-tensor weights and activations), 'per_token' (per-channel weights, per-token activations), 'static' (per-tensor
       weights, static activation scales from ``input_scales``) or 'per_group' (128 x 128 weight
       blocks, 1 x 128 activation groups: DeepSeek-V3's format). An MXFP8 config
       (``Fp8Config.mxfp8``: ``Fp8Config("mxfp8", "block", "per_group", (), (1, 32),
@@ -163,6 +164,10 @@ def convert(model, config="dynamic", *, input_scales=None, ignore=(), checkpoint
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if config is None:  # what save_checkpoint recorded, so the layers come back as saved
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            checkpoint = Checkpoint(checkpoint)
+        config = (checkpoint is not None and Fp8Config.from_checkpoint(checkpoint)) or "dynamic"
     scheme, per_channel, rules = _plan(config, ignore)
     modules = dict(model.named_modules())
     experts = [

@@ -224,6 +224,7 @@ class Fp8Experts(nn.Module):
                 f"{gate_up.activation_scale_rounding!r}"
             )
         self.num_experts, self.hidden_dim, self.intermediate_dim = e, h, two_i // 2
+        self.format = gate_up.format  # seam.Fp8Format (down's is the same but for nothing the op carries)
         self.activation_scheme = ActivationScheme(gate_up.activation_scheme)
         self.block_size = gate_up.block_size
         self.scale_ue8m0 = gate_up.scale_ue8m0
@@ -317,13 +318,15 @@ class Fp8Experts(nn.Module):
         num_experts=None,
         activation_scheme=None,
         block_size=None,
-        scale_ue8m0=False,
+        scale_ue8m0=None,
         activation_scale_format=None,
     ):
         """The FP8 experts ``prefix`` (e.g. 'model.layers.0.mlp.experts') of a safetensors
         checkpoint (a path or a ``seam.Checkpoint``), stored per expert ('{prefix}.{e}.gate_proj.weight'
         ...: Qwen3-FP8, DeepSeek-V3, ModelOpt, compressed-tensors) or fused (transformers'
-        '{prefix}.gate_up_proj'): ``seam.load_fp8_experts``, whose keywords these are."""
+        '{prefix}.gate_up_proj', or this module's own buffers, a ``state_dict()`` saved as it is):
+        ``seam.load_fp8_experts``, whose keywords these are (None: the format a vtnumba checkpoint
+        recorded)."""
         gate_up, down = load_fp8_experts(
             path,
             prefix,

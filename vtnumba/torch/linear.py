@@ -54,6 +54,7 @@ class Fp8Linear(nn.Module):
                 f"seam.matmul_fp8, which takes torch tensors too"
             )
         self.out_features, self.in_features = weight.shape
+        self.format = weight.format  # seam.Fp8Format: what save_checkpoint records; the fields below are its
         self.activation_scheme = weight.activation_scheme
         self.block_size = weight.block_size
         self.scale_ue8m0 = weight.scale_ue8m0
@@ -144,10 +145,12 @@ class Fp8Linear(nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, path, prefix, *, activation_scheme=None, out_dtype=None, block_size=None, scale_ue8m0=False
+        cls, path, prefix, *, activation_scheme=None, out_dtype=None, block_size=None, scale_ue8m0=None
     ):
         """The FP8 layer ``prefix`` of a safetensors checkpoint (``seam.load_fp8_linear``;
-        ``block_size`` for a block-scaled one)."""
+        ``block_size`` for a block-scaled one). A checkpoint vtnumba saved (``save_checkpoint``)
+        records the layer's format: the keywords left None are then the saved ones, so a per_token
+        layer comes back per_token."""
         return cls(
             load_fp8_linear(
                 path, prefix, activation_scheme=activation_scheme, block_size=block_size, scale_ue8m0=scale_ue8m0

@@ -99,7 +99,13 @@ def parse_compressed_tensors(section):
     if fmt == "e8m0":
         scheme = "per_group"
     return Fp8Config(
-        "compressed-tensors", strategy, scheme, layer_list(section, "ignore"), block, activation_scale_format=fmt
+        "compressed-tensors",
+        strategy,
+        scheme,
+        layer_list(section, "ignore"),
+        block,
+        activation_scale_format=fmt,
+        weight_scale_format=fmt,
     )
 
 

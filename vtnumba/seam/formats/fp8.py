@@ -45,4 +45,18 @@ def parse_fp8(section):
             f"activation_scheme must be 'dynamic' with weight_block_size {list(block)} (block-scaled "
             f"weights take dynamic per-token-group activations), got {scheme!r}"
         )
-    return Fp8Config("fp8", "block", "per_group", ignore, block, activation_scale_ue8m0=scale_fmt == "ue8m0")
+    # scale_fmt "ue8m0": vLLM reads it as power-of-two activation scales (DeepSeek-V3.1), transformers
+    # as E8M0 weight scale bytes (its FineGrainedFP8Config); vtnumba's saver writes the first meaning
+    # as its own key, activation_scale_ue8m0, which other readers ignore
+    ue8m0 = section.get("activation_scale_ue8m0", scale_fmt == "ue8m0")
+    if not isinstance(ue8m0, bool):
+        raise ValueError(f"activation_scale_ue8m0 must be true or false, got {ue8m0!r}")
+    return Fp8Config(
+        "fp8",
+        "block",
+        "per_group",
+        ignore,
+        block,
+        activation_scale_ue8m0=ue8m0,
+        weight_scale_format="e8m0" if scale_fmt == "ue8m0" else "float32",
+    )

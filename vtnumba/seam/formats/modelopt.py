@@ -38,5 +38,7 @@ def parse_modelopt(section):
         group = section.get("group_size", MX_BLOCK[1])
         if group != MX_BLOCK[1]:
             raise ValueError(f"group_size must be {MX_BLOCK[1]} for ModelOpt MXFP8, got {group!r}")
-        return Fp8Config("modelopt", strategy, scheme, ignore, MX_BLOCK, activation_scale_format="e8m0")
+        return Fp8Config(
+            "modelopt", strategy, scheme, ignore, MX_BLOCK, activation_scale_format="e8m0", weight_scale_format="e8m0"
+        )
     return Fp8Config("modelopt", strategy, scheme, ignore)

@@ -23,4 +23,6 @@ def parse_mxfp8(section):
     if block is not None and (not isinstance(block, (list, tuple)) or tuple(block) != MX_BLOCK):
         raise ValueError(f"weight_block_size must be {list(MX_BLOCK)} for mxfp8, got {block!r}")
     ignore = layer_list(section, "ignored_layers") or layer_list(section, "modules_to_not_convert")
-    return Fp8Config("mxfp8", "block", "per_group", ignore, MX_BLOCK, activation_scale_format="e8m0")
+    return Fp8Config(
+        "mxfp8", "block", "per_group", ignore, MX_BLOCK, activation_scale_format="e8m0", weight_scale_format="e8m0"
+    )
