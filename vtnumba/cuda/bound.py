@@ -210,14 +210,14 @@ class BoundLinear:
             self._bind_fused(x, weight)
             return
         quant_scratch, gemm_scratch = _Scratch(_QUANT), _Scratch(_GEMM)
-        scheme = str(weight.activation_scheme)
-        e8m0 = weight.activation_scale_rounding if weight.activation_scale_format == "e8m0" else None
+        fmt = weight.format  # the weight's one format object (seam.Fp8Format): scheme, blocks, scales
+        e8m0 = fmt.activation_scale_rounding if fmt.activation_scale_format == "e8m0" else None
         launches, codes, scale_a = quantize_launches(
             x,
-            scheme,
+            str(fmt.activation_scheme),
             weight.input_scale,
-            None if weight.block_size is None else weight.block_size[1],
-            weight.scale_ue8m0,
+            None if fmt.block_size is None else fmt.block_size[1],
+            fmt.scale_ue8m0,
             quant_scratch,
             e8m0,
         )
@@ -298,7 +298,7 @@ FUSED_KERNEL = "fused_tensorcore_gemv"  # the name ``kernels`` gives the one-lau
 def _fused_arguments(weight):
     """(scale_b, input_scale, per_token, scale_ub, block_scales) of ``tc_gemv.fused_launches`` for
     the weight's activation scheme."""
-    scheme = str(weight.activation_scheme)
+    scheme = str(weight.format.activation_scheme)
     if scheme == "per_group":
         return None, None, False, None, weight.weight_scale
     return weight.weight_scale, weight.input_scale, scheme == "per_token", None, None
@@ -311,14 +311,15 @@ def fused_reason(x, weight):
     1 x 128 activation groups, rounded as the CPU rounds them (not UE8M0)."""
     if "tensorcore_gemv" in gemm.disabled_kernels():
         return "the tensor-core GEMV is disabled by VT_DISABLE_KERNELS"
-    block_size = weight.block_size
+    fmt = weight.format
+    block_size = fmt.block_size
     if block_size is not None:
         if block_size != (128, 128):
             return f"the fused GEMV takes 128 x 128 weight blocks, got {block_size}"
-        if weight.scale_format != "float32" or weight.activation_scale_format != "float32" or weight.scale_ue8m0:
+        if fmt.weight_scale_format != "float32" or fmt.activation_scale_format != "float32" or fmt.scale_ue8m0:
             return "the fused GEMV takes float32 block scales and float32 activation group scales (no E8M0, no UE8M0)"
     why = tc_gemv.fused_linear_reason(x, weight.data, block_scaled=block_size is not None)
-    scheme = str(weight.activation_scheme)
+    scheme = str(fmt.activation_scheme)
     m, k = x.shape
     if why is None and block_size is None:
         why = tc_gemv.fusion_reason(m, k, scheme == "per_token", scheme == "dynamic")
