@@ -597,6 +597,26 @@ def part_decode(torch, vtt, layers, tokens, eager=True, graphs=True, schemes=SCH
                 bound,
                 ratio(bound, base["bound"]),
             )
+        table(
+            "where an eager decode step's host time goes (a dynamic cache after the prompt; each linear "
+            "layer's forward timed on the host)",
+            ["model", "step host us", "in the linear layers us", "linear layers", "per layer us", "outside them us"],
+        )
+        from _host_share import host_share
+
+        from vtnumba.torch import Fp8Linear
+
+        for scheme, m in converted_models.items():
+            with torch.no_grad():
+                out = m(input_ids=prompt, use_cache=True)
+                cache, ids = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                step_us, inside, count = host_share(
+                    torch,
+                    m,
+                    (torch.nn.Linear, Fp8Linear),
+                    lambda m=m, ids=ids, cache=cache: m(input_ids=ids, past_key_values=cache, use_cache=True),
+                )
+            row(scheme, step_us, inside, count, inside / count, step_us - inside)
     if not graphs:
         return
     # each side's best path: one decode step with a static KV cache captured in a CUDA graph
