@@ -16,6 +16,8 @@ import copy
 
 import pytest
 
+from vtnumba.testing import profiled
+
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
@@ -34,11 +36,6 @@ def _quant_kernels(scheme, m, k):
     if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.kernels.quant)
         return ("quantize_dynamic_small",)
     return QUANT_KERNEL[scheme]
-
-
-# Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``
-# demangled): a profiled kernel without it is cuBLASLt's
-OURS = "vtnumba"
 
 
 def _vtt():
@@ -76,6 +73,7 @@ def _expected_gemm(scheme, m):
 
 
 def _profiled_kernels(fn):
+    """The names the profiler gives the CUDA kernels ``fn`` runs (its second call)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -101,11 +99,13 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
         kernels = layer.kernels(x)
         assert kernels == _quant_kernels(scheme, m, 1024) + (_expected_gemm(scheme, m),), kernels
         names = _profiled_kernels(lambda: layer(x))
-    ours = [n for n in names if OURS in n]
-    theirs = [n for n in names if n not in ours]
+    # ours by the kernels vtnumba compiled, named alike under both compilers (numba-cuda-mlir's
+    # names carry no module path); any other is cuBLASLt's
+    ours = profiled.ours(names)
+    theirs = [n for n in names if not profiled.is_ours(n)]
     assert all(any(q in n for n in ours) for q in _quant_kernels(scheme, m, 1024)), names
     staged = _expected_gemm(scheme, m) == "cublaslt_f32_epilogue"
-    assert any("_epilogue_vector_kernel" in n for n in names) == staged, names  # no silent f32-staged fallback
+    assert any("_epilogue_vector_kernel" in n for n in ours) == staged, names  # no silent f32-staged fallback
     if _expected_gemm(scheme, m).startswith("cublaslt"):
         assert theirs, names  # cuBLASLt ran the GEMM
     else:
@@ -122,7 +122,7 @@ def test_float32_bias_for_bf16_output_takes_the_f32_staged_path():
     assert layer.kernels(x) == ("quantize_per_token", "cublaslt_f32_epilogue")
     with torch.inference_mode():
         names = _profiled_kernels(lambda: layer(x))
-    assert any("_epilogue_vector_kernel" in n for n in names), names
+    assert any("_epilogue_vector_kernel" in n for n in profiled.ours(names)), names
 
 
 @pytest.mark.parametrize("grad_mode", ["inference_mode", "no_grad"])
@@ -262,7 +262,7 @@ def test_layers_that_share_an_input_quantize_it_once(scheme):
             return la(t), lb(t)
 
         names = _profiled_kernels(lambda: both(x.clone()))  # a fresh tensor each call
-        quant = [n for n in names if OURS in n and ("quantize" in n or "amax" in n)]
+        quant = [n for n in profiled.ours(names) if "quantize" in n or "amax" in n]
         assert len(quant) == len(_quant_kernels(scheme, 16, 512)), names  # once for both layers
         la(x)
         yb = lb(x)
@@ -275,5 +275,5 @@ def test_layers_that_share_an_input_quantize_it_once(scheme):
         xi = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
         la(xi), lb(xi)
         names = _profiled_kernels(lambda: both(xi))
-        quant = [n for n in names if OURS in n and ("quantize" in n or "amax" in n)]
+        quant = [n for n in profiled.ours(names) if "quantize" in n or "amax" in n]
         assert len(quant) == 2 * len(_quant_kernels(scheme, 16, 512)), names
