@@ -1,8 +1,8 @@
-"""Profiled kernel names, made the same under both compilers (``vtnumba.testing.profiled``): the
+"""Profiled kernel names, made the same under both compilers (``tests/kernel_names.py``): the
 GPU tests that check which kernels ran (tests/test_torch_gpu.py) tell vtnumba's kernels from
 cuBLASLt's by these, where they once looked for the module path numba-cuda-mlir's names lack."""
 
-from vtnumba.testing import profiled
+import kernel_names as profiled
 
 # as torch.profiler listed them on the H200 (2026-12-02): numba-cuda-mlir's demangled name, numba-cuda's
 MLIR_NAME = "static_kernel::_3clocals_3e::quantize_static(Array<unsigned short, 1, C, mutable, aligned>, float)"

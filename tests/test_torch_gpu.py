@@ -14,9 +14,8 @@ graph capture, torch.compile, torch's allocator, conversion on the GPU.
 
 import copy
 
+import kernel_names as profiled
 import pytest
-
-from vtnumba.testing import profiled
 
 pytestmark = pytest.mark.gpu
 

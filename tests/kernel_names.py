@@ -60,7 +60,7 @@ def qualname(name: str) -> str:
 
 
 def _compiled_names() -> set[str]:
-    from ..cuda.runtime import launch
+    from vtnumba.cuda.runtime import launch
 
     return {kernel.name for kernel in list(launch._KERNELS.values())}
 
