@@ -613,6 +613,16 @@ launch.extern_dynamic_shared = lambda ptx: ptx
 '''
 
 
+# memcheck sees a write past an allocation only where the allocation ends: cupy's pool (and torch's
+# caching allocator, PYTORCH_NO_CUDA_MEMORY_CACHING) hand out pieces of larger blocks, so the sanitized
+# runs allocate every array with cudaMalloc
+_NO_POOL_PLUGIN = '''"""Every cupy array its own cudaMalloc, so memcheck knows where each one ends."""
+import cupy
+
+cupy.cuda.set_allocator(None)
+'''
+
+
 def gpu_test_files():
     """tests/*.py that mark tests ``gpu`` (directly, or through ``vtnumba.testing.devices.params``)."""
     return sorted(
@@ -781,6 +791,7 @@ def run_sanitizer(out, deadline, per_test, seconds=200):
     folder = out / "sanitizer"
     folder.mkdir(exist_ok=True)
     (folder / "vt_no_ptx_rewrite.py").write_text(_NO_REWRITE_PLUGIN)
+    (folder / "vt_no_pool.py").write_text(_NO_POOL_PLUGIN)
     tool = _sanitizer()
 
     def one(job):
@@ -804,7 +815,9 @@ def run_sanitizer(out, deadline, per_test, seconds=200):
                 "--print-limit",
                 "20",
             ]
-            cmd += _pytest_cmd([node], xml, per_test)
+            cmd += _pytest_cmd([node, "-p", "vt_no_pool"], xml, per_test)
+            env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+            env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         else:
             env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
             cmd = _pytest_cmd([node, "-p", "vt_no_ptx_rewrite"], xml, per_test)
