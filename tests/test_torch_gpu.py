@@ -14,6 +14,7 @@ graph capture, torch.compile, torch's allocator, conversion on the GPU.
 
 import copy
 
+import kernel_names as profiled
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -35,11 +36,6 @@ def _quant_kernels(scheme, m, k):
     if scheme == "dynamic" and m * k <= 1 << 14:  # small inputs: one launch (vtnumba.cuda.kernels.quant)
         return ("quantize_dynamic_small",)
     return QUANT_KERNEL[scheme]
-
-
-# Numba names our kernels after their module (``_ZN7vtnumba4cuda...``, or ``vtnumba::cuda::...``
-# demangled): a profiled kernel without it is cuBLASLt's
-OURS = "vtnumba"
 
 
 def _vtt():
@@ -86,6 +82,7 @@ def _expected_gemm(scheme, m):
 
 
 def _profiled_kernels(fn):
+    """The names the profiler gives the CUDA kernels ``fn`` runs (its second call)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -110,16 +107,18 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         kernels = layer.kernels(x)
         names = _profiled_kernels(lambda: layer(x))
-    ours = [n for n in names if OURS in n]
-    theirs = [n for n in names if n not in ours]
+    # ours by the kernels vtnumba compiled, named alike under both compilers (numba-cuda-mlir's
+    # names carry no module path); any other is cuBLASLt's
+    ours = profiled.ours(names)
+    theirs = [n for n in names if not profiled.is_ours(n)]
     if _fused(scheme, m):  # one launch: the GEMV quantizes x as it reads it
         assert kernels == (FUSED_KERNEL,), kernels
-        assert len(names) == 1 and "gemv" in names[0] and OURS in names[0], names
+        assert len(names) == 1 and len(ours) == 1 and "gemv" in ours[0], names
         return
     assert kernels == _quant_kernels(scheme, m, 1024) + (_expected_gemm(scheme, m),), kernels
     assert all(any(q in n for n in ours) for q in _quant_kernels(scheme, m, 1024)), names
     staged = _expected_gemm(scheme, m) == "cublaslt_f32_epilogue"
-    assert any("_epilogue_vector_kernel" in n for n in names) == staged, names  # no silent f32-staged fallback
+    assert any("_epilogue_vector_kernel" in n for n in ours) == staged, names  # no silent f32-staged fallback
     if _expected_gemm(scheme, m).startswith("cublaslt"):
         assert theirs, names  # cuBLASLt ran the GEMM
     else:
@@ -138,7 +137,7 @@ def test_float32_bias_for_bf16_output_takes_the_f32_staged_path(monkeypatch):
     assert layer.kernels(x) == ("quantize_per_token", "cublaslt_f32_epilogue")
     with torch.inference_mode():
         names = _profiled_kernels(lambda: layer(x))
-    assert any("_epilogue_vector_kernel" in n for n in names), names
+    assert any("_epilogue_vector_kernel" in n for n in profiled.ours(names)), names
 
 
 @pytest.mark.parametrize("decode_path", ["fused", "split"])
@@ -290,7 +289,7 @@ def test_layers_that_share_an_input_quantize_it_once(monkeypatch, scheme):
             return la(t), lb(t)
 
         names = _profiled_kernels(lambda: both(x.clone()))  # a fresh tensor each call
-        quant = [n for n in names if OURS in n and ("quantize" in n or "amax" in n)]
+        quant = [n for n in profiled.ours(names) if "quantize" in n or "amax" in n]
         assert len(quant) == len(_quant_kernels(scheme, 16, 512)), names  # once for both layers
         la(x)
         yb = lb(x)
@@ -303,5 +302,5 @@ def test_layers_that_share_an_input_quantize_it_once(monkeypatch, scheme):
         xi = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
         la(xi), lb(xi)
         names = _profiled_kernels(lambda: both(xi))
-        quant = [n for n in names if OURS in n and ("quantize" in n or "amax" in n)]
+        quant = [n for n in profiled.ours(names) if "quantize" in n or "amax" in n]
         assert len(quant) == 2 * len(_quant_kernels(scheme, 16, 512)), names

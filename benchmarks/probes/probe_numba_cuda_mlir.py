@@ -24,9 +24,22 @@ with what is left of ``--budget`` seconds (at most ``--suite-seconds``, 300 unle
            dispatcher launch on a capturing cupy stream, each in its own process
 - suite    ``pytest -m gpu`` over tests/ with VTNUMBA_CUDA_TARGET=numba-cuda-mlir (xdist, a time box
            per test), junit XML, a pass / fail / skip table per file and the failures grouped by cause
+- files    every GPU test file (``--files``, else each tests/*.py that marks tests ``gpu``) in its own
+           pytest process per target (``--targets``, numba-cuda-mlir first), ``--file-workers`` at a
+           time, each in its own time box (``--file-seconds``; the largest files split over xdist
+           workers, ``--split``), so a context one failure poisons fails the rest of that process
+           only: ``files.md``, passed / failed / error / skipped per file under each target, and the
+           failures grouped by cause per target (junit XML per file, else its -v log)
+- sanitizer ``compute-sanitizer --tool memcheck`` on one test per cause found offline (``SANITIZED``:
+           the fused GEMV and the MoE steps, issue 42) under numba-cuda-mlir, and the same tests
+           without the sanitizer and without vtnumba's PTX rewrite of the dynamic shared memory
+           (docs/DEVICE.md, reproducer 9), which must fail: the cause, confirmed on the GPU
+
+``--parts files,sanitizer`` is the issue-42 run: about 5 minutes on a 16-core H200 host.
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -442,6 +455,7 @@ _STATUS = re.compile(r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
 _NODE = re.compile(r"(tests/[\w/.-]+\.py)::(\S+)")
 
 
+@functools.cache
 def _have(module):
     return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
 
@@ -577,6 +591,262 @@ def summarize_suite(out):
 
 
 # ================================================================================================
+# per file, per target, in parallel; the sanitizer
+
+# one failing test per cause found offline (issue 42): the fused GEMV's x codes over its scales, the MoE
+# align's counters over its scan -- both numba-cuda-mlir's dynamic shared memory (DEVICE.md, 9)
+SANITIZED = [
+    "tests/test_tensorcore_gpu.py::test_fused_linear[static-1-float32]",
+    "tests/test_experts_gpu.py::test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu[dynamic-4]",
+]
+# the files of most GPU tests (2026-12-02: 124, 118, 98, 87 and 59) over several xdist workers, so
+# none of them sets the wall time alone
+SPLIT = "test_tensorcore_gpu.py:3,test_seam_gpu.py:3,test_cuda_gemm.py:2,test_experts_gpu.py:2,test_torch_gpu.py:2"
+_GPU_MARK = re.compile(r"pytest\.mark\.gpu|devices\.params\(")
+
+# A pytest plugin that undoes vtnumba's rewrite of numba-cuda-mlir's dynamic shared memory, so the
+# sanitizer part can show the failure the rewrite answers on the GPU itself
+_NO_REWRITE_PLUGIN = '''"""vtnumba's PTX as numba-cuda-mlir wrote it: no extern dynamic shared memory (DEVICE.md, 9)."""
+from vtnumba.cuda.runtime import launch
+
+launch.extern_dynamic_shared = lambda ptx: ptx
+'''
+
+
+# memcheck sees a write past an allocation only where the allocation ends: cupy's pool (and torch's
+# caching allocator, PYTORCH_NO_CUDA_MEMORY_CACHING) hand out pieces of larger blocks, so the sanitized
+# runs allocate every array with cudaMalloc
+_NO_POOL_PLUGIN = '''"""Every cupy array its own cudaMalloc, so memcheck knows where each one ends."""
+import cupy
+
+cupy.cuda.set_allocator(None)
+'''
+
+
+def gpu_test_files():
+    """tests/*.py that mark tests ``gpu`` (directly, or through ``vtnumba.testing.devices.params``)."""
+    return sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if _GPU_MARK.search(p.read_text())
+    )
+
+
+def _cases_from(xml, log):
+    """[(file, name, status, message, where)] of one pytest run: its junit XML, else its -v log (a run
+    killed at its box writes no XML; a test started without an outcome counts as an error)."""
+    import xml.etree.ElementTree as ET
+
+    cases = []
+    if xml.exists() and xml.stat().st_size:
+        try:
+            root = ET.parse(xml).getroot()
+        except ET.ParseError:
+            root = None
+        if root is not None:
+            for tc in root.iter("testcase"):
+                file = tc.get("file") or tc.get("classname", "").replace(".", "/") + ".py"
+                status, message, where = "passed", "", ""
+                for tag in ("failure", "error", "skipped"):
+                    el = tc.find(tag)
+                    if el is not None:
+                        status = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                        lines = (el.get("message") or "").strip().splitlines()
+                        message = lines[0] if lines else ""
+                        frames = re.findall(r"(vtnumba/[\w/]+\.py):(\d+)", el.text or "")
+                        where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+                        break
+                cases.append((file, tc.get("name"), status, message, where))
+            return cases
+    seen = {}
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            node, status = _NODE.search(line), _STATUS.search(line)
+            if node and status:
+                seen[node.group(0)] = (node.group(1), node.group(2), status.group(1).lower(), "", "")
+            elif node:
+                seen.setdefault(
+                    node.group(0), (node.group(1), node.group(2), "error", "no outcome (hung or killed)", "")
+                )
+    return [(f, n, "passed" if st in ("xfail", "xpass") else st, m, w) for f, n, st, m, w in seen.values()]
+
+
+def _pytest_cmd(args, xml, per_test, workers=1):
+    cmd = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "-v", "-rfE", "--tb=short"]
+    cmd += [f"--junitxml={xml}", "-o", "junit_family=xunit1"]
+    if _have("pytest_timeout"):
+        cmd += [f"--timeout={per_test}"]
+    if workers > 1 and _have("xdist"):
+        cmd += ["-n", str(workers)]
+    return cmd
+
+
+def _run_boxed(cmd, env, log_path, seconds):
+    """Run ``cmd`` in its own session for at most ``seconds`` (then SIGINT, then SIGKILL): rc, wall."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(seconds, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = f"stopped at its {seconds:.0f} s box"
+    return rc, round(time.time() - t0, 1)
+
+
+def run_files(out, files, targets, deadline, file_seconds, per_test, workers, split):
+    """Every file under every target, each in its own process (see ``files`` in the docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = out / "files"
+    folder.mkdir(exist_ok=True)
+    size = {f: (ROOT / f).stat().st_size for f in files}
+    # numba-cuda-mlir's runs first (the measurement); within a target the split files first, the
+    # most workers first (they set the wall time), then the rest by size
+    order = sorted(files, key=lambda f: (-split.get(Path(f).name, 1), -size[f]))
+    tasks = [(t, f) for t in targets for f in order]
+    results = {}
+
+    def one(task):
+        target, file = task
+        left = deadline - time.time()
+        tag = f"{target}__{Path(file).stem}"
+        if left < 10:
+            results[task] = {"rc": "not run: the budget is spent", "wall_s": 0, "cases": []}
+            return
+        xml, log = folder / f"{tag}.xml", folder / f"{tag}.log"
+        n = split.get(Path(file).name, 1)
+        cmd = _pytest_cmd([file, "-m", "gpu"], xml, per_test, n)
+        rc, wall = _run_boxed(cmd, _child_env(target), log, min(file_seconds, left))
+        results[task] = {"rc": rc, "wall_s": wall, "cases": _cases_from(xml, log), "workers": n}
+        n = Counter(c[2] for c in results[task]["cases"])
+        print(f"[{time.strftime('%H:%M:%S')}] {target} {file}: rc {rc}, {wall} s, {dict(n)}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, tasks))
+    lines = ["| file | " + " | ".join(f"{t}: passed / failed / error / skipped (s)" for t in targets) + " |"]
+    lines.append("|---|" + "---|" * len(targets))
+    totals = {t: Counter() for t in targets}
+    for file in files:
+        cells = []
+        for t in targets:
+            r = results[(t, file)]
+            c = Counter(case[2] for case in r["cases"])
+            totals[t].update(c)
+            note = "" if r["rc"] in (0, 1, 5) else f", {r['rc']}"
+            cells.append(f"{c['passed']} / {c['failed']} / {c['error']} / {c['skipped']} ({r['wall_s']}{note})")
+        lines.append(f"| {Path(file).name} | " + " | ".join(cells) + " |")
+    cells = []
+    for t in targets:
+        c = totals[t]
+        ran = c["passed"] + c["failed"] + c["error"]
+        share = f", {100 * c['passed'] / ran:.1f}% of those run passed" if ran else ""
+        cells.append(f"**{c['passed']} / {c['failed']} / {c['error']} / {c['skipped']}**{share}")
+    lines.append("| **all** | " + " | ".join(cells) + " |")
+    for t in targets:
+        classes = defaultdict(lambda: {"n": 0, "files": set(), "where": Counter(), "example": ""})
+        for file in files:
+            for f, name, status, message, where in results[(t, file)]["cases"]:
+                if status in ("failed", "error"):
+                    c = classes[_normalize(message) or "(no message)"]
+                    c["n"] += 1
+                    c["files"].add(Path(f).name)
+                    if where:
+                        c["where"][where] += 1
+                    c["example"] = c["example"] or f"{Path(f).name}::{name}"
+        if not classes:
+            continue
+        lines += ["", f"Failures under {t} by cause:", "", "| n | cause | vtnumba frame (count) | files | example |"]
+        lines.append("|---|---|---|---|---|")
+        for msg, c in sorted(classes.items(), key=lambda kv: -kv[1]["n"]):
+            where = ", ".join(f"{w} ({k})" for w, k in c["where"].most_common(3))
+            names = ", ".join(sorted(c["files"])[:5]) + (" …" if len(c["files"]) > 5 else "")
+            lines.append(f"| {c['n']} | {msg.replace('|', '/')} | {where} | {names} | {c['example']} |")
+    text = "\n".join(lines)
+    (out / "files.md").write_text(text + "\n")
+    (out / "files.json").write_text(json.dumps({f"{t} {f}": r for (t, f), r in results.items()}, indent=1, default=str))
+    return text
+
+
+def _sanitizer():
+    import glob
+    import shutil
+
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda*/bin/compute-sanitizer", "/usr/local/cuda*/compute-sanitizer/compute-sanitizer"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def run_sanitizer(out, deadline, per_test, seconds=200):
+    """memcheck on each SANITIZED test under numba-cuda-mlir, and each without vtnumba's PTX rewrite
+    (DEVICE.md, 9) and without the sanitizer: that one must fail, the sanitized one pass with no error."""
+    folder = out / "sanitizer"
+    folder.mkdir(exist_ok=True)
+    (folder / "vt_no_ptx_rewrite.py").write_text(_NO_REWRITE_PLUGIN)
+    (folder / "vt_no_pool.py").write_text(_NO_POOL_PLUGIN)
+    tool = _sanitizer()
+
+    def one(job):
+        i, node, mode = job
+        left = deadline - time.time()
+        if left < 15:
+            return (node, mode, "not run: the budget is spent", "", 0)
+        env = _child_env(MLIR)
+        xml, log = folder / f"{mode}_{i}.xml", folder / f"{mode}_{i}.log"
+        if mode == "memcheck":
+            if tool is None:
+                return (node, mode, "compute-sanitizer not found", "", 0)
+            cmd = [
+                tool,
+                "--tool",
+                "memcheck",
+                "--target-processes",
+                "all",
+                "--error-exitcode",
+                "99",
+                "--print-limit",
+                "20",
+            ]
+            cmd += _pytest_cmd([node, "-p", "vt_no_pool"], xml, per_test)
+            env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+            env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        else:
+            env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+            cmd = _pytest_cmd([node, "-p", "vt_no_ptx_rewrite"], xml, per_test)
+        rc, wall = _run_boxed(cmd, env, log, min(seconds, left))
+        summary = re.findall(r"ERROR SUMMARY: \d+ errors?", log.read_text(errors="replace"))
+        outcome = Counter(c[2] for c in _cases_from(xml, log))
+        print(f"[{time.strftime('%H:%M:%S')}] sanitizer {mode} {node}: rc {rc}, {wall} s", flush=True)
+        return (node, mode, rc, f"{dict(outcome)} {summary[-1] if summary else ''}".strip(), wall)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(i, node, mode) for i, node in enumerate(SANITIZED) for mode in ("memcheck", "no_rewrite")]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:  # 4 processes beside the files' own
+        rows = list(pool.map(one, jobs))
+    lines = [
+        f"compute-sanitizer: {tool or 'not found'}; under {MLIR}. memcheck: the test with vtnumba as it is "
+        "(expected: passed, 0 errors); no_rewrite: the test with numba-cuda-mlir's own dynamic shared "
+        "memory (expected: failed)",
+        "",
+        "| test | run | rc | outcome | s |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {m} | {rc} | {o} | {w} |" for n, m, rc, o, w in rows]
+    text = "\n".join(lines)
+    (out / "sanitizer.md").write_text(text + "\n")
+    return text
+
+
+# ================================================================================================
 # the driver
 
 
@@ -686,7 +956,18 @@ def main():
         help="seconds for everything (the suite gets what is left, <= --suite-seconds)",
     )
     ap.add_argument(
-        "--parts", default="env,g2,speed,graph,suite", help="comma-separated subset of env,g2,speed,graph,suite"
+        "--parts",
+        default="env,g2,speed,graph,suite",
+        help="comma-separated subset of env,g2,speed,graph,suite,files,sanitizer",
+    )
+    ap.add_argument("--files", default="", help="files: the test files (comma-separated; default: every GPU file)")
+    ap.add_argument("--targets", default=f"{MLIR},{NC}", help="files: the targets, in priority order")
+    ap.add_argument("--file-workers", type=int, default=12, help="files: files (pytest runs) at a time")
+    ap.add_argument("--file-seconds", type=float, default=240.0, help="files: the box of one file's process")
+    ap.add_argument(
+        "--split",
+        default=SPLIT,
+        help="files: FILE:N,... run over N xdist workers (each its own process and CUDA context)",
     )
     ap.add_argument("--suite-seconds", type=float, default=300.0, help="the most seconds the suite may take")
     ap.add_argument("--workers", type=int, default=8, help="pytest-xdist workers for the suite")
@@ -701,9 +982,12 @@ def main():
     if args.budget <= 0:
         ap.error(f"--budget must be > 0 seconds, got {args.budget}")
     parts = [p for p in args.parts.split(",") if p]
-    unknown = sorted(set(parts) - {"env", "g2", "speed", "graph", "suite"})
+    unknown = sorted(set(parts) - {"env", "g2", "speed", "graph", "suite", "files", "sanitizer"})
     if unknown:
-        ap.error(f"--parts may name env, g2, speed, graph and suite, got {unknown}")
+        ap.error(f"--parts may name env, g2, speed, graph, suite, files and sanitizer, got {unknown}")
+    targets = [t for t in args.targets.split(",") if t]
+    if not targets or set(targets) - {MLIR, NC}:
+        ap.error(f"--targets may name {MLIR} and {NC}, got {args.targets!r}")
 
     if args.part:  # a child: one part, its result as JSON
         fn = {"env": part_env, "g2": part_g2, "speed": part_speed}.get(args.part)
@@ -732,7 +1016,7 @@ def main():
         if part not in parts:
             continue
         # the suite keeps at least 120 s of the budget when it is asked for
-        box = min(box, left() - (120 if "suite" in parts else 5))
+        box = min(box, left() - (120 if {"suite", "files"} & set(parts) else 5))
         if box < 5:
             results[f"{part}_{target}"] = {"error": "skipped: the budget is spent"}
             continue
@@ -747,7 +1031,32 @@ def main():
         except Exception as exc:  # noqa: BLE001
             suite_md = f"(no summary: {_first_line(exc)})"
         (out / "suite.md").write_text(suite_md + "\n")
-    print(report(out, results, suite_md, suite_info, t_start))
+    extra = []
+    sanitized = {}
+    if "sanitizer" in parts:  # beside the files, in a thread of its own: its 4 processes share the GPU
+        import threading
+
+        def sanitize():
+            sanitized["md"] = run_sanitizer(out, deadline - 30, args.per_test)
+
+        sanitizer = threading.Thread(target=sanitize)
+        sanitizer.start()
+    if "files" in parts:
+        files = [f for f in args.files.split(",") if f] or gpu_test_files()
+        t0 = time.time()
+        split = {name: int(n) for name, n in (item.split(":") for item in args.split.split(",") if item)}
+        table = run_files(
+            out, files, targets, deadline - 10, args.file_seconds, args.per_test, args.file_workers, split
+        )
+        extra += [f"## every GPU test file in its own process ({round(time.time() - t0)} s)", "", table, ""]
+    if "sanitizer" in parts:
+        sanitizer.join()
+        extra += ["## compute-sanitizer (issue 42's causes)", "", sanitized.get("md", "(no result)"), ""]
+    text = report(out, results, suite_md, suite_info, t_start)
+    if extra:
+        text += "\n" + "\n".join(extra) + "\n"
+        (out / "summary.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from ... import _format
 from ..._format import F32_E4M3_MAX, F32_ZERO
 from .target import (
     DEVICE_INLINE,
+    DEVICE_SCALAR,
     SIMULATOR,
     cuda,
     intrinsic,
@@ -324,10 +325,11 @@ else:
 
 
 def compile_device(fn, **extra):
-    """A plain-Python helper compiled as an inline device function of this target: its bit casts
-    are this module's, ``extra`` names replace other globals of its source."""
+    """A plain-Python helper compiled as an inline device function of this target (``DEVICE_SCALAR``:
+    under numba-cuda-mlir inlined by its own inliner, see target.py): its bit casts are this
+    module's, ``extra`` names replace other globals of its source."""
     return _format.compile_for_target(
-        fn, cuda.jit(**DEVICE_INLINE), float32_bits=float32_bits, bits_float32=bits_float32, **extra
+        fn, cuda.jit(**DEVICE_SCALAR), float32_bits=float32_bits, bits_float32=bits_float32, **extra
     )
 
 

@@ -87,6 +87,14 @@ if TARGET == "numba-cuda-mlir":
     # reference a valid global memref", docs/DEVICE.md). Inlined at the IR level, every shared
     # array is the kernel's own.
     DEVICE_INLINE = dict(device=True, inline="always")
+# Options of the device helpers made from plain-Python scalar code (``codec.compile_device``: the
+# portable encoder, the decoders): they hold no shared array, so the reason above for
+# inline="always" does not apply to them, and inlining them at the Numba IR level re-types their
+# body at every call site -- the static quantization kernel with the portable encoder took 109 s to
+# compile that way under numba-cuda-mlir 0.6.0 and 14 s with the encoder left to its own inliner
+# (which inlines it all the same: the PTX has no call; per-group 16 portable kernels took 80 s, and
+# a portable G1 test ran past its 90 s box on the H200). numba-cuda keeps forceinline.
+DEVICE_SCALAR: dict[str, Any] = dict(device=True) if TARGET == "numba-cuda-mlir" else DEVICE_INLINE
 
 
 def _mlir_intrinsic_typed_late(fn):
@@ -395,6 +403,7 @@ __all__ = [
     "types",
     "intrinsic",
     "DEVICE_INLINE",
+    "DEVICE_SCALAR",
     "IMPORT_ERROR",
     "SIMULATOR",
     "TARGET",

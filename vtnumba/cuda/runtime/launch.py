@@ -95,6 +95,36 @@ _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)", re.S)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
 
+# numba-cuda-mlir 0.6.0's dynamic shared memory (``cuda.shared.array(0, ...)``): MLIR's
+# ``gpu.dynamic_shared_memory`` becomes a zero-sized global of the module's own, which NVVM writes as
+# a one-byte *static* shared variable (``.shared .align 16 .b8 __dynamic_shmem__0;``, often
+# "demoted" into the kernel's body) instead of the extern array the dynamic region begins at. ptxas
+# then places it among the kernel's static shared arrays (at offset 0, before them), so the dynamic
+# array's elements are those arrays' bytes: the fused GEMV's x codes overwrote its scales (G3, err
+# inf), the MoE align's counters its scan (docs/DEVICE.md, reproducer 9).
+_MLIR_DYNAMIC_SHARED = re.compile(
+    r"^[ \t]*(?:\.visible[ \t]+)?\.shared[ \t]+(\.align[ \t]+\d+[ \t]+)?\.b8[ \t]+"
+    r"(__dynamic_shmem__\d+)(?:\[\d*\])?[ \t]*;[ \t]*\n",
+    re.M,
+)
+_ADDRESS_SIZE = re.compile(r"^\.address_size[ \t]+\d+[ \t]*\n", re.M)
+
+
+def extern_dynamic_shared(ptx):
+    """``ptx`` with numba-cuda-mlir's dynamic shared variables declared as numba-cuda declares its
+    own, ``.extern .shared .align A .b8 NAME[];`` at module scope (see ``_MLIR_DYNAMIC_SHARED``): the
+    dynamic region then starts past every static array. PTX without them is returned unchanged."""
+    found = _MLIR_DYNAMIC_SHARED.findall(ptx)
+    if not found:
+        return ptx
+    ptx = _MLIR_DYNAMIC_SHARED.sub("", ptx)
+    decls = "".join(f".extern .shared {align or ''}.b8 {name}[];\n" for align, name in dict.fromkeys(found))
+    module = _ADDRESS_SIZE.search(ptx)
+    if module is None:
+        raise RuntimeError("numba-cuda-mlir's PTX has no .address_size line to declare its dynamic shared memory after")
+    return ptx[: module.end()] + decls + ptx[module.end() :]
+
+
 Buffer = namedtuple("Buffer", "ptr shape strides")
 Buffer.__doc__ = """A device buffer seen as an array argument: data pointer, shape and strides in bytes.
 Cheaper to make than a cupy view, e.g. ``Buffer(a.data.ptr, (a.size,), (a.itemsize,))`` passes a
@@ -260,7 +290,8 @@ class Kernel:
         # numba-cuda-mlir 0.6.0 ends its PTX for compute capability 10.0 on (sm_12x included) with
         # NVVM's C-string terminator; the driver stops there, but ptxas reads a file with it as a
         # truncated statement ("Unexpected EOF", docs/DEVICE.md)
-        return ptx.rstrip("\x00")
+        ptx = ptx.rstrip("\x00")
+        return extern_dynamic_shared(ptx) if MLIR else ptx
 
     def _load(self, device_id):
         require_gpu()
@@ -443,4 +474,4 @@ def compile_kernel(pyfunc, signature, **options):
     return kernel
 
 
-__all__ = ["Buffer", "Kernel", "PreparedLaunch", "compile_kernel", "entry_params"]
+__all__ = ["Buffer", "Kernel", "PreparedLaunch", "compile_kernel", "entry_params", "extern_dynamic_shared"]
