@@ -70,6 +70,7 @@ def _on_device(index, fn):
 
 
 _grad_enabled = torch.is_grad_enabled
+_torch_threads = torch.get_num_threads  # torch's intra-op threads: vtnumba's cap inside a CPU forward
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
