@@ -319,7 +319,7 @@ def _moe_forward(pair, x, top_k_index, top_k_weights):
     seen before replays its bound call (``_moe_bound``); else the seam's full path through its
     interop."""
     if x.requires_grad and _grad_enabled():
-        _refuse_grad(x)
+        _refuse_grad(x, "hidden_states", "Fp8Experts")
     gate_up, down = pair
     hidden = gate_up.shape[2]
     _check_experts_input(x, top_k_index, top_k_weights, hidden)
