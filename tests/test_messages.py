@@ -95,7 +95,9 @@ def test_torch_layers_and_convert_refuse_nonfinite_weights_by_their_names():
         vtt.Fp8Linear.from_linear(linear, "per_group", block_size=(16, 32))
     assert vtt.Fp8Linear.from_linear(linear, "dynamic", allow_nonfinite=True).weight.view(torch.uint8)[3, 4] == 0x7F
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), copy.deepcopy(linear))
-    with pytest.raises(ValueError, match=rf"2.weight must be finite to quantize to FP8, got nan at index \[3, 4\].*{_FIX}"):
+    with pytest.raises(
+        ValueError, match=rf"2.weight must be finite to quantize to FP8, got nan at index \[3, 4\].*{_FIX}"
+    ):
         vtt.convert(model, "per_token")
     assert isinstance(model[0], nn.Linear)  # refused before anything was converted
     assert isinstance(vtt.convert(model, "per_token", allow_nonfinite=True)[2], vtt.Fp8Linear)
