@@ -5,6 +5,8 @@ fresh process with a warm cache loads machine code instead of compiling it.
 """
 
 import os
+import sys
+import threading
 from typing import Any
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
@@ -108,11 +110,19 @@ def start_threads():
     set_here = "OMP_WAIT_POLICY" not in os.environ and not parallel._is_initialized
     if set_here:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    # With torch imported first, Numba's OpenMP layer binds to the libgomp torch loaded (one runtime:
+    # Numba's regions then run on torch's intra-op workers), and launching the pool sets that
+    # runtime's thread count to NUMBA_NUM_THREADS: torch.set_num_threads(1) became 2, or torch's 2
+    # became 1 under NUMBA_NUM_THREADS=1. The user's torch setting is put back.
+    torch = sys.modules.get("torch")
+    torch_threads = torch.get_num_threads() if torch is not None else None
     try:
         numba.get_num_threads()  # launches the pool: libgomp reads its environment now
     finally:
         if set_here:
             del os.environ["OMP_WAIT_POLICY"]
+        if torch_threads is not None and torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
     _threads_started = True
 
 
@@ -140,3 +150,133 @@ def parallel_min_work(default):
         return int(value)
     except ValueError:
         raise ValueError(f"VT_CPU_PARALLEL_MIN_WORK must be an integer, got {value!r}") from None
+
+
+# -- who owns the cores inside a torch model ---------------------------------------------------------
+# Three thread pools can meet in one process: torch's intra-op pool (OpenMP), Numba's (OpenMP; the
+# same runtime as torch's when torch was imported first) and the BLAS that Numba's np.dot calls inside
+# vtnumba's kernels (scipy's OpenBLAS, a pthreads pool of its own). torch's OpenMP workers spin after
+# each op (libgomp's default wait policy, read when torch loads, before vtnumba can say otherwise);
+# OpenBLAS's workers, woken for every sgemm above a few hundred thousand multiply-adds, then queued
+# behind them. On two cores a converted tiny Qwen3-MoE at 128 tokens took 62-72 ms (per_group) where
+# float32 torch took 14 ms; a 128 x 256 x 256 block-scaled layer took 68 ms with two BLAS threads
+# and 0.7 ms with one (benchmarks/cpu/bench_cpu_threads.py --torch).
+# So while a vtnumba kernel runs inside a torch forward, torch owns the cores: the forward caps
+# vtnumba's threads at torch.get_num_threads() (``torch_thread_cap``), which also caps the BLAS
+# threads; and BLAS gets more than one thread only for sgemm calls worth waking workers for
+# (CPU_BLAS_MIN_MACS each) when that many CPUs are free (``free_cpus``). The BLAS thread count is
+# set around each call and put back to what it was (the user's) after.
+CPU_BLAS_MIN_MACS = 1 << 24
+
+_local = threading.local()  # .cap: this Python thread's thread cap inside a torch forward, or absent
+
+
+def thread_cap():
+    """The cap on this Python thread's kernel threads now (a torch forward's torch.get_num_threads()),
+    or None outside one."""
+    return getattr(_local, "cap", None)
+
+
+class torch_thread_cap:
+    """``with torch_thread_cap(n):`` caps this Python thread's vtnumba kernel threads (Numba's and
+    BLAS's) at ``n`` inside the block; nested caps keep the smallest. A class, not a generator
+    context manager: it wraps every CPU forward of a converted layer, a few microseconds each."""
+
+    __slots__ = ("n", "before")
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.before = before = getattr(_local, "cap", None)
+        _local.cap = self.n if before is None else min(before, self.n)
+        return self
+
+    def __exit__(self, *exc):
+        _local.cap = self.before
+
+
+def kernel_threads(work, min_work, threads, free_now=None):
+    """Threads a kernel call of ``work`` gets, of ``threads`` available: 1 below ``min_work`` (as
+    ``parallel_min_work`` sets it), else ``threads`` capped by this thread's cap (``thread_cap``)
+    and by the CPUs free now (``free_now()``, ``free_cpus`` by default; not looked at when the threshold
+    is 0: every thread, loaded or not)."""
+    min_work = parallel_min_work(min_work)
+    if work < min_work:
+        return 1
+    cap = getattr(_local, "cap", None)
+    if cap is not None:
+        threads = min(threads, cap)
+    free = None if min_work == 0 else (free_now or free_cpus)()
+    return threads if free is None else max(1, min(threads, free))
+
+
+class _Blas:
+    """The thread count of the BLAS Numba's np.dot calls (scipy.linalg.cython_blas's library), found
+    once: (get, set) ctypes functions, or None where that BLAS has no such call (then vtnumba leaves
+    its threads alone)."""
+
+    calls: Any = False  # False: not looked for yet
+
+    @classmethod
+    def find(cls):
+        if cls.calls is False:
+            cls.calls = None
+            try:
+                import ctypes
+
+                import scipy.linalg.cython_blas as cython_blas
+
+                lib = ctypes.CDLL(cython_blas.__file__)  # dlsym searches its dependencies: the BLAS
+                for prefix in ("scipy_openblas", "openblas", "scipy_openblas64_"):
+                    get = getattr(lib, f"{prefix}_get_num_threads", None)
+                    put = getattr(lib, f"{prefix}_set_num_threads", None)
+                    if get is not None and put is not None:
+                        get.restype, get.argtypes = ctypes.c_int, []
+                        put.restype, put.argtypes = None, [ctypes.c_int]
+                        cls.calls = (get, put)
+                        break
+            except (ImportError, OSError):
+                pass
+        return cls.calls
+
+
+_blas_lock = threading.Lock()
+_blas_users = [0, None]  # Python threads inside blas_threads, the count to restore when the last leaves
+
+
+class blas_threads:
+    """``with blas_threads(macs_per_call):`` the BLAS calls inside a vtnumba kernel get the threads
+    ``kernel_threads`` gives ``macs_per_call`` (each sgemm's multiply-adds) against
+    CPU_BLAS_MIN_MACS, of the count the BLAS had before (the user's: OPENBLAS_NUM_THREADS, or every
+    CPU); that count comes back when the last Python thread inside leaves. The count is the
+    process's (OpenBLAS has no per-thread one): threads that overlap share the last one set, which
+    changes the speed only (sgemm splits rows and columns, never a sum)."""
+
+    __slots__ = ("macs",)
+
+    def __init__(self, macs_per_call):
+        self.macs = macs_per_call
+
+    def __enter__(self):
+        calls = _Blas.find()
+        if calls is not None:
+            get, put = calls
+            with _blas_lock:
+                if _blas_users[0] == 0:
+                    _blas_users[1] = get()
+                _blas_users[0] += 1
+                users_count = _blas_users[1]
+            threads = kernel_threads(self.macs, CPU_BLAS_MIN_MACS, users_count)
+            if get() != threads:
+                put(threads)
+        return self
+
+    def __exit__(self, *exc):
+        calls = _Blas.find()
+        if calls is not None:
+            get, put = calls
+            with _blas_lock:
+                _blas_users[0] -= 1
+                if _blas_users[0] == 0 and get() != _blas_users[1]:
+                    put(_blas_users[1])

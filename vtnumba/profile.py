@@ -55,6 +55,15 @@ __all__ = [
 ]
 
 
+def _byte_text(n):
+    """A byte count in the unit that shows it (the small MoE example touches kilobytes, where a
+    fixed MB printed "0.0 MB"): B, kB, MB or GB, three significant figures."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 
@@ -323,7 +332,7 @@ class ExpertsRecord:
         head = (
             f"{self.name} on {self.device}: {self.experts_hit} of {len(rows)} experts hit, rows per hit expert "
             f"{int(hit.min()) if hit.size else 0}..{int(hit.max()) if hit.size else 0}, "
-            f"{self.expert_bytes / 1e6:.1f} MB of FP8 expert weights touched"
+            f"{_byte_text(self.expert_bytes)} of FP8 expert weights touched"
         )
         return head + "\n" + ProfileResults([self.total] + list(self.steps)).table()
 

@@ -5,6 +5,7 @@ work, quiet and with one CPU-bound process beside them, and a small layer beside
     python3 benchmarks/cpu/bench_cpu_threads.py            # the crossover tables and the busy layer
     python3 benchmarks/cpu/bench_cpu_threads.py --layer    # only the busy layer
     python3 benchmarks/cpu/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
+    python3 benchmarks/cpu/bench_cpu_threads.py --torch    # a converted tiny Qwen3-MoE against float32 torch
 
 Times are medians of interleaved calls (serial, parallel, serial, ...) with p90 beside them: the
 machine this ran on first was shared, and the median is the figure a user sees. The thresholds in
@@ -24,7 +25,7 @@ import numpy as np
 
 import vtnumba as vt
 from vtnumba import seam
-from vtnumba.cpu import gemm, quant
+from vtnumba.cpu import block, gemm, quant
 
 
 @contextlib.contextmanager
@@ -166,11 +167,112 @@ def main_command_under_load(argv=("--skip-selfcheck",)):
     print(f"worst busy / idle: {worst:.2f} (target <= 2)", flush=True)
 
 
+def torch_model(tokens=128, rounds=9):
+    """The issue-41 case: a tiny transformers Qwen3-MoE (hidden 256, 8 experts, top-2, 2 layers;
+    tests/test_cpu_threads_torch.py's) converted per scheme, its forward at ``tokens`` tokens against
+    float32 torch, each model's best of ``rounds`` forwards taken in turn (models interleaved), in
+    one process; then the same for a block-scaled layer alone (128 x 256 x 256) with the BLAS
+    forced to 1 and to 2 threads around vtnumba's call, the fight that call's BLAS workers had with
+    torch's spinning OpenMP workers."""
+    import copy
+    import ctypes
+
+    import scipy.linalg.cython_blas as cython_blas
+    import torch
+    import transformers
+
+    import vtnumba.torch as vtt
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=256,
+        moe_intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    base = transformers.Qwen3MoeForCausalLM(config).eval()
+    mx = seam.Fp8Config("mxfp8", "block", "per_group", (), (1, 32), activation_scale_format="e8m0")
+    models = {"float32": base}
+    for name, cfg in (("per_token", "per_token"), ("per_group", "per_group"), ("mxfp8", mx)):
+        models[name] = vtt.convert(copy.deepcopy(base), cfg)
+    prompt = torch.arange(tokens).remainder(128).reshape(1, tokens)
+    best = dict.fromkeys(models, float("inf"))
+    with torch.no_grad():
+        for m in models.values():
+            m(prompt)
+        for _ in range(rounds):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                m(prompt)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    print(f"tiny Qwen3-MoE, {tokens} tokens, torch threads {torch.get_num_threads()}, best of {rounds}, ms")
+    for name, t in best.items():
+        print(f"{name:>10s} {t * 1e3:8.2f}  {t / best['float32']:5.2f}x float32")
+    lib = ctypes.CDLL(cython_blas.__file__)
+    get, put = (
+        getattr(lib, "scipy_openblas_get_num_threads", None),
+        getattr(lib, "scipy_openblas_set_num_threads", None),
+    )
+    if get is None or put is None:
+        return
+    rng = np.random.default_rng(0)
+    w = seam.Fp8Weight.from_float(rng.standard_normal((256, 256), dtype=np.float32), block_size=(128, 128))
+    x = rng.standard_normal((128, 256), dtype=np.float32)
+    before, times = get(), {1: [], 2: []}
+    try:
+        for _ in range(rounds):
+            for threads in (1, 2):
+                torch.relu(torch.ones(1 << 16))  # a torch op first: its OpenMP workers spin after it
+                put(threads)
+                t0 = time.perf_counter()
+                block.blas_kernel(*_block_args(x, w))
+                times[threads].append(time.perf_counter() - t0)
+    finally:
+        put(before)
+    print("block-scaled 128 x 256 x 256 sgemm driver right after a torch op, best / median ms:")
+    for threads, t in times.items():
+        print(f"  BLAS threads {threads}: {min(t) * 1e3:.2f} / {statistics.median(t) * 1e3:.2f}")
+
+
+def _block_args(x, w):
+    """block.blas_kernel's arguments for x times w (as block.block_scaled_mm builds them)."""
+    q = vt.quantize_fp8(x, group_size=128, column_major_scales=False)
+    m, k = x.shape
+    n = w.shape[0]
+    rows, panel = block.blas_tiles(m, n, k)
+    sat = np.ascontiguousarray(np.asarray(q.scale, np.float32).T)
+    out = np.empty((m, n), np.float32)
+    return (
+        q.data,
+        w.data,
+        sat,
+        np.asarray(w.weight_scale, np.float32),
+        128,
+        128,
+        np.zeros(0, np.float32),
+        out,
+        rows,
+        panel,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", action="store_true", help="only the busy 16x32x64 layer")
     parser.add_argument("--main", action="store_true", help="only the main command, idle and beside a busy process")
+    parser.add_argument("--torch", action="store_true", help="only the converted tiny Qwen3-MoE against float32 torch")
     args = parser.parse_args()
+    if args.torch:
+        torch_model()
+        return
     if args.main:
         main_command_under_load()
         return

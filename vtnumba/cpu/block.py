@@ -39,6 +39,7 @@ from .._config import (
     CPU_PARALLEL_MIN_MACS,
     CPU_SERIAL_KERNEL,
     CPU_STRICT_FUNCTION,
+    blas_threads,
 )
 from . import _kernel_input
 from .codec import decode_e4m3, per_group_scale
@@ -388,7 +389,8 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
         b = np.ascontiguousarray(b)
         if kernel == "blas":
             block_rows, panel_rows = blas_tiles(m, n, k)
-            blas_kernel(a, b, sat, sb, bn, bk, bias32, out, block_rows, panel_rows)
+            with blas_threads(min(m, block_rows) * min(n, panel_rows) * bk):  # one sgemm per K-block
+                blas_kernel(a, b, sat, sb, bn, bk, bias32, out, block_rows, panel_rows)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)

@@ -34,7 +34,7 @@ Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on `
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, blas_threads
 from . import paths
 from .codec import decode_e4m3
 from .paths import cpu_kernel, vector_width_hint
@@ -373,7 +373,9 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
         a = np.ascontiguousarray(a)
         b = np.ascontiguousarray(b)
         if kernel == "blas":
-            blas_kernel(a, b, sa, sb, bias32, out, *blas_tiles(m, n, k))
+            block_rows, panel_rows = blas_tiles(m, n, k)
+            with blas_threads(block_rows * panel_rows * k):  # one sgemm per block and panel
+                blas_kernel(a, b, sa, sb, bias32, out, block_rows, panel_rows)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)

@@ -45,6 +45,7 @@ from .._config import (
     CPU_PARALLEL_MIN_MACS,
     CPU_SERIAL_KERNEL,
     CPU_STRICT_FUNCTION,
+    blas_threads,
 )
 from .._format import MX_GROUP
 from . import block, paths
@@ -418,9 +419,10 @@ def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     edges = _chunk_bounds(k, bk)
     if kernel == "blas":
         block_rows = min(m, max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // k))
-        if blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias32, out, block_rows, min(n, _PANEL_ROWS)):
-            return None
-        return out
+        panel_rows = min(n, _PANEL_ROWS)
+        with blas_threads(block_rows * panel_rows * int(np.diff(edges).max())):  # one sgemm per chunk
+            outside = blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias32, out, block_rows, panel_rows)
+        return None if outside else out
     x = np.empty((m, k), dtype=np.float32)
     decode_scaled_rows(a, sa, bk, x)
     bad = np.zeros(1, dtype=np.uint8)

@@ -44,7 +44,7 @@ from numba import njit
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
-from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, free_cpus, parallel_min_work, start_threads
+from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, free_cpus, kernel_threads, parallel_min_work, start_threads
 from . import neon, vbmi
 
 
@@ -261,16 +261,15 @@ class CpuKernel:
     def threads_for(self, *args):
         """Numba threads a call with these arguments gets: 1 (the serial twin) below the work threshold,
         with one Numba thread, or when no other CPU is free now (``_config.free_cpus``); else Numba's
-        thread count, capped by the CPUs free now. VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
-        min_work = parallel_min_work(self.min_work)
-        if self.work(*args) < min_work:
+        thread count, capped by the CPUs free now and, inside a torch forward, by torch's thread
+        count (``_config.kernel_threads``). VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
+        work = self.work(*args)
+        if work < parallel_min_work(self.min_work):
             return 1
         import numba
 
         _start_pool()  # only when a parallel twin may run: a serial-only process never starts the pool
-        threads = numba.get_num_threads()
-        free = None if min_work == 0 else free_cpus()
-        return threads if free is None else max(1, min(threads, free))
+        return kernel_threads(work, self.min_work, numba.get_num_threads(), free_cpus)
 
     def runs_parallel(self, *args):
         """Whether a call with these arguments takes the parallel twin."""

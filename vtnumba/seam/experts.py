@@ -36,6 +36,7 @@ from .._arrays import Array, DType, Scale
 from .._interop import interop
 from ..ops import ActivationScheme, quantize_fp8
 from . import bound
+from ._finite import refuse_nonfinite
 from .fp8_format import Fp8Format
 from .weights import Fp8Weight, ResidentFp8, _host_values, _is_host_scalar, _to_device
 
@@ -189,13 +190,16 @@ class Fp8Experts:
         scale_ue8m0: bool = False,
         scale_format: str = "float32",
         scale_rounding: str | None = None,
+        allow_nonfinite: bool = False,
     ) -> "Fp8Experts":
         """Quantize float expert weights [E, N, K], each expert exactly as ``Fp8Weight.from_float``
         quantizes ``w[e]`` with the same keywords (so expert e's codes and scales are that
-        weight's). ``input_scale``: one number or [E]."""
+        weight's). ``input_scale``: one number or [E]. A NaN or Inf in ``w`` is refused, naming its
+        index [e, n, k], unless ``allow_nonfinite=True`` (``Fp8Weight.from_float``'s rule)."""
         _arrays.float_dtype(w, "w")
         if len(w.shape) != 3:
             raise ValueError(f"w must be 3-D [E, N, K] (one nn.Linear weight per expert), got shape {tuple(w.shape)}")
+        refuse_nonfinite(w, "w", allow_nonfinite)
         e = int(w.shape[0])
         scales_in = None
         if input_scale is not None:
@@ -218,6 +222,7 @@ class Fp8Experts:
                 scale_ue8m0=scale_ue8m0,
                 scale_format=scale_format,
                 scale_rounding=scale_rounding,
+                allow_nonfinite=True,  # checked above, with the expert's index
             )
             for i in range(e)
         ]
@@ -464,10 +469,14 @@ def _offsets_array(offsets, e, m, device):
     return offsets if _arrays.dtype_of(offsets) == np.int32 else offsets.astype(np.int32)
 
 
-def _float_rows(x, name):
+def _float_rows(x, name, layout="[M, K]"):
+    """x, checked: a float array of two dimensions, ``layout`` naming them as the caller's docs do."""
     _arrays.float_dtype(x, name)
     if len(x.shape) != 2:
-        raise ValueError(f"{name} must be 2-D [M, K], got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be 2-D {layout}, got shape {tuple(x.shape)}; flatten the leading dimensions "
+            f"first ({name}.reshape(-1, {name}.shape[-1]))"
+        )
     return x
 
 
@@ -549,9 +558,21 @@ def grouped_matmul_fp8(
 # -- the MoE layer --------------------------------------------------------------------------------
 
 
+def _pair_shapes(gate_up, down):
+    """Whether shapes gate_up [E, 2I, H] and down [E, H, I] make a pair."""
+    return down[0] == gate_up[0] and gate_up[1] % 2 == 0 and down[1] == gate_up[2] and down[2] == gate_up[1] // 2
+
+
 def _check_pair(gate_up, down):
-    """gate_up [E, 2I, H] and down [E, H, I]: one scheme, agreeing shapes."""
+    """gate_up [E, 2I, H] and down [E, H, I]: one scheme, agreeing shapes (a swapped pair named as
+    such, before anything is blamed on x)."""
     e, two_i, h = gate_up.shape
+    if not _pair_shapes(gate_up.shape, down.shape) and _pair_shapes(down.shape, gate_up.shape):
+        raise ValueError(
+            f"gate_up must be [E, 2I, H] and down [E, H, I], got gate_up {gate_up.shape} and down "
+            f"{down.shape}: they are swapped (down has the 2I = {down.shape[1]} rows); pass "
+            f"moe_fp8(x, gate_up, down, ...) in that order"
+        )
     if down.shape[0] != e:
         raise ValueError(f"down must hold E = {e} experts like gate_up, got {down.shape[0]} (down is {down.shape})")
     if two_i % 2:
@@ -571,6 +592,12 @@ def _check_pair(gate_up, down):
 
 
 def _check_routing(topk_ids, topk_weights, t, e, device):
+    for name, value in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not hasattr(value, "shape"):
+            raise TypeError(
+                f"{name} must be an array [T, k] (numpy on the CPU, cupy or torch on a GPU), got "
+                f"{type(value).__name__}; pass np.asarray({name})"
+            )
     if len(topk_ids.shape) != 2 or int(topk_ids.shape[0]) != t:
         raise ValueError(f"topk_ids must be [T, k] with T = {t} (the rows of x), got shape {tuple(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
@@ -588,6 +615,17 @@ def _check_routing(topk_ids, topk_weights, t, e, device):
             raise ValueError(
                 f"topk_ids must be in [-1, {e}] (an expert, or -1 / {e} for none), got {int(ids[at])} at "
                 f"{at} ({int(bad.sum())} such ids)"
+            )
+        # checked where the ids are (on the GPU only under VT_MOE_CHECKS=1: the copy is a sync):
+        # a NaN or Inf weight makes its token's output NaN without a word
+        weights = np.asarray(topk_weights if isinstance(topk_weights, np.ndarray) else _host_values(topk_weights))
+        finite = np.isfinite(weights.astype(np.float32))
+        if not finite.all():
+            at = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ValueError(
+                f"topk_weights must be finite, got {float(weights[at])} at {at} "
+                f"({int((~finite).sum())} such weights); check the router's output (softmax of "
+                f"non-finite logits) before moe_fp8"
             )
 
 
@@ -689,15 +727,15 @@ class MoeCall:
                 f"activation must be 'silu' (SiLU-and-multiply, the gated MLP of Qwen3-MoE, Mixtral, "
                 f"DeepSeek-V3), got {activation!r}"
             )
-        x = _float_rows(x, "x")
+        x = _float_rows(x, "x", "[T, H]")
         gu = _experts_for(gate_up, x, "gate_up")
         dn = _experts_for(down, x, "down")
         e, _, h = gu.shape
+        _check_pair(gu, dn)  # first: a swapped pair is the pair's fault, not x's
         if int(x.shape[1]) != h:
             raise ValueError(
                 f"x must be [T, H] with H = {h} (gate_up is [E, 2I, H] = {gu.shape}), got shape {tuple(x.shape)}"
             )
-        _check_pair(gu, dn)
         t = int(x.shape[0])
         self.device = "cpu" if isinstance(x, np.ndarray) else _arrays.device_of(x, "x")
         _check_routing(topk_ids, topk_weights, t, e, self.device)

@@ -29,6 +29,7 @@ from ..ops import (
     quant_scale,
     quantize_fp8,
 )
+from ._finite import refuse_nonfinite
 from .fp8_format import Fp8Format, activation_scheme_of
 
 __all__ = ["Fp8Weight", "ResidentFp8", "DeviceLoadStats", "load_stats", "reset_load_stats"]
@@ -186,9 +187,11 @@ class Fp8Weight:
         scale_ue8m0: bool = False,
         scale_format: str = "float32",
         scale_rounding: str | None = None,
+        allow_nonfinite: bool = False,
     ) -> "Fp8Weight":
         """Quantize a float weight [N, K] (online quantization, as upstream does for checkpoints
-        that are not FP8-serialized).
+        that are not FP8-serialized). A NaN or Inf in ``w`` is refused (naming its index) unless
+        ``allow_nonfinite=True``, which stores NaN as code 0x7F and saturates Inf to +-448.
 
         - per-tensor (default): ``weight_scale = max(amax / 448, 1 / (448 * 512))`` and codes from
           ``vt.quantize_fp8(w)`` -- mirrors vLLM's ``Fp8LinearMethod.process_weights_after_loading``
@@ -212,6 +215,7 @@ class Fp8Weight:
         _arrays.float_dtype(w, "w")
         if len(w.shape) != 2 or 0 in w.shape:
             raise ValueError(f"w must be 2-D [N, K] (nn.Linear layout), N, K >= 1, got shape {tuple(w.shape)}")
+        refuse_nonfinite(w, "w", allow_nonfinite)
         per_channel = _flag(per_channel, "per_channel")
         e8m0 = _scale_format(scale_format) == "e8m0"
         if not e8m0 and scale_rounding is not None:

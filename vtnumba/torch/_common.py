@@ -70,15 +70,20 @@ def _on_device(index, fn):
 
 
 _grad_enabled = torch.is_grad_enabled
+_torch_threads = torch.get_num_threads  # torch's intra-op threads: vtnumba's cap inside a CPU forward
 _current_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else torch.cuda.current_device
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _refuse_grad(x):
+def _refuse_grad(x, name="x", layer="Fp8Linear"):
+    """Refuse an input that requires grad, naming the layer's argument: inside a model the tensor is
+    a hidden state the model made, which requires grad because the model ran in grad mode (its
+    float layers' parameters require grad), so the fix is the mode of the model's call."""
     raise ValueError(
-        "x must not require grad: vtnumba's ops are not differentiable, so its gradient would be "
-        "lost; got a tensor with requires_grad=True. Call under torch.no_grad() or "
-        "torch.inference_mode(), or pass x.detach()"
+        f"{name} (the input of a vtnumba {layer}) must not require grad, got a tensor with "
+        f"requires_grad=True: vtnumba's FP8 layers are not differentiable, so its gradient would be "
+        f"lost. Inside a model this is a hidden state made in grad mode: call the model under "
+        f"torch.no_grad() or torch.inference_mode() (or pass {name}.detach() when calling the layer)"
     )
 
 

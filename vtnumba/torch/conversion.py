@@ -11,6 +11,7 @@ from torch import nn
 from .._format import E4M3_MAX
 from ..ops import ActivationScheme
 from ..seam import Checkpoint, Fp8Config
+from ..seam._finite import refuse_nonfinite
 from ._common import _scheme
 from .experts import _FLOAT_DTYPES, _FORWARD_ARGS, _WEIGHTS, Fp8Experts, _unsupported_reason
 from .linear import Fp8Linear
@@ -80,9 +81,11 @@ def _is_exempt_2d(name, module, modules):
     )
 
 
-def _left_in_float(model, is_ignored):
+def _left_in_float(model, is_ignored, why_ignored=None):
     """The weights convert warns about, as 'name [shape] dtype: why': every 3-D floating-point
-    parameter, and every 2-D one of at least 1 MiB not ignored, an embedding, a norm or a router."""
+    parameter, and every 2-D one of at least 1 MiB not ignored, an embedding, a norm or a router.
+    ``why_ignored(name)`` says which rule ignored a layer (convert's ``ignore=`` or the config's
+    list)."""
     modules = dict(model.named_modules())
     seen, found = set(), []
     for mname, module in modules.items():
@@ -97,7 +100,7 @@ def _left_in_float(model, is_ignored):
             if p.dim() == 3:
                 why = _unsupported_reason(module)
                 if is_ignored(mname):
-                    why = "ignored by the config"
+                    why = why_ignored(mname) if why_ignored is not None else "ignored"
                 elif why is None:
                     why = "not converted"
                 else:
@@ -120,7 +123,66 @@ def _replace(model, name, layer):
 # -- convert --------------------------------------------------------------------------------------
 
 
-def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None, out_dtype=None):
+def _ignore_reason(config, ignore):
+    """why(name): which rule ignores layer ``name``: convert's ``ignore=`` argument or the config's
+    own ignore list (a checkpoint's ``modules_to_not_convert``, say)."""
+    by_argument = Fp8Config("fp8", "tensor", "dynamic", tuple(ignore))
+    listed = tuple(ignore)
+
+    def why(name):
+        if listed and by_argument.is_ignored(name):
+            return f"ignored: it matches convert's ignore={list(listed)!r}"
+        return "ignored: it matches the config's ignore list"
+
+    return why
+
+
+def _scheme_of(layer):
+    """What a converted layer was converted to, in words convert's messages use."""
+    text = f"activation_scheme={layer.activation_scheme.value!r}"
+    if layer.block_size is not None:
+        text += f", block_size={tuple(layer.block_size)}"
+    if getattr(layer, "activation_scale_format", "float32") == "e8m0":
+        text += " (MXFP8)"
+    return text
+
+
+def _refuse_reconversion(model, scheme, rules, mxfp8):
+    """Refuse a model that already holds vtnumba FP8 layers of another scheme than this call's.
+
+    Refused rather than reconverted: convert released each float weight once its FP8 layer was in,
+    so a new scheme could only be quantized from the FP8 codes -- a second rounding on top of the
+    first, worse than quantizing the float weights, and not what a user asking for a scheme gets
+    from a float model. A layer already in the requested scheme is kept (converting twice is a
+    no-op)."""
+    for name, module in model.named_modules():
+        if not isinstance(module, (Fp8Linear, Fp8Experts)) or rules.is_ignored(name):
+            continue
+        block = rules.weight_block_size if scheme == ActivationScheme.PER_GROUP else None
+        want_block = None if block is None else tuple(block)
+        have_block = None if module.block_size is None else tuple(module.block_size)
+        same = module.activation_scheme == scheme and have_block == want_block
+        if isinstance(module, Fp8Experts):
+            same = same and (module.activation_scale_format == "e8m0") == mxfp8
+        if not same:
+            raise ValueError(
+                f"model must hold float layers to convert to {scheme.value!r}, got {name or 'model'!r} "
+                f"already converted ({type(module).__name__}, {_scheme_of(module)}): its float weight "
+                f"is gone, and re-quantizing FP8 codes would round twice; load the float model again "
+                f"and convert that"
+            )
+
+
+def convert(
+    model,
+    config=None,
+    *,
+    input_scales=None,
+    ignore=(),
+    checkpoint=None,
+    out_dtype=None,
+    allow_nonfinite=False,
+):
     """Replace, in place, every ``nn.Linear`` of ``model`` that ``config`` quantizes with an
     ``Fp8Linear``, and every fused MoE experts module with an ``Fp8Experts``; return ``model`` (the
     new layer when ``model`` is itself one of them).
@@ -130,11 +192,11 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
       ``checkpoint`` records, ``Fp8Config.from_checkpoint``, else 'dynamic') or a scheme:
       'dynamic' (per-tensor weights and activations), 'per_token' (per-channel weights, per-token activations), 'static' (per-tensor
       weights, static activation scales from ``input_scales``) or 'per_group' (128 x 128 weight
-      blocks, 1 x 128 activation groups: DeepSeek-V3's format). An MXFP8 config
-      (``Fp8Config.mxfp8``: ``Fp8Config("mxfp8", "block", "per_group", (), (1, 32),
-      activation_scale_format="e8m0")``) makes the experts MXFP8 (E8M0 scales per 1 x 32 on weights
-      and activations); its linear layers get float32 scales per 1 x 32 block, as before
-      (``Fp8Linear`` takes no E8M0 scales).
+      blocks, 1 x 128 activation groups: DeepSeek-V3's format). An MXFP8 config,
+      ``Fp8Config("mxfp8", "block", "per_group", (), (1, 32), activation_scale_format="e8m0")``
+      (or ``Fp8Config.from_hf`` of an MXFP8 checkpoint; its ``mxfp8`` property is then True),
+      makes the experts MXFP8 (E8M0 scales per 1 x 32 on weights and activations); its linear
+      layers get float32 scales per 1 x 32 block, as before (``Fp8Linear`` takes no E8M0 scales).
     - Experts: transformers' fused experts (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I],
       SiLU, no bias: Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, DeepSeek-V3 and their kin;
       ``vtnumba.torch.experts`` says which). Other layouts (gpt-oss's [E, H, 2I] with biases and a
@@ -153,6 +215,12 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
     - ``checkpoint``: read each converted layer's FP8 weight from this safetensors checkpoint under
       its name (``Fp8Linear.from_checkpoint``, ``Fp8Experts.from_checkpoint``) instead of
       quantizing the float weight; the new layer is placed on the float layer's device.
+    - A float weight holding a NaN or an Inf is refused, naming it and the index of the first bad
+      value, unless ``allow_nonfinite=True`` (then NaN is stored as code 0x7F and Inf saturates to
+      +-448, as ``seam.Fp8Weight.from_float`` does under the same keyword).
+    - A model already converted is refused when it holds an FP8 layer of another scheme than
+      ``config``'s (its float weights are gone: load the float model again); one already in that
+      scheme is kept as it is.
 
     Then it warns (one ``UserWarning`` naming each) about every weight it leaves in floating point:
     every 3-D floating-point parameter, and every 2-D one of at least 1 MiB that is not ignored, an
@@ -169,6 +237,8 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
             checkpoint = Checkpoint(checkpoint)
         config = (checkpoint is not None and Fp8Config.from_checkpoint(checkpoint)) or "dynamic"
     scheme, per_channel, rules = _plan(config, ignore)
+    mxfp8 = getattr(rules, "activation_scale_format", "float32") == "e8m0"
+    _refuse_reconversion(model, scheme, rules, mxfp8)
     modules = dict(model.named_modules())
     experts = [
         name
@@ -182,7 +252,13 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
     ]
     del modules
     block = dict(block_size=rules.weight_block_size, scale_ue8m0=getattr(rules, "activation_scale_ue8m0", False))
-    mxfp8 = getattr(rules, "activation_scale_format", "float32") == "e8m0"
+    if checkpoint is None:  # every weight checked before any is quantized: a refusal changes nothing
+        for name in experts:
+            module = model.get_submodule(name)
+            for w in _WEIGHTS:
+                refuse_nonfinite(getattr(module, w), f"{name}.{w}" if name else w, allow_nonfinite)
+        for name in targets:
+            refuse_nonfinite(model.get_submodule(name).weight, f"{name}.weight" if name else "weight", allow_nonfinite)
     static = scheme == ActivationScheme.STATIC and checkpoint is None
     if static:
         for name in targets:
@@ -226,6 +302,7 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
                 mxfp8=mxfp8,
                 scale_ue8m0=block["scale_ue8m0"],
                 release=True,
+                allow_nonfinite=True,  # checked above, by the weights' names in the model
             )
         if name == "":
             converted = layer
@@ -241,7 +318,13 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
         else:
             scale = input_scales[name] if scheme == ActivationScheme.STATIC else None
             layer = Fp8Linear.from_linear(
-                linear, scheme, input_scale=scale, per_channel=per_channel, out_dtype=out_dtype, **block
+                linear,
+                scheme,
+                input_scale=scale,
+                per_channel=per_channel,
+                out_dtype=out_dtype,
+                allow_nonfinite=True,  # checked above, by the weight's name in the model
+                **block,
             )
         if name == "":  # model is itself a Linear
             converted = layer
@@ -249,7 +332,7 @@ def convert(model, config=None, *, input_scales=None, ignore=(), checkpoint=None
         _replace(model, name, layer)
         del linear, layer
     result = converted if converted is not None else model
-    left = _left_in_float(result, rules.is_ignored)
+    left = _left_in_float(result, rules.is_ignored, _ignore_reason(config, ignore))
     if left:
         warnings.warn(
             f"vtnumba.torch.convert left {len(left)} weight(s) in floating point:\n  " + "\n  ".join(left),

@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 import torch
 
+from .._config import torch_thread_cap
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
@@ -33,6 +34,7 @@ from ._common import (
     _raw_stream,
     _refuse_grad,
     _torch_bytes,
+    _torch_threads,
     _view,
 )
 
@@ -208,7 +210,8 @@ def _cpu_forward(parts, x, out_dtype):
     if x.requires_grad and _grad_enabled():
         _refuse_grad(x)
     _check_input(x, parts[0].shape[1])
-    return matmul_fp8(x, _seam_weight(parts), out_dtype)
+    with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
+        return matmul_fp8(x, _seam_weight(parts), out_dtype)
 
 
 # -- the custom op (torch.compile) -------------------------------------------------------------------
@@ -321,13 +324,16 @@ def _moe_forward(pair, x, top_k_index, top_k_weights):
     seen before replays its bound call (``_moe_bound``); else the seam's full path through its
     interop."""
     if x.requires_grad and _grad_enabled():
-        _refuse_grad(x)
+        _refuse_grad(x, "hidden_states", "Fp8Experts")
     gate_up, down = pair
     hidden = gate_up.shape[2]
     _check_experts_input(x, top_k_index, top_k_weights, hidden)
     k = top_k_index.shape[-1]
     x2, ids, weights = x.reshape(-1, hidden), _rows(top_k_index, k), _rows(top_k_weights, k)
-    y = _moe_bound(gate_up, down, x2, ids, weights) if x.is_cuda else None
+    if not x.is_cuda:
+        with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
+            return seam_moe_fp8(x2, gate_up, down, ids, weights).reshape(x.shape)
+    y = _moe_bound(gate_up, down, x2, ids, weights)
     if y is None:
         y = seam_moe_fp8(x2, gate_up, down, ids, weights)
     return y.reshape(x.shape)

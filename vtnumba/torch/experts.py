@@ -35,6 +35,7 @@ from .._interop import on_torch_stream
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
 from ..seam import Fp8Weight, ResidentFp8, load_fp8_experts
+from ..seam._finite import refuse_nonfinite
 from ._common import _is_compiling, _on_device, _scheme, _tensor, _view
 from .custom_ops import _experts_pair, _moe_forward, _versions, moe_fp8
 from .linear import _quantize_blocks_on_gpu
@@ -109,14 +110,15 @@ def _quantize_expert(w, scheme, block, mx):
     CPU ``seam.Fp8Weight.from_float`` (so ``seam.Fp8Experts.from_float``, which quantizes expert by
     expert the same way, gives the same bytes); on a GPU the same rule there (DynamicFp8's and
     Fp8Linear's GPU block quantizer), the float weight never visiting the host."""
+    # finite or allowed: from_experts checked the whole stack, naming the expert
     if mx:
-        fw = Fp8Weight.from_float(w, block_size=_MX_BLOCK, scale_format="e8m0")
+        fw = Fp8Weight.from_float(w, block_size=_MX_BLOCK, scale_format="e8m0", allow_nonfinite=True)
     elif block is not None:
         if w.is_cuda:
             return _quantize_blocks_on_gpu(w, block)
-        fw = Fp8Weight.from_float(w, block_size=block)
+        fw = Fp8Weight.from_float(w, block_size=block, allow_nonfinite=True)
     else:
-        fw = Fp8Weight.from_float(w, per_channel=scheme == ActivationScheme.PER_TOKEN)
+        fw = Fp8Weight.from_float(w, per_channel=scheme == ActivationScheme.PER_TOKEN, allow_nonfinite=True)
     scale = fw.weight_scale
     scale = scale if block is not None or mx else scale.reshape(-1 if scheme == ActivationScheme.PER_TOKEN else ())
     return _as_tensor(fw.data, w.device), _as_tensor(scale, w.device)
@@ -253,6 +255,7 @@ class Fp8Experts(nn.Module):
         mxfp8=False,
         scale_ue8m0=False,
         release=False,
+        allow_nonfinite=False,
     ):
         """Quantize a transformers experts module (``gate_up_proj`` [E, 2I, H], ``down_proj``
         [E, H, I]; the module docstring says which) where its weights live, expert by expert:
@@ -269,7 +272,8 @@ class Fp8Experts(nn.Module):
         Expert e's codes and scales are ``seam.Fp8Weight.from_float(w[e], ...)``'s, so the layer is
         ``seam.Fp8Experts.from_float``'s. ``release=True`` drops each float parameter from
         ``module`` as soon as its FP8 replacement is made (``convert`` does: a GPU then needs room for
-        the float model and one expert's work)."""
+        the float model and one expert's work). A NaN or Inf in a weight is refused (its index [e, n,
+        k] named) unless ``allow_nonfinite=True`` (``seam.Fp8Weight.from_float``'s rule)."""
         reason = _unsupported_reason(module)
         if reason is not None:
             raise ValueError(
@@ -295,6 +299,8 @@ class Fp8Experts(nn.Module):
             given = input_scales or {}
             for name in _WEIGHTS:
                 scales_in[name] = _input_scales(given.get(name), e, f"input_scales['{name}']")
+        for name in _WEIGHTS:  # both checked before either is quantized (or released)
+            refuse_nonfinite(getattr(module, name), f"module.{name}", allow_nonfinite)
         parts = {}
         for name in _WEIGHTS:
             w = getattr(module, name).detach()

@@ -8,6 +8,7 @@ from .._format import E4M3_MAX, F32_GROUP_EPS
 from .._interop import on_torch_stream
 from ..ops import ActivationScheme, encode_e4m3
 from ..seam import Fp8Weight, ResidentFp8, load_fp8_linear
+from ..seam._finite import refuse_nonfinite
 from ..seam.bound import linear_for_stream
 from ._common import (
     _DTYPE_NAMES,
@@ -92,6 +93,7 @@ class Fp8Linear(nn.Module):
         out_dtype=None,
         block_size=None,
         scale_ue8m0=False,
+        allow_nonfinite=False,
     ):
         """Quantize ``linear``'s weight where it lives (CPU or GPU; online, as
         ``seam.Fp8Weight.from_float``; its bias kept exactly) for activations quantized by ``scheme``:
@@ -104,7 +106,8 @@ class Fp8Linear(nn.Module):
           scale per 1 x bk activation group (DeepSeek-V3's and Qwen3-FP8's format).
 
         ``per_channel`` overrides the weight's granularity. ``linear`` is not changed; on a GPU the
-        weight never visits the host.
+        weight never visits the host. A NaN or Inf in the weight is refused (its index named) unless
+        ``allow_nonfinite=True`` (``seam.Fp8Weight.from_float``'s rule).
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
@@ -117,6 +120,7 @@ class Fp8Linear(nn.Module):
         if per_channel is None:
             per_channel = scheme == ActivationScheme.PER_TOKEN
         w = linear.weight.detach()
+        refuse_nonfinite(w, "linear.weight", allow_nonfinite)
         bias = None if linear.bias is None else linear.bias.detach()
         with torch.no_grad():
             if scheme == ActivationScheme.PER_GROUP:
@@ -131,7 +135,9 @@ class Fp8Linear(nn.Module):
                         scale_ue8m0=scale_ue8m0,
                     )
                 else:
-                    weight = Fp8Weight.from_float(w, bias=bias, block_size=block, scale_ue8m0=scale_ue8m0)
+                    weight = Fp8Weight.from_float(
+                        w, bias=bias, block_size=block, scale_ue8m0=scale_ue8m0, allow_nonfinite=True
+                    )
             else:
                 weight = Fp8Weight.from_float(
                     w,
@@ -140,6 +146,7 @@ class Fp8Linear(nn.Module):
                     activation_scheme=scheme,
                     bias=bias,
                     block_size=block_size,
+                    allow_nonfinite=True,  # checked above
                 )
         return cls(weight, out_dtype=out_dtype)
 
