@@ -90,7 +90,7 @@ def test_threads_share_a_moe_layer_bitwise(cp, own_streams):
         activation_scheme="per_token",
     )
     gu, dn = seam.ResidentFp8(gu, "cuda"), seam.ResidentFp8(dn, "cuda")
-    tokens = list(range(1, 2 + se._MAX_BOUND_MOE + 2))  # more signatures than stay bound
+    tokens = list(range(1, 2 + seam_bound.MAX_SIGNATURES + 2))  # more signatures than stay bound
     xs = _inputs(cp, rng, tokens, H)
     routes = [
         (
