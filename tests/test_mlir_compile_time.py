@@ -5,8 +5,9 @@ numba-cuda-mlir, target.py), the portable encoder is re-typed at each of its cal
 quantization kernel with it took 109 s to compile on a loaded 2-core machine (2026-12-02) and a
 per-group one 80 s, and on the H200 a portable G1 test ran past its 90 s box. Left to
 numba-cuda-mlir's own inliner, as ``codec.compile_device`` now compiles the plain-Python helpers,
-the same kernel compiles in 10-14 s and its PTX still has no call. The full tier checks both, in an
-interpreter of its own under numba-cuda-mlir (about a minute with its import).
+the same kernel compiles in 10-14 s and its PTX still has no call. The full tier checks how the
+helpers are compiled and that the PTX holds no call, in an interpreter of its own under
+numba-cuda-mlir (about a minute with its import); the time is measured, not gated.
 """
 
 import json
@@ -19,8 +20,6 @@ import pytest
 from test_mlir_compile import _require_compilers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# 109 s with the encoder inlined by Numba, 10-14 s without (same machine): far from either
-LIMIT_S = 50
 
 _SCRIPT = """
 import json, time
@@ -37,7 +36,7 @@ print(json.dumps({"s": time.perf_counter() - t0, "calls": ptx.count("call.uni"),
 
 
 @pytest.mark.full
-def test_the_portable_encoders_kernel_compiles_in_seconds_and_inlines_the_encoder():
+def test_the_portable_encoder_is_left_to_numba_cuda_mlirs_inliner_and_inlined():
     _require_compilers()
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["VTNUMBA_CUDA_TARGET"] = "numba-cuda-mlir"
@@ -48,5 +47,6 @@ def test_the_portable_encoders_kernel_compiles_in_seconds_and_inlines_the_encode
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["inline"] != "always", got  # the encoder is left to numba-cuda-mlir's inliner
-    assert got["calls"] == 0 and got["stores"] > 0, got  # ... which inlines it: no call in the PTX
-    assert got["s"] < LIMIT_S, got
+    # ... which inlines it: no call in the PTX. The compile time itself (got["s"]: 109 s inlined by
+    # Numba, 10-14 s by numba-cuda-mlir on the same machine) is a benchmark's figure, not a gate
+    assert got["calls"] == 0 and got["stores"] > 0, got
