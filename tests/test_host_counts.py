@@ -135,6 +135,36 @@ def test_an_added_launch_or_allocation_fails_the_pins(recorded):
     assert len(extra_launch["kernels"]) == 2 * len(EXPECTED[case].kernels)
 
 
+def test_the_cpu_host_benchmark_runs_and_counts_what_the_pins_count(tmp_path):
+    """benchmarks/cpu/bench_host_cost.py, the timing side of these pins, runs in CI (briefly: the
+    figures are its own run's): every row timed, its Python part positive, and each pinned case's
+    launches, matmuls and allocations those of the table above."""
+    out = tmp_path / "host_cost.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VT_", "VTNUMBA_", "NUMBA_ENABLE_CUDASIM"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    script = ROOT / "benchmarks" / "cpu" / "bench_host_cost.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--repeat", "50", "--rounds", "1", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["call"]: row for row in json.loads(out.read_text())["rows"]}
+    checked = 0
+    for case, pinned in EXPECTED.items():
+        row = rows.get(case)
+        if row is None:
+            continue
+        assert row["us"] > 0 and row["python_us"] > 0, row
+        got = (row["launches"], row["matmuls"], row["allocations"])
+        assert got == (len(pinned.kernels), pinned.matmuls, pinned.allocations), (case, row)
+        checked += 1
+    assert checked >= 8, sorted(rows)  # the dense and MoE calls and their enqueues were timed
+
+
 def test_nothing_on_the_production_path_imports_the_recorder():
     """The stand-ins must never reach a user's process: no vtnumba module outside vtnumba/testing
     names the recorder."""
