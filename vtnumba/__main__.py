@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from vtnumba._format import MX_BLOCK
+from vtnumba._moe_job import verdict_text  # one wording for both jobs' footers
 from vtnumba.cuda import gpu_unavailable_reason  # why --device cuda cannot run here
 from vtnumba.timing import NOISY_SPREAD
 
@@ -1008,14 +1009,7 @@ def regime_lines(regimes):
         if g["fp8"] is None:
             lines.append(head + f"no speedup to quote, all {g['rows']} rows noisy; " + g["reason"])
             continue
-        span = (
-            f"{g['speedup_min']:.2f}x"
-            if g["speedup_min"] == g["speedup_max"]
-            else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x"
-        )
-        left = f" ({g['noisy_rows']} noisy rows left out)" if g["noisy_rows"] else ""
-        word = {"wins": "FP8 wins", "ties": "FP8 ties", "trails": "FP8 trails"}[g["fp8"]]
-        lines.append(head + f"{word}, {span}{left}: {g['reason']}")
+        lines.append(head + verdict_text(g))
         if g["regime"] == "decode" and max(g["reduce"]) > 1:
             lines.append(
                 "  (with N and K divided, a layer's float32 weight can sit in cache, where sgemm reads "

@@ -307,15 +307,22 @@ def regime_lines(regimes):
         if g["fp8"] is None:
             lines.append(head + f"no speedup to quote, all {g['rows']} rows noisy: rerun on a quiet machine")
             continue
-        span = (
-            f"{g['speedup_min']:.2f}x"
-            if g["speedup_min"] == g["speedup_max"]
-            else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x"
-        )
-        left = f" ({g['noisy_rows']} noisy rows left out)" if g["noisy_rows"] else ""
-        word = {"wins": "FP8 wins", "ties": "FP8 ties", "trails": "FP8 trails"}[g["fp8"]]
-        lines.append(head + f"{word}, {span}{left}: {g['reason']}")
+        lines.append(head + verdict_text(g))
     return lines
+
+
+def verdict_text(g):
+    """A footer group's verdict in words (the Llama job's footer says it the same way): FP8 wins,
+    ties or trails, the speedups' span and median over its clean rows, the noisy rows left out, and
+    the reason ``regime_summary`` gave."""
+    span = (
+        f"{g['speedup_min']:.2f}x"
+        if g["speedup_min"] == g["speedup_max"]
+        else f"{g['speedup_min']:.2f}-{g['speedup_max']:.2f}x, median {g['speedup_median']:.2f}x"
+    )
+    left = f" ({g['noisy_rows']} noisy rows left out)" if g["noisy_rows"] else ""
+    word = {"wins": "FP8 wins", "ties": "FP8 ties", "trails": "FP8 trails"}[g["fp8"]]
+    return f"{word}, {span}{left}: {g['reason']}"
 
 
 def _print(report, out):

@@ -258,21 +258,11 @@ def part_linear(torch, calls, rounds):
 
 def part_moe(torch, calls, rounds):
     import transformers
+    from bench_torch_moe import QWEN3_30B  # the same shapes as the model benchmark's
 
     import vtnumba.torch as vtt
 
-    cfg = transformers.Qwen3MoeConfig(
-        num_hidden_layers=1,
-        hidden_size=2048,
-        moe_intermediate_size=768,
-        intermediate_size=6144,
-        num_experts=128,
-        num_experts_per_tok=8,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        vocab_size=1024,
-    )
+    cfg = transformers.Qwen3MoeConfig(num_hidden_layers=1, **dict(QWEN3_30B, vocab_size=1024))
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
