@@ -108,6 +108,17 @@ def test_a_bound_decode_call_does_exactly_the_pinned_host_work(recorded, case):
     assert len(counts["kernels"]) + counts["matmuls"] > 0  # it recorded work, not an empty call
 
 
+@pytest.mark.parametrize("scheme", ["static", "dynamic", "per_token", "per_group"])
+def test_explain_says_what_each_regime_of_a_decode_signature_runs(recorded, scheme):
+    """One binding per signature, two calls at decode: ``seam.explain`` names the fused launch for eager
+    code and the split path (quantize, then the GEMM) a CUDA graph capture records."""
+    text = recorded["explain"][f"matmul_fp8 {scheme}"]
+    assert text.startswith("x (1, 256) bfloat16: eager: fused_tensorcore_gemv; graph capture: quantize_"), text
+    assert "not the fused launch" not in text, text
+    moe = recorded["explain"]["moe_fp8 per_token"]
+    assert "9 launches" in moe and "graph capture" not in moe, moe  # one MoE call serves both regimes
+
+
 def test_every_recorded_case_is_pinned(recorded):
     assert sorted(recorded["cases"]) == sorted(EXPECTED)
 
@@ -217,10 +228,14 @@ def _worker():
             calls[f"matmul_fp8 {scheme}"] = recording.dense_decode(cupy, scheme)
         for scheme in recording.MOE_SCHEMES:
             calls[f"moe_fp8 {scheme}"] = recording.moe_decode(cupy, scheme)
+        from vtnumba import seam
+
+        out["explain"] = {}
         for name, decode in calls.items():
             decode.bind()
             decode.use(decode.other_x)
             out["cases"][name] = _record(rt, decode, decode.call)
+            out["explain"][name] = seam.explain(decode.owner)
         for name, source in (
             ("enqueue dense dynamic", "matmul_fp8 dynamic"),
             ("enqueue dense per_token", "matmul_fp8 per_token"),

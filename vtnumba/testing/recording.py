@@ -1177,8 +1177,9 @@ class DecodeCall:
     (``vtnumba.torch.custom_ops._run_bound`` / ``_moe_bound``) -- available once bound. ``other_x``
     is a second activation of the same signature at another address (``use`` switches to it)."""
 
-    def __init__(self, run, bound_of, x, other_x):
+    def __init__(self, run, bound_of, x, other_x, owner=None):
         self._run, self._bound_of, self.x, self.other_x = run, bound_of, x, other_x
+        self.owner = owner  # what holds the bound calls (``seam.explain(owner)`` says what they run)
         self.current = x
         self.bound = None
         self._enqueue = None
@@ -1236,7 +1237,7 @@ def dense_decode(cupy, scheme, m=1, n=256, k=256, seed=0):
         x_ptr, y_ptr, s_ptr = x.data.ptr, y.data.ptr, 0 if scratch is None else scratch.data.ptr
         return bound, lambda: bound.enqueue(x_ptr, y_ptr, s_ptr, stream)
 
-    return DecodeCall(run, bound_of, x, other)
+    return DecodeCall(run, bound_of, x, other, owner=weight)
 
 
 def moe_decode(cupy, scheme, experts=8, hidden=256, intermediate=256, top_k=2, seed=0):
@@ -1271,7 +1272,7 @@ def moe_decode(cupy, scheme, experts=8, hidden=256, intermediate=256, top_k=2, s
         ptrs = (x.data.ptr, ids.data.ptr, weights.data.ptr, y.data.ptr, scratch.data.ptr, stream)
         return bound, lambda: bound.enqueue(*ptrs)
 
-    return DecodeCall(run, bound_of, x, other)
+    return DecodeCall(run, bound_of, x, other, owner=gate_up)
 
 
 def _codes(*functions):
