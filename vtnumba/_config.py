@@ -55,8 +55,8 @@ def dense_cublaslt_fp8_enabled() -> bool:
     return not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")
 
 
-# How a linear layer's call at decode (M <= 16 rows) is bound on the GPU (docs/DESIGN.md, "Decode:
-# one launch in eager, the fastest kernels in a graph"):
+# How a linear layer's call at decode (M <= 16 rows) is bound on the GPU
+# (docs/DESIGN.md, "Decode: one launch in eager"):
 # - 'auto' (the default): eager calls, where the GPU waits on the host, take the one fused launch
 #   (the tensor-core GEMV quantizes x as it reads it); calls captured into a CUDA graph, where only
 #   device time counts, take the quantization kernel and the GEMM the kernel choice picks (cuBLASLt).

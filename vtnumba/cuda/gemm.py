@@ -423,10 +423,10 @@ def disabled_kernels():
     return {name.strip() for name in value.split(",") if name.strip()} if value else ()
 
 
-# At decode in eager code the tensor-core GEMV goes first (docs/DESIGN.md, "Decode: one launch in
-# eager, the fastest kernels in a graph"): there the GPU waits on the host, and a prepared Numba
+# At decode in eager code the tensor-core GEMV goes first (docs/DESIGN.md, "Decode: one launch in eager"):
+# there the GPU waits on the host, and a prepared Numba
 # launch costs the host a fraction of a cuBLASLt call, while a graph replays device time alone,
-# where cuBLASLt is 0-23% faster at M = 1 and up to 1.9x at M = 16 (RESULTS.md, 2026-11-30 17:47).
+# where cuBLASLt is 0-23% faster at M = 1 and up to 1.9x at M = 16 (benchmarks/RESULTS.md, 2026-11-30 17:47).
 _DECODE_ORDER = (KERNELS_BY_NAME["tensorcore_gemv"],) + tuple(k for k in KERNELS if k.name != "tensorcore_gemv")
 
 
