@@ -197,13 +197,16 @@ class torch_thread_cap:
 
 
 def kernel_threads(work, min_work, threads, free_now=None):
-    """Threads a kernel call of ``work`` gets, of ``threads`` available: 1 below ``min_work`` (as
-    ``parallel_min_work`` sets it), else ``threads`` capped by this thread's cap (``thread_cap``)
-    and by the CPUs free now (``free_now()``, ``free_cpus`` by default; not looked at when the threshold
-    is 0: every thread, loaded or not)."""
+    """Threads a kernel call of ``work`` gets, of ``threads`` available (a count, or a function giving
+    it, called only above the threshold: Numba's pool then starts only when a parallel twin may run):
+    1 below ``min_work`` (as ``parallel_min_work`` sets it), else ``threads`` capped by this thread's
+    cap (``thread_cap``) and by the CPUs free now (``free_now()``, ``free_cpus`` by default; not
+    looked at when the threshold is 0: every thread, loaded or not)."""
     min_work = parallel_min_work(min_work)
     if work < min_work:
         return 1
+    if callable(threads):
+        threads = threads()
     cap = getattr(_local, "cap", None)
     if cap is not None:
         threads = min(threads, cap)

@@ -218,6 +218,15 @@ def _start_pool():
         _pool["started"] = True
 
 
+def _pool_threads():
+    """Numba's thread count, its pool started first: asked only when a parallel twin may run, so a
+    serial-only process never starts the pool."""
+    import numba
+
+    _start_pool()
+    return numba.get_num_threads()
+
+
 class CpuKernel:
     """One CPU kernel source, compiled lazily per (path, parallel or serial). A call picks the active
     path, and the serial twin when the call's work (``work(*args)``) is below the threshold or Numba
@@ -263,13 +272,7 @@ class CpuKernel:
         with one Numba thread, or when no other CPU is free now (``_config.free_cpus``); else Numba's
         thread count, capped by the CPUs free now and, inside a torch forward, by torch's thread
         count (``_config.kernel_threads``). VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
-        work = self.work(*args)
-        if work < parallel_min_work(self.min_work):
-            return 1
-        import numba
-
-        _start_pool()  # only when a parallel twin may run: a serial-only process never starts the pool
-        return kernel_threads(work, self.min_work, numba.get_num_threads(), free_cpus)
+        return kernel_threads(self.work(*args), self.min_work, _pool_threads, free_cpus)
 
     def runs_parallel(self, *args):
         """Whether a call with these arguments takes the parallel twin."""
