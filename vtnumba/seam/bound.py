@@ -139,7 +139,7 @@ def linear_for_stream(binding, stream_ptr):
     return binding.graph if _is_capturing(stream_ptr) else binding.eager
 
 
-def explain(owner):
+def explain(owner: Any) -> str:
     """What ``owner``'s calls (an Fp8Weight, ResidentFp8 or Fp8Experts) run on the GPU, signature by
     signature: the kernels of an eager call and of a captured one, and why a call is not bound or
     not the one fused launch."""
