@@ -14,7 +14,10 @@ call once per (input shape, dtype, output dtype, device, lever): ``BoundLinear``
 and a call gives it three device pointers -- the input x, the output y and one *scratch* block for
 the activation's codes and scales (and the f32-staged accumulator) -- which it writes into the
 prepared parameters before enqueueing. The work enqueued is the unbound call's, launch for launch,
-so the result is bitwise the same.
+so the result is bitwise the same. At decode in eager code (``bind_linear``, ``LinearBinding``) the
+binding is instead the one fused launch of the tensor-core GEMV, which quantizes x as it reads it:
+two pointers (x, y), no scratch; the same signature captured into a CUDA graph replays the form
+above. ``seam.bound`` keeps the bindings (the table, the key, the regime).
 
 The caller allocates y and the scratch for each call, from whatever allocator it uses: cupy's pool
 for cupy callers, torch's caching allocator for torch callers (``vtnumba.torch``). Nothing the call
