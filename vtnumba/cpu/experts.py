@@ -307,16 +307,25 @@ def _driver(kind):
     return found
 
 
+@njit(**CPU_SERIAL_KERNEL)
+def _items_kernel(experts, n, tile, items):
+    i = 0
+    for n0 in range(0, n, tile):
+        for slot in range(experts.size):
+            items[i, 0] = experts[slot]
+            items[i, 1] = n0
+            items[i, 2] = min(n0 + tile, n)
+            items[i, 3] = slot
+            i += 1
+
+
 def _items(experts, n, tile):
     """Work items [(e, n0, n1, slot)] for ``experts`` over N in tiles of ``tile`` rows, tile-major:
     Numba hands each thread a contiguous run of items, and a run of tiles across every expert weighs
-    the same whichever experts have more rows. ``slot`` is the expert's index in ``experts``."""
-    starts = np.arange(0, n, tile, dtype=np.int64)
-    items = np.empty((starts.size * experts.size, 4), dtype=np.int64)
-    items[:, 0] = np.tile(experts, starts.size)
-    items[:, 1] = np.repeat(starts, experts.size)
-    items[:, 2] = np.minimum(items[:, 1] + tile, n)
-    items[:, 3] = np.tile(np.arange(experts.size, dtype=np.int64), starts.size)
+    the same whichever experts have more rows. ``slot`` is the expert's index in ``experts``. Filled by
+    one compiled loop: numpy's tile / repeat / minimum took 14 us a call, twice in each MoE layer."""
+    items = np.empty((-(-n // tile) * experts.size, 4), dtype=np.int64)
+    _items_kernel(np.ascontiguousarray(experts, dtype=np.int64), n, tile, items)
     return items
 
 
