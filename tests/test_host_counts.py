@@ -148,7 +148,7 @@ def test_an_added_launch_or_allocation_fails_the_pins(recorded):
 
 def test_the_cpu_host_benchmark_runs_and_counts_what_the_pins_count(tmp_path):
     """benchmarks/cpu/bench_host_cost.py, the timing side of these pins, runs in CI (briefly: the
-    figures are its own run's): every row timed, its Python part positive, and each pinned case's
+    figures are its own run's): every row timed, and each pinned case's
     launches, matmuls and allocations those of the table above."""
     out = tmp_path / "host_cost.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VT_", "VTNUMBA_", "NUMBA_ENABLE_CUDASIM"))}
@@ -169,7 +169,8 @@ def test_the_cpu_host_benchmark_runs_and_counts_what_the_pins_count(tmp_path):
         row = rows.get(case)
         if row is None:
             continue
-        assert row["us"] > 0 and row["python_us"] > 0, row
+        # timed (the Python part is a difference of two timings, noisy on a loaded machine: not gated)
+        assert row["us"] > 0, row
         got = (row["launches"], row["matmuls"], row["allocations"])
         assert got == (len(pinned.kernels), pinned.matmuls, pinned.allocations), (case, row)
         checked += 1

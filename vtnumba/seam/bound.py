@@ -15,8 +15,9 @@ enqueues. This module owns what every caller of a bound call shares:
 - **the regime**: a linear binding may hold two calls, one for eager code and one for a CUDA graph
   capture (``vtnumba.cuda.bound.LinearBinding``); ``linear_for_stream`` picks by asking whether the
   stream is capturing, only when the two differ;
-- **the fallback**: a call a binding cannot take (strided, misaligned, another device) returns None
-  here and its caller runs the full path, which is always correct.
+- **the fallback**: a call no binding can take (strided, misaligned, another device) finds no entry
+  under its key (its caller builds no key for it), and the caller runs the full path, which is
+  always correct; a signature a binding refused is kept as None, with its reason.
 
 The callers -- ``seam.matmul_fp8`` and ``seam.moe_fp8`` for cupy arrays, ``vtnumba.torch``'s
 ``Fp8Linear`` and ``Fp8Experts`` for torch tensors -- differ only in where y and the scratch block
@@ -41,8 +42,6 @@ __all__ = [
 # Signatures bound per owner: prompts of many lengths would otherwise grow a table without end; a
 # decode step's signature is bound again at once after a reset
 MAX_SIGNATURES = 16
-
-REFUSED: Any = None  # the entry of a signature met and refused (moe: ``bind_moe``'s reason kept)
 
 
 class BoundTable(dict):
@@ -113,7 +112,7 @@ def moe_key(x_shape, x_dtype, ids_shape, ids_dtype, weights_shape, weights_dtype
 def bind_linear(owner, key, x2d, weight, out_dtype):
     """Bind a linear call for signature ``key`` and keep it in ``owner``'s table: ``weight`` is the
     Fp8Weight whose arrays are on x's GPU (owner's own, or its resident copy), ``x2d`` the input as
-    [M, K] (C-contiguous, 16-byte aligned), ``out_dtype`` a numpy dtype. Returns the binding
+    [M, K] (C-contiguous, 16-byte aligned), ``out_dtype`` a dtype or its name. Returns the binding
     (``vtnumba.cuda.bound.LinearBinding``). The seam binds after a signature's first full call (which
     validated it), ``vtnumba.torch`` at the first call after its own checks."""
     from ..cuda import bound as cuda_bound

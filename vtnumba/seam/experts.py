@@ -677,9 +677,6 @@ def _bound_holder(gate_up):
     return gate_up.weight if type(gate_up) is ResidentFp8 else gate_up
 
 
-moe_bound_key = bound.moe_key  # the name vtnumba.torch and the tests use
-
-
 def _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray):
     """The key of a cupy call that a bound call can replay, or None: x [T, H] C-contiguous and
     16-byte aligned, the routing C-contiguous cupy arrays, T and k nonzero, no debug checks."""
@@ -694,7 +691,7 @@ def _cupy_moe_key(x, down, topk_ids, topk_weights, cupy_ndarray):
         or moe_debug_checks()
     ):
         return None
-    return moe_bound_key(
+    return bound.moe_key(
         x.shape, x.dtype, topk_ids.shape, topk_ids.dtype, topk_weights.shape, topk_weights.dtype, down, x.data.device_id
     )
 

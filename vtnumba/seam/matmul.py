@@ -109,7 +109,7 @@ def _bind_after_full_call(x, weight, out_dtype, w_device):
     if key is None or not x.size:
         return
     x2d = x if len(x.shape) == 2 else x.reshape(-1, x.shape[-1])
-    bound.bind_linear(w, key, x2d, w_device, _arrays.out_dtype_of(x.dtype if out_dtype is None else out_dtype))
+    bound.bind_linear(w, key, x2d, w_device, x.dtype if out_dtype is None else out_dtype)
 
 
 @interop

@@ -23,7 +23,7 @@ from ..seam import Fp8Experts as SeamExperts
 from ..seam import Fp8Weight, matmul_fp8
 from ..seam import bound as seam_bound
 from ..seam import moe_fp8 as seam_moe_fp8
-from ..seam.experts import _bound_holder, moe_bound_key, moe_debug_checks
+from ..seam.experts import _bound_holder, moe_debug_checks
 from ._common import (
     _DTYPE_NAMES,
     _DTYPES,
@@ -348,7 +348,7 @@ def _moe_bound(gate_up, down, x, ids, weights):
     signature met for the first time (the seam's full path runs it, then binds it for the next call),
     one the binding refused (``bind_moe``: a prefill-sized call), a strided or misaligned input, or
     one on another device than the current. Bound calls live on the seam experts, under the seam's
-    keys (``seam.experts.moe_bound_key``, numpy dtypes), shared with cupy callers; y and the
+    keys (``seam.bound.moe_key``, numpy dtypes), shared with cupy callers; y and the
     scratch come from torch's allocator, the launches go to torch's current stream, with no
     interop on the way."""
     index = x.get_device()
@@ -367,7 +367,7 @@ def _moe_bound(gate_up, down, x, ids, weights):
         or moe_debug_checks()
     ):
         return None
-    key = moe_bound_key(x.shape, x_dtype, ids.shape, ids_dtype, weights.shape, w_dtype, down, index)
+    key = seam_bound.moe_key(x.shape, x_dtype, ids.shape, ids_dtype, weights.shape, w_dtype, down, index)
     calls = _bound_holder(gate_up).bound_calls
     bound = calls.get(key) if calls else None  # one read: another thread may clear the table
     if bound is not None:
