@@ -32,6 +32,7 @@ SCHEMES = {
     "mxfp8": dict(block_size=(1, 32), scale_format="e8m0"),
 }
 FLOAT_SCALES = {"dynamic", "static", "per_token", "per_group"}  # what the tensor-core grouped GEMV takes
+ROUTED = {"static", "per_token", "per_group"}  # what the routed decode takes (vtnumba.cuda.experts)
 
 
 def _device(cp, x):
@@ -199,10 +200,11 @@ def _routing(rng, t, k, empty=(3,)):
 
 @pytest.mark.parametrize("t", [4, 256])
 @pytest.mark.parametrize("name", sorted(SCHEMES))
-def test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu(cp, name, t):
+def test_moe_fp8_on_the_gpu_step_by_step_against_the_cpu(cp, name, t, monkeypatch):
     """Every step of MoeCall on the GPU against the CPU's: routing and the gate_up activation byte for
     byte, both GEMMs within G3 of their own inputs, the SiLU-quantize within the exp tolerance of the
     CPU's on the GPU's hidden rows, the combine the CPU's bytes on the GPU's y."""
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")  # the aligned steps (the routed: below)
     gu, dn, gu_res, dn_res = _layer(name)
     rng = np.random.default_rng(t + len(name))
     x = rng.standard_normal((t, H)).astype(BF16 if t == 4 else np.float32)
@@ -385,7 +387,8 @@ def test_a_second_call_replays_the_bound_launches_bitwise(cp, name, monkeypatch)
     first = seam.moe_fp8(x, gu_res, dn_res, ids, w)
     key = se._cupy_moe_key(x, dn_res, ids, w, cp.ndarray)
     replay = se._bound_holder(gu_res).bound_calls[key]
-    assert isinstance(replay, BoundMoe) and replay.kernels[0] == "_align" and replay.kernels[-1] == "combine"
+    assert isinstance(replay, BoundMoe) and replay.kernels[-1] == "combine"
+    assert replay.kernels[0] == ("routed_gate_up" if name in ROUTED else "_align"), replay.kernels
     later = [_bf16_inputs(cp, seed, 3) for seed in (1, 2, 3)]
     want = [se.MoeCall(*args[:1], gu_res, dn_res, *args[1:]).run() for args in [(x, ids, w)] + later]
 
@@ -476,3 +479,63 @@ def test_the_torch_experts_module_replays_its_bound_call_in_eager_and_in_a_graph
             graph.replay()
             torch.testing.assert_close(static_out, layer(x, ids, w), rtol=0, atol=0)
     assert int(torch.count_nonzero(static_out)) > 0
+
+
+# -- the routed decode (three launches, no align) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("t,k", [(1, 8), (2, 2), (4, 2)])
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_the_routed_decode_gives_the_aligned_steps_bytes(cp, name, t, k, monkeypatch):
+    """At decode (T k <= ROUTED_MAX_PAIRS) moe_fp8 runs three launches (routed_gate_up, routed_down,
+    combine), and their result is the aligned steps' bytes: each pair's GEMVs are the grouped GEMV's
+    pass on the same codes (x and act quantized inside the launch as quantize_fp8 / silu_mul_quantize
+    quantize them), the combine the same kernel. The sentinels -1 and E route nothing."""
+    _, _, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(40 + t * k)
+    ids, w = _routing(rng, t, k, empty=() if k >= E else (3,))
+    x = _device(cp, rng.standard_normal((t, H)).astype(BF16))
+    ids, w = cp.asarray(ids), cp.asarray(w)
+    call = se.MoeCall(x, gu_res, dn_res, ids, w)
+    assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down", "combine"], call.routed_reason
+    got = call.run()
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
+    aligned = se.MoeCall(x, gu_res, dn_res, ids, w)
+    assert [s for s, _ in aligned.steps][0] == "align" and "disabled" in aligned.routed_reason
+    want = aligned.run()
+    g, wv = cp.asnumpy(got).view(np.uint16), cp.asnumpy(want).view(np.uint16)
+    assert np.count_nonzero(wv) > wv.size // 2
+    np.testing.assert_array_equal(g, wv)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_the_routed_decode_is_near_the_cpu(cp, name):
+    """One token, top-8 of the 8 experts: the routed result within the tolerance the seam's GPU
+    steps meet against the CPU's moe_fp8 (tests/test_cudasim_experts.py), logits cosine ~ 1."""
+    gu, dn, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(50)
+    ids, w = _routing(rng, 1, 8, empty=())
+    x = rng.standard_normal((1, H)).astype(BF16)
+    want = seam.moe_fp8(x, gu, dn, ids, w).astype(np.float32)
+    got = cp.asnumpy(seam.moe_fp8(_device(cp, x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w)).view(np.uint16))
+    got = got.view(BF16).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+    cos = float(np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cos > 0.999 and np.abs(want).max() > 0, cos
+
+
+def test_which_moe_decode_runs(cp):
+    """The choice pinned: routed up to ROUTED_MAX_PAIRS pairs for static, per-token and 128 x 128
+    blocks; aligned past it, for dynamic per-tensor, UE8M0 and MXFP8 (each with its reason)."""
+    from vtnumba.cuda import experts as gpu
+
+    x = cp.zeros((1, H), np.float32)
+    for name in sorted(SCHEMES):
+        _, _, gu_res, dn_res = _layer(name)
+        for t, k in ((1, gpu.ROUTED_MAX_PAIRS), (1, gpu.ROUTED_MAX_PAIRS + 1)):
+            ids = cp.zeros((t, k), np.int64)
+            why = gpu.routed_reason(x, se._experts_for(gu_res, x, "gate_up"), se._experts_for(dn_res, x, "down"), ids)
+            if name in ROUTED and t * k <= gpu.ROUTED_MAX_PAIRS:
+                assert why is None, (name, t, k, why)
+            else:
+                assert why, (name, t, k)

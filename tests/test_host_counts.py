@@ -38,10 +38,15 @@ class Row(NamedTuple):
 
 
 def MOE(*routed, silu=("silu",)):
-    """An MoE decode call's kernels: the routing (align, the active-experts map), ``routed`` (the
-    activation's quantization and gathers, in the scheme's order), gate_up, the SiLU-and-quantize
+    """An aligned MoE decode call's kernels: the routing (align, the active-experts map), ``routed``
+    (the activation's quantization and gathers, in the scheme's order), gate_up, the SiLU-and-quantize
     launches ``silu`` (dynamic: its amax pass, then the quantization), down, the combine."""
     return ("_align", "_active_experts", *routed, "gemv_grouped", *silu, "gemv_grouped", "combine")
+
+
+# A routed MoE decode call (vtnumba.cuda.experts.routed_*; docs/DESIGN.md, "MoE decode: three
+# launches"): gate_up with x's quantization and SiLU fused in, down with act's, the combine.
+ROUTED = ("routed_gate_up", "routed_down", "combine")
 
 
 SILU2 = ("silu", "silu")
@@ -57,14 +62,16 @@ EXPECTED = {
     "matmul_fp8 dynamic":   Row(("gemv",),                                                 0, 0, 1, 14),
     "matmul_fp8 per_token": Row(("gemv",),                                                 0, 0, 1, 14),
     "matmul_fp8 per_group": Row(("gemv",),                                                 0, 0, 1, 14),
+    # MoE: dynamic per-tensor takes the aligned steps (the hidden rows' one scale spans every pair)
     "moe_fp8 dynamic":      Row(MOE("quantize_dynamic_small", "gather", silu=SILU2),      0, 0, 2, 33),
-    "moe_fp8 per_token":    Row(MOE("quantize_per_token", "gather", "gather"),             0, 0, 2, 33),
-    "moe_fp8 per_group":    Row(MOE("quantize_per_group16", "gather", "gather"),           0, 0, 2, 33),
+    "moe_fp8 static":       Row(ROUTED,                                                    0, 0, 2, 21),
+    "moe_fp8 per_token":    Row(ROUTED,                                                    0, 0, 2, 21),
+    "moe_fp8 per_group":    Row(ROUTED,                                                    0, 0, 2, 21),
     # the torch modules' per-call part, on y (and scratch) pointers they allocated (one torch.empty
     # at decode, two on the split path, not counted here: they come on top)
     "enqueue dense dynamic":   Row(("gemv",),                                              0, 0, 0, 5),
     "enqueue dense per_token": Row(("gemv",),                                              0, 0, 0, 5),
-    "enqueue moe per_token":   Row(MOE("quantize_per_token", "gather", "gather"),          0, 0, 0, 21),
+    "enqueue moe per_token":   Row(ROUTED,                                                 0, 0, 0, 9),
     # what a CUDA graph capture of the same decode call records: the split path, device time alone
     # counting there (quantize + cuBLASLt; per-token scales through the f32-staged epilogue)
     "captured dense dynamic":   Row(("quantize_dynamic_small",),                           1, 0, 0, 15),
@@ -116,7 +123,7 @@ def test_explain_says_what_each_regime_of_a_decode_signature_runs(recorded, sche
     assert text.startswith("x (1, 256) bfloat16: eager: fused_tensorcore_gemv; graph capture: quantize_"), text
     assert "not the fused launch" not in text, text
     moe = recorded["explain"]["moe_fp8 per_token"]
-    assert "9 launches" in moe and "graph capture" not in moe, moe  # one MoE call serves both regimes
+    assert "3 launches" in moe and "graph capture" not in moe, moe  # one MoE call serves both regimes
 
 
 def test_every_recorded_case_is_pinned(recorded):

@@ -121,7 +121,8 @@ def test_the_toolchain_reason_names_what_is_missing(monkeypatch):
 @pytest.mark.parametrize("cc,arch", TARGETS, ids=[t[1] for t in TARGETS])
 def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
     """GB10's mixture of experts: the grouped tensor-core GEMV issues the native block-scaled QMMA.SF
-    (unit scales) with no FP8 unpack, so does the grouped tiled GEMM (unit and MXFP8 scales), and the
+    (unit scales) with no FP8 unpack, so do the routed decode's GEMVs (no spill either) and the
+    grouped tiled GEMM (unit and MXFP8 scales), and the
     CUDA-core grouped GEMM (E8M0 MXFP8 scales too), the active-experts map, the row tile map, align,
     SiLU-quantize and combine kernels assemble for 12.x."""
     from vtnumba.cuda.kernels import grouped_gemm, moe, tc_gemm, tc_gemv
@@ -140,6 +141,19 @@ def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
         got_arch, record = compile_for(cc, kernel)
         assert got_arch == arch and set(record["sass_mma"]) == {QMMA_SF}, (label, rows, record["sass_mma"])
         assert record["sass_fp8_unpack"] == 0 and record["registers"] <= 255, (label, rows, record)
+    # the routed decode's two GEMVs (no align): per-token, static and 1 x 128 group activations
+    for stage in tc_gemv.ROUTED_STAGES:
+        for mode, block in (
+            (tc_gemv.MODE_PER_TOKEN, False),
+            (tc_gemv.MODE_STATIC, False),
+            (tc_gemv.MODE_PER_GROUP, True),
+        ):
+            kernel = tc_gemv.routed_kernel(
+                stage, tc_gemv.routed_config(stage, 2048), mode, block, True, False, True, True
+            )
+            got_arch, record = compile_for(cc, kernel)
+            assert got_arch == arch and set(record["sass_mma"]) == {QMMA_SF}, (stage, mode, record["sass_mma"])
+            assert record["sass_fp8_unpack"] == 0 and record["spill_stores"] == 0, (stage, mode, record)
     for label, kernel in {
         "grouped mx": grouped_gemm.grouped_launcher(1, 4, 128, 2, True, True, True, True, False),
         "grouped per-channel": grouped_gemm.grouped_launcher(4, 2, 128, 1, False, False, False, True, True),

@@ -354,12 +354,13 @@ def profile_moe(x, gate_up, down, topk_ids, topk_weights, *, name="moe_fp8", **o
     call = MoeCall(x, gate_up, down, topk_ids, topk_weights)
     call.run()  # fills every step's inputs, so each step can be timed alone
     offsets = call.state.get("offsets")
-    offsets = (
-        np.zeros(call.gate_up.shape[0] + 1, np.int64)
-        if offsets is None
-        else np.asarray(offsets if isinstance(offsets, np.ndarray) else offsets.get(), dtype=np.int64)
-    )
-    rows = tuple(int(r) for r in np.diff(offsets))
+    experts = call.gate_up.shape[0]
+    if offsets is None:  # the routed decode has no align step: the pairs per expert, from the ids
+        ids = np.asarray(topk_ids.get() if hasattr(topk_ids, "get") else topk_ids, dtype=np.int64).reshape(-1)
+        rows = tuple(int(r) for r in np.bincount(ids[(ids >= 0) & (ids < experts)], minlength=experts))
+    else:
+        offsets = np.asarray(offsets if isinstance(offsets, np.ndarray) else offsets.get(), dtype=np.int64)
+        rows = tuple(int(r) for r in np.diff(offsets))
     hit = sum(1 for r in rows if r)
     per_expert = (
         int(call.gate_up.data[0].nbytes)

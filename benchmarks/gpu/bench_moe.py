@@ -120,6 +120,27 @@ def grouped_gemm_table(args, cp, torch, rng, us, tb_s):
         b = b_torch = b_bf16 = None  # free this shape's weights before the next is built
 
 
+# the two schemes of the layer tables: (Fp8Experts options, block size)
+SCHEMES = {"per_token": (dict(activation_scheme="per_token"), None), "per_group 128x128": (dict(), (128, 128))}
+
+
+def qwen3_layer(cp, rng, name):
+    """(gate_up, down) Fp8Experts on the GPU at Qwen3-30B-A3B's shapes, random codes and scales."""
+    from vtnumba import seam
+
+    kw, block = SCHEMES[name]
+    e, h, inter = QWEN3_MOE["experts"], QWEN3_MOE["hidden"], QWEN3_MOE["intermediate"]
+    if block is None:
+        sgu = cp.asarray(rng.uniform(0.5, 1.5, size=(e, 2 * inter)).astype(np.float32) * 1e-2)
+        sdn = cp.asarray(rng.uniform(0.5, 1.5, size=(e, h)).astype(np.float32) * 1e-2)
+    else:
+        sgu = cp.asarray(rng.uniform(0.5, 1.5, size=(e, 2 * inter // 128, h // 128)).astype(np.float32) * 1e-2)
+        sdn = cp.asarray(rng.uniform(0.5, 1.5, size=(e, h // 128, inter // 128)).astype(np.float32) * 1e-2)
+    gu = seam.Fp8Experts(random_codes(cp, rng, (e, 2 * inter, h)), sgu, block_size=block, **kw)
+    dn = seam.Fp8Experts(random_codes(cp, rng, (e, h, inter)), sdn, block_size=block, **kw)
+    return gu, dn
+
+
 def decode_layer_table(args, cp, torch, rng, us, tb_s):
     import vtnumba.cuda as vtcuda
     from vtnumba import profile, seam
@@ -132,17 +153,9 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
     )
     row("scheme", "eager us", "graph replay us", "8 experts' FP8 bytes at copy rate us", "graph / floor")
     print("|---|---|---|---|---|")
-    schemes = [("per_token", dict(activation_scheme="per_token"), None), ("per_group 128x128", dict(), (128, 128))]
     profiles = []
-    for name, kw, block in schemes if not args.quick else schemes[:1]:
-        if block is None:
-            sgu = cp.asarray(rng.uniform(0.5, 1.5, size=(e, 2 * inter)).astype(np.float32) * 1e-2)
-            sdn = cp.asarray(rng.uniform(0.5, 1.5, size=(e, h)).astype(np.float32) * 1e-2)
-        else:
-            sgu = cp.asarray(rng.uniform(0.5, 1.5, size=(e, 2 * inter // 128, h // 128)).astype(np.float32) * 1e-2)
-            sdn = cp.asarray(rng.uniform(0.5, 1.5, size=(e, h // 128, inter // 128)).astype(np.float32) * 1e-2)
-        gu = seam.Fp8Experts(random_codes(cp, rng, (e, 2 * inter, h)), sgu, block_size=block, **kw)
-        dn = seam.Fp8Experts(random_codes(cp, rng, (e, h, inter)), sdn, block_size=block, **kw)
+    for name in SCHEMES if not args.quick else list(SCHEMES)[:1]:
+        gu, dn = qwen3_layer(cp, rng, name)
         x = cp.asarray(rng.standard_normal((1, h)).astype(BF16))
         ids = cp.asarray(rng.permutation(e)[:top_k].reshape(1, top_k).astype(np.int32))
         weights = cp.asarray(rng.random((1, top_k)).astype(np.float32))
@@ -169,9 +182,174 @@ def decode_layer_table(args, cp, torch, rng, us, tb_s):
         print(f"\n{name}: " + rec.table() + "\n")
 
 
+# vLLM 0.33.0's Triton fused MoE on the H200, 2026-12-02 (its two GEMMs, L2-hot / L2-cold us; the
+# peer's figures, measured apart: docs/DESIGN.md cites them, benchmarks/RESULTS.md has the run)
+VLLM_TWO_GEMMS = {
+    ("per_token", 1): (13.1, 18.7),
+    ("per_token", 8): (68.7, 69.9),
+    ("per_token", 64): (153.1, 155.6),
+    ("per_token", 512): (188.9, 188.6),
+    ("per_group 128x128", 1): (14.4, 20.7),
+    ("per_group 128x128", 8): (70.5, 72.0),
+    ("per_group 128x128", 64): (152.5, 154.8),
+    ("per_group 128x128", 512): (195.7, 196.2),
+}
+ROTATIONS = 16  # L2-cold: 16 routings in turn (at T = 1 over disjoint experts), as 16 layers read them
+
+
+def routings(cp, rng, t, n):
+    """n (x, ids, weights) of T tokens: softmax top-8 over random logits (normalized), ids int32; at
+    T = 1 the n routings take disjoint experts (n * 8 <= E), as the vLLM timing did."""
+    e, h, k = QWEN3_MOE["experts"], QWEN3_MOE["hidden"], QWEN3_MOE["top_k"]
+    perm = rng.permutation(e)
+    out = []
+    for r in range(n):
+        logits = rng.standard_normal((t, e)).astype(np.float32)
+        ids = np.argsort(-logits, axis=1)[:, :k]
+        if t == 1 and n * k <= e:
+            ids = perm[r * k : (r + 1) * k].reshape(1, k)
+        w = np.exp(np.take_along_axis(logits, ids, axis=1))
+        w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+        x = cp.asarray(rng.standard_normal((t, h)).astype(BF16))
+        out.append((x, cp.asarray(ids.astype(np.int32)), cp.asarray(w)))
+    return out
+
+
+def _cycled(fns):
+    """A callable that calls fns[0], fns[1], ... in turn, one per call."""
+    state = [0]
+
+    def call():
+        fns[state[0] % len(fns)]()
+        state[0] += 1
+
+    return call
+
+
+def tokens_table(args, cp, rng, us):
+    """3. The layer and its two GEMMs by token count, each decode path that takes the call."""
+    import os
+
+    from vtnumba.seam.experts import MoeCall
+
+    print("\n## 3. moe_fp8 by tokens T (Qwen3-30B-A3B), L2-hot and L2-cold (16 routings in turn), device us, queued\n")
+    row(
+        "scheme",
+        "T",
+        "path",
+        "launches",
+        "layer hot",
+        "layer cold",
+        "2 GEMMs hot",
+        "2 GEMMs cold",
+        "vLLM 2 GEMMs hot / cold",
+        "2 GEMMs cold / vLLM",
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    tokens = (1, 2, 8, 64, 512) if not args.quick else (1, 8)
+    for name in SCHEMES if not args.quick else list(SCHEMES)[:1]:
+        gu, dn = qwen3_layer(cp, rng, name)
+        for t in tokens:
+            rot = routings(cp, rng, t, ROTATIONS)
+            for path in ("routed", "aligned"):
+                saved = os.environ.get("VT_DISABLE_KERNELS")
+                if path == "aligned":
+                    os.environ["VT_DISABLE_KERNELS"] = ",".join(filter(None, [saved, "routed_gemv"]))
+                try:
+                    calls = [MoeCall(x, gu, dn, ids, w) for x, ids, w in rot]
+                    if (calls[0].routed_reason is None) != (path == "routed"):
+                        continue  # this path does not take the call
+                    for c in calls:
+                        c.run()
+                    gemm_names = ("routed_gate_up", "routed_down") if path == "routed" else ("gate_up", "down")
+
+                    def gemms(c):
+                        steps = dict(c.steps)
+                        return lambda: [steps[n]() for n in gemm_names]
+
+                    hot, cold = us(calls[0].run), us(_cycled([c.run for c in calls]))
+                    g_hot, g_cold = us(gemms(calls[0])), us(_cycled([gemms(c) for c in calls]))
+                finally:
+                    if saved is None:
+                        os.environ.pop("VT_DISABLE_KERNELS", None)
+                    else:
+                        os.environ["VT_DISABLE_KERNELS"] = saved
+                peer = VLLM_TWO_GEMMS.get((name, t))
+                row(
+                    name,
+                    t,
+                    path,
+                    len(calls[0].steps) if path == "routed" else "9-10",
+                    f"{hot:.1f}",
+                    f"{cold:.1f}",
+                    f"{g_hot:.1f}",
+                    f"{g_cold:.1f}",
+                    "" if peer is None else f"{peer[0]} / {peer[1]}",
+                    "" if peer is None else f"{g_cold / peer[1]:.2f}x",
+                )
+            rot = calls = None
+
+
+# the routed GEMV configurations the sweep times (GEMV_CONFIGS names; tc_gemv.ROUTED_CONFIGS picks)
+SWEEP_CONFIGS = ("r16_w4_d2", "r16_w8_d2", "r16_w2_d2", "r32_w4_d2", "r32_w2_d2", "r16_w4_d4")
+
+
+def config_table(args, cp, rng, us):
+    """4. The routed GEMVs alone at one token by configuration (per_token, L2-cold)."""
+    from vtnumba.cuda import experts as gx
+    from vtnumba.cuda.kernels import tc_gemv
+    from vtnumba.cuda.kernels.epilogue import OUT_KIND
+    from vtnumba.cuda.runtime import device
+
+    print("\n## 4. the routed GEMVs at T = 1 by configuration (per_token and blocks, L2-cold, device us)\n")
+    row("scheme", "config", "routed_gate_up us", "routed_down us")
+    print("|---|---|---|---|")
+    for name in SCHEMES:
+        gu, dn = qwen3_layer(cp, rng, name)
+        rot = routings(cp, rng, 1, ROTATIONS)
+        dev = device.current()
+        e, n2, _ = gu.shape
+        for cfg_name in SWEEP_CONFIGS:
+            cfg = tc_gemv.GEMV_CONFIGS[cfg_name]
+            stage_us = []
+            for stage, ex in (("gate_up", gu), ("down", dn)):
+                mode, qtable, q_step, sb, sb_step, block_scaled, b = gx._routed_operands(ex)
+                fns = []
+                for x, ids, _ in rot:
+                    flat = ids.reshape(-1)
+                    if stage == "gate_up":
+                        hidden = cp.empty((8, n2), np.float32)
+                        act = cp.empty((8, n2 // 2), np.float32)
+                        pair_row = cp.empty(8, np.int32)
+                        *launch, shared = tc_gemv.routed_launch(
+                            stage, x.view(np.uint16), OUT_KIND[BF16], qtable, q_step, b, sb, sb_step, mode, block_scaled,
+                            hidden, flat, e, dev, act=act, k=8, pair_row=pair_row, config=cfg,
+                        )  # fmt: skip
+                    else:
+                        act = cp.asarray(rng.standard_normal((8, n2 // 2)).astype(np.float32))
+                        y = cp.empty((8, ex.shape[1]), np.float32)
+                        *launch, shared = tc_gemv.routed_launch(
+                            stage, act.view(np.uint16), OUT_KIND[np.dtype(np.float32)], qtable, q_step, b, sb, sb_step, mode, block_scaled,
+                            y, flat, e, dev, config=cfg,
+                        )  # fmt: skip
+                    kernel, grid, block, kargs = launch
+                    fns.append(
+                        lambda kernel=kernel, grid=grid, block=block, kargs=kargs, shared=shared: kernel(
+                            grid, block, *kargs, shared_mem=shared
+                        )
+                    )
+                stage_us.append(us(_cycled(fns)))
+            row(name, cfg_name, f"{stage_us[0]:.1f}", f"{stage_us[1]:.1f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one row count per shape, one decode scheme")
+    parser.add_argument(
+        "--parts",
+        default="grouped,decode,tokens",
+        help="comma-separated tables: grouped (1), decode (2), tokens (3), configs (4: the routed GEMV sweep)",
+    )
     args = parser.parse_args()
     import cupy as cp
     import torch
@@ -188,8 +366,15 @@ def main():
     rng = np.random.default_rng(0)
     tb_s = copy_tb_s(cp, best_device_us)
     print(f"copy rate: {tb_s:.2f} TB/s read + write (the floors below read the weights at this rate)")
-    grouped_gemm_table(args, cp, torch, rng, us, tb_s)
-    decode_layer_table(args, cp, torch, rng, us, tb_s)
+    parts = args.parts.split(",")
+    if "grouped" in parts:
+        grouped_gemm_table(args, cp, torch, rng, us, tb_s)
+    if "decode" in parts:
+        decode_layer_table(args, cp, torch, rng, us, tb_s)
+    if "tokens" in parts:
+        tokens_table(args, cp, rng, us)
+    if "configs" in parts:
+        config_table(args, cp, rng, us)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,6 @@ def _run(launch, shared_mem=0):
 
 _TABLES = {}  # (device ordinal, bytes) -> float32 device vector: static input scales, uploaded once
 _MAX_TABLES = 1024
-_F32_2D = {}  # device ordinal -> a float32 [1, 1] placeholder
 
 
 def _scale_table(values):
@@ -176,19 +175,6 @@ def _scale_table(values):
         with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
             table = _TABLES[key] = xp.asarray(host)
     return table
-
-
-def _f32_2d_placeholder(dev):
-    arr = _F32_2D.get(dev.ordinal)
-    if arr is None:
-        if SIMULATOR:
-            arr = np.zeros((1, 1), np.float32)
-        else:
-            xp = _device.xp
-            with xp.cuda.Device(dev.ordinal), xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
-                arr = xp.zeros((1, 1), np.float32)
-        _F32_2D[dev.ordinal] = arr
-    return arr
 
 
 # -- routing -----------------------------------------------------------------------------------------
@@ -307,7 +293,7 @@ def _silu(
             mode,
             quantize.encoder_in_use(),
             h,
-            _f32_2d_placeholder(dev) if act is None else act,
+            dev.placeholder("f32_2d") if act is None else act,
             dev.placeholder("u8_2d") if codes is None else codes,
             f32 if scales is None else scales.reshape(-1),
             dev.placeholder("u8_2d").reshape(-1) if scale_bytes is None else scale_bytes.reshape(-1),
@@ -437,6 +423,169 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
     out_kind = _epilogue.OUT_KIND[np.dtype(out_dtype)]
     _run(moe.combine_launch(y, _array(pair_row).reshape(-1), w_flat, w_kind, _epilogue.out_bits(out), out_kind, k))
     return out
+
+
+# -- the routed decode: three launches, no align ----------------------------------------------------
+# At decode each routed (token, slot) pair is its own group (kernels/tc_gemv.py, "the routed GEMVs"):
+# gate_up with x's quantization and SiLU-and-multiply fused in, down with act's quantization fused
+# in, then the combine. The aligned steps (align, active map, quantize, gather, gate_up, SiLU and
+# quantize, down, combine) take every other call.
+
+ROUTED_KERNEL = "routed_gemv"  # VT_DISABLE_KERNELS takes the routed decode out by this name
+# Up to this many routed pairs (T k) a call is routed: each pair streams its expert's weight, so
+# past a few tokens the pairs that share an expert read it again (from L2 at best), where the
+# aligned grouped GEMV reads each routed expert once. Until measured: one token of top-8.
+ROUTED_MAX_PAIRS = 8
+# The simulator runs the routed decode only when a test asks (its tensor-core emulation is slow).
+SIMULATE_ROUTED = False
+_ROUTED_SCHEMES = ("static", "per_token", "per_group")
+
+
+def _routed_format_reason(ex, name):
+    scheme = str(ex.activation_scheme)
+    if scheme not in _ROUTED_SCHEMES:
+        return (
+            f"{name}'s {scheme} activations: the routed decode quantizes static, per-token or 1 x 128 "
+            "group activations (a dynamic per-tensor scale of the hidden rows is one amax over every pair)"
+        )
+    if ex.activation_scale_format == "e8m0" or ex.scale_ue8m0:
+        return f"{name}'s E8M0 / UE8M0 scales: the routed decode takes float32 scales"
+    if ex.block_size is not None and tuple(ex.block_size) != (128, 128):
+        return f"{name}'s {tuple(ex.block_size)} blocks: the routed decode takes 128 x 128 blocks"
+    if np.dtype(ex.weight_scale.dtype) != np.float32:
+        return f"{name}'s {np.dtype(ex.weight_scale.dtype)} weight scales: the routed decode takes float32"
+    return None
+
+
+def routed_reason(x, gate_up, down, topk_ids):
+    """Why a ``moe_fp8`` call cannot take the routed decode (None when it can): at most
+    ``ROUTED_MAX_PAIRS`` pairs, the tensor-core GEMV on this device, both experts' formats
+    (``_routed_format_reason``), 16-multiples of H and I (128-multiples for blocks), int32 / int64
+    ids, and rows the fused GEMV stages in shared memory."""
+    from .kernels import tc_gemm, tc_gemv
+
+    _backend()
+    if ROUTED_KERNEL in _gemm.disabled_kernels():
+        return f"{ROUTED_KERNEL} is disabled by VT_DISABLE_KERNELS"
+    t, k = (int(d) for d in topk_ids.shape)
+    if t * k > ROUTED_MAX_PAIRS:
+        return f"{t * k} routed pairs: the routed decode takes at most {ROUTED_MAX_PAIRS} (ROUTED_MAX_PAIRS)"
+    dev = _device.current()
+    why = tc_gemm.unavailable_reason(dev, SIMULATE_ROUTED)
+    if why:
+        return why
+    why = _routed_format_reason(gate_up, "gate_up") or _routed_format_reason(down, "down")
+    if why:
+        return why
+    _, n2, h = gate_up.shape
+    inter = n2 // 2
+    unit = 128 if gate_up.block_size is not None or down.block_size is not None else 16
+    if h % unit or inter % unit:
+        return f"the routed decode needs H and I to be multiples of {unit}, got H = {h}, I = {inter}"
+    if np.dtype(topk_ids.dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
+        return f"the routed decode reads int32 or int64 ids, got {np.dtype(topk_ids.dtype)}"
+    if tc_gemv.fused_rows(max(h, inter), gate_up.block_size is not None, True, False) == 0:
+        return f"a row of {max(h, inter)} does not fit the fused GEMV's shared memory"
+    if not SIMULATOR:
+        for arr, name in ((x, "x"), (gate_up.data, "gate_up"), (down.data, "down"), (topk_ids, "topk_ids")):
+            if not arr.flags.c_contiguous or arr.data.ptr % 16:
+                return f"the routed decode reads {name} 16 bytes at a time: it must be C-contiguous and 16-byte aligned"
+    return None
+
+
+def _routed_operands(ex):
+    """(mode, qtable, q_step, scale_b, sb_step, block_scaled, b [E * N, K]) of experts ``ex`` for
+    kernels/tc_gemv.py's routed_launch."""
+    from .kernels import tc_gemv
+
+    dev = _device.current()
+    e, n, kdim = ex.shape
+    scheme = str(ex.activation_scheme)
+    if scheme == "static":
+        mode, qtable, q_step = tc_gemv.MODE_STATIC, _scale_table(ex.input_scale), 1
+    elif scheme == "per_token":
+        mode, qtable, q_step = tc_gemv.MODE_PER_TOKEN, dev.scalar(0.0), 0  # 0: no upper bound on the scale
+    else:
+        mode, qtable, q_step = tc_gemv.MODE_PER_GROUP, dev.placeholder("f32"), 0
+    ws = _array(ex.weight_scale)
+    block_scaled = ex.block_size is not None
+    if block_scaled:
+        sb, sb_step = ws.reshape(e * ws.shape[1], ws.shape[2]), 0
+    elif ws.ndim == 2:
+        sb, sb_step = ws.reshape(-1), 1
+    else:
+        sb, sb_step = ws.reshape(-1), 0
+    return mode, qtable, q_step, sb, sb_step, block_scaled, _array(ex.data).reshape(e * n, kdim)
+
+
+def _flat_ids(topk_ids):
+    return _array(topk_ids).reshape(-1)
+
+
+def routed_gate_up(x, gate_up, topk_ids):
+    """(act float32 [T k, I], pair_row int32 [T, k]) in one launch: pair p = t k + j's act row is
+    ``silu_mul`` of its gate_up GEMV on x[t] quantized by gate_up's scheme; pair_row[t, j] = p, or
+    -1 for an id outside [0, E) (whose act row is not written). Callers check ``routed_reason``."""
+    from .kernels import tc_gemv
+
+    x = _array(x)
+    ids = _flat_ids(topk_ids)
+    t, k = (int(d) for d in topk_ids.shape)
+    e, n2, _ = gate_up.shape
+    hidden = _new((t * k, n2), np.float32)
+    act = _new((t * k, n2 // 2), np.float32)
+    pair_row = _new((t, k), np.int32)
+    mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(gate_up)
+    *launch, shared = tc_gemv.routed_launch(
+        "gate_up",
+        x.view(np.uint16),
+        _epilogue.OUT_KIND[np.dtype(x.dtype)],
+        qtable,
+        q_step,
+        b,
+        sb,
+        sb_step,
+        mode,
+        block_scaled,
+        hidden,
+        ids,
+        e,
+        _device.current(),
+        act=act,
+        k=k,
+        pair_row=pair_row.reshape(-1),
+    )
+    _run(launch, shared)
+    return act, pair_row
+
+
+def routed_down(act, down, topk_ids):
+    """y float32 [T k, H] in one launch: pair p's down GEMV of act[p] quantized by down's scheme (a
+    skipped pair's row is not written: the combine skips it)."""
+    from .kernels import tc_gemv
+
+    ids = _flat_ids(topk_ids)
+    e, h, _ = down.shape
+    y = _new((int(act.shape[0]), h), np.float32)
+    mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(down)
+    *launch, shared = tc_gemv.routed_launch(
+        "down",
+        act.view(np.uint16),
+        _epilogue.OUT_KIND[np.dtype(np.float32)],
+        qtable,
+        q_step,
+        b,
+        sb,
+        sb_step,
+        mode,
+        block_scaled,
+        y,
+        ids,
+        e,
+        _device.current(),
+    )
+    _run(launch, shared)
+    return y
 
 
 # -- the grouped GEMM ----------------------------------------------------------------------------------
@@ -873,4 +1022,9 @@ __all__ = [
     "PER_EXPERT_MIN_FLOPS",
     "TILED_MIN_ROWS",
     "moe_paths",
+    "ROUTED_KERNEL",
+    "ROUTED_MAX_PAIRS",
+    "routed_reason",
+    "routed_gate_up",
+    "routed_down",
 ]

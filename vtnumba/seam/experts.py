@@ -20,6 +20,11 @@ What a MoE layer computes here (docs/DESIGN.md, "Mixture of experts"):
 6. **Combine**: each token's k outputs weighted by ``topk_weights`` and summed in float32, slot
    order, rounded once to x's dtype.
 
+At decode on the GPU (a few routed pairs, static, per-token or 128 x 128 block scales) the steps are
+three launches instead (docs/DESIGN.md, "MoE decode: three launches"): gate_up with the
+quantization of x and SiLU-and-multiply fused in, down with the quantization of act fused in, the
+combine; ``MoeCall(...).routed_reason`` says why a call takes the six steps above.
+
 Every step is a function of the device's backend (``vtnumba.cpu.experts``, ``vtnumba.cuda.experts``),
 called with arrays already checked here. On the GPU nothing synchronizes with the host: the row
 counts stay on the device, and a whole ``moe_fp8`` call can be captured into a CUDA graph.
@@ -802,6 +807,19 @@ class MoeCall:
         def combine():
             st["out"] = backend.moe_combine(st["y"], st["pair_row"], topk_weights, x.dtype)
 
+        # at decode (a few routed pairs) the GPU routes each pair itself: three launches
+        routed = getattr(backend, "routed_reason", None)
+        self.routed_reason = routed(x, gu, dn, topk_ids) if routed is not None else "the aligned steps run on the CPU"
+        if self.routed_reason is None:
+
+            def gate_up_routed():
+                st["act"], st["pair_row"] = backend.routed_gate_up(x, gu, topk_ids)
+
+            def down_routed():
+                st["y"] = backend.routed_down(st["act"], dn, topk_ids)
+
+            self.steps = (("routed_gate_up", gate_up_routed), ("routed_down", down_routed), ("combine", combine))
+            return
         self.steps = (
             ("align", align),
             ("quantize", quantize),

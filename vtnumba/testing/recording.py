@@ -1159,7 +1159,7 @@ def time_call(fn, *, repeat=2000, rounds=7):
 # (benchmarks/cpu/bench_host_cost.py): one definition, so the two always speak of the same call ------
 
 DENSE_SCHEMES = ("static", "dynamic", "per_token", "per_group")
-MOE_SCHEMES = ("dynamic", "per_token", "per_group")
+MOE_SCHEMES = ("static", "dynamic", "per_token", "per_group")
 
 
 def _bf16_on_device(cupy, host):

@@ -91,6 +91,9 @@ GEMV_CONFIGS = {
     "r16_w8_d2": GemvConfig(rt=1, warps=8, depth=2),
     "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
     "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
+    # two warps: short K (the down projection's 768 = 6 chunks) in fewer, fuller warps
+    "r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
+    "r32_w2_d2": GemvConfig(rt=2, warps=2, depth=2),
     "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
 }
 # By the H200 (benchmarks/gpu/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
@@ -1183,6 +1186,203 @@ def grouped_gemv(
     kernel(grid, block, *args)
 
 
+# ------------------------------------------------------------------------------------------------
+# the routed GEMVs (mixture of experts at decode, with no align step): a routed (token, slot) pair is
+# its own group, as vLLM's fused MoE takes it at one token. Block (i, p) of grid (ceil(N / (16 rt)),
+# P) runs the FUSED pass (the activation quantized as it is read) for pair p = t k + j on views of
+# token t's row and of expert e = ids[p]'s weight, so a pair gives the bits the fused GEMV gives for
+# that row and expert alone: the grouped GEMV's arithmetic, the align and quantize launches gone.
+#
+# - gate_up: two passes, the gate rows then the up rows (I apart; a pass's rows are contiguous),
+#   into a float32 [P, 2I] scratch, then SiLU-and-multiply of the block's own columns into act
+#   [P, I] (kernels/moe.py's silu_mul_value, silu_mul's float32 bits: a block reads back its own
+#   global writes after a barrier). x is quantized by the gate_up experts' scheme, static scales
+#   per expert.
+# - down: one pass per pair on act's row, quantized by the down experts' scheme, into float32
+#   y [P, H]; the combine (kernels/moe.py) then sums each token's k rows in slot order.
+#
+# A pair whose id is outside [0, E) writes pair_row[p] = -1 (gate_up's block 0; the combine skips it)
+# and nothing else. Dynamic per-tensor activations are not routed: the scale of act is one amax over
+# every pair's row, which no block of a pair sees.
+
+ROUTED_STAGES = ("gate_up", "down")
+
+
+@functools.cache
+def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64):
+    """The routed GEMV of ``stage`` ('gate_up' or 'down'; block above) in activation ``mode`` (static,
+    per-token or 1 x 128 groups), compiled for ids of int64 (else int32)."""
+    from .moe import silu_mul_value
+
+    if stage not in ROUTED_STAGES:
+        raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
+    if mode not in (MODE_STATIC, MODE_PER_TOKEN, MODE_PER_GROUP):
+        raise ValueError(f"the routed GEMV quantizes static, per-token or 1 x 128 group activations, got mode {mode}")
+    gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit))
+    width = 16 * cfg.rt
+    threads = 32 * cfg.warps
+    out_f32 = OUT_KIND[np.dtype(np.float32)]
+
+    @cuda.jit(**_DEVICE)
+    def expert_pass(a0, x_row, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, y_view, e, r0, rows):
+        """The fused pass over expert e's weight rows r0 .. r0 + rows (of the stacked b [E * N, K])."""
+        wv = b[r0 : r0 + rows]
+        if block_scaled:
+            sbv = scale_b[r0 // 128 : (r0 + rows + 127) // 128]
+        elif sb_step:
+            sbv = scale_b[r0 : r0 + rows]
+        else:
+            sbv = scale_b[e : e + 1]
+        gemv_pass(
+            a0,
+            x_row,
+            x_kind,
+            qtable[e * q_step : e * q_step + 1],
+            wv,
+            scale_a0,
+            0,
+            sbv,
+            sb_step,
+            bias0,
+            0,
+            y_view,
+            out_f32,
+        )
+
+    if stage == "gate_up":
+
+        def routed_gate_up(
+            a0, x, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, hidden, act, ids, k, experts, pair_row
+        ):
+            """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32)."""
+            p = cuda.blockIdx.y
+            e = ids[p]
+            live = e >= 0 and e < experts
+            if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
+                pair_row[p] = p if live else -1
+            if not live:
+                return  # the whole block: no barrier is left waiting
+            inter = act.shape[1]
+            t = p // k
+            x_row = x[t : t + 1]
+            for half in range(2):
+                if half:
+                    cuda.syncthreads()  # the gate pass's sums are still being read from shared memory
+                expert_pass(
+                    a0,
+                    x_row,
+                    x_kind,
+                    qtable,
+                    q_step,
+                    b,
+                    scale_a0,
+                    scale_b,
+                    sb_step,
+                    bias0,
+                    hidden[p : p + 1, half * inter : (half + 1) * inter],
+                    e,
+                    e * 2 * inter + half * inter,
+                    inter,
+                )
+            cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
+            n0 = cuda.blockIdx.x * width
+            for j in range(n0 + cuda.threadIdx.x, min(n0 + width, inter), threads):
+                act[p, j] = silu_mul_value(hidden, p, j, inter)
+
+        kernel = routed_gate_up
+    else:
+
+        def routed_down(a0, act_bits, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, y, ids, experts):
+            """y [P, H] = this pair's down GEMV of its act row (float32); a skipped pair's row unwritten."""
+            p = cuda.blockIdx.y
+            e = ids[p]
+            if e < 0 or e >= experts:
+                return
+            n = y.shape[1]
+            expert_pass(
+                a0,
+                act_bits[p : p + 1],
+                x_kind,
+                qtable,
+                q_step,
+                b,
+                scale_a0,
+                scale_b,
+                sb_step,
+                bias0,
+                y[p : p + 1],
+                e,
+                e * n,
+                n,
+            )
+
+        kernel = routed_down
+    scale = types.float32[:, ::1] if block_scaled else F32_1D
+    ids_type = types.int64[::1] if ids_int64 else I32_1D
+    head = (U8_2D, U16_2D, I32, F32_1D, I64, U8_2D, scale, scale, I64, U16_1D)
+    f32_2d = types.float32[:, ::1]
+    if stage == "gate_up":
+        sig = head + (f32_2d, f32_2d, ids_type, I64, I64, I32_1D)
+    else:
+        sig = head + (f32_2d, ids_type, I64)
+    return compile_kernel(kernel, sig, arch=sm120.arch(unit))
+
+
+def routed_config(stage, k):
+    """The routed GEMV's configuration for ``stage`` and K (the H200 sweep's choice; see
+    ROUTED_CONFIGS' note)."""
+    if SIMULATOR:
+        return GEMV_CONFIGS["sim_r16_w2_d2"]
+    return GEMV_CONFIGS[ROUTED_CONFIGS[stage]] if stage in ROUTED_CONFIGS else gemv_config(1, k)
+
+
+# By stage: the GEMV configuration (GEMV_CONFIGS) of each routed launch. Until measured: the
+# grouped GEMV's (gemv_config at M = 1).
+ROUTED_CONFIGS = {}
+
+
+def routed_launch(
+    stage,
+    x_bits,
+    x_kind,
+    qtable,
+    q_step,
+    b,
+    scale_b,
+    sb_step,
+    mode,
+    block_scaled,
+    out,
+    ids,
+    experts,
+    dev,
+    act=None,
+    k=1,
+    pair_row=None,
+    config=None,
+):
+    """(kernel, grid, block, args, shared bytes) of the routed GEMV of ``stage`` over ids.size pairs:
+    x_bits [rows, K] the activation's bits (x [T, H] for gate_up, act [P, I] for down), qtable the
+    static scales per expert (q_step 1) or a [1] placeholder (q_step 0: per-token takes no cap), b
+    [E * N, K] the stacked weights with scale_b [E] (sb_step 0), [E * N] (1) or [E * NB, KB]
+    (block-scaled), out the float32 [P, 2I] hidden (gate_up, with act [P, I] and pair_row [P]) or
+    y [P, H] (down); ``experts`` E (ids outside [0, E) route nothing)."""
+    hardware, chain, unit = _device_flags(dev)
+    kdim = int(b.shape[1])
+    cfg = config or routed_config(stage, kdim)
+    pairs = int(ids.shape[0])
+    kernel = routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, np.dtype(ids.dtype) == np.int64)
+    n = int(act.shape[1]) if stage == "gate_up" else int(out.shape[1])
+    a0 = dev.placeholder("u8_2d")
+    sa0 = dev.placeholder("f32_2d" if block_scaled else "f32")
+    head = (a0, x_bits, x_kind, qtable, q_step, b, sa0, scale_b, sb_step, dev.placeholder("u16"))
+    if stage == "gate_up":
+        args = head + (out, act, ids, k, experts, pair_row)
+    else:
+        args = head + (out, ids, experts)
+    return kernel, (-(-n // (16 * cfg.rt)), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
+
+
 __all__ = [
     "GemvConfig",
     "GEMV_CONFIGS",
@@ -1210,4 +1410,9 @@ __all__ = [
     "grouped_gemv_launch",
     "grouped_gemv_reason",
     "grouped_rows_hint",
+    "ROUTED_STAGES",
+    "ROUTED_CONFIGS",
+    "routed_config",
+    "routed_kernel",
+    "routed_launch",
 ]

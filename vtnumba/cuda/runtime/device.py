@@ -30,6 +30,7 @@ _PLACEHOLDER_SHAPES = {
     "f32": ((1,), np.float32),
     "u8_2d": ((1, 16), np.uint8),
     "u16_2d": ((1, 2), np.uint16),
+    "f32_2d": ((1, 1), np.float32),
 }
 
 xp = None  # the array module of device arrays: cupy, or numpy under the simulator
