@@ -194,6 +194,7 @@ VLLM_TWO_GEMMS = {
     ("per_group 128x128", 64): (152.5, 154.8),
     ("per_group 128x128", 512): (195.7, 196.2),
 }
+ROUTED_TIMED_TOKENS = 8  # the routed path is timed up to this T (past it each pair re-streams its expert)
 ROTATIONS = 16  # L2-cold: 16 routings in turn (at T = 1 over disjoint experts), as 16 layers read them
 
 
@@ -230,6 +231,7 @@ def tokens_table(args, cp, rng, us):
     """3. The layer and its two GEMMs by token count, each decode path that takes the call."""
     import os
 
+    from vtnumba.cuda import experts as gx
     from vtnumba.seam.experts import MoeCall
 
     print("\n## 3. moe_fp8 by tokens T (Qwen3-30B-A3B), L2-hot and L2-cold (16 routings in turn), device us, queued\n")
@@ -251,10 +253,12 @@ def tokens_table(args, cp, rng, us):
         gu, dn = qwen3_layer(cp, rng, name)
         for t in tokens:
             rot = routings(cp, rng, t, ROTATIONS)
-            for path in ("routed", "aligned"):
-                saved = os.environ.get("VT_DISABLE_KERNELS")
+            for path in ("routed", "aligned") if t <= ROUTED_TIMED_TOKENS else ("aligned",):
+                saved, max_pairs = os.environ.get("VT_DISABLE_KERNELS"), gx.ROUTED_MAX_PAIRS
                 if path == "aligned":
                     os.environ["VT_DISABLE_KERNELS"] = ",".join(filter(None, [saved, "routed_gemv"]))
+                else:  # the routed path timed past its threshold too: the table is what sets it
+                    gx.ROUTED_MAX_PAIRS = t * QWEN3_MOE["top_k"]
                 try:
                     calls = [MoeCall(x, gu, dn, ids, w) for x, ids, w in rot]
                     if (calls[0].routed_reason is None) != (path == "routed"):
@@ -270,6 +274,7 @@ def tokens_table(args, cp, rng, us):
                     hot, cold = us(calls[0].run), us(_cycled([c.run for c in calls]))
                     g_hot, g_cold = us(gemms(calls[0])), us(_cycled([gemms(c) for c in calls]))
                 finally:
+                    gx.ROUTED_MAX_PAIRS = max_pairs
                     if saved is None:
                         os.environ.pop("VT_DISABLE_KERNELS", None)
                     else:
@@ -279,7 +284,7 @@ def tokens_table(args, cp, rng, us):
                     name,
                     t,
                     path,
-                    len(calls[0].steps) if path == "routed" else "9-10",
+                    len(calls[0].steps) if path == "routed" else "9-10",  # (one launch a routed step)
                     f"{hot:.1f}",
                     f"{cold:.1f}",
                     f"{g_hot:.1f}",
