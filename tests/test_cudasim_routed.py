@@ -1,9 +1,9 @@
-"""The routed MoE decode (vtnumba.cuda.experts.routed_*: three launches, no align) under the CUDA
+"""The routed MoE decode (vtnumba.cuda.experts.routed_*: two launches, no align) under the CUDA
 simulator. Each pair is checked bit for bit against the fused tensor-core GEMV run alone on that
 token's row and that expert (the routed kernels run its pass on views, so every sum is added in the
 same order): the gate and up rows, SiLU-and-multiply as ``silu_mul`` gives it, the down row; the
-combine as the CPU's on the same rows; and the whole ``seam.moe_fp8`` near the CPU's. Ids outside
-[0, E) route nothing. Tiny shapes: the simulator runs every thread as a Python thread.
+combine in down's launch as the CPU's on the same rows; and the whole ``seam.moe_fp8`` near the
+CPU's. Ids outside [0, E) route nothing. Tiny shapes: the simulator runs every thread as a Python thread.
 
     NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m cudasim tests/test_cudasim_routed.py
 """
@@ -65,9 +65,9 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name):
     gu, dn, x, ids, w = _case(name)
     assert gpu.routed_reason(x, gu, dn, ids) is None
     ids[0, 1] = -1  # a pair that routes nothing
-    act, pair_row = gpu.routed_gate_up(x, gu, ids)
-    y = gpu.routed_down(act, dn, ids)
-    np.testing.assert_array_equal(pair_row, [[0, -1]])
+    act, arrivals = gpu.routed_gate_up(x, gu, ids, dn.shape[1])
+    out, y = gpu.routed_down(act, arrivals, dn, ids, w, BF16)
+    np.testing.assert_array_equal(arrivals, 2)  # each of the token's column tiles counted its k = 2 blocks
     e = int(ids[0, 0])
     inter = act.shape[1]
     gate = _fused_alone(x[0:1], gu, e, slice(0, inter))
@@ -77,13 +77,12 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name):
     want_y = _fused_alone(act[0:1], dn, e, slice(0, dn.shape[1]))
     np.testing.assert_array_equal(y[0:1].view(np.uint32), want_y.view(np.uint32))
     assert np.count_nonzero(want_y) > want_y.size // 2
-    out = gpu.moe_combine(y, pair_row, w, BF16)
-    want = cpu.moe_combine(y, pair_row, w, BF16)
+    want = cpu.moe_combine(y, np.array([[0, -1]], np.int32), w, BF16)
     np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("name", ["per_token", "per_group"])
-def test_moe_fp8_routes_a_decode_call_in_three_steps(gpu, name, monkeypatch):
+def test_moe_fp8_routes_a_decode_call_in_two_steps(gpu, name, monkeypatch):
     from vtnumba import seam
     from vtnumba.seam import experts as seam_experts
 
@@ -91,7 +90,7 @@ def test_moe_fp8_routes_a_decode_call_in_three_steps(gpu, name, monkeypatch):
     want = seam.moe_fp8(x, gu, dn, ids, w)  # the CPU's
     monkeypatch.setattr(seam_experts, "_backend", lambda device: gpu)
     call = seam_experts.MoeCall(x, gu, dn, ids, w)
-    assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down", "combine"], call.routed_reason
+    assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down"], call.routed_reason
     got = call.run()
     assert got.dtype == want.dtype and got.shape == want.shape
     wf = want.astype(np.float32)

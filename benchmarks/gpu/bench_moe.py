@@ -284,7 +284,7 @@ def tokens_table(args, cp, rng, us):
                     name,
                     t,
                     path,
-                    len(calls[0].steps) if path == "routed" else "9-10",  # (one launch a routed step)
+                    len(calls[0].steps) if path == "routed" else "9-10",  # (a routed step is one launch)
                     f"{hot:.1f}",
                     f"{cold:.1f}",
                     f"{g_hot:.1f}",

@@ -402,6 +402,16 @@ def silu_mul_quantize(h, offsets, down_experts):
     return codes, scales
 
 
+def _weights_flat(moe, topk_weights):
+    """(the routing weights flat, their kernels/moe.py WeightKind): float32 values, or 16-bit bits."""
+    w = _array(topk_weights)
+    wdt = np.dtype(w.dtype)
+    if wdt == np.float32:
+        return w.reshape(-1), moe.WeightKind.FLOAT32
+    kind = moe.WeightKind.FLOAT16 if wdt == np.float16 else moe.WeightKind.BFLOAT16
+    return w.reshape(-1).view(np.uint16), kind
+
+
 def moe_combine(y, pair_row, topk_weights, out_dtype):
     """out [T, H] = sum over j of ``topk_weights[t, j] * y[pair_row[t, j]]`` in float32, slot order,
     skipped pairs adding nothing, rounded once to ``out_dtype``: the CPU's bytes for the same y."""
@@ -409,26 +419,20 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
     y = _array(y)
     if np.dtype(y.dtype) != np.float32:
         y = y.astype(np.float32)
-    w = _array(topk_weights)
     t, k = (int(d) for d in pair_row.shape)
     out = _new((t, int(y.shape[1])), out_dtype, output=True)
     if t == 0 or out.size == 0:
         return out
-    wdt = np.dtype(w.dtype)
-    if wdt == np.float32:
-        w_flat, w_kind = w.reshape(-1), moe.WeightKind.FLOAT32
-    else:
-        w_kind = moe.WeightKind.FLOAT16 if wdt == np.float16 else moe.WeightKind.BFLOAT16
-        w_flat = w.reshape(-1).view(np.uint16)
+    w_flat, w_kind = _weights_flat(moe, topk_weights)
     out_kind = _epilogue.OUT_KIND[np.dtype(out_dtype)]
     _run(moe.combine_launch(y, _array(pair_row).reshape(-1), w_flat, w_kind, _epilogue.out_bits(out), out_kind, k))
     return out
 
 
-# -- the routed decode: three launches, no align ----------------------------------------------------
+# -- the routed decode: two launches, no align -------------------------------------------------------
 # At decode each routed (token, slot) pair is its own group (kernels/tc_gemv.py, "the routed GEMVs"):
-# gate_up with x's quantization and SiLU-and-multiply fused in, down with act's quantization fused
-# in, then the combine. The aligned steps (align, active map, quantize, gather, gate_up, SiLU and
+# gate_up with x's quantization and SiLU-and-multiply fused in, down with act's quantization and the
+# combine fused in. The aligned steps (align, active map, quantize, gather, gate_up, SiLU and
 # quantize, down, combine) take every other call.
 
 ROUTED_KERNEL = "routed_gemv"  # VT_DISABLE_KERNELS takes the routed decode out by this name
@@ -522,10 +526,11 @@ def _flat_ids(topk_ids):
     return _array(topk_ids).reshape(-1)
 
 
-def routed_gate_up(x, gate_up, topk_ids):
-    """(act float32 [T k, I], pair_row int32 [T, k]) in one launch: pair p = t k + j's act row is
-    ``silu_mul`` of its gate_up GEMV on x[t] quantized by gate_up's scheme; pair_row[t, j] = p, or
-    -1 for an id outside [0, E) (whose act row is not written). Callers check ``routed_reason``."""
+def routed_gate_up(x, gate_up, topk_ids, h):
+    """(act float32 [T k, I], arrivals int32) in one launch: pair p = t k + j's act row is ``silu_mul``
+    of its gate_up GEMV on x[t] quantized by gate_up's scheme (an id outside [0, E): not written);
+    ``arrivals``, zeroed, are ``routed_down``'s counters for an output of H columns. Callers check
+    ``routed_reason``."""
     from .kernels import tc_gemv
 
     x = _array(x)
@@ -534,7 +539,7 @@ def routed_gate_up(x, gate_up, topk_ids):
     e, n2, _ = gate_up.shape
     hidden = _new((t * k, n2), np.float32)
     act = _new((t * k, n2 // 2), np.float32)
-    pair_row = _new((t, k), np.int32)
+    arrivals = _new(t * tc_gemv.routed_tiles(h), np.int32)
     mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(gate_up)
     *launch, shared = tc_gemv.routed_launch(
         "gate_up",
@@ -550,23 +555,29 @@ def routed_gate_up(x, gate_up, topk_ids):
         hidden,
         ids,
         e,
+        k,
+        arrivals,
         _device.current(),
         act=act,
-        k=k,
-        pair_row=pair_row.reshape(-1),
     )
     _run(launch, shared)
-    return act, pair_row
+    return act, arrivals
 
 
-def routed_down(act, down, topk_ids):
-    """y float32 [T k, H] in one launch: pair p's down GEMV of act[p] quantized by down's scheme (a
-    skipped pair's row is not written: the combine skips it)."""
+def routed_down(act, arrivals, down, topk_ids, topk_weights, out_dtype):
+    """(out [T, H] of ``out_dtype``, y float32 [T k, H]) in one launch: y[p] is pair p's down GEMV of
+    act[p] quantized by down's scheme (an id outside [0, E): not written), and out each token's k
+    rows combined as ``moe_combine`` combines them (slot order, float32, rounded once), by the last of
+    the token's blocks to finish."""
     from .kernels import tc_gemv
 
+    moe = _backend()
     ids = _flat_ids(topk_ids)
+    t, k = (int(d) for d in topk_ids.shape)
     e, h, _ = down.shape
-    y = _new((int(act.shape[0]), h), np.float32)
+    y = _new((t * k, h), np.float32)
+    out = _new((t, h), out_dtype, output=True)
+    w_flat, w_kind = _weights_flat(moe, topk_weights)
     mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(down)
     *launch, shared = tc_gemv.routed_launch(
         "down",
@@ -582,10 +593,16 @@ def routed_down(act, down, topk_ids):
         y,
         ids,
         e,
+        k,
+        arrivals,
         _device.current(),
+        w=w_flat,
+        w_kind=w_kind,
+        layer_out=_epilogue.out_bits(out),
+        out_kind=_epilogue.OUT_KIND[np.dtype(out_dtype)],
     )
     _run(launch, shared)
-    return y
+    return out, y
 
 
 # -- the grouped GEMM ----------------------------------------------------------------------------------

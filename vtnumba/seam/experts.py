@@ -21,9 +21,9 @@ What a MoE layer computes here (docs/DESIGN.md, "Mixture of experts"):
    order, rounded once to x's dtype.
 
 At decode on the GPU (a few routed pairs, static, per-token or 128 x 128 block scales) the steps are
-three launches instead (docs/DESIGN.md, "MoE decode: three launches"): gate_up with the
-quantization of x and SiLU-and-multiply fused in, down with the quantization of act fused in, the
-combine; ``MoeCall(...).routed_reason`` says why a call takes the six steps above.
+two launches instead (docs/DESIGN.md, "MoE decode: two launches"): gate_up with the quantization of
+x and SiLU-and-multiply fused in, down with the quantization of act and the combine fused in;
+``MoeCall(...).routed_reason`` says why a call takes the six steps above.
 
 Every step is a function of the device's backend (``vtnumba.cpu.experts``, ``vtnumba.cuda.experts``),
 called with arrays already checked here. On the GPU nothing synchronizes with the host: the row
@@ -813,12 +813,12 @@ class MoeCall:
         if self.routed_reason is None:
 
             def gate_up_routed():
-                st["act"], st["pair_row"] = backend.routed_gate_up(x, gu, topk_ids)
+                st["act"], st["arrivals"] = backend.routed_gate_up(x, gu, topk_ids, h)
 
-            def down_routed():
-                st["y"] = backend.routed_down(st["act"], dn, topk_ids)
+            def down_routed():  # with the combine
+                st["out"], st["y"] = backend.routed_down(st["act"], st["arrivals"], dn, topk_ids, topk_weights, x.dtype)
 
-            self.steps = (("routed_gate_up", gate_up_routed), ("routed_down", down_routed), ("combine", combine))
+            self.steps = (("routed_gate_up", gate_up_routed), ("routed_down", down_routed))
             return
         self.steps = (
             ("align", align),

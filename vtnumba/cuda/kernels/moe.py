@@ -579,6 +579,25 @@ class WeightKind(enum.IntEnum):
     BFLOAT16 = 2
 
 
+def routing_weight_fn(w_kind):
+    """The device function ``weight(w, i)``: routing weight i of ``w`` (float32 values, or float16 /
+    bfloat16 bits) as float32."""
+
+    def weight(w, i):
+        if w_kind == WeightKind.FLOAT32:
+            return w[i]
+        if w_kind == WeightKind.FLOAT16:
+            return half_bits_to_float32(w[i])
+        return bfloat16_bits_to_float32(w[i])
+
+    return cuda.jit(**DEVICE_INLINE)(weight)
+
+
+def weight_type(w_kind):
+    """The kernel argument type of the routing weights of ``w_kind``."""
+    return types.float32[::1] if w_kind == WeightKind.FLOAT32 else types.uint16[::1]
+
+
 @functools.cache
 def combine_kernel(w_kind, out_is_float32):
     """out[t, c] = round_out(sum_j w[t, j] * y[pair_row[t, j], c]), a thread an output, grid-stride."""
@@ -595,19 +614,21 @@ def combine_kernel(w_kind, out_is_float32):
             for j in range(k):
                 r = pair_row[t * k + j]
                 if r >= 0:
-                    if w_kind == WeightKind.FLOAT32:
-                        wv = w[t * k + j]
-                    elif w_kind == WeightKind.FLOAT16:
-                        wv = half_bits_to_float32(w[t * k + j])
-                    else:
-                        wv = bfloat16_bits_to_float32(w[t * k + j])
-                    acc = np.float32(acc + mul_rn(wv, y[r, c]))
+                    acc = np.float32(acc + mul_rn(weight(w, t * k + j), y[r, c]))
             store_out(out, t, c, acc, out_kind)
             i += stride
 
-    w_type = types.float32[::1] if w_kind == WeightKind.FLOAT32 else types.uint16[::1]
+    weight = routing_weight_fn(w_kind)
     return compile_kernel(
-        combine, (types.float32[:, ::1], types.int32[::1], w_type, out_type(out_is_float32), types.int32, types.int64)
+        combine,
+        (
+            types.float32[:, ::1],
+            types.int32[::1],
+            weight_type(w_kind),
+            out_type(out_is_float32),
+            types.int32,
+            types.int64,
+        ),
     )
 
 
@@ -645,6 +666,8 @@ __all__ = [
     "silu_blocks",
     "WeightKind",
     "combine_kernel",
+    "routing_weight_fn",
+    "weight_type",
     "combine_launch",
     "mul_rn",
 ]

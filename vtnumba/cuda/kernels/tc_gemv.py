@@ -155,9 +155,13 @@ _octet_max = cuda.jit(**_DEVICE)(_octet_max)
 
 def _block_max_rows_fn(threads, rows):
     """Per-row maxima over a block: every thread passes ``local`` [rows]; the maxima are left in
-    shared[0 .. rows). Every thread must call (it synchronizes the block)."""
+    shared[0 .. rows). Every thread must call (it synchronizes the block). On the GPU each warp
+    reduces by shuffles and the warps' maxima meet in shared memory (three barriers); the simulator,
+    which has no shuffles, halves a shared tree (log2(threads) barriers). A maximum is exact in any
+    order, so both give the same bits."""
+    warps = threads // 32
 
-    def block_max_rows(local, shared):
+    def block_max_rows_tree(local, shared):
         tid = cuda.threadIdx.x
         for r in range(rows):
             shared[tid * rows + r] = local[r]
@@ -170,7 +174,31 @@ def _block_max_rows_fn(threads, rows):
             cuda.syncthreads()
             step //= 2
 
-    return cuda.jit(**_DEVICE)(block_max_rows)
+    def block_max_rows_shuffle(local, shared):
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        for r in range(rows):
+            v = local[r]
+            v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 16))
+            v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 8))
+            v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 4))
+            v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 2))
+            v = max(v, cuda.shfl_xor_sync(_FULL_MASK, v, 1))
+            if lane == 0:
+                shared[warp * rows + r] = v
+        cuda.syncthreads()
+        m = _F32_ZERO
+        if tid < rows:
+            m = shared[tid]
+            for w in range(1, warps):
+                m = max(m, shared[w * rows + tid])
+        cuda.syncthreads()  # every warp's maxima read before row tid's total overwrites them
+        if tid < rows:
+            shared[tid] = m
+        cuda.syncthreads()
+
+    return cuda.jit(**_DEVICE)(block_max_rows_tree if SIMULATOR else block_max_rows_shuffle)
 
 
 @functools.cache
@@ -1197,22 +1225,28 @@ def grouped_gemv(
 #   into a float32 [P, 2I] scratch, then SiLU-and-multiply of the block's own columns into act
 #   [P, I] (kernels/moe.py's silu_mul_value, silu_mul's float32 bits: a block reads back its own
 #   global writes after a barrier). x is quantized by the gate_up experts' scheme, static scales
-#   per expert.
+#   per expert. Its blocks also zero down's arrival counters.
 # - down: one pass per pair on act's row, quantized by the down experts' scheme, into float32
-#   y [P, H]; the combine (kernels/moe.py) then sums each token's k rows in slot order.
+#   y [P, H]; then the combine in a fixed order: each block counts its arrival on its token's
+#   counter for its columns (after a fence, so its y is visible device-wide), and the k-th block to
+#   arrive sums the token's k rows of those columns in slot order, kernels/moe.py's combine
+#   arithmetic (weight times y rounded alone, float32 adds), rounded once to the output dtype: the
+#   CPU's combine whichever block arrives last. It reads y by atomics (at L2): a line of y in its
+#   L1 may predate another block's write.
 #
-# A pair whose id is outside [0, E) writes pair_row[p] = -1 (gate_up's block 0; the combine skips it)
-# and nothing else. Dynamic per-tensor activations are not routed: the scale of act is one amax over
-# every pair's row, which no block of a pair sees.
+# A pair whose id is outside [0, E) runs no pass, arrives, and adds nothing. Dynamic per-tensor
+# activations are not routed: the scale of act is one amax over every pair's row, which no block of
+# a pair sees.
 
 ROUTED_STAGES = ("gate_up", "down")
 
 
 @functools.cache
-def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64):
+def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64, w_kind=0, out_is_float32=False):
     """The routed GEMV of ``stage`` ('gate_up' or 'down'; block above) in activation ``mode`` (static,
-    per-token or 1 x 128 groups), compiled for ids of int64 (else int32)."""
-    from .moe import silu_mul_value
+    per-token or 1 x 128 groups), compiled for ids of int64 (else int32); down's combine for routing
+    weights of ``w_kind`` (kernels/moe.py's WeightKind) into a float32 (else 16-bit) output."""
+    from .moe import mul_rn, routing_weight_fn, silu_mul_value, weight_type
 
     if stage not in ROUTED_STAGES:
         raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
@@ -1222,6 +1256,8 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     width = 16 * cfg.rt
     threads = 32 * cfg.warps
     out_f32 = OUT_KIND[np.dtype(np.float32)]
+    weight = routing_weight_fn(w_kind)
+    store = store_out
 
     @cuda.jit(**_DEVICE)
     def expert_pass(a0, x_row, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, y_view, e, r0, rows):
@@ -1252,15 +1288,16 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     if stage == "gate_up":
 
         def routed_gate_up(
-            a0, x, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, hidden, act, ids, k, experts, pair_row
+            a0, x, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, hidden, act, ids, k, experts, arrivals
         ):
-            """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32)."""
+            """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32);
+            arrivals zeroed for down."""
             p = cuda.blockIdx.y
+            first = (p * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
+            for i in range(first, arrivals.shape[0], cuda.gridDim.x * cuda.gridDim.y * threads):
+                arrivals[i] = 0
             e = ids[p]
-            live = e >= 0 and e < experts
-            if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
-                pair_row[p] = p if live else -1
-            if not live:
+            if e < 0 or e >= experts:
                 return  # the whole block: no barrier is left waiting
             inter = act.shape[1]
             t = p // k
@@ -1292,29 +1329,68 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         kernel = routed_gate_up
     else:
 
-        def routed_down(a0, act_bits, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, y, ids, experts):
-            """y [P, H] = this pair's down GEMV of its act row (float32); a skipped pair's row unwritten."""
+        def routed_down(
+            a0,
+            act_bits,
+            x_kind,
+            qtable,
+            q_step,
+            b,
+            scale_a0,
+            scale_b,
+            sb_step,
+            bias0,
+            y,
+            ids,
+            k,
+            experts,
+            w,
+            out,
+            out_kind,
+            arrivals,
+        ):
+            """y [P, H] = this pair's down GEMV of its act row (float32), then, by the last of token t's
+            k blocks of these columns, out[t] = sum_j w[t, j] * y[t k + j] (slot order)."""
             p = cuda.blockIdx.y
             e = ids[p]
-            if e < 0 or e >= experts:
-                return
             n = y.shape[1]
-            expert_pass(
-                a0,
-                act_bits[p : p + 1],
-                x_kind,
-                qtable,
-                q_step,
-                b,
-                scale_a0,
-                scale_b,
-                sb_step,
-                bias0,
-                y[p : p + 1],
-                e,
-                e * n,
-                n,
-            )
+            if e >= 0 and e < experts:  # (the same for the whole block)
+                expert_pass(
+                    a0,
+                    act_bits[p : p + 1],
+                    x_kind,
+                    qtable,
+                    q_step,
+                    b,
+                    scale_a0,
+                    scale_b,
+                    sb_step,
+                    bias0,
+                    y[p : p + 1],
+                    e,
+                    e * n,
+                    n,
+                )
+            last = cuda.shared.array(1, types.int32)
+            cuda.threadfence()  # this thread's y, visible device-wide before the arrival
+            cuda.syncthreads()
+            t = p // k
+            if cuda.threadIdx.x == 0:
+                arrived = cuda.atomic.add(arrivals, t * cuda.gridDim.x + cuda.blockIdx.x, 1)
+                last[0] = 1 if arrived == k - 1 else 0
+            cuda.syncthreads()
+            if last[0] == 0:
+                return
+            cuda.threadfence()
+            n0 = cuda.blockIdx.x * width
+            for c in range(n0 + cuda.threadIdx.x, min(n0 + width, n), threads):
+                acc = _F32_ZERO
+                for j in range(k):
+                    q = t * k + j
+                    ej = ids[q]
+                    if ej >= 0 and ej < experts:
+                        acc = np.float32(acc + mul_rn(weight(w, q), cuda.atomic.add(y, (q, c), _F32_ZERO)))
+                store(out, t, c, acc, out_kind)
 
         kernel = routed_down
     scale = types.float32[:, ::1] if block_scaled else F32_1D
@@ -1324,7 +1400,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     if stage == "gate_up":
         sig = head + (f32_2d, f32_2d, ids_type, I64, I64, I32_1D)
     else:
-        sig = head + (f32_2d, ids_type, I64)
+        sig = head + (f32_2d, ids_type, I64, I64, weight_type(w_kind), out_type(out_is_float32), I32, I32_1D)
     return compile_kernel(kernel, sig, arch=sm120.arch(unit))
 
 
@@ -1336,9 +1412,12 @@ def routed_config(stage, k):
     return GEMV_CONFIGS[ROUTED_CONFIGS[stage]] if stage in ROUTED_CONFIGS else gemv_config(1, k)
 
 
-# By stage: the GEMV configuration (GEMV_CONFIGS) of each routed launch. Until measured: the
-# grouped GEMV's (gemv_config at M = 1).
-ROUTED_CONFIGS = {}
+# By stage: the GEMV configuration (GEMV_CONFIGS) of each routed launch, from the H200 sweep at one
+# token of Qwen3-30B-A3B, weights L2-cold (benchmarks/gpu/bench_moe.py --parts configs; RESULTS.md,
+# 2026-12-02 12:46): gate_up (K = 2048) 25.0 / 16.4 us with 4 warps (per-token / blocks; 2 warps
+# 30.9 / 25.1, 8 warps 51.9 / 26.9, 32 rows a block 26.1 / 19.8); down (K = 768: 6 chunks) 15.3 /
+# 11.2 with 2 warps against 21.6 / 13.8 with 4 (32 rows 15.9 / 11.6; the 4-deep ring 28.4 / 16.9).
+ROUTED_CONFIGS = {"gate_up": "r16_w4_d2", "down": "r16_w2_d2"}
 
 
 def routed_launch(
@@ -1355,32 +1434,50 @@ def routed_launch(
     out,
     ids,
     experts,
+    k,
+    arrivals,
     dev,
     act=None,
-    k=1,
-    pair_row=None,
+    w=None,
+    w_kind=0,
+    layer_out=None,
+    out_kind=None,
     config=None,
 ):
-    """(kernel, grid, block, args, shared bytes) of the routed GEMV of ``stage`` over ids.size pairs:
-    x_bits [rows, K] the activation's bits (x [T, H] for gate_up, act [P, I] for down), qtable the
-    static scales per expert (q_step 1) or a [1] placeholder (q_step 0: per-token takes no cap), b
-    [E * N, K] the stacked weights with scale_b [E] (sb_step 0), [E * N] (1) or [E * NB, KB]
-    (block-scaled), out the float32 [P, 2I] hidden (gate_up, with act [P, I] and pair_row [P]) or
-    y [P, H] (down); ``experts`` E (ids outside [0, E) route nothing)."""
+    """(kernel, grid, block, args, shared bytes) of the routed GEMV of ``stage`` over ids.size pairs
+    (k a token): x_bits [rows, K] the activation's bits (x [T, H] for gate_up, act [P, I] for down),
+    qtable the static scales per expert (q_step 1) or a [1] placeholder (q_step 0: per-token takes no
+    cap), b [E * N, K] the stacked weights with scale_b [E] (sb_step 0), [E * N] (1) or [E * NB, KB]
+    (block-scaled); gate_up: out the float32 [P, 2I] hidden, act [P, I]; down: out the float32
+    y [P, H], w the routing weights (flat, of ``w_kind``), layer_out the [T, H] output's bits of
+    ``out_kind`` (epilogue.OUT_KIND).
+    ``experts`` E (ids outside [0, E) route nothing); ``arrivals`` int32 [T * ceil(H / (16 rt))],
+    down's counters (gate_up zeroes them: size them by down's configuration, ``routed_tiles``)."""
     hardware, chain, unit = _device_flags(dev)
     kdim = int(b.shape[1])
     cfg = config or routed_config(stage, kdim)
     pairs = int(ids.shape[0])
-    kernel = routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, np.dtype(ids.dtype) == np.int64)
-    n = int(act.shape[1]) if stage == "gate_up" else int(out.shape[1])
+    ids_int64 = np.dtype(ids.dtype) == np.int64
     a0 = dev.placeholder("u8_2d")
     sa0 = dev.placeholder("f32_2d" if block_scaled else "f32")
     head = (a0, x_bits, x_kind, qtable, q_step, b, sa0, scale_b, sb_step, dev.placeholder("u16"))
     if stage == "gate_up":
-        args = head + (out, act, ids, k, experts, pair_row)
+        kernel = routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64)
+        n = int(act.shape[1])
+        args = head + (out, act, ids, k, experts, arrivals)
     else:
-        args = head + (out, ids, experts)
+        out_is_float32 = out_kind == OUT_KIND[np.dtype(np.float32)]
+        kernel = routed_kernel(
+            stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64, int(w_kind), out_is_float32
+        )
+        n = int(out.shape[1])
+        args = head + (out, ids, k, experts, w, layer_out, out_kind, arrivals)
     return kernel, (-(-n // (16 * cfg.rt)), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
+
+
+def routed_tiles(h):
+    """Down's column tiles for H output columns (the arrival counters a token needs)."""
+    return -(-h // (16 * routed_config("down", 0).rt))
 
 
 __all__ = [
@@ -1415,4 +1512,5 @@ __all__ = [
     "routed_config",
     "routed_kernel",
     "routed_launch",
+    "routed_tiles",
 ]
