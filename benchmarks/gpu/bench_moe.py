@@ -248,7 +248,7 @@ def tokens_table(args, cp, rng, us):
         "2 GEMMs cold / vLLM",
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    tokens = (1, 2, 8, 64, 512) if not args.quick else (1, 8)
+    tokens = (1, 2, 4, 8, 64, 512) if not args.quick else (1, 8)
     for name in SCHEMES if not args.quick else list(SCHEMES)[:1]:
         gu, dn = qwen3_layer(cp, rng, name)
         for t in tokens:

@@ -14,7 +14,7 @@ query / 4 KV heads of 128) and ``--layers`` layers. bf16 runs transformers' expe
   output equal to eager's, bitwise, is checked).
 - ``prefill``: one forward of a ``--prefill``-token prompt (ms, device time by CUDA events).
 - ``profile``: torch.profiler's breakdown of one decode step and one prefill per side by kernel
-  kind (moe: align / grouped GEMM / SiLU-mul / combine; quant; GEMM; attention; other), and each
+  kind (moe: align / grouped GEMM / routed GEMV / SiLU-mul / combine; quant; GEMM; attention; other), and each
   side's top kernels.
 
     python3 benchmarks/gpu/bench_torch_moe.py [--quick] [--torchao] [--parts accuracy,decode,graph,prefill,profile]
@@ -281,7 +281,9 @@ def part_prefill(torch, models, length, rounds):
 
 def _kind(name):
     low = name.lower()
-    if any(k in low for k in ("moe", "grouped", "align", "combine", "silu", "scatter", "gather", "index_add")):
+    if any(
+        k in low for k in ("moe", "grouped", "routed", "align", "combine", "silu", "scatter", "gather", "index_add")
+    ):
         return "moe"
     if "quant" in low or "amax" in low:
         return "quant"
