@@ -60,8 +60,17 @@ def _fused_alone(x_row, ex, e, rows):
     return tc_gemv.fused_linear(x_row, data, sb, static, scheme == "per_token", None, np.float32, None, None)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEMES))
-def test_routed_pairs_are_the_fused_gemv_alone(gpu, name):
+@pytest.mark.parametrize(
+    "name,paired", [(name, False) for name in sorted(SCHEMES)] + [("per_token", True)], ids=lambda v: str(v)
+)
+def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
+    """``paired``: gate_up as one pass over a tile of gate rows and the same tile of up rows (a
+    configuration of 32 rows a block), the same bits as two passes."""
+    from vtnumba.cuda.kernels import tc_gemv
+
+    if paired:
+        configs = {"gate_up": tc_gemv.GEMV_CONFIGS["sim_r32_w2_d2"], "down": tc_gemv.GEMV_CONFIGS["sim_r16_w2_d2"]}
+        monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, k: configs[stage])
     gu, dn, x, ids, w = _case(name)
     assert gpu.routed_reason(x, gu, dn, ids) is None
     ids[0, 1] = -1  # a pair that routes nothing
@@ -102,8 +111,8 @@ def test_routed_reasons(gpu):
     from vtnumba import seam
 
     gu, dn, x, ids, w = _case("per_token")
-    many = np.zeros((5, 2), np.int64)
-    assert "routed pairs" in gpu.routed_reason(x[[0] * 5], gu, dn, many)
+    assert gpu.routed_reason(x, gu, dn, np.zeros((8, 2), np.int64)) is None  # 16 per-token pairs
+    assert "routed pairs" in gpu.routed_reason(x, gu, dn, np.zeros((17, 1), np.int64))
     dyn = seam.Fp8Experts.from_float(np.ones((4, 32, 16), np.float32))
     assert "dynamic" in gpu.routed_reason(x, gu, dyn, ids)
     assert "int32 or int64" in gpu.routed_reason(x, gu, dn, ids.astype(np.int16))

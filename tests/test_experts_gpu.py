@@ -387,8 +387,9 @@ def test_a_second_call_replays_the_bound_launches_bitwise(cp, name, monkeypatch)
     first = seam.moe_fp8(x, gu_res, dn_res, ids, w)
     key = se._cupy_moe_key(x, dn_res, ids, w, cp.ndarray)
     replay = se._bound_holder(gu_res).bound_calls[key]
-    assert isinstance(replay, BoundMoe) and replay.kernels[-1] == "combine"
-    assert replay.kernels[0] == ("routed_gate_up" if name in ROUTED else "_align"), replay.kernels
+    assert isinstance(replay, BoundMoe)
+    want_ends = ("routed_gate_up", "routed_down") if name in ROUTED else ("_align", "combine")
+    assert (replay.kernels[0], replay.kernels[-1]) == want_ends, replay.kernels
     later = [_bf16_inputs(cp, seed, 3) for seed in (1, 2, 3)]
     want = [se.MoeCall(*args[:1], gu_res, dn_res, *args[1:]).run() for args in [(x, ids, w)] + later]
 
@@ -531,12 +532,39 @@ def test_which_moe_decode_runs(cp):
     from vtnumba.cuda import experts as gpu
 
     x = cp.zeros((1, H), np.float32)
+    assert gpu.ROUTED_MAX_PAIRS == {"static": 16, "per_token": 16, "per_group": 32}  # T <= 2 / 4 at top-8
     for name in sorted(SCHEMES):
         _, _, gu_res, dn_res = _layer(name)
-        for t, k in ((1, gpu.ROUTED_MAX_PAIRS), (1, gpu.ROUTED_MAX_PAIRS + 1)):
+        gu = se._experts_for(gu_res, x, "gate_up")
+        limit = gpu.ROUTED_MAX_PAIRS.get(str(gu.activation_scheme), 8)
+        for t, k in ((1, limit), (1, limit + 1)):
             ids = cp.zeros((t, k), np.int64)
-            why = gpu.routed_reason(x, se._experts_for(gu_res, x, "gate_up"), se._experts_for(dn_res, x, "down"), ids)
-            if name in ROUTED and t * k <= gpu.ROUTED_MAX_PAIRS:
+            why = gpu.routed_reason(x, gu, se._experts_for(dn_res, x, "down"), ids)
+            if name in ROUTED and t * k <= limit:
                 assert why is None, (name, t, k, why)
             else:
                 assert why, (name, t, k)
+
+
+@pytest.mark.parametrize("name", ["per_token", "per_group"])
+@pytest.mark.parametrize("gate_up_config", ["r16_w4_d2", "r32_w4_d2", "r32_w2_d2"])
+def test_every_routed_configuration_gives_the_aligned_bytes(cp, name, gate_up_config, monkeypatch):
+    """The routed GEMVs in each configuration the sweep times (32 rows a block: gate_up's paired one
+    pass over gate and up rows) give the aligned steps' bytes at one token of top-8."""
+    from vtnumba.cuda.kernels import tc_gemv
+
+    configs = {"gate_up": tc_gemv.GEMV_CONFIGS[gate_up_config], "down": tc_gemv.GEMV_CONFIGS["r32_w2_d2"]}
+    _, _, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(60)
+    ids, w = _routing(rng, 1, 8, empty=())
+    x = _device(cp, rng.standard_normal((1, H)).astype(BF16))
+    ids, w = cp.asarray(ids), cp.asarray(w)
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
+    want = cp.asnumpy(se.MoeCall(x, gu_res, dn_res, ids, w).run().view(np.uint16))
+    monkeypatch.delenv("VT_DISABLE_KERNELS")
+    monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, k: configs[stage])
+    call = se.MoeCall(x, gu_res, dn_res, ids, w)
+    assert call.routed_reason is None
+    got = cp.asnumpy(call.run().view(np.uint16))
+    assert np.count_nonzero(want) > want.size // 2
+    np.testing.assert_array_equal(got, want)

@@ -258,7 +258,7 @@ def tokens_table(args, cp, rng, us):
                 if path == "aligned":
                     os.environ["VT_DISABLE_KERNELS"] = ",".join(filter(None, [saved, "routed_gemv"]))
                 else:  # the routed path timed past its threshold too: the table is what sets it
-                    gx.ROUTED_MAX_PAIRS = t * QWEN3_MOE["top_k"]
+                    gx.ROUTED_MAX_PAIRS = dict.fromkeys(max_pairs, t * QWEN3_MOE["top_k"])
                 try:
                     calls = [MoeCall(x, gu, dn, ids, w) for x, ids, w in rot]
                     if (calls[0].routed_reason is None) != (path == "routed"):
@@ -320,22 +320,26 @@ def config_table(args, cp, rng, us):
             for stage, ex in (("gate_up", gu), ("down", dn)):
                 mode, qtable, q_step, sb, sb_step, block_scaled, b = gx._routed_operands(ex)
                 fns = []
+                # down's counters: gate_up zeroes them in the layer; here each call's arrivals only
+                # accumulate (the combine then runs in no block: the GEMV alone is timed)
+                arrivals = cp.zeros(ex.shape[1], np.int32)
                 for x, ids, _ in rot:
                     flat = ids.reshape(-1)
                     if stage == "gate_up":
                         hidden = cp.empty((8, n2), np.float32)
                         act = cp.empty((8, n2 // 2), np.float32)
-                        pair_row = cp.empty(8, np.int32)
                         *launch, shared = tc_gemv.routed_launch(
                             stage, x.view(np.uint16), OUT_KIND[BF16], qtable, q_step, b, sb, sb_step, mode, block_scaled,
-                            hidden, flat, e, dev, act=act, k=8, pair_row=pair_row, config=cfg,
+                            hidden, flat, e, 8, arrivals, dev, act=act, config=cfg,
                         )  # fmt: skip
                     else:
                         act = cp.asarray(rng.standard_normal((8, n2 // 2)).astype(np.float32))
                         y = cp.empty((8, ex.shape[1]), np.float32)
+                        out = cp.empty((1, ex.shape[1]), np.uint16)
+                        weights = cp.full(8, 0.125, np.float32)
                         *launch, shared = tc_gemv.routed_launch(
                             stage, act.view(np.uint16), OUT_KIND[np.dtype(np.float32)], qtable, q_step, b, sb, sb_step, mode, block_scaled,
-                            y, flat, e, dev, config=cfg,
+                            y, flat, e, 8, arrivals, dev, w=weights, w_kind=0, layer_out=out, out_kind=OUT_KIND[BF16], config=cfg,
                         )  # fmt: skip
                     kernel, grid, block, kargs = launch
                     fns.append(

@@ -436,10 +436,13 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
 # quantize, down, combine) take every other call.
 
 ROUTED_KERNEL = "routed_gemv"  # VT_DISABLE_KERNELS takes the routed decode out by this name
-# Up to this many routed pairs (T k) a call is routed: each pair streams its expert's weight, so
-# past a few tokens the pairs that share an expert read it again (from L2 at best), where the
-# aligned grouped GEMV reads each routed expert once. Until measured: one token of top-8.
-ROUTED_MAX_PAIRS = 8
+# Up to this many routed pairs (T k) a call is routed, by the activation scheme: each pair streams its
+# expert's weight, so as tokens share experts the pairs read them again (from L2 at best) where the
+# aligned grouped GEMV reads each routed expert once. From the H200 sweep (bench_moe.py table 3,
+# 2026-12-02 12:57, Qwen3-30B-A3B top-8, the layer L2-hot, routed / aligned us): per-token T = 1
+# 37.9 / 56.7, T = 2 75.8 / 80.0, T = 4 137.0 / 110.5; 128 x 128 blocks T = 2 59.7 / 86.9, T = 4
+# 102.4 / 124.0, T = 8 186.9 / 189.1. Static: per-token's (not measured).
+ROUTED_MAX_PAIRS = {"static": 16, "per_token": 16, "per_group": 32}
 # The simulator runs the routed decode only when a test asks (its tensor-core emulation is slow).
 SIMULATE_ROUTED = False
 _ROUTED_SCHEMES = ("static", "per_token", "per_group")
@@ -462,18 +465,15 @@ def _routed_format_reason(ex, name):
 
 
 def routed_reason(x, gate_up, down, topk_ids):
-    """Why a ``moe_fp8`` call cannot take the routed decode (None when it can): at most
-    ``ROUTED_MAX_PAIRS`` pairs, the tensor-core GEMV on this device, both experts' formats
-    (``_routed_format_reason``), 16-multiples of H and I (128-multiples for blocks), int32 / int64
+    """Why a ``moe_fp8`` call cannot take the routed decode (None when it can): the tensor-core GEMV on
+    this device, both experts' formats (``_routed_format_reason``), at most ``ROUTED_MAX_PAIRS`` pairs
+    for the scheme, 16-multiples of H and I (128-multiples for blocks), int32 / int64
     ids, and rows the fused GEMV stages in shared memory."""
     from .kernels import tc_gemm, tc_gemv
 
     _backend()
     if ROUTED_KERNEL in _gemm.disabled_kernels():
         return f"{ROUTED_KERNEL} is disabled by VT_DISABLE_KERNELS"
-    t, k = (int(d) for d in topk_ids.shape)
-    if t * k > ROUTED_MAX_PAIRS:
-        return f"{t * k} routed pairs: the routed decode takes at most {ROUTED_MAX_PAIRS} (ROUTED_MAX_PAIRS)"
     dev = _device.current()
     why = tc_gemm.unavailable_reason(dev, SIMULATE_ROUTED)
     if why:
@@ -481,6 +481,13 @@ def routed_reason(x, gate_up, down, topk_ids):
     why = _routed_format_reason(gate_up, "gate_up") or _routed_format_reason(down, "down")
     if why:
         return why
+    t, k = (int(d) for d in topk_ids.shape)
+    limit = ROUTED_MAX_PAIRS[str(gate_up.activation_scheme)]
+    if t * k > limit:
+        return (
+            f"{t * k} routed pairs: the routed decode takes at most {limit} of {gate_up.activation_scheme} "
+            "activations (ROUTED_MAX_PAIRS)"
+        )
     _, n2, h = gate_up.shape
     inter = n2 // 2
     unit = 128 if gate_up.block_size is not None or down.block_size is not None else 16

@@ -95,6 +95,7 @@ GEMV_CONFIGS = {
     "r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
     "r32_w2_d2": GemvConfig(rt=2, warps=2, depth=2),
     "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
+    "sim_r32_w2_d2": GemvConfig(rt=2, warps=2, depth=2),
 }
 # By the H200 (benchmarks/gpu/bench_tensorcore.py, table 4b, M = 1): 4 warps with 2 chunks in flight
 # each was the fastest at K = 4096 (7.0 / 8.7 / 39.9 us at N = 4096 / 6144 / 28672); 8 warps at
@@ -202,13 +203,17 @@ def _block_max_rows_fn(threads, rows):
 
 
 @functools.cache
-def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False):
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False, paired=False):
     """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
     hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
     gemm_kernel). ``unit``: the mma is the block-scaled instruction with every scale 2^0 (sm_120a /
     sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate.
     ``grouped``: the grouped GEMV of E experts (codes in only; see "the grouped GEMV" below): the
-    same pass over one expert's rows, 8 * nb at a time, on grid (blocks of N, E)."""
+    same pass over one expert's rows, 8 * nb at a time, on grid (blocks of N, E). ``paired`` (rt = 2):
+    the block's two weight tiles are rows n0 .. n0 + 16 of each half of b (gate and up: the routed
+    gate_up's one pass), on ceil(N / 32) blocks; each row's sum is the unpaired kernel's."""
+    if paired and cfg.rt != 2:
+        raise ValueError(f"a paired GEMV takes one tile in each half of b (rt = 2), got rt = {cfg.rt}")
     if grouped and mode != MODE_CODES:
         raise ValueError(f"the grouped GEMV takes codes (MODE_CODES), got mode {mode}")
     if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
@@ -240,6 +245,11 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
     min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
 
     @cuda.jit(**_DEVICE)
+    def tile_row(n0, r, n_total):
+        """The first weight row of the block's tile r: 16 r on from n0, or (paired) in half r of b."""
+        return n0 + r * (n_total >> 1) if paired else n0 + 16 * r  # (a shift: no zero-division check)
+
+    @cuda.jit(**_DEVICE)
     def load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c, nchunks):
         """Slot d of the ring = this lane's 16-byte pieces of chunk c: the weight rows (zeros past K
         or past the last chunk; rows past N reread row N - 1, their sums are dropped), and with
@@ -250,7 +260,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         base = d * n_slot
         for r in range(rt):
             for h in range(2):
-                row = min(n0 + 16 * r + 8 * h + g, n_total - 1)
+                row = min(tile_row(n0, r, n_total) + 8 * h + g, n_total - 1)
                 for s in range(2):
                     col = CHUNK * c + 64 * s + 16 * t
                     ok = c < nchunks and col < k_total
@@ -445,7 +455,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                 sa0 = kblock_scale(scale_a, m0, kb)
                 sa1 = kblock_scale(scale_a, m1, kb)
             for r in range(rt):
-                sbv = kblock_scale(scale_b, min(n0 + 16 * r + g, n_total - 1) // 128, kb)
+                sbv = kblock_scale(scale_b, min(tile_row(n0, r, n_total) + g, n_total - 1) // 128, kb)
                 q = 4 * (r * nb + i)
                 acc[q] += np.float32(part[q] * sa0) * sbv
                 acc[q + 1] += np.float32(part[q + 1] * sa1) * sbv
@@ -491,7 +501,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
             e = i % 4
             ti = (i // 4) % nb
             r = i // (4 * nb)
-            n = n0 + 16 * r + ln // 4 + 8 * (e // 2)
+            n = tile_row(n0, r, n_total) + ln // 4 + 8 * (e // 2)
             m = 8 * ti + 2 * (ln % 4) + e % 2
             if n < n_total and m < m_total:
                 if mode == MODE_CODES:
@@ -518,7 +528,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         warp = tid // 32
         g = lane // 4
         t = lane % 4
-        n0 = cuda.blockIdx.x * 16 * rt
+        n0 = cuda.blockIdx.x * 16 * (1 if paired else rt)
         scratch = cuda.shared.array(n_scratch, types.uint32)
         fscratch = cuda.shared.array(n_fscratch, types.float32)
         red = cuda.shared.array(n_red, types.float32)
@@ -1252,8 +1262,9 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
     if mode not in (MODE_STATIC, MODE_PER_TOKEN, MODE_PER_GROUP):
         raise ValueError(f"the routed GEMV quantizes static, per-token or 1 x 128 group activations, got mode {mode}")
-    gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit))
-    width = 16 * cfg.rt
+    paired = stage == "gate_up" and cfg.rt == 2  # gate and up rows in one pass
+    gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
+    width = 16 if paired else 16 * cfg.rt
     threads = 32 * cfg.warps
     out_f32 = OUT_KIND[np.dtype(np.float32)]
     weight = routing_weight_fn(w_kind)
@@ -1302,7 +1313,24 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             inter = act.shape[1]
             t = p // k
             x_row = x[t : t + 1]
-            for half in range(2):
+            if paired:
+                expert_pass(
+                    a0,
+                    x_row,
+                    x_kind,
+                    qtable,
+                    q_step,
+                    b,
+                    scale_a0,
+                    scale_b,
+                    sb_step,
+                    bias0,
+                    hidden[p : p + 1],
+                    e,
+                    e * 2 * inter,
+                    2 * inter,
+                )
+            for half in range(0 if paired else 2):
                 if half:
                     cuda.syncthreads()  # the gate pass's sums are still being read from shared memory
                 expert_pass(
@@ -1456,6 +1484,7 @@ def routed_launch(
     hardware, chain, unit = _device_flags(dev)
     kdim = int(b.shape[1])
     cfg = config or routed_config(stage, kdim)
+    columns = 16 if stage == "gate_up" and cfg.rt == 2 else 16 * cfg.rt  # paired: 16 of gate, 16 of up
     pairs = int(ids.shape[0])
     ids_int64 = np.dtype(ids.dtype) == np.int64
     a0 = dev.placeholder("u8_2d")
@@ -1472,7 +1501,7 @@ def routed_launch(
         )
         n = int(out.shape[1])
         args = head + (out, ids, k, experts, w, layer_out, out_kind, arrivals)
-    return kernel, (-(-n // (16 * cfg.rt)), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
+    return kernel, (-(-n // columns), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
 
 
 def routed_tiles(h):
