@@ -70,11 +70,11 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
 
     if paired:
         configs = {"gate_up": tc_gemv.GEMV_CONFIGS["sim_r32_w2_d2"], "down": tc_gemv.GEMV_CONFIGS["sim_r16_w2_d2"]}
-        monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, k: configs[stage])
+        monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled: configs[stage])
     gu, dn, x, ids, w = _case(name)
     assert gpu.routed_reason(x, gu, dn, ids) is None
     ids[0, 1] = -1  # a pair that routes nothing
-    act, arrivals = gpu.routed_gate_up(x, gu, ids, dn.shape[1])
+    act, arrivals = gpu.routed_gate_up(x, gu, ids, dn.shape[1], dn.block_size is not None)
     out, y = gpu.routed_down(act, arrivals, dn, ids, w, BF16)
     np.testing.assert_array_equal(arrivals, 2)  # each of the token's column tiles counted its k = 2 blocks
     e = int(ids[0, 0])

@@ -562,7 +562,7 @@ def test_every_routed_configuration_gives_the_aligned_bytes(cp, name, gate_up_co
     monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
     want = cp.asnumpy(se.MoeCall(x, gu_res, dn_res, ids, w).run().view(np.uint16))
     monkeypatch.delenv("VT_DISABLE_KERNELS")
-    monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, k: configs[stage])
+    monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled: configs[stage])
     call = se.MoeCall(x, gu_res, dn_res, ids, w)
     assert call.routed_reason is None
     got = cp.asnumpy(call.run().view(np.uint16))

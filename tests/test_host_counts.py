@@ -44,8 +44,8 @@ def MOE(*routed, silu=("silu",)):
     return ("_align", "_active_experts", *routed, "gemv_grouped", *silu, "gemv_grouped", "combine")
 
 
-# A routed MoE decode call (vtnumba.cuda.experts.routed_*; docs/DESIGN.md, "MoE decode: two
-# launches"): gate_up with x's quantization and SiLU fused in, down with act's and the combine.
+# A routed MoE decode call (vtnumba.cuda.experts.routed_*): gate_up with x's quantization and SiLU
+# fused in, down with act's and the combine (docs/DESIGN.md, "MoE decode: two launches").
 ROUTED = ("routed_gate_up", "routed_down")
 
 

@@ -149,7 +149,7 @@ def test_the_moe_kernels_assemble_for_sm12x(compile_for, cc, arch):
             (tc_gemv.MODE_PER_GROUP, True),
         ):
             kernel = tc_gemv.routed_kernel(
-                stage, tc_gemv.routed_config(stage, 2048), mode, block, True, False, True, True
+                stage, tc_gemv.routed_config(stage, block), mode, block, True, False, True, True
             )
             got_arch, record = compile_for(cc, kernel)
             assert got_arch == arch and set(record["sass_mma"]) == {QMMA_SF}, (stage, mode, record["sass_mma"])

@@ -533,11 +533,11 @@ def _flat_ids(topk_ids):
     return _array(topk_ids).reshape(-1)
 
 
-def routed_gate_up(x, gate_up, topk_ids, h):
+def routed_gate_up(x, gate_up, topk_ids, h, down_blocks):
     """(act float32 [T k, I], arrivals int32) in one launch: pair p = t k + j's act row is ``silu_mul``
     of its gate_up GEMV on x[t] quantized by gate_up's scheme (an id outside [0, E): not written);
-    ``arrivals``, zeroed, are ``routed_down``'s counters for an output of H columns. Callers check
-    ``routed_reason``."""
+    ``arrivals``, zeroed, are ``routed_down``'s counters for an output of H columns (``down_blocks``:
+    down's weights are block-scaled). Callers check ``routed_reason``."""
     from .kernels import tc_gemv
 
     x = _array(x)
@@ -546,7 +546,7 @@ def routed_gate_up(x, gate_up, topk_ids, h):
     e, n2, _ = gate_up.shape
     hidden = _new((t * k, n2), np.float32)
     act = _new((t * k, n2 // 2), np.float32)
-    arrivals = _new(t * tc_gemv.routed_tiles(h), np.int32)
+    arrivals = _new(t * tc_gemv.routed_tiles(h, down_blocks), np.int32)
     mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(gate_up)
     *launch, shared = tc_gemv.routed_launch(
         "gate_up",

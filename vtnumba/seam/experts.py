@@ -813,7 +813,7 @@ class MoeCall:
         if self.routed_reason is None:
 
             def gate_up_routed():
-                st["act"], st["arrivals"] = backend.routed_gate_up(x, gu, topk_ids, h)
+                st["act"], st["arrivals"] = backend.routed_gate_up(x, gu, topk_ids, h, dn.block_size is not None)
 
             def down_routed():  # with the combine
                 st["out"], st["y"] = backend.routed_down(st["act"], st["arrivals"], dn, topk_ids, topk_weights, x.dtype)

@@ -1432,20 +1432,29 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     return compile_kernel(kernel, sig, arch=sm120.arch(unit))
 
 
-def routed_config(stage, k):
-    """The routed GEMV's configuration for ``stage`` and K (the H200 sweep's choice; see
-    ROUTED_CONFIGS' note)."""
+def routed_config(stage, block_scaled):
+    """The routed GEMV's configuration for ``stage`` with block-scaled weights or not (ROUTED_CONFIGS)."""
     if SIMULATOR:
         return GEMV_CONFIGS["sim_r16_w2_d2"]
-    return GEMV_CONFIGS[ROUTED_CONFIGS[stage]] if stage in ROUTED_CONFIGS else gemv_config(1, k)
+    return GEMV_CONFIGS[ROUTED_CONFIGS[stage, bool(block_scaled)]]
 
 
-# By stage: the GEMV configuration (GEMV_CONFIGS) of each routed launch, from the H200 sweep at one
-# token of Qwen3-30B-A3B, weights L2-cold (benchmarks/gpu/bench_moe.py --parts configs; RESULTS.md,
-# 2026-12-02 12:46): gate_up (K = 2048) 25.0 / 16.4 us with 4 warps (per-token / blocks; 2 warps
-# 30.9 / 25.1, 8 warps 51.9 / 26.9, 32 rows a block 26.1 / 19.8); down (K = 768: 6 chunks) 15.3 /
-# 11.2 with 2 warps against 21.6 / 13.8 with 4 (32 rows 15.9 / 11.6; the 4-deep ring 28.4 / 16.9).
-ROUTED_CONFIGS = {"gate_up": "r16_w4_d2", "down": "r16_w2_d2"}
+# By (stage, block-scaled): the GEMV configuration (GEMV_CONFIGS) of each routed launch, from the H200
+# sweeps at one token of Qwen3-30B-A3B, weights L2-cold (benchmarks/gpu/bench_moe.py --parts configs;
+# benchmarks/RESULTS.md, 2026-12-02 12:46 and 13:11), us per-token / blocks:
+# - gate_up (K = 2048): 4 warps of 16 rows, two passes, 25.0 / 16.4 and 21.9 / 16.7; 32 rows in one
+#   paired pass (a tile of gate rows with the same tile of up rows) 18.3 per-token (26.1 / 19.8 at
+#   12:46 as two 32-row passes); 2 warps 30.9 / 25.1, 8 warps 51.9 / 26.9 (one block a
+#   multiprocessor), the 4-deep ring 39.2 / 26.4. The paired pass with block scales (176
+#   registers, two blocks a multiprocessor) was not timed: blocks keep 16 rows.
+# - down (K = 768: 6 chunks): 2 warps of 16 rows 15.3 / 11.2 and 15.4 / 12.3 against 4 warps 21.6 /
+#   13.8 (32 rows 15.9 / 11.6).
+ROUTED_CONFIGS = {
+    ("gate_up", False): "r32_w4_d2",
+    ("gate_up", True): "r16_w4_d2",
+    ("down", False): "r16_w2_d2",
+    ("down", True): "r16_w2_d2",
+}
 
 
 def routed_launch(
@@ -1483,7 +1492,7 @@ def routed_launch(
     down's counters (gate_up zeroes them: size them by down's configuration, ``routed_tiles``)."""
     hardware, chain, unit = _device_flags(dev)
     kdim = int(b.shape[1])
-    cfg = config or routed_config(stage, kdim)
+    cfg = config or routed_config(stage, block_scaled)
     columns = 16 if stage == "gate_up" and cfg.rt == 2 else 16 * cfg.rt  # paired: 16 of gate, 16 of up
     pairs = int(ids.shape[0])
     ids_int64 = np.dtype(ids.dtype) == np.int64
@@ -1504,9 +1513,9 @@ def routed_launch(
     return kernel, (-(-n // columns), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
 
 
-def routed_tiles(h):
+def routed_tiles(h, block_scaled):
     """Down's column tiles for H output columns (the arrival counters a token needs)."""
-    return -(-h // (16 * routed_config("down", 0).rt))
+    return -(-h // (16 * routed_config("down", block_scaled).rt))
 
 
 __all__ = [
