@@ -533,6 +533,19 @@ def _flat_ids(topk_ids):
     return _array(topk_ids).reshape(-1)
 
 
+def _routed_run(stage, x_bits, x_dtype, ex, out, topk_ids, arrivals, **extra):
+    """One routed launch of ``stage`` (kernels/tc_gemv.py's routed_launch) on experts ``ex``."""
+    from .kernels import tc_gemv
+
+    k = int(topk_ids.shape[1])
+    mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(ex)
+    x_kind = _epilogue.OUT_KIND[np.dtype(x_dtype)]
+    ids, e, dev = _flat_ids(topk_ids), int(ex.shape[0]), _device.current()
+    args = (stage, x_bits, x_kind, qtable, q_step, b, sb, sb_step, mode, block_scaled, out, ids, e, k, arrivals, dev)
+    *launch, shared = tc_gemv.routed_launch(*args, **extra)
+    _run(launch, shared)
+
+
 def routed_gate_up(x, gate_up, topk_ids, h, down_blocks):
     """(act float32 [T k, I], arrivals int32) in one launch: pair p = t k + j's act row is ``silu_mul``
     of its gate_up GEMV on x[t] quantized by gate_up's scheme (an id outside [0, E): not written);
@@ -541,33 +554,12 @@ def routed_gate_up(x, gate_up, topk_ids, h, down_blocks):
     from .kernels import tc_gemv
 
     x = _array(x)
-    ids = _flat_ids(topk_ids)
     t, k = (int(d) for d in topk_ids.shape)
-    e, n2, _ = gate_up.shape
+    n2 = int(gate_up.shape[1])
     hidden = _new((t * k, n2), np.float32)
     act = _new((t * k, n2 // 2), np.float32)
     arrivals = _new(t * tc_gemv.routed_tiles(h, down_blocks), np.int32)
-    mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(gate_up)
-    *launch, shared = tc_gemv.routed_launch(
-        "gate_up",
-        x.view(np.uint16),
-        _epilogue.OUT_KIND[np.dtype(x.dtype)],
-        qtable,
-        q_step,
-        b,
-        sb,
-        sb_step,
-        mode,
-        block_scaled,
-        hidden,
-        ids,
-        e,
-        k,
-        arrivals,
-        _device.current(),
-        act=act,
-    )
-    _run(launch, shared)
+    _routed_run("gate_up", x.view(np.uint16), x.dtype, gate_up, hidden, topk_ids, arrivals, act=act)
     return act, arrivals
 
 
@@ -576,39 +568,15 @@ def routed_down(act, arrivals, down, topk_ids, topk_weights, out_dtype):
     act[p] quantized by down's scheme (an id outside [0, E): not written), and out each token's k
     rows combined as ``moe_combine`` combines them (slot order, float32, rounded once), by the last of
     the token's blocks to finish."""
-    from .kernels import tc_gemv
-
     moe = _backend()
-    ids = _flat_ids(topk_ids)
     t, k = (int(d) for d in topk_ids.shape)
-    e, h, _ = down.shape
+    h = int(down.shape[1])
     y = _new((t * k, h), np.float32)
     out = _new((t, h), out_dtype, output=True)
     w_flat, w_kind = _weights_flat(moe, topk_weights)
-    mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(down)
-    *launch, shared = tc_gemv.routed_launch(
-        "down",
-        act.view(np.uint16),
-        _epilogue.OUT_KIND[np.dtype(np.float32)],
-        qtable,
-        q_step,
-        b,
-        sb,
-        sb_step,
-        mode,
-        block_scaled,
-        y,
-        ids,
-        e,
-        k,
-        arrivals,
-        _device.current(),
-        w=w_flat,
-        w_kind=w_kind,
-        layer_out=_epilogue.out_bits(out),
-        out_kind=_epilogue.OUT_KIND[np.dtype(out_dtype)],
-    )
-    _run(launch, shared)
+    layer_out, out_kind = _epilogue.out_bits(out), _epilogue.OUT_KIND[np.dtype(out_dtype)]
+    extra = dict(w=w_flat, w_kind=w_kind, layer_out=layer_out, out_kind=out_kind)
+    _routed_run("down", act.view(np.uint16), np.float32, down, y, topk_ids, arrivals, **extra)
     return out, y
 
 

@@ -1313,24 +1313,8 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             inter = act.shape[1]
             t = p // k
             x_row = x[t : t + 1]
-            if paired:
-                expert_pass(
-                    a0,
-                    x_row,
-                    x_kind,
-                    qtable,
-                    q_step,
-                    b,
-                    scale_a0,
-                    scale_b,
-                    sb_step,
-                    bias0,
-                    hidden[p : p + 1],
-                    e,
-                    e * 2 * inter,
-                    2 * inter,
-                )
-            for half in range(0 if paired else 2):
+            rows = 2 * inter if paired else inter  # a pass's weight rows: both halves, or one
+            for half in range(1 if paired else 2):
                 if half:
                     cuda.syncthreads()  # the gate pass's sums are still being read from shared memory
                 expert_pass(
@@ -1344,10 +1328,10 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                     scale_b,
                     sb_step,
                     bias0,
-                    hidden[p : p + 1, half * inter : (half + 1) * inter],
+                    hidden[p : p + 1, half * rows : (half + 1) * rows],
                     e,
-                    e * 2 * inter + half * inter,
-                    inter,
+                    e * 2 * inter + half * rows,
+                    rows,
                 )
             cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
             n0 = cuda.blockIdx.x * width
