@@ -28,11 +28,13 @@ What a binding assumes (the seam checks it per call, and falls back to the full 
 the input is C-contiguous and 16-byte aligned with the bound shape and dtype; the device and lever
 settings are the bound ones.
 
-An MoE layer (``seam.moe_fp8``) at decode makes nine launches -- align, the active-experts map,
-quantize, two gathers, gate_up, SiLU-and-quantize, down, combine -- and its eager call cost 343 us
-of host time on the H200 (benchmarks/gpu/profile_moe_host.py, 2026-12-01); transformers' bf16
-experts module cost 271 us (batched_mm) to 740 us (grouped_mm). ``BoundMoe`` is the same idea over those launches, with two more
-per-call inputs (the routing's ids and weights).
+An MoE layer (``seam.moe_fp8``) at decode makes two launches where the routed decode takes it
+(gate_up and down, each pair its own group: docs/DESIGN.md, "MoE decode: two launches") and nine
+otherwise -- align, the active-experts map, quantize, two gathers, gate_up, SiLU-and-quantize, down,
+combine; unbound, its eager call cost 343 us of host time on the H200 (benchmarks/gpu/profile_moe_host.py,
+2026-12-01), where transformers' bf16 experts module cost 271 us (batched_mm) to 740 us
+(grouped_mm). ``BoundMoe`` is the same idea over those launches, with two more per-call inputs (the
+routing's ids and weights).
 """
 
 import threading
