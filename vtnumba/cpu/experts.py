@@ -22,7 +22,7 @@ scale kind: per-tensor or per-row activation scales with per-tensor or per-chann
 float32 block scales, E8M0 weight blocks beside float32 activation groups, and MXFP8 (E8M0 on both
 sides). Each expert's rows take the kernel that loop would give them (``choose_kernel`` of
 ``gemm`` / ``block`` / ``mx`` on the expert's row count): at the small-M sizes -- one row per expert
-at decode, a handful in a 16-token step -- one parallel region over (routed expert, 64-row N tile)
+at decode, a handful in a 16-token step -- one parallel region over (routed expert, 256-row N tile)
 work items runs, in each item, the *serial* twin of the dense small-M kernel of that kind on that
 expert's rows and that tile of its weight (``gemm.gemv_lookup_kernel`` / ``gemv_kernel`` at one row,
 ``small_m_kernel`` above; ``block.gemv_kernel`` / ``small_m_kernel``; ``mx.gemv_lookup_kernel`` /

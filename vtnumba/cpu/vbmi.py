@@ -150,11 +150,11 @@ def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
     past 64 * nblocks and applies the epilogue. ``ahead``: uint8 1-D contiguous, the bytes the
     caller reads next (the next four rows), of which the first 4 * 64 * nblocks are prefetched in
     order, one cache line per row and step, so they are in cache when their turn comes. Measured
-    on one Xeon core, weights cold (benchmarks/RESULTS.md, 2026-12-02 ~13:40 UTC): the hardware's
+    on one Xeon core, weights cold (benchmarks/RESULTS.md, 2026-12-02 12:36-13:34 UTC): the hardware's
     prefetchers, following four short rows at once, kept 1536 x 2048 at 5.0 G weights/s and
     2048 x 768 at 6.8; reading ahead this way, 10.7 and 11.6 (4096^2: 11.1 -> 13.5), against 14-15
-    with the weights in cache. Per-row prefetches a fixed distance ahead in the same rows gave
-    6.2-8.5. It changes no arithmetic."""
+    with the weights in cache. Per-row prefetches a fixed distance ahead in the same rows did less
+    at every shape (4.0-12.4 over the three). It changes no arithmetic."""
     sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks, ahead)
 
     def codegen(context, builder, signature, args):
