@@ -138,6 +138,7 @@ def run(args, out, device, tokens, repeats, reduce, judge=None):
     fp8 waits, baseline times, baseline waits)`` -> (fp8 spread, baseline spread, the sides that
     waited): the main job's noise rules (``__main__.judge_times``)."""
     from vtnumba import seam
+    from vtnumba.seam import experts as seam_experts
     from vtnumba.timing import NOISY_SPREAD
 
     cfg = QWEN3_30B_A3B
@@ -195,6 +196,8 @@ def run(args, out, device, tokens, repeats, reduce, judge=None):
                 spread = base_spread = 1.0
                 waited = []
             routed = len(np.unique(ids))
+            # which steps ran: the GPU's routed decode (two launches) or the aligned steps
+            steps = [name for name, _ in seam_experts.MoeCall(xd, gu_d, dn_d, idsd, wd).steps]
             # The composite multiplies one pair at a time (the M = 1 kernels), the grouped GEMM an
             # expert's rows together: the same float32 products summed in another order, so equal to a
             # few ulps on the CPU. The GPU's expf can differ from numpy's by an ulp, moving an
@@ -207,6 +210,8 @@ def run(args, out, device, tokens, repeats, reduce, judge=None):
                     scheme=scheme,
                     tokens=t,
                     routed_experts=routed,
+                    steps=steps,
+                    path="routed" if steps[0].startswith("routed") else "aligned",
                     fp8_us=fp8_us,
                     baseline_us=base_us,
                     speedup=base_us / fp8_us,
@@ -337,6 +342,7 @@ def _print(report, out):
     head = (
         "scheme",
         "tokens",
+        "path",
         "experts hit",
         "FP8 weights MB",
         "FP8 us",
@@ -352,6 +358,7 @@ def _print(report, out):
         cells = (
             r["scheme"],
             str(r["tokens"]),
+            r["path"],
             str(r["routed_experts"]),
             f"{r['weight_mb']:.1f}",
             f"{r['fp8_us']:.0f}",
@@ -363,6 +370,8 @@ def _print(report, out):
         )
         p(" ".join(f"{c:>14s}" for c in cells))
     p(
+        "path: the aligned steps (align, quantize, gate_up, act_quantize, down, combine) or the GPU's "
+        "routed decode (routed_gate_up, routed_down: each pair its own group, two launches); "
         "speedup = the float loop's time / moe_fp8's, the fastest trial of each, taken in turn; p90/median: "
         "the wider spread of the two sides' trials; vs composite: moe_fp8 against the seam's dense ops pair "
         "by pair (max |diff| / max |y| where not bitwise); fp8 err: against the float64 layer on the "
