@@ -553,7 +553,7 @@ def test_every_routed_configuration_gives_the_aligned_bytes(cp, name, gate_up_co
     pass over gate and up rows) give the aligned steps' bytes at one token of top-8."""
     from vtnumba.cuda.kernels import tc_gemv
 
-    configs = {"gate_up": tc_gemv.GEMV_CONFIGS[gate_up_config], "down": tc_gemv.GEMV_CONFIGS["r32_w2_d2"]}
+    configs = {"gate_up": tc_gemv.ROUTED_GEMV_CONFIGS[gate_up_config], "down": tc_gemv.ROUTED_GEMV_CONFIGS["r32_w2_d2"]}
     _, _, gu_res, dn_res = _layer(name)
     rng = np.random.default_rng(60)
     ids, w = _routing(rng, 1, 8, empty=())

@@ -295,7 +295,7 @@ def tokens_table(args, cp, rng, us):
             rot = calls = None
 
 
-# the routed GEMV configurations the sweep times (GEMV_CONFIGS names; tc_gemv.ROUTED_CONFIGS picks)
+# the routed GEMV configurations the sweep times (ROUTED_GEMV_CONFIGS names; tc_gemv.ROUTED_CONFIGS picks)
 SWEEP_CONFIGS = ("r16_w4_d2", "r16_w8_d2", "r16_w2_d2", "r32_w4_d2", "r32_w2_d2", "r16_w4_d4")
 
 
@@ -315,7 +315,7 @@ def config_table(args, cp, rng, us):
         dev = device.current()
         e, n2, _ = gu.shape
         for cfg_name in SWEEP_CONFIGS:
-            cfg = tc_gemv.GEMV_CONFIGS[cfg_name]
+            cfg = tc_gemv.ROUTED_GEMV_CONFIGS[cfg_name]
             stage_us = []
             for stage, ex in (("gate_up", gu), ("down", dn)):
                 mode, qtable, q_step, sb, sb_step, block_scaled, b = gx._routed_operands(ex)

@@ -91,9 +91,6 @@ GEMV_CONFIGS = {
     "r16_w8_d2": GemvConfig(rt=1, warps=8, depth=2),
     "r16_w4_d4": GemvConfig(rt=1, warps=4, depth=4),
     "r32_w4_d2": GemvConfig(rt=2, warps=4, depth=2),
-    # two warps: short K (the down projection's 768 = 6 chunks) in fewer, fuller warps
-    "r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
-    "r32_w2_d2": GemvConfig(rt=2, warps=2, depth=2),
     "sim_r16_w2_d2": GemvConfig(rt=1, warps=2, depth=2),
     "sim_r32_w2_d2": GemvConfig(rt=2, warps=2, depth=2),
 }
@@ -1416,14 +1413,24 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     return compile_kernel(kernel, sig, arch=sm120.arch(unit))
 
 
+# The configurations the routed GEMVs are swept over (benchmarks/gpu/bench_moe.py --parts configs):
+# the dense GEMV's and two of two warps (short K, as the down projection's 768 = 6 chunks, in fewer,
+# fuller warps). Apart from GEMV_CONFIGS, whose every entry the offline compile inventory builds.
+ROUTED_GEMV_CONFIGS = dict(
+    GEMV_CONFIGS,
+    r16_w2_d2=GemvConfig(rt=1, warps=2, depth=2),
+    r32_w2_d2=GemvConfig(rt=2, warps=2, depth=2),
+)
+
+
 def routed_config(stage, block_scaled):
     """The routed GEMV's configuration for ``stage`` with block-scaled weights or not (ROUTED_CONFIGS)."""
     if SIMULATOR:
         return GEMV_CONFIGS["sim_r16_w2_d2"]
-    return GEMV_CONFIGS[ROUTED_CONFIGS[stage, bool(block_scaled)]]
+    return ROUTED_GEMV_CONFIGS[ROUTED_CONFIGS[stage, bool(block_scaled)]]
 
 
-# By (stage, block-scaled): the GEMV configuration (GEMV_CONFIGS) of each routed launch, from the H200
+# By (stage, block-scaled): the GEMV configuration (ROUTED_GEMV_CONFIGS) of each routed launch, from the H200
 # sweeps at one token of Qwen3-30B-A3B, weights L2-cold (benchmarks/gpu/bench_moe.py --parts configs;
 # benchmarks/RESULTS.md, 2026-12-02 12:46 and 13:11), us per-token / blocks:
 # - gate_up (K = 2048): 4 warps of 16 rows, two passes, 25.0 / 16.4 and 21.9 / 16.7; 32 rows in one
@@ -1531,6 +1538,7 @@ __all__ = [
     "grouped_rows_hint",
     "ROUTED_STAGES",
     "ROUTED_CONFIGS",
+    "ROUTED_GEMV_CONFIGS",
     "routed_config",
     "routed_kernel",
     "routed_launch",
