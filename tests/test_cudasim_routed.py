@@ -71,6 +71,12 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
     if paired:
         configs = {"gate_up": tc_gemv.GEMV_CONFIGS["sim_r32_w2_d2"], "down": tc_gemv.GEMV_CONFIGS["sim_r16_w2_d2"]}
         monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled: configs[stage])
+    # every array the steps make starts poisoned (NaN, or -7 for the counters gate_up must zero)
+    monkeypatch.setattr(
+        gpu,
+        "_empty",
+        lambda shape, dtype, make=None: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype),
+    )
     gu, dn, x, ids, w = _case(name)
     assert gpu.routed_reason(x, gu, dn, ids) is None
     ids[0, 1] = -1  # a pair that routes nothing
@@ -87,6 +93,13 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
     np.testing.assert_array_equal(y[0:1].view(np.uint32), want_y.view(np.uint32))
     assert np.count_nonzero(want_y) > want_y.size // 2
     want = cpu.moe_combine(y, np.array([[0, -1]], np.int32), w, BF16)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    # both pairs routed: the last of each column tile's two blocks sums both rows, the CPU's combine
+    ids[0, 1] = (e + 1) % gu.shape[0]
+    act, arrivals = gpu.routed_gate_up(x, gu, ids, dn.shape[1], dn.block_size is not None)
+    out, y = gpu.routed_down(act, arrivals, dn, ids, w, BF16)
+    assert not np.isnan(y).any()
+    want = cpu.moe_combine(y, np.array([[0, 1]], np.int32), w, BF16)
     np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
 
 

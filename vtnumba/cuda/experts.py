@@ -553,6 +553,7 @@ def routed_gate_up(x, gate_up, topk_ids, h, down_blocks):
     down's weights are block-scaled). Callers check ``routed_reason``."""
     from .kernels import tc_gemv
 
+    _backend()
     x = _array(x)
     t, k = (int(d) for d in topk_ids.shape)
     n2 = int(gate_up.shape[1])
