@@ -529,10 +529,6 @@ def _routed_operands(ex):
     return mode, qtable, q_step, sb, sb_step, block_scaled, _array(ex.data).reshape(e * n, kdim)
 
 
-def _flat_ids(topk_ids):
-    return _array(topk_ids).reshape(-1)
-
-
 def _routed_run(stage, x_bits, x_dtype, ex, out, topk_ids, arrivals, **extra):
     """One routed launch of ``stage`` (kernels/tc_gemv.py's routed_launch) on experts ``ex``."""
     from .kernels import tc_gemv
@@ -540,7 +536,7 @@ def _routed_run(stage, x_bits, x_dtype, ex, out, topk_ids, arrivals, **extra):
     k = int(topk_ids.shape[1])
     mode, qtable, q_step, sb, sb_step, block_scaled, b = _routed_operands(ex)
     x_kind = _epilogue.OUT_KIND[np.dtype(x_dtype)]
-    ids, e, dev = _flat_ids(topk_ids), int(ex.shape[0]), _device.current()
+    ids, e, dev = _array(topk_ids).reshape(-1), int(ex.shape[0]), _device.current()
     args = (stage, x_bits, x_kind, qtable, q_step, b, sb, sb_step, mode, block_scaled, out, ids, e, k, arrivals, dev)
     *launch, shared = tc_gemv.routed_launch(*args, **extra)
     _run(launch, shared)

@@ -807,7 +807,7 @@ class MoeCall:
         def combine():
             st["out"] = backend.moe_combine(st["y"], st["pair_row"], topk_weights, x.dtype)
 
-        # at decode (a few routed pairs) the GPU routes each pair itself: three launches
+        # at decode (a few routed pairs) the GPU routes each pair itself: two launches
         routed = getattr(backend, "routed_reason", None)
         self.routed_reason = routed(x, gu, dn, topk_ids) if routed is not None else "the aligned steps run on the CPU"
         if self.routed_reason is None:

@@ -1228,10 +1228,11 @@ def grouped_gemv(
 # token t's row and of expert e = ids[p]'s weight, so a pair gives the bits the fused GEMV gives for
 # that row and expert alone: the grouped GEMV's arithmetic, the align and quantize launches gone.
 #
-# - gate_up: two passes, the gate rows then the up rows (I apart; a pass's rows are contiguous),
-#   into a float32 [P, 2I] scratch, then SiLU-and-multiply of the block's own columns into act
-#   [P, I] (kernels/moe.py's silu_mul_value, silu_mul's float32 bits: a block reads back its own
-#   global writes after a barrier). x is quantized by the gate_up experts' scheme, static scales
+# - gate_up: the gate rows then the up rows (I apart) in two passes of 16 rows a block, or in one
+#   paired pass where the configuration holds 32 (a tile of each half), into a float32 [P, 2I]
+#   scratch, then SiLU-and-multiply of the block's own columns into act [P, I] (kernels/moe.py's
+#   silu_mul_value, silu_mul's float32 bits: a block reads back its own global writes after a
+#   barrier). x is quantized by the gate_up experts' scheme, static scales
 #   per expert. Its blocks also zero down's arrival counters.
 # - down: one pass per pair on act's row, quantized by the down experts' scheme, into float32
 #   y [P, H]; then the combine in a fixed order: each block counts its arrival on its token's
@@ -1248,6 +1249,16 @@ def grouped_gemv(
 ROUTED_STAGES = ("gate_up", "down")
 
 
+def _routed_paired(stage, cfg):
+    """Whether the routed GEMV of ``stage`` in ``cfg`` is gate_up's one paired pass (32 rows a block)."""
+    return stage == "gate_up" and cfg.rt == 2
+
+
+def routed_columns(stage, cfg):
+    """Output columns a block of the routed GEMV owns: 16 rt, or 16 of each half when paired."""
+    return 16 if _routed_paired(stage, cfg) else 16 * cfg.rt
+
+
 @functools.cache
 def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64, w_kind=0, out_is_float32=False):
     """The routed GEMV of ``stage`` ('gate_up' or 'down'; block above) in activation ``mode`` (static,
@@ -1259,9 +1270,9 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
     if mode not in (MODE_STATIC, MODE_PER_TOKEN, MODE_PER_GROUP):
         raise ValueError(f"the routed GEMV quantizes static, per-token or 1 x 128 group activations, got mode {mode}")
-    paired = stage == "gate_up" and cfg.rt == 2  # gate and up rows in one pass
+    paired = _routed_paired(stage, cfg)
     gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
-    width = 16 if paired else 16 * cfg.rt
+    width = routed_columns(stage, cfg)
     threads = 32 * cfg.warps
     out_f32 = OUT_KIND[np.dtype(np.float32)]
     weight = routing_weight_fn(w_kind)
@@ -1484,7 +1495,6 @@ def routed_launch(
     hardware, chain, unit = _device_flags(dev)
     kdim = int(b.shape[1])
     cfg = config or routed_config(stage, block_scaled)
-    columns = 16 if stage == "gate_up" and cfg.rt == 2 else 16 * cfg.rt  # paired: 16 of gate, 16 of up
     pairs = int(ids.shape[0])
     ids_int64 = np.dtype(ids.dtype) == np.int64
     a0 = dev.placeholder("u8_2d")
@@ -1501,12 +1511,12 @@ def routed_launch(
         )
         n = int(out.shape[1])
         args = head + (out, ids, k, experts, w, layer_out, out_kind, arrivals)
-    return kernel, (-(-n // columns), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
+    return kernel, (-(-n // routed_columns(stage, cfg)), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
 
 
 def routed_tiles(h, block_scaled):
     """Down's column tiles for H output columns (the arrival counters a token needs)."""
-    return -(-h // (16 * routed_config("down", block_scaled).rt))
+    return -(-h // routed_columns("down", routed_config("down", block_scaled)))
 
 
 __all__ = [
@@ -1540,6 +1550,7 @@ __all__ = [
     "ROUTED_CONFIGS",
     "ROUTED_GEMV_CONFIGS",
     "routed_config",
+    "routed_columns",
     "routed_kernel",
     "routed_launch",
     "routed_tiles",
