@@ -70,7 +70,7 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
 
     if paired:
         configs = {"gate_up": tc_gemv.GEMV_CONFIGS["sim_r32_w2_d2"], "down": tc_gemv.GEMV_CONFIGS["sim_r16_w2_d2"]}
-        monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled: configs[stage])
+        monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled, wgmma=False: configs[stage])
     # every array the steps make starts poisoned (NaN, or -7 for the counters gate_up must zero)
     monkeypatch.setattr(
         gpu,

@@ -498,6 +498,7 @@ def test_the_routed_decode_gives_the_aligned_steps_bytes(cp, name, t, k, monkeyp
     ids, w = _routing(rng, t, k, empty=() if k >= E else (3,))
     x = _device(cp, rng.standard_normal((t, H)).astype(BF16))
     ids, w = cp.asarray(ids), cp.asarray(w)
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_wgmma")  # the GEMV's pass: the aligned GEMV's arithmetic
     call = se.MoeCall(x, gu_res, dn_res, ids, w)
     assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down"], call.routed_reason
     got = call.run()
@@ -562,9 +563,113 @@ def test_every_routed_configuration_gives_the_aligned_bytes(cp, name, gate_up_co
     monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
     want = cp.asnumpy(se.MoeCall(x, gu_res, dn_res, ids, w).run().view(np.uint16))
     monkeypatch.delenv("VT_DISABLE_KERNELS")
-    monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled: configs[stage])
+    monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled, wgmma=False: configs[stage])
     call = se.MoeCall(x, gu_res, dn_res, ids, w)
     assert call.routed_reason is None
     got = cp.asnumpy(call.run().view(np.uint16))
     assert np.count_nonzero(want) > want.size // 2
     np.testing.assert_array_equal(got, want)
+
+
+# -- the swapped wgmma pass of the routed decode (sm_90) -------------------------------------------
+
+
+def _wgmma_routed(h=H, inter=I):
+    from vtnumba.cuda import experts as gpu
+
+    why = gpu.routed_wgmma_reason(h, inter)
+    if why is not None:
+        pytest.skip(why)
+    return gpu
+
+
+WGMMA_CONFIG_NAMES = ("wg_s2", "wg_s3", "wg_s4", "wg_s6")
+
+
+WIDE = 768  # H = I = 768: six K blocks, more than most rings hold (slots reused)
+_WIDE_LAYERS = {}
+
+
+def _wide_layer(name):
+    """(gate_up, down) host Fp8Experts of scheme ``name`` at H = I = WIDE and their resident copies."""
+    if name not in _WIDE_LAYERS:
+        rng = np.random.default_rng(len(name) + 100)
+        opts = SCHEMES[name]
+        n = WIDE
+        gu = seam.Fp8Experts.from_float((rng.standard_normal((E, 2 * n, n)) / np.sqrt(n)).astype(np.float32), **opts)
+        dn = seam.Fp8Experts.from_float((rng.standard_normal((E, n, n)) / np.sqrt(n)).astype(np.float32), **opts)
+        _WIDE_LAYERS[name] = (gu, dn, seam.ResidentFp8(gu, "cuda:0"), seam.ResidentFp8(dn, "cuda:0"))
+    return _WIDE_LAYERS[name]
+
+
+@pytest.mark.parametrize("config", ["chosen", *WGMMA_CONFIG_NAMES])
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_the_wgmma_routed_pass_holds_the_tensor_core_bound(cp, name, config, monkeypatch):
+    """On sm_90 the routed decode's pass is the swapped wgmma one (the weight rows wgmma's M, the token
+    its N): each pair's down GEMV, on the act rows its gate_up made, within the tensor-core bound of the
+    float64 reference of those rows quantized on the CPU; the combine of those y the CPU's bytes. In the
+    configuration chosen and in each the sweep times, at H = I = 768 (six K blocks: the rings of 2-4
+    slots are refilled)."""
+    gpu = _wgmma_routed(WIDE, WIDE)
+    from vtnumba.cuda.kernels import tc_gemv
+
+    assert set(WGMMA_CONFIG_NAMES) == set(tc_gemv.ROUTED_WGMMA_CONFIGS)
+    if config != "chosen":
+        monkeypatch.setattr(tc_gemv, "ROUTED_WGMMA_CHOICE", {"gate_up": config, "down": config})
+    _, dn, gu_res, dn_res = _wide_layer(name)
+    rng = np.random.default_rng(70)
+    ids_h = rng.permutation(E).reshape(1, E).astype(np.int64)  # every expert once, shuffled slots
+    w_h = rng.uniform(0.1, 1.0, size=(1, E)).astype(np.float32)
+    x = _device(cp, rng.standard_normal((1, WIDE)).astype(BF16))
+    ids, w = cp.asarray(ids_h), cp.asarray(w_h)
+    gu_d, dn_d = se._experts_for(gu_res, x, "gate_up"), se._experts_for(dn_res, x, "down")
+    assert gpu.routed_reason(x, gu_d, dn_d, ids) is None
+    act, arrivals = gpu.routed_gate_up(x, gu_d, ids, WIDE, dn.block_size is not None)
+    out, y = gpu.routed_down(act, arrivals, dn_d, ids, w, np.float32)
+    order = np.argsort(ids_h[0])  # the pairs in expert order: expert e's row is pair order[e]
+    act_h, y_slots = cp.asnumpy(act), cp.asnumpy(y)
+    offsets = _offsets(np.ones(E, np.int64))
+    codes, scale = se._quantize_rows(act_h[order], dn, offsets, se._backend("cpu"))
+    compared = _assert_expert_g3(y_slots[order], codes, se._row_scale(scale, dn), dn, offsets, tensor_core=True)
+    assert compared > E * WIDE // 2
+    want = cpu.moe_combine(y_slots, np.arange(E, dtype=np.int32).reshape(1, E), w_h, np.float32)
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
+
+
+def test_which_routed_pass_runs(cp, monkeypatch):
+    """The pass pinned by name: the swapped wgmma one on sm_90 by default (``routed_*_wgmma`` kernels);
+    the tensor-core GEMV's under the lever VT_DENSE_CUBLASLT_FP8=0 or VT_DISABLE_KERNELS=routed_wgmma,
+    each with its reason; and the two agree within the tensor cores' reach at the layer's output."""
+    gpu = _wgmma_routed()
+    from vtnumba.cuda.kernels import tc_gemv
+
+    _, _, gu_res, dn_res = _layer("per_token")
+    rng = np.random.default_rng(71)
+    ids, w = (cp.asarray(a) for a in _routing(rng, 1, E, empty=()))
+    x = _device(cp, rng.standard_normal((1, H)).astype(BF16))
+    seen = []
+    real = tc_gemv.routed_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        kernel = getattr(launch[0], "kernel", launch[0])  # (a DynamicSharedKernel wraps it)
+        seen.append(kernel.pyfunc.__name__)
+        return launch
+
+    monkeypatch.setattr(tc_gemv, "routed_launch", spy)
+
+    def layer():
+        bits = cp.asnumpy(se.MoeCall(x, gu_res, dn_res, ids, w).run().view(np.uint16))
+        return bits.view(BF16).astype(np.float32)
+
+    fast = layer()
+    assert seen == ["routed_gate_up_wgmma", "routed_down_wgmma"]
+    for env, value in (("VT_DENSE_CUBLASLT_FP8", "0"), ("VT_DISABLE_KERNELS", "routed_wgmma")):
+        monkeypatch.setenv(env, value)
+        assert gpu.routed_wgmma_reason(H, I), env
+        seen.clear()
+        strict = layer()
+        assert seen == ["routed_gate_up", "routed_down"], env
+        monkeypatch.delenv(env)
+    scale = float(np.abs(strict).max())
+    assert scale > 0 and np.abs(fast - strict).max() <= 0.02 * scale

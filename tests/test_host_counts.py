@@ -46,7 +46,10 @@ def MOE(*routed, silu=("silu",)):
 
 # A routed MoE decode call (vtnumba.cuda.experts.routed_*): gate_up with x's quantization and SiLU
 # fused in, down with act's and the combine (docs/DESIGN.md, "MoE decode: two launches").
-ROUTED = ("routed_gate_up", "routed_down")
+# On sm_90 (the recorder's stand-in GPU) their pass is the swapped wgmma one (kernels/sm90_wgmma_gemv.py),
+# named apart; under the lever VT_DENSE_CUBLASLT_FP8=0 the tensor-core GEMV's (strict G3).
+ROUTED = ("routed_gate_up_wgmma", "routed_down_wgmma")
+ROUTED_STRICT = ("routed_gate_up", "routed_down")
 
 
 SILU2 = ("silu", "silu")
@@ -67,6 +70,7 @@ EXPECTED = {
     "moe_fp8 static":       Row(ROUTED,                                                    0, 0, 2, 19),
     "moe_fp8 per_token":    Row(ROUTED,                                                    0, 0, 2, 19),
     "moe_fp8 per_group":    Row(ROUTED,                                                    0, 0, 2, 19),
+    "moe_fp8 per_token strict": Row(ROUTED_STRICT,                                         0, 0, 2, 19),
     # the torch modules' per-call part, on y (and scratch) pointers they allocated (one torch.empty
     # at decode, two on the split path, not counted here: they come on top)
     "enqueue dense dynamic":   Row(("gemv",),                                              0, 0, 0, 5),
@@ -244,6 +248,12 @@ def _worker():
             decode.use(decode.other_x)
             out["cases"][name] = _record(rt, decode, decode.call)
             out["explain"][name] = seam.explain(decode.owner)
+        os.environ["VT_DENSE_CUBLASLT_FP8"] = "0"  # the lever: strict G3, the routed GEMV's pass
+        decode = recording.moe_decode(cupy, "per_token")
+        decode.bind()
+        decode.use(decode.other_x)
+        out["cases"]["moe_fp8 per_token strict"] = _record(rt, decode, decode.call)
+        del os.environ["VT_DENSE_CUBLASLT_FP8"]
         for name, source in (
             ("enqueue dense dynamic", "matmul_fp8 dynamic"),
             ("enqueue dense per_token", "matmul_fp8 per_token"),

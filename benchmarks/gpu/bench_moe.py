@@ -14,7 +14,10 @@
 """
 
 import argparse
+import contextlib
 import datetime
+import itertools
+import os
 import subprocess
 
 import ml_dtypes
@@ -141,45 +144,73 @@ def qwen3_layer(cp, rng, name):
     return gu, dn
 
 
-def decode_layer_table(args, cp, torch, rng, us, tb_s):
-    import vtnumba.cuda as vtcuda
-    from vtnumba import profile, seam
+@contextlib.contextmanager
+def kernels_disabled(*names):
+    """VT_DISABLE_KERNELS with ``names`` added, for the block; as it was after."""
+    saved = os.environ.get("VT_DISABLE_KERNELS")
+    if names:
+        os.environ["VT_DISABLE_KERNELS"] = ",".join(filter(None, [saved, *names]))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("VT_DISABLE_KERNELS", None)
+        else:
+            os.environ["VT_DISABLE_KERNELS"] = saved
 
+
+def decode_layer_table(args, cp, torch, rng, us, tb_s):
     cfg = QWEN3_MOE
     e, h, inter, top_k = cfg["experts"], cfg["hidden"], cfg["intermediate"], cfg["top_k"]
     print(
         f"\n## 2. the whole moe_fp8 layer at batch-1 decode (Qwen3-30B-A3B: {e} experts, H {h}, I {inter}, "
         f"top-{top_k} distinct) (device us)\n"
     )
-    row("scheme", "eager us", "graph replay us", "8 experts' FP8 bytes at copy rate us", "graph / floor")
-    print("|---|---|---|---|---|")
+    row("scheme", "routed pass", "eager us", "graph replay us", "8 experts' FP8 bytes at copy rate us", "graph / floor")
+    print("|---|---|---|---|---|---|")
     profiles = []
-    for name in SCHEMES if not args.quick else list(SCHEMES)[:1]:
-        gu, dn = qwen3_layer(cp, rng, name)
-        x = cp.asarray(rng.standard_normal((1, h)).astype(BF16))
-        ids = cp.asarray(rng.permutation(e)[:top_k].reshape(1, top_k).astype(np.int32))
-        weights = cp.asarray(rng.random((1, top_k)).astype(np.float32))
-        layer = lambda x, ids, weights: seam.moe_fp8(x, gu, dn, ids, weights)  # noqa: E731
-        t_eager = us(lambda: layer(x, ids, weights))
-        try:
-            graph = vtcuda.capture(layer, x, ids, weights)
-            t_graph = us(lambda: graph(x, ids, weights))
-            eager_out, graph_out = layer(x, ids, weights), graph(x, ids, weights)
-            same = bool(cp.array_equal(eager_out.view(cp.uint16), graph_out.view(cp.uint16)))
-        except Exception as exc:
-            t_graph, same = None, False
-            print(f"capture failed: {type(exc).__name__}: {str(exc)[:300]}")
-        floor_us = top_k * (2 * inter * h + h * inter) / (tb_s * 1e12) * 1e6
-        row(
-            name,
-            f"{t_eager:.1f}",
-            "n/a" if t_graph is None else f"{t_graph:.1f}" + ("" if same else " (differs!)"),
-            f"{floor_us:.1f}",
-            "n/a" if t_graph is None else f"{t_graph / floor_us:.2f}x",
-        )
-        profiles.append((name, profile.profile_moe(x, gu, dn, ids, weights, repeats=50)))
+    from vtnumba.cuda import experts as gx
+
+    passes = [("wgmma", ())] if gx.routed_wgmma_reason(h, inter) is None else []
+    passes.append(("mma.sync GEMV", ("routed_wgmma",)))  # the pass before the wgmma one, in the same run
+    for name, (pass_name, disable) in itertools.product(SCHEMES if not args.quick else list(SCHEMES)[:1], passes):
+        with kernels_disabled(*disable):
+            decode_layer_row(name, pass_name, cp, rng, us, tb_s, profiles)
     for name, rec in profiles:  # where a decode step's time goes, step by step (device time, queued)
         print(f"\n{name}: " + rec.table() + "\n")
+
+
+def decode_layer_row(name, pass_name, cp, rng, us, tb_s, profiles):
+    """Table 2's row of scheme ``name``, its profile into ``profiles``."""
+    import vtnumba.cuda as vtcuda
+    from vtnumba import profile, seam
+
+    cfg = QWEN3_MOE
+    e, h, inter, top_k = cfg["experts"], cfg["hidden"], cfg["intermediate"], cfg["top_k"]
+    gu, dn = qwen3_layer(cp, rng, name)
+    x = cp.asarray(rng.standard_normal((1, h)).astype(BF16))
+    ids = cp.asarray(rng.permutation(e)[:top_k].reshape(1, top_k).astype(np.int32))
+    weights = cp.asarray(rng.random((1, top_k)).astype(np.float32))
+    layer = lambda x, ids, weights: seam.moe_fp8(x, gu, dn, ids, weights)  # noqa: E731
+    t_eager = us(lambda: layer(x, ids, weights))
+    try:
+        graph = vtcuda.capture(layer, x, ids, weights)
+        t_graph = us(lambda: graph(x, ids, weights))
+        eager_out, graph_out = layer(x, ids, weights), graph(x, ids, weights)
+        same = bool(cp.array_equal(eager_out.view(cp.uint16), graph_out.view(cp.uint16)))
+    except Exception as exc:
+        t_graph, same = None, False
+        print(f"capture failed: {type(exc).__name__}: {str(exc)[:300]}")
+    floor_us = top_k * (2 * inter * h + h * inter) / (tb_s * 1e12) * 1e6
+    row(
+        name,
+        pass_name,
+        f"{t_eager:.1f}",
+        "n/a" if t_graph is None else f"{t_graph:.1f}" + ("" if same else " (differs!)"),
+        f"{floor_us:.1f}",
+        "n/a" if t_graph is None else f"{t_graph / floor_us:.2f}x",
+    )
+    profiles.append((f"{name}, {pass_name}", profile.profile_moe(x, gu, dn, ids, weights, repeats=50)))
 
 
 # vLLM 0.33.0's Triton fused MoE on the H200, 2026-12-02 (its two GEMMs, L2-hot / L2-cold us; the
@@ -297,6 +328,8 @@ def tokens_table(args, cp, rng, us):
 
 # the routed GEMV configurations the sweep times (ROUTED_GEMV_CONFIGS names; tc_gemv.ROUTED_CONFIGS picks)
 SWEEP_CONFIGS = ("r16_w4_d2", "r16_w8_d2", "r16_w2_d2", "r32_w4_d2", "r32_w2_d2", "r16_w4_d4")
+# and the swapped wgmma pass's (sm_90; tc_gemv.ROUTED_WGMMA_CONFIGS names, ROUTED_WGMMA_CHOICE picks)
+SWEEP_WGMMA_CONFIGS = ("wg_s2", "wg_s3", "wg_s4", "wg_s6")
 
 
 def config_table(args, cp, rng, us):
@@ -314,8 +347,9 @@ def config_table(args, cp, rng, us):
         rot = routings(cp, rng, 1, ROTATIONS)
         dev = device.current()
         e, n2, _ = gu.shape
-        for cfg_name in SWEEP_CONFIGS:
-            cfg = tc_gemv.ROUTED_GEMV_CONFIGS[cfg_name]
+        wgmma = gx.routed_wgmma_reason(gu.shape[2], n2 // 2) is None
+        for cfg_name in SWEEP_CONFIGS + (SWEEP_WGMMA_CONFIGS if wgmma else ()):
+            cfg = tc_gemv.ROUTED_GEMV_CONFIGS.get(cfg_name) or tc_gemv.ROUTED_WGMMA_CONFIGS[cfg_name]
             stage_us = []
             for stage, ex in (("gate_up", gu), ("down", dn)):
                 mode, qtable, q_step, sb, sb_step, block_scaled, b = gx._routed_operands(ex)

@@ -504,6 +504,34 @@ def routed_reason(x, gate_up, down, topk_ids):
     return None
 
 
+ROUTED_WGMMA_KERNEL = "routed_wgmma"  # VT_DISABLE_KERNELS takes the swapped wgmma pass out by this name
+
+
+def routed_wgmma_reason(h, inter, dev=None):
+    """Why the routed decode's launches run the tensor-core GEMV's pass rather than the swapped wgmma
+    pass (kernels/sm90_wgmma_gemv.py; None: the wgmma pass). The wgmma pass reads the e4m3 codes
+    natively on Hopper (the GEMV's mma.sync converts each to f16 there) and holds the tensor-core
+    bound, not strict G3: it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run, on
+    sm_90, for rows whose stages fit its shared memory."""
+    from .kernels import tc_gemm, tc_gemv
+    from .ptx import sm90_wgmma
+
+    _backend()
+    dev = dev or _device.current()
+    if ROUTED_WGMMA_KERNEL in _gemm.disabled_kernels():
+        return f"{ROUTED_WGMMA_KERNEL} is disabled by VT_DISABLE_KERNELS"
+    if not sm90_wgmma.available(dev.cc):
+        return f"the swapped wgmma pass needs sm_90 (wgmma), this device is sm_{dev.cc[0]}{dev.cc[1]}"
+    if not _config.dense_cublaslt_fp8_enabled():
+        return (
+            "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
+        )
+    for stage, k in (("gate_up", h), ("down", inter)):
+        if tc_gemv.routed_shared_bytes(tc_gemv.routed_config(stage, False, True), k) > tc_gemm.F16_SHARED_LIMIT:
+            return f"a row of {k} does not fit the swapped wgmma pass's shared memory"
+    return None
+
+
 def _routed_operands(ex):
     """(mode, qtable, q_step, scale_b, sb_step, block_scaled, b [E * N, K]) of experts ``ex`` for
     kernels/tc_gemv.py's routed_launch."""
@@ -538,7 +566,10 @@ def _routed_run(stage, x_bits, x_dtype, ex, out, topk_ids, arrivals, **extra):
     x_kind = _epilogue.OUT_KIND[np.dtype(x_dtype)]
     ids, e, dev = _array(topk_ids).reshape(-1), int(ex.shape[0]), _device.current()
     args = (stage, x_bits, x_kind, qtable, q_step, b, sb, sb_step, mode, block_scaled, out, ids, e, k, arrivals, dev)
-    *launch, shared = tc_gemv.routed_launch(*args, **extra)
+    _, n, kdim = (int(d) for d in ex.shape)  # gate_up [E, 2I, H], down [E, H, I]
+    h, inter = (kdim, n // 2) if stage == "gate_up" else (n, kdim)
+    wgmma = routed_wgmma_reason(h, inter, dev) is None
+    *launch, shared = tc_gemv.routed_launch(*args, wgmma=wgmma, **extra)
     _run(launch, shared)
 
 
@@ -1014,6 +1045,8 @@ __all__ = [
     "ROUTED_KERNEL",
     "ROUTED_MAX_PAIRS",
     "routed_reason",
+    "ROUTED_WGMMA_KERNEL",
+    "routed_wgmma_reason",
     "routed_gate_up",
     "routed_down",
 ]

@@ -1026,9 +1026,12 @@ class DynamicSharedKernel:
     shared memory, opting in above 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, once
     per device); called and prepared like the kernel itself."""
 
+    # function pointer -> the opt-in made for it: the largest any wrapper of that kernel needs (two
+    # wrappers of one kernel, for two K, must not lower each other's)
+    _OPTED_IN: dict = {}
+
     def __init__(self, kernel, shared_mem):
         self.kernel, self.shared_mem = kernel, shared_mem
-        self._opted_in = set()  # function pointers
 
     def __getattr__(self, name):  # ptx, function, signature, ...
         return getattr(self.kernel, name)
@@ -1037,12 +1040,12 @@ class DynamicSharedKernel:
         if SIMULATOR or self.shared_mem <= SHARED_LIMIT:
             return
         fn = self.kernel.function()
-        if fn.ptr not in self._opted_in:
+        if DynamicSharedKernel._OPTED_IN.get(fn.ptr, 0) < self.shared_mem:
             # cupy's Function (unlike its RawKernel) has no setter for the attribute: the driver call
             from cupy.cuda import driver
 
             driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_mem)
-            self._opted_in.add(fn.ptr)
+            DynamicSharedKernel._OPTED_IN[fn.ptr] = self.shared_mem
 
     def __call__(self, grid, block, *args, shared_mem=0):
         self._opt_in()  # (shared_mem: a caller's own count, which this kernel's replaces)

@@ -200,87 +200,28 @@ def _block_max_rows_fn(threads, rows):
 
 
 @functools.cache
-def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False, paired=False):
-    """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
-    hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
-    gemm_kernel). ``unit``: the mma is the block-scaled instruction with every scale 2^0 (sm_120a /
-    sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate.
-    ``grouped``: the grouped GEMV of E experts (codes in only; see "the grouped GEMV" below): the
-    same pass over one expert's rows, 8 * nb at a time, on grid (blocks of N, E). ``paired`` (rt = 2):
-    the block's two weight tiles are rows n0 .. n0 + 16 of each half of b (gate and up: the routed
-    gate_up's one pass), on ceil(N / 32) blocks; each row's sum is the unpaired kernel's."""
-    if paired and cfg.rt != 2:
-        raise ValueError(f"a paired GEMV takes one tile in each half of b (rt = 2), got rt = {cfg.rt}")
-    if grouped and mode != MODE_CODES:
-        raise ValueError(f"the grouped GEMV takes codes (MODE_CODES), got mode {mode}")
-    if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
-        raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
-    if mode == MODE_PER_GROUP and not block_scaled:
-        raise ValueError("1 x 128 group activations need block-scaled weights")
-    rt, warps, depth = cfg.rt, cfg.warps, cfg.depth
-    threads = 32 * warps
-    x_rows = 8 * nb
-    n_acc = rt * nb * 4
-    fused = mode != MODE_CODES
-    n_wslot = 16 * rt  # a lane's weight words per chunk: rt tiles x 2 rows x 2 segments x 4
-    n_slot = n_wslot + (0 if fused else 8 * nb)  # codes in: + nb tiles x 2 segments x 4 activation words
-    n_ring = depth * n_slot
-    n_xw = 8 * nb
-    n_red = warps * n_acc * 32
-    n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
-    n_fscratch = warps * 32 if SIMULATOR else 1
-    n_scratch = sm120.scratch_words(warps, unit)
-    # inline PTX (hardware): one 128-bit load for any element type
-    load16 = codec.load_row_words if hardware else codec.load_row_words_u8
+def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
+    """(activation_scales, quantize_rows): the fused GEMVs' quantization of up to ``x_rows`` activation
+    rows by a block of ``threads``, in activation ``mode``, with hardware (inline-PTX) or portable
+    loads and encoder. The codes go to shared memory row after row (``row_words`` words a row), or,
+    ``swizzled``, as the wgmma B operand: 128-code stages of 8 rows, each one 1024-byte atom of
+    128-byte rows whose 16-byte chunk j of row m sits at position j ^ m (ptx/sm90_wgmma.py's layout),
+    stage c at word ``row_words + 256 c`` (``row_words`` is then the operand's first word)."""
+    if swizzled and x_rows > 8:
+        raise ValueError(f"the swizzled layout holds one 8-row atom a stage, got {x_rows} rows")
     load_x16 = x_loader(hardware)
     pair = codec.encode_pair("hardware" if hardware else "portable")
     finite_abs = codec.finite_abs
-    mma_op, lds4 = (sm120.mma_e4m3_unit if unit else mma.mma_e4m3), mma.lds_u32x4
     octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
-    load_bias_value, finish, store = load_bias, scaled_value, store_out
     min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
 
     @cuda.jit(**_DEVICE)
-    def tile_row(n0, r, n_total):
-        """The first weight row of the block's tile r: 16 r on from n0, or (paired) in half r of b."""
-        return n0 + r * (n_total >> 1) if paired else n0 + 16 * r  # (a shift: no zero-division check)
-
-    @cuda.jit(**_DEVICE)
-    def load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c, nchunks):
-        """Slot d of the ring = this lane's 16-byte pieces of chunk c: the weight rows (zeros past K
-        or past the last chunk; rows past N reread row N - 1, their sums are dropped), and with
-        codes in, the activation rows (zeros past M)."""
-        lane = cuda.threadIdx.x % 32
-        g = lane // 4
-        t = lane % 4
-        base = d * n_slot
-        for r in range(rt):
-            for h in range(2):
-                row = min(tile_row(n0, r, n_total) + 8 * h + g, n_total - 1)
-                for s in range(2):
-                    col = CHUNK * c + 64 * s + 16 * t
-                    ok = c < nchunks and col < k_total
-                    w0, w1, w2, w3 = load16(b, row, col if ok else 0)
-                    q = base + 4 * ((2 * r + h) * 2 + s)
-                    ring[q] = w0 if ok else _U32_ZERO
-                    ring[q + 1] = w1 if ok else _U32_ZERO
-                    ring[q + 2] = w2 if ok else _U32_ZERO
-                    ring[q + 3] = w3 if ok else _U32_ZERO
-        if not fused:
-            for i in range(nb):
-                if grouped and 8 * i >= m_total:
-                    continue  # a grouped slice of <= 8 rows: mma_chunk skips this tile too
-                row = 8 * i + g
-                for s in range(2):
-                    col = CHUNK * c + 64 * s + 16 * t
-                    ok = row < m_total and c < nchunks and col < k_total
-                    w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
-                    q = base + n_wslot + 8 * i + 4 * s
-                    ring[q] = w0 if ok else _U32_ZERO
-                    ring[q + 1] = w1 if ok else _U32_ZERO
-                    ring[q + 2] = w2 if ok else _U32_ZERO
-                    ring[q + 3] = w3 if ok else _U32_ZERO
+    def code_word(m, sg, row_words):
+        """The shared word of row m's 16 codes of segment sg (16 codes: 4 words)."""
+        if swizzled:
+            return row_words + 256 * (sg >> 3) + 32 * m + 4 * ((sg & 7) ^ m)
+        return m * row_words + 4 * sg
 
     @cuda.jit(**_DEVICE)
     def encode16(vals, mult, divide, xs, word):
@@ -294,8 +235,6 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                 lo = pair(vals[i] * mult, vals[i + 1] * mult)
                 hi = pair(vals[i + 2] * mult, vals[i + 3] * mult)
             xs[word + q] = np.uint32(lo) | (np.uint32(hi) << _U32_16)
-
-    row_scale, kblock_scale = scale_readers(block_scaled)
 
     # -- fused quantization: the activation's scales, then its codes in shared memory ------------
 
@@ -370,7 +309,90 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                 mult = row_mult[0]
                 divide = False
             if valid:
-                encode16(vals, mult, divide, xs, m * row_words + 4 * sg)
+                encode16(vals, mult, divide, xs, code_word(m, sg, row_words))
+
+    return activation_scales, quantize_rows
+
+
+@functools.cache
+def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False, paired=False):
+    """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
+    hardware (inline-PTX) or portable loads and encoder, chaining C through the mma or not (see
+    gemm_kernel). ``unit``: the mma is the block-scaled instruction with every scale 2^0 (sm_120a /
+    sm_121a, tc_gemm's mma_kind 'unit'): the same D = A B + C at that instruction's rate.
+    ``grouped``: the grouped GEMV of E experts (codes in only; see "the grouped GEMV" below): the
+    same pass over one expert's rows, 8 * nb at a time, on grid (blocks of N, E). ``paired`` (rt = 2):
+    the block's two weight tiles are rows n0 .. n0 + 16 of each half of b (gate and up: the routed
+    gate_up's one pass), on ceil(N / 32) blocks; each row's sum is the unpaired kernel's."""
+    if paired and cfg.rt != 2:
+        raise ValueError(f"a paired GEMV takes one tile in each half of b (rt = 2), got rt = {cfg.rt}")
+    if grouped and mode != MODE_CODES:
+        raise ValueError(f"the grouped GEMV takes codes (MODE_CODES), got mode {mode}")
+    if block_scaled and mode not in (MODE_CODES, MODE_PER_GROUP):
+        raise ValueError(f"block-scaled weights take codes or 1 x 128 group activations, got mode {mode}")
+    if mode == MODE_PER_GROUP and not block_scaled:
+        raise ValueError("1 x 128 group activations need block-scaled weights")
+    rt, warps, depth = cfg.rt, cfg.warps, cfg.depth
+    threads = 32 * warps
+    x_rows = 8 * nb
+    n_acc = rt * nb * 4
+    fused = mode != MODE_CODES
+    n_wslot = 16 * rt  # a lane's weight words per chunk: rt tiles x 2 rows x 2 segments x 4
+    n_slot = n_wslot + (0 if fused else 8 * nb)  # codes in: + nb tiles x 2 segments x 4 activation words
+    n_ring = depth * n_slot
+    n_xw = 8 * nb
+    n_red = warps * n_acc * 32
+    n_amax = threads * x_rows if mode in (MODE_DYNAMIC, MODE_PER_TOKEN) else 1
+    n_fscratch = warps * 32 if SIMULATOR else 1
+    n_scratch = sm120.scratch_words(warps, unit)
+    # inline PTX (hardware): one 128-bit load for any element type
+    load16 = codec.load_row_words if hardware else codec.load_row_words_u8
+    mma_op, lds4 = (sm120.mma_e4m3_unit if unit else mma.mma_e4m3), mma.lds_u32x4
+    load_bias_value, finish, store = load_bias, scaled_value, store_out
+
+    @cuda.jit(**_DEVICE)
+    def tile_row(n0, r, n_total):
+        """The first weight row of the block's tile r: 16 r on from n0, or (paired) in half r of b."""
+        return n0 + r * (n_total >> 1) if paired else n0 + 16 * r  # (a shift: no zero-division check)
+
+    @cuda.jit(**_DEVICE)
+    def load_slot(ring, d, a, b, n0, n_total, m_total, k_total, c, nchunks):
+        """Slot d of the ring = this lane's 16-byte pieces of chunk c: the weight rows (zeros past K
+        or past the last chunk; rows past N reread row N - 1, their sums are dropped), and with
+        codes in, the activation rows (zeros past M)."""
+        lane = cuda.threadIdx.x % 32
+        g = lane // 4
+        t = lane % 4
+        base = d * n_slot
+        for r in range(rt):
+            for h in range(2):
+                row = min(tile_row(n0, r, n_total) + 8 * h + g, n_total - 1)
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(b, row, col if ok else 0)
+                    q = base + 4 * ((2 * r + h) * 2 + s)
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
+        if not fused:
+            for i in range(nb):
+                if grouped and 8 * i >= m_total:
+                    continue  # a grouped slice of <= 8 rows: mma_chunk skips this tile too
+                row = 8 * i + g
+                for s in range(2):
+                    col = CHUNK * c + 64 * s + 16 * t
+                    ok = row < m_total and c < nchunks and col < k_total
+                    w0, w1, w2, w3 = load16(a, min(row, m_total - 1), col if ok else 0)
+                    q = base + n_wslot + 8 * i + 4 * s
+                    ring[q] = w0 if ok else _U32_ZERO
+                    ring[q + 1] = w1 if ok else _U32_ZERO
+                    ring[q + 2] = w2 if ok else _U32_ZERO
+                    ring[q + 3] = w3 if ok else _U32_ZERO
+
+    row_scale, kblock_scale = scale_readers(block_scaled)
+    activation_scales, quantize_rows = fused_quantizer(threads, x_rows, mode, hardware)
 
     # -- per chunk: the activation words, the mmas, the block scales' promotion ------------------
 
@@ -1247,16 +1269,38 @@ def grouped_gemv(
 # a pair sees.
 
 ROUTED_STAGES = ("gate_up", "down")
+_COMBINE_BATCH = 8  # the combine's reads of y in flight at once (a token's slots, 8 at a time)
+
+
+def _routed_wgmma(cfg):
+    """Whether ``cfg`` is the swapped wgmma pass's (kernels/sm90_wgmma_gemv.py), not the GEMV's."""
+    from .sm90_wgmma_gemv import WgGemvConfig
+
+    return isinstance(cfg, WgGemvConfig)
 
 
 def _routed_paired(stage, cfg):
-    """Whether the routed GEMV of ``stage`` in ``cfg`` is gate_up's one paired pass (32 rows a block)."""
-    return stage == "gate_up" and cfg.rt == 2
+    """Whether the routed GEMV of ``stage`` in ``cfg`` is gate_up's one paired pass: 32 rows of the
+    GEMV a block, or the wgmma pass (always paired at gate_up)."""
+    return stage == "gate_up" and (_routed_wgmma(cfg) or cfg.rt == 2)
 
 
 def routed_columns(stage, cfg):
-    """Output columns a block of the routed GEMV owns: 16 rt, or 16 of each half when paired."""
+    """Output columns a block of the routed GEMV owns: 16 rt, or 16 of each half when paired; the
+    wgmma pass's 64, or 32 of each half."""
+    if _routed_wgmma(cfg):
+        from .sm90_wgmma_gemv import columns
+
+        return columns(_routed_paired(stage, cfg))
     return 16 if _routed_paired(stage, cfg) else 16 * cfg.rt
+
+
+def _routed_threads(cfg):
+    if _routed_wgmma(cfg):
+        from .sm90_wgmma_gemv import WG_THREADS
+
+        return WG_THREADS
+    return 32 * cfg.warps
 
 
 @functools.cache
@@ -1271,9 +1315,17 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     if mode not in (MODE_STATIC, MODE_PER_TOKEN, MODE_PER_GROUP):
         raise ValueError(f"the routed GEMV quantizes static, per-token or 1 x 128 group activations, got mode {mode}")
     paired = _routed_paired(stage, cfg)
-    gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
+    if _routed_wgmma(cfg):
+        from ..ptx import sm90_wgmma
+        from .sm90_wgmma_gemv import wgmma_gemv_pass
+
+        gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired))
+        arch = sm90_wgmma.ARCH
+    else:
+        gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
+        arch = sm120.arch(unit)
     width = routed_columns(stage, cfg)
-    threads = 32 * cfg.warps
+    threads = _routed_threads(cfg)
     out_f32 = OUT_KIND[np.dtype(np.float32)]
     weight = routing_weight_fn(w_kind)
     store = store_out
@@ -1403,16 +1455,29 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                 return
             cuda.threadfence()
             n0 = cuda.blockIdx.x * width
+            ys = cuda.local.array(_COMBINE_BATCH, types.float32)
+            ws = cuda.local.array(_COMBINE_BATCH, types.float32)
+            routed = cuda.local.array(_COMBINE_BATCH, types.boolean)
             for c in range(n0 + cuda.threadIdx.x, min(n0 + width, n), threads):
                 acc = _F32_ZERO
-                for j in range(k):
-                    q = t * k + j
-                    ej = ids[q]
-                    if ej >= 0 and ej < experts:
-                        acc = np.float32(acc + mul_rn(weight(w, q), cuda.atomic.add(y, (q, c), _F32_ZERO)))
+                for j0 in range(0, k, _COMBINE_BATCH):
+                    # a batch's reads first, unconditional (a slot past k rereads the last): issued
+                    # back to back, their latencies overlap; a read behind each slot's id test made
+                    # them one after another. Then the sums, in slot order.
+                    for j in range(_COMBINE_BATCH):
+                        q = t * k + min(j0 + j, k - 1)
+                        ej = ids[q]
+                        routed[j] = j0 + j < k and ej >= 0 and ej < experts
+                        ws[j] = weight(w, q)
+                        ys[j] = cuda.atomic.add(y, (q, c), _F32_ZERO)
+                    for j in range(_COMBINE_BATCH):
+                        if routed[j]:
+                            acc = np.float32(acc + mul_rn(ws[j], ys[j]))
                 store(out, t, c, acc, out_kind)
 
         kernel = routed_down
+    if _routed_wgmma(cfg):  # its own name in a profile, the recorder's counts and the PTX entry
+        kernel.__name__ = kernel.__qualname__ = f"{kernel.__name__}_wgmma"
     scale = types.float32[:, ::1] if block_scaled else F32_1D
     ids_type = types.int64[::1] if ids_int64 else I32_1D
     head = (U8_2D, U16_2D, I32, F32_1D, I64, U8_2D, scale, scale, I64, U16_1D)
@@ -1421,7 +1486,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         sig = head + (f32_2d, f32_2d, ids_type, I64, I64, I32_1D)
     else:
         sig = head + (f32_2d, ids_type, I64, I64, weight_type(w_kind), out_type(out_is_float32), I32, I32_1D)
-    return compile_kernel(kernel, sig, arch=sm120.arch(unit))
+    return compile_kernel(kernel, sig, arch=arch)
 
 
 # The configurations the routed GEMVs are swept over (benchmarks/gpu/bench_moe.py --parts configs):
@@ -1434,8 +1499,21 @@ ROUTED_GEMV_CONFIGS = dict(
 )
 
 
-def routed_config(stage, block_scaled):
-    """The routed GEMV's configuration for ``stage`` with block-scaled weights or not (ROUTED_CONFIGS)."""
+def _wgmma_configs():
+    from .sm90_wgmma_gemv import WgGemvConfig
+
+    return {name: WgGemvConfig(stages=int(name[4:])) for name in ("wg_s2", "wg_s3", "wg_s4", "wg_s6")}
+
+
+# The swapped wgmma pass's configurations (sm_90, kernels/sm90_wgmma_gemv.py), swept as the GEMV's are.
+ROUTED_WGMMA_CONFIGS = _wgmma_configs()
+
+
+def routed_config(stage, block_scaled, wgmma=False):
+    """The routed pass's configuration for ``stage`` with block-scaled weights or not: the GEMV's
+    (ROUTED_CONFIGS) or, ``wgmma``, the swapped wgmma pass's (ROUTED_WGMMA_CHOICE)."""
+    if wgmma:
+        return ROUTED_WGMMA_CONFIGS[ROUTED_WGMMA_CHOICE[stage]]
     if SIMULATOR:
         return GEMV_CONFIGS["sim_r16_w2_d2"]
     return ROUTED_GEMV_CONFIGS[ROUTED_CONFIGS[stage, bool(block_scaled)]]
@@ -1457,6 +1535,36 @@ ROUTED_CONFIGS = {
     ("down", False): "r16_w2_d2",
     ("down", True): "r16_w2_d2",
 }
+
+
+# By stage: the wgmma pass's ring. gate_up (K = 2048, 16 stages): 3 of 8 KB in flight a block;
+# down (K = 768): 6 stages, the whole tile in flight at once (the sweep: benchmarks/RESULTS.md).
+ROUTED_WGMMA_CHOICE = {"gate_up": "wg_s4", "down": "wg_s6"}
+
+
+def routed_shared_bytes(cfg, k):
+    """Dynamic shared memory of a routed launch of configuration ``cfg`` over rows of K."""
+    if _routed_wgmma(cfg):
+        from .sm90_wgmma_gemv import shared_bytes
+
+        return shared_bytes(cfg, k)
+    return fused_shared_bytes(1, k)
+
+
+_DYNAMIC = {}  # (kernel, bytes) -> tc_gemm.DynamicSharedKernel: its opt-in is made once a function
+
+
+def _with_shared(kernel, nbytes):
+    """``kernel``, or above 48 KB of dynamic shared memory the wrapper that opts in to it."""
+    from .tc_gemm import SHARED_LIMIT, DynamicSharedKernel
+
+    if nbytes <= SHARED_LIMIT:
+        return kernel
+    key = (id(kernel), nbytes)
+    wrapped = _DYNAMIC.get(key)
+    if wrapped is None:
+        wrapped = _DYNAMIC.setdefault(key, DynamicSharedKernel(kernel, nbytes))
+    return wrapped
 
 
 def routed_launch(
@@ -1482,6 +1590,7 @@ def routed_launch(
     layer_out=None,
     out_kind=None,
     config=None,
+    wgmma=False,
 ):
     """(kernel, grid, block, args, shared bytes) of the routed GEMV of ``stage`` over ids.size pairs
     (k a token): x_bits [rows, K] the activation's bits (x [T, H] for gate_up, act [P, I] for down),
@@ -1491,10 +1600,11 @@ def routed_launch(
     y [P, H], w the routing weights (flat, of ``w_kind``), layer_out the [T, H] output's bits of
     ``out_kind`` (epilogue.OUT_KIND).
     ``experts`` E (ids outside [0, E) route nothing); ``arrivals`` int32 [T * ceil(H / (16 rt))],
-    down's counters (gate_up zeroes them: size them by down's configuration, ``routed_tiles``)."""
+    down's counters (gate_up zeroes them: size them by ``routed_tiles``). ``wgmma``: the swapped
+    wgmma pass (sm_90) in its chosen configuration, unless ``config`` names one."""
     hardware, chain, unit = _device_flags(dev)
     kdim = int(b.shape[1])
-    cfg = config or routed_config(stage, block_scaled)
+    cfg = config or routed_config(stage, block_scaled, wgmma)
     pairs = int(ids.shape[0])
     ids_int64 = np.dtype(ids.dtype) == np.int64
     a0 = dev.placeholder("u8_2d")
@@ -1511,12 +1621,17 @@ def routed_launch(
         )
         n = int(out.shape[1])
         args = head + (out, ids, k, experts, w, layer_out, out_kind, arrivals)
-    return kernel, (-(-n // routed_columns(stage, cfg)), pairs), 32 * cfg.warps, args, fused_shared_bytes(1, kdim)
+    shared = routed_shared_bytes(cfg, kdim)
+    grid = (-(-n // routed_columns(stage, cfg)), pairs)
+    return _with_shared(kernel, shared), grid, _routed_threads(cfg), args, shared
 
 
 def routed_tiles(h, block_scaled):
-    """Down's column tiles for H output columns (the arrival counters a token needs)."""
-    return -(-h // routed_columns("down", routed_config("down", block_scaled)))
+    """The arrival counters a token needs for H output columns: down's column tiles in the narrowest
+    of its configurations (the GEMV's or the wgmma pass's: whichever runs, gate_up zeroed enough)."""
+    widths = [routed_columns("down", routed_config("down", block_scaled))]
+    widths += [routed_columns("down", cfg) for cfg in ROUTED_WGMMA_CONFIGS.values()]
+    return -(-h // min(widths))
 
 
 __all__ = [
@@ -1549,7 +1664,10 @@ __all__ = [
     "ROUTED_STAGES",
     "ROUTED_CONFIGS",
     "ROUTED_GEMV_CONFIGS",
+    "ROUTED_WGMMA_CONFIGS",
+    "ROUTED_WGMMA_CHOICE",
     "routed_config",
+    "routed_shared_bytes",
     "routed_columns",
     "routed_kernel",
     "routed_launch",

@@ -1,0 +1,295 @@
+"""The decode GEMV on Hopper's native FP8 instruction, swapped: the weight rows are ``wgmma``'s M = 64
+operand and the few activation rows its N = 8 operand (vLLM's Triton fused MoE swaps A and B the same
+way at decode). Sm_90a only; the routed MoE decode's pass (tc_gemv.py, "the routed GEMVs").
+
+Why: the tensor-core GEMV of tc_gemv.py runs ``mma.sync``, which Hopper executes on e4m3 only through
+f16 conversions (F2FP, a third of that GEMV's instructions); at one token the routed MoE layer was
+bound by them, 3.6-3.9x the time of its weight bytes (benchmarks/RESULTS.md, 2026-12-02 13:27).
+``wgmma`` reads the e4m3 codes from shared memory as they are.
+
+Design
+------
+A block is one warpgroup (128 threads) and owns 64 weight rows: rows n0 .. n0 + 64, or, ``paired``
+(gate_up), rows n0 .. n0 + 32 of each half of b, so that SiLU(gate) * up of 32 columns is the
+block's own. K advances 128 codes a stage. Each thread ``cp.async``-copies four 16-byte chunks of the
+stage's [64, 128] weight tile into a STAGES-deep ring of 128-byte-swizzled tiles (ptx/sm90_wgmma.py's
+layout; STAGES - 1 tiles in flight). While the first tiles land, the block quantizes its activation
+rows (tc_gemv.fused_quantizer, the fused GEMV's own code) straight into the B operand: every stage of
+K as one 1024-byte atom of 8 rows, rows past M zero. Per stage: wait for the tile, one block
+barrier, refill the slot the previous stage used, four chained m64n8k32 wgmmas into a partial, wait,
+promote the partial into float32 registers (per 128 of K, CUTLASS's and DeepSeek-V3's interval; with
+block scales as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]``, upstream's order). The epilogue is the
+fused GEMV's: ``y = round_out((acc * sa) * sb + bias)``.
+
+Precision: the tensor-core bound (``vtnumba.testing.reference.tensor_core_bound``), as the wgmma GEMM
+and cuBLASLt hold, not DESIGN.md's strict G3: the routed decode takes this pass only where the lever
+VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run (cuda/experts.py).
+
+Shape rules: up to 8 activation rows, K % 16 == 0 and 16-byte aligned weight rows. No simulator
+emulation (wgmma has none): tested on the H200.
+"""
+
+import functools
+from collections import namedtuple
+
+import numpy as np
+
+from ..ptx import mma as mma_sync
+from ..ptx import sm90_wgmma as wgmma
+from ..ptx.target import DEVICE_INLINE, cuda, types
+from .epilogue import load_bias, scaled_value, store_out
+from .tc_gemm import _F32_ONE, _F32_ZERO, _U32_ZERO, scale_readers
+
+WG_THREADS = 128
+TILE_ROWS = 64  # the wgmma's M: weight rows a block owns
+X_ROWS = 8  # the wgmma's N: activation rows, zero past M
+BK = wgmma.ROW_BYTES  # codes a stage: one 128-byte swizzled row
+TILE_BYTES = TILE_ROWS * BK  # a ring slot
+X_STAGE_BYTES = X_ROWS * BK  # the B operand's stage: one swizzle atom
+_AMAX_WORDS = WG_THREADS // 32 * X_ROWS  # the per-row maxima of the quantizer's shuffles: a warp's each
+_COPY_ROWS = WG_THREADS // (BK // 16)  # rows one pass of the block's 16-byte copies covers: 16
+_DESC_HIGH = np.uint64(wgmma.descriptor_base(0))
+_DESC_ADDRESS_MASK = np.uint32(wgmma.DESCRIPTOR_ADDRESS_MASK)
+_DESC_K_STEP = np.uint64(wgmma.K_STEP >> 4)  # a k32 slice further: 32 bytes, in the descriptor's address field
+# (descriptor arithmetic stays in uint64: a Python int times a uint64 is a float64 in Numba, which
+# cannot hold a descriptor's 64 bits -- illegal addresses on the H200 when a step was tried that way)
+
+WgGemvConfig = namedtuple("WgGemvConfig", "stages")
+WgGemvConfig.__doc__ = """The swapped wgmma GEMV's configuration: a STAGES-deep ring of 64 x 128 weight tiles
+(K blocks), STAGES - 1 in flight; one block barrier and one wgmma wait a K block."""
+
+
+def columns(paired):
+    """Output columns a block owns: 32 of each half when paired, else 64."""
+    return TILE_ROWS // 2 if paired else TILE_ROWS
+
+
+def shared_bytes(cfg, k):
+    """Dynamic shared memory of the pass for K: the 1024-byte alignment slack, the ring (no deeper than K
+    has stages), the B operand (every stage of K) and 8 rows of 1 x 128 group scales."""
+    nchunks = -(-k // BK)
+    return (
+        wgmma.SWIZZLE_ATOM_BYTES
+        + min(cfg.stages, nchunks) * TILE_BYTES
+        + nchunks * X_STAGE_BYTES
+        + 4 * X_ROWS * nchunks
+    )
+
+
+@functools.cache
+def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
+    """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
+    out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
+    quantized here, in tc_gemv's ``mode``), a device function every thread of the block must call:
+    y[:M, tile] for the block's tile (blockIdx.x) of b's rows."""
+    from .tc_gemv import MODE_CODES, MODE_PER_GROUP, MODE_PER_TOKEN, fused_quantizer
+
+    if mode == MODE_CODES:
+        raise ValueError("the swapped wgmma GEMV quantizes its activation: a fused mode, not MODE_CODES")
+    if cfg.stages < 2:
+        raise ValueError(f"the ring needs at least 2 stages (one computed, one landing), got {cfg.stages}")
+    stages = cfg.stages
+    activation_scales, quantize_rows = fused_quantizer(WG_THREADS, X_ROWS, mode, hardware, swizzled=True)
+    row_scale, kblock_scale = scale_readers(block_scaled)
+    mma = wgmma.mma_e4m3(X_ROWS)
+    regs = X_ROWS // 2
+    wait_all, hold = wgmma.wait(0, regs), wgmma.hold(regs)
+    fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
+    commit_copies = mma_sync.cp_async_commit
+    wait_copies = mma_sync.cp_async_wait_group(stages - 2)  # this K block landed, the next stages - 2 may not
+    wait_no_copies = mma_sync.cp_async_wait_group(0)
+    global_address = mma_sync.global_address
+    copy_two = mma_sync.cp_async_rows(2, _COPY_ROWS * BK // 4)  # rows r and r + 16 of a half tile
+    finish, store, load_bias_value = scaled_value, store_out, load_bias
+    tile_cols = columns(paired)
+    n_fscratch = 1  # (the quantizer's simulator scratch: this pass never runs there)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def tile_place(n0, r, n_total):
+        """(the row of b, whether it is inside its half) of the block's tile row r (0 .. 64): row
+        n0 + r of b, or (paired) row n0 + r % 32 of half r // 32 of b."""
+        if paired:
+            half = n_total >> 1
+            pos = n0 + (r & 31)
+            return pos + half * (r >> 5), pos < half
+        return n0 + r, n0 + r < n_total
+
+    @cuda.jit(**DEVICE_INLINE)
+    def issue_stage(smem, b, word, lo, hi, lo_rows, hi_rows, zero, kt, k_code, k_total):
+        """cp.async this thread's chunks of stage kt into the ring slot at ``word``: tile rows r, r + 16
+        (from address lo) and r + 32, r + 48 (from hi); rows past N and chunks past K zero-filled."""
+        col = kt * BK
+        k_ok = col + k_code < k_total
+        copy_two(smem, word, b, lo, _COPY_ROWS * b.strides[0], col, lo_rows, k_ok, zero)
+        copy_two(smem, word + 2 * _COPY_ROWS * BK // 4, b, hi, _COPY_ROWS * b.strides[0], col, hi_rows, k_ok, zero)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def promote(acc, part, sa0, sa1, sb0, sb1):
+        """acc += the stage's partial; block scales: (P * sa[m, kb]) * sb[n // 128, kb]."""
+        if block_scaled:
+            acc[0] += np.float32(part[0] * sa0) * sb0
+            acc[1] += np.float32(part[1] * sa1) * sb0
+            acc[2] += np.float32(part[2] * sa0) * sb1
+            acc[3] += np.float32(part[3] * sa1) * sb1
+        else:
+            acc[0] += part[0]
+            acc[1] += part[1]
+            acc[2] += part[2]
+            acc[3] += part[3]
+        hold(acc)  # the adds happen here, not after the next wgmma (see wgmma.hold)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def put(y, total, n, inside, m, m_total, sam, scale_b, sb_step, bias, has_bias, bias_kind, out_kind):
+        if inside and m < m_total:
+            bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
+            store(y, m, n, finish(total, sam, row_scale(scale_b, sb_step, n), has_bias, bv), out_kind)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def block_mmas(part, desc_a, desc_b):
+        """The K block's four chained k32 wgmmas into ``part`` (the first from zero)."""
+        for kk in range(4):
+            mma(part, desc_a + _DESC_K_STEP * np.uint64(kk), desc_b + _DESC_K_STEP * np.uint64(kk), kk)
+
+    @cuda.jit(**DEVICE_INLINE)
+    def promote_block(acc, part, gs, gbase, scale_a, scale_b, kb, nchunks, m0, m1, n_lo, n_hi, n_total):
+        """Wait for K block kb's wgmmas, then promote them with its scales."""
+        if block_scaled:
+            if mode == MODE_PER_GROUP:
+                sa0 = gs[gbase + m0 * nchunks + kb]
+                sa1 = gs[gbase + m1 * nchunks + kb]
+            else:
+                sa0 = kblock_scale(scale_a, m0, kb)
+                sa1 = kblock_scale(scale_a, m1, kb)
+            sb0 = kblock_scale(scale_b, min(n_lo, n_total - 1) // 128, kb)
+            sb1 = kblock_scale(scale_b, min(n_hi, n_total - 1) // 128, kb)
+        else:
+            sa0 = sa1 = sb0 = sb1 = _F32_ONE
+        wait_all(part)
+        promote(acc, part, sa0, sa1, sb0, sb1)
+
+    def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        n_total, k_total = b.shape
+        m_total = y.shape[0]
+        nchunks = (k_total + BK - 1) // BK  # K blocks
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        n0 = cuda.blockIdx.x * tile_cols
+        smem = cuda.shared.array(0, types.uint32)  # dynamic: the ring, x's codes, the group scales
+        gs = cuda.shared.array(0, types.float32)  # (the same memory, as float32)
+        fscratch = cuda.shared.array(n_fscratch, types.float32)
+        amax_rows = cuda.shared.array(_AMAX_WORDS, types.float32)
+        row_mult = cuda.shared.array(X_ROWS, types.float32)
+        row_deq = cuda.shared.array(X_ROWS, types.float32)
+        vals = cuda.local.array(16, types.float32)
+        local = cuda.local.array(X_ROWS, types.float32)
+        acc = cuda.local.array(regs, types.float32)
+        part = cuda.local.array(regs, types.float32)  # a K block's partial
+        for i in range(regs):
+            acc[i] = _F32_ZERO
+            part[i] = _F32_ZERO
+
+        # the ring starts at the first 1024-byte boundary of the dynamic shared memory
+        base = wgmma.shared_address(smem, 0)
+        pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
+        slots = min(stages, nchunks)
+        x_byte = pad + slots * TILE_BYTES
+        gbase = (x_byte + nchunks * X_STAGE_BYTES) // 4
+        desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
+
+        # this thread's copies: tile rows r, r + 16, r + 32, r + 48, chunk j at position j ^ (r % 8)
+        r = tid // 8
+        j = tid % 8
+        k_code = 16 * j
+        word0 = (pad + r * BK + 16 * (j ^ (r % 8))) // 4
+        lo_row, _ = tile_place(n0, r, n_total)
+        hi_row, _ = tile_place(n0, r + 32, n_total)
+        # the copies inside their half (of b, or of the whole b unpaired): rows 16 apart
+        limit = n_total >> 1 if paired else n_total
+        lo_rows = (limit - (n0 + r) + _COPY_ROWS - 1) // _COPY_ROWS
+        hi_rows = (limit - (n0 + (r if paired else r + 32)) + _COPY_ROWS - 1) // _COPY_ROWS
+        lo = global_address(b, min(lo_row, n_total - 1), k_code)
+        hi = global_address(b, min(hi_row, n_total - 1), k_code)
+        for s in range(stages - 1):  # K blocks 0 .. stages - 2 in flight before anything waits
+            if s < nchunks:
+                issue_stage(smem, b, word0 + s * (TILE_BYTES // 4), lo, hi, lo_rows, hi_rows, lo, s, k_code, k_total)
+            commit_copies()
+
+        # x's codes into the B operand (rows past M: zeros), its scales, while the tiles land
+        for i in range(tid, nchunks * X_ROWS * 8, WG_THREADS):
+            if (i // 8) % X_ROWS >= m_total:
+                for q in range(4):
+                    smem[x_byte // 4 + 4 * i + q] = _U32_ZERO
+        activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq, tid)
+        cuda.syncthreads()
+        quantize_rows(
+            x,
+            x_kind,
+            m_total,
+            k_total,
+            nchunks,
+            x_byte // 4,
+            gbase,
+            smem,
+            gs,
+            vals,
+            row_mult,
+            fscratch,
+            warp,
+            lane,
+            tid,
+        )
+        fence_proxy()  # this thread's codes, visible to the tensor core after the barrier below
+
+        # this thread's accumulators: tile rows 16 warp + g (acc 0, 1) and + 8 (acc 2, 3), x rows 2 t, 2 t + 1
+        n_lo, in_lo = tile_place(n0, 16 * warp + g, n_total)
+        n_hi, in_hi = tile_place(n0, 16 * warp + g + 8, n_total)
+        m0 = min(2 * t, m_total - 1)
+        m1 = min(2 * t + 1, m_total - 1)
+        x_desc = desc0 + np.uint64((x_byte - pad) >> 4)
+        for kt in range(nchunks):
+            wait_copies()  # this thread's copies of K block kt have landed
+            fence_proxy()  # ... and are visible to the tensor core's reads
+            cuda.syncthreads()  # everyone's; and every wgmma of K block kt - 1 is done (waited below)
+            nk = kt + stages - 1
+            if nk < nchunks:  # into the slot of K block kt - 1
+                issue_stage(
+                    smem,
+                    b,
+                    word0 + (nk % stages) * (TILE_BYTES // 4),
+                    lo,
+                    hi,
+                    lo_rows,
+                    hi_rows,
+                    lo,
+                    nk,
+                    k_code,
+                    k_total,
+                )
+            commit_copies()
+            desc_a = desc0 + np.uint64(((kt % stages) * TILE_BYTES) >> 4)
+            desc_b = x_desc + np.uint64((kt * X_STAGE_BYTES) >> 4)
+            fence()
+            block_mmas(part, desc_a, desc_b)
+            commit_mma()
+            promote_block(acc, part, gs, gbase, scale_a, scale_b, kt, nchunks, m0, m1, n_lo, n_hi, n_total)
+        wait_no_copies()
+
+        has_bias = bias_kind != 0
+        if mode == MODE_PER_TOKEN:
+            sam0, sam1 = row_deq[m0], row_deq[m1]
+        elif block_scaled:
+            sam0 = sam1 = _F32_ONE
+        else:
+            sam0 = sam1 = row_deq[0]
+        put(y, acc[0], n_lo, in_lo, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        put(y, acc[1], n_lo, in_lo, 2 * t + 1, m_total, sam1, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        put(y, acc[2], n_hi, in_hi, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        put(y, acc[3], n_hi, in_hi, 2 * t + 1, m_total, sam1, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+
+    return gemv
+
+
+__all__ = ["WgGemvConfig", "WG_THREADS", "TILE_ROWS", "columns", "shared_bytes", "wgmma_gemv_pass"]
