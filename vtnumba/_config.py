@@ -114,16 +114,38 @@ def start_threads():
     # Numba's regions then run on torch's intra-op workers), and launching the pool sets that
     # runtime's thread count to NUMBA_NUM_THREADS: torch.set_num_threads(1) became 2, or torch's 2
     # became 1 under NUMBA_NUM_THREADS=1. The user's torch setting is put back.
+    # Whether it did is also how vtnumba learns that the two share one runtime (``on_torch_team``):
+    # torch's count is set to one the launch would not set just before it, and read after.
     torch = sys.modules.get("torch")
     torch_threads = torch.get_num_threads() if torch is not None else None
+    numba_threads = None
+    if torch is not None and not parallel._is_initialized:
+        from numba.core import config
+
+        numba_threads = int(config.NUMBA_NUM_THREADS)
+        torch.set_num_threads(numba_threads + 1)  # the sentinel: a count the launch would not set
     try:
         numba.get_num_threads()  # launches the pool: libgomp reads its environment now
     finally:
         if set_here:
             del os.environ["OMP_WAIT_POLICY"]
-        if torch_threads is not None and torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
+        if torch_threads is not None:
+            if numba_threads is not None:
+                _torch_team[0] = torch.get_num_threads() == numba_threads and numba.threading_layer() == "omp"
+            if torch.get_num_threads() != torch_threads:
+                torch.set_num_threads(torch_threads)
     _threads_started = True
+
+
+# Whether Numba's parallel regions run on torch's OpenMP runtime (so on the same worker threads as
+# torch's ops), as start_threads found when it launched Numba's pool with torch imported; False
+# when it could not tell (torch imported after the pool started: two runtimes then).
+_torch_team = [False]
+
+
+def on_torch_team():
+    """Whether Numba's parallel regions run on torch's OpenMP workers (``start_threads``'s finding)."""
+    return _torch_team[0]
 
 
 def free_cpus():
@@ -188,6 +210,19 @@ def parallel_min_work(default):
 # set around each call and put back to what it was (the user's) after.
 CPU_BLAS_MIN_MACS = 1 << 24
 
+# Numba's own kernels inside a torch forward, when Numba's regions run on torch's OpenMP runtime
+# (``on_torch_team``): between torch's ops torch's workers spin (libgomp's default wait policy), so
+# /proc/loadavg counts them as running and free_cpus saw no free CPU on an idle 2-core machine: every
+# vtnumba kernel of a converted model ran on one thread while float32 torch used both cores. Those
+# workers are the very threads a Numba region then runs on, and already awake: right after a torch
+# op the parallel twins took 0.53-0.61x the serial time from 1 Mi multiply-adds (small_m GEMM, 16 x
+# 256 x 256: 19.8 against 34.8 us) and from 128 Ki elements (quantize_static: 15.6 against 25.8 us),
+# where the start-up of a sleeping team costs 10-150 us (the thresholds above). So there a kernel
+# counts torch's other workers as its own, not as load (``kernel_threads(team=...)``), and goes
+# parallel from thresholds 16x lower (256 Ki multiply-adds, 128 Ki elements). The BLAS inside the
+# kernels keeps the rule above: its workers are a pool of their own, which the spinning ones delay.
+CPU_TORCH_TEAM_SHIFT = 4
+
 _local = threading.local()  # .cap: this Python thread's thread cap inside a torch forward, or absent
 
 
@@ -216,21 +251,29 @@ class torch_thread_cap:
         _local.cap = self.before
 
 
-def kernel_threads(work, min_work, threads, free_now=None):
+def kernel_threads(work, min_work, threads, free_now=None, team=None):
     """Threads a kernel call of ``work`` gets, of ``threads`` available (a count, or a function giving
     it, called only above the threshold: Numba's pool then starts only when a parallel twin may run):
     1 below ``min_work`` (as ``parallel_min_work`` sets it), else ``threads`` capped by this thread's
     cap (``thread_cap``) and by the CPUs free now (``free_now()``, ``free_cpus`` by default; not
-    looked at when the threshold is 0: every thread, loaded or not)."""
-    min_work = parallel_min_work(min_work)
+    looked at when the threshold is 0: every thread, loaded or not).
+
+    ``team`` (a function, asked only inside a torch forward): whether the call's threads are torch's
+    OpenMP workers (a Numba kernel, ``on_torch_team``). Then the threshold is ``min_work`` >>
+    CPU_TORCH_TEAM_SHIFT and torch's other ``cap - 1`` workers count as free, not as load (see the
+    note above CPU_TORCH_TEAM_SHIFT); VT_CPU_PARALLEL_MIN_WORK, when set, is the threshold still."""
+    cap = getattr(_local, "cap", None)
+    own = cap is not None and cap > 1 and team is not None and team()
+    min_work = parallel_min_work(min_work >> CPU_TORCH_TEAM_SHIFT if own else min_work)
     if work < min_work:
         return 1
     if callable(threads):
         threads = threads()
-    cap = getattr(_local, "cap", None)
     if cap is not None:
         threads = min(threads, cap)
     free = None if min_work == 0 else (free_now or free_cpus)()
+    if free is not None and own:
+        free += cap - 1
     return threads if free is None else max(1, min(threads, free))
 
 
