@@ -6,7 +6,7 @@ work, quiet and with one CPU-bound process beside them, and a small layer beside
     python3 benchmarks/cpu/bench_cpu_threads.py --layer    # only the busy layer
     python3 benchmarks/cpu/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
     python3 benchmarks/cpu/bench_cpu_threads.py --torch    # a converted tiny Qwen3-MoE against float32 torch
-    python3 benchmarks/cpu/bench_cpu_threads.py --torch-sweep [--tokens 1,16,128,512,2048] [--rounds 7]
+    python3 benchmarks/cpu/bench_cpu_threads.py --torch-sweep [--tokens 1,16,128,512,2048] [--rounds 7] [--old-rule]
         # the tiny Qwen3-MoE and a tiny dense Llama per scheme and size against float32 torch, at
         # torch's thread count and with every pool at one thread (torch.set_num_threads(1)), one run
 
@@ -273,13 +273,16 @@ def _tiny_models(max_tokens):
     }
 
 
-def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None):
+def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None, old_rule=False):
     """Each tiny model (``_tiny_models``) converted per scheme, its forward at each token count against
     float32 torch, in one process: for each size the models are timed in turn (float32, per_token,
     per_group, mxfp8, float32, ...) ``rounds`` times, so a loaded machine slows every model of a size
     alike; best and median ms, the ratios of the bests. Run at torch's thread count, then with every
     pool at one thread (torch.set_num_threads(1): vtnumba's threads and its BLAS's follow torch's
-    inside a forward), so a ratio above the one-thread run's is the threads' doing, not the kernels'."""
+    inside a forward), so a ratio above the one-thread run's is the threads' doing, not the kernels'.
+    ``old_rule``: each converted model is timed a second time in each round with the rule before
+    2026-12-02 (torch's spinning workers counted as load, the thresholds of a sleeping pool: no
+    team), as column "name/old"."""
     import copy
 
     import torch
@@ -300,22 +303,32 @@ def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None):
         models = {"float32": base}
         for name, cfg in schemes:
             models[name] = vtt.convert(copy.deepcopy(base), cfg)
+            if old_rule:
+                models[name + "/old"] = models[name]
+        everything = models
         for threads in pools:
+            # at one torch thread the rules agree (a cap of one): the old rule's columns are left out
+            models = {n: m for n, m in everything.items() if threads > 1 or not n.endswith("/old")}
             torch.set_num_threads(threads)
             try:
                 print(f"{model_name}, torch threads {threads}: best / median ms, best / float32's best")
                 print(f"{'tokens':>6s} " + " ".join(f"{n:>22s}" for n in models))
+                team = paths._on_torch_team
                 for t in tokens:
                     prompt = torch.arange(t).remainder(128).reshape(1, t)
                     times = {n: [] for n in models}
                     with torch.no_grad():
                         for m in models.values():
-                            m(prompt)
+                            m(prompt)  # compiles (or loads) every kernel, the parallel twins too
                         for _ in range(rounds):
                             for n, m in models.items():
-                                t0 = time.perf_counter()
-                                m(prompt)
-                                times[n].append(time.perf_counter() - t0)
+                                paths._on_torch_team = (lambda: False) if n.endswith("/old") else team
+                                try:
+                                    t0 = time.perf_counter()
+                                    m(prompt)
+                                    times[n].append(time.perf_counter() - t0)
+                                finally:
+                                    paths._on_torch_team = team
                     best = {n: min(v) for n, v in times.items()}
                     cells = []
                     for n, v in times.items():
@@ -356,12 +369,15 @@ def main():
     parser.add_argument("--layer", action="store_true", help="only the busy 16x32x64 layer")
     parser.add_argument("--main", action="store_true", help="only the main command, idle and beside a busy process")
     parser.add_argument("--torch", action="store_true", help="only the converted tiny Qwen3-MoE against float32 torch")
-    parser.add_argument("--torch-sweep", action="store_true", help="tiny MoE and Llama, every scheme and size, vs float32")
+    parser.add_argument(
+        "--torch-sweep", action="store_true", help="tiny MoE and Llama, every scheme and size, vs float32"
+    )
     parser.add_argument("--tokens", default="1,16,128,512,2048", help="--torch-sweep's token counts")
     parser.add_argument("--rounds", type=int, default=7, help="--torch-sweep's forwards per model and size")
+    parser.add_argument("--old-rule", action="store_true", help="--torch-sweep: also each model under the old rule")
     args = parser.parse_args()
     if args.torch_sweep:
-        torch_sweep(tuple(int(t) for t in args.tokens.split(",")), args.rounds)
+        torch_sweep(tuple(int(t) for t in args.tokens.split(",")), args.rounds, old_rule=args.old_rule)
         return
     if args.torch:
         torch_model()
