@@ -228,3 +228,28 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
                 assert torch.equal(other, logits[0]), cfg
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("first", ["torch", "numba"])
+def test_on_torch_team_is_found_when_the_pool_starts(first):
+    """torch imported first: Numba's OpenMP layer binds to torch's runtime (the regions run on torch's
+    workers); Numba's pool started first: two runtimes. Finding out sets no thread count."""
+    code = textwrap.dedent(
+        f"""
+        import numba
+        if {first == "numba"!r}:
+            numba.get_num_threads()
+        import torch
+        torch.set_num_threads(2)
+        torch.ones(1 << 16).sum()
+        from vtnumba import _config
+        _config.start_threads()
+        print(numba.threading_layer(), _config.on_torch_team(), torch.get_num_threads())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    layer, team, threads = out.stdout.split()
+    assert threads == "2"
+    assert team == str(first == "torch" and layer == "omp")

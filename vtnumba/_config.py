@@ -114,26 +114,18 @@ def start_threads():
     # Numba's regions then run on torch's intra-op workers), and launching the pool sets that
     # runtime's thread count to NUMBA_NUM_THREADS: torch.set_num_threads(1) became 2, or torch's 2
     # became 1 under NUMBA_NUM_THREADS=1. The user's torch setting is put back.
-    # Whether it did is also how vtnumba learns that the two share one runtime (``on_torch_team``):
-    # torch's count is set to one the launch would not set just before it, and read after.
     torch = sys.modules.get("torch")
     torch_threads = torch.get_num_threads() if torch is not None else None
-    numba_threads = None
-    if torch is not None and not parallel._is_initialized:
-        from numba.core import config
-
-        numba_threads = int(config.NUMBA_NUM_THREADS)
-        torch.set_num_threads(numba_threads + 1)  # the sentinel: a count the launch would not set
+    launching = not parallel._is_initialized
     try:
         numba.get_num_threads()  # launches the pool: libgomp reads its environment now
     finally:
         if set_here:
             del os.environ["OMP_WAIT_POLICY"]
-        if torch_threads is not None:
-            if numba_threads is not None:
-                _torch_team[0] = torch.get_num_threads() == numba_threads and numba.threading_layer() == "omp"
-            if torch.get_num_threads() != torch_threads:
-                torch.set_num_threads(torch_threads)
+        if torch_threads is not None and torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+    if torch is not None and launching:
+        _torch_team[0] = numba.threading_layer() == "omp" and _global_openmp_is_torchs(torch)
     _threads_started = True
 
 
@@ -141,6 +133,34 @@ def start_threads():
 # torch's ops), as start_threads found when it launched Numba's pool with torch imported; False
 # when it could not tell (torch imported after the pool started: two runtimes then).
 _torch_team = [False]
+
+
+def _global_openmp_is_torchs(torch):
+    """Whether the OpenMP runtime the process's global symbol scope provides (which Numba's OpenMP
+    layer, loaded after torch, binds to) is the one torch ships and loads (torch/lib/libgomp*, or
+    libiomp*), or torch ships none (it then uses that global one too). Checking this changes no
+    thread count: setting torch's to probe it slowed float32 torch forwards 2x after (libgomp's pool
+    had grown a thread)."""
+    import ctypes
+
+    try:
+        found = ctypes.cast(ctypes.CDLL(None).omp_get_max_threads, ctypes.c_void_p).value
+    except (AttributeError, OSError):
+        return False
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    try:
+        names = sorted(n for n in os.listdir(lib_dir) if n.startswith(("libgomp", "libiomp")))
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            # RTLD_NOLOAD: only a library torch loaded already
+            own = ctypes.CDLL(os.path.join(lib_dir, name), mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            if ctypes.cast(own.omp_get_max_threads, ctypes.c_void_p).value == found:
+                return True
+        except (AttributeError, OSError):
+            continue
+    return not names
 
 
 def on_torch_team():
