@@ -277,7 +277,7 @@ def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None, old_rule=F
     """Each tiny model (``_tiny_models``) converted per scheme, its forward at each token count against
     float32 torch, in one process: for each size the models are timed in turn (float32, per_token,
     per_group, mxfp8, float32, ...) ``rounds`` times, so a loaded machine slows every model of a size
-    alike; best and median ms, the ratios of the bests. Run at torch's thread count, then with every
+    alike (every other round in the reverse order); best and median ms, the ratios of the bests. Run at torch's thread count, then with every
     pool at one thread (torch.set_num_threads(1): vtnumba's threads and its BLAS's follow torch's
     inside a forward), so a ratio above the one-thread run's is the threads' doing, not the kernels'.
     ``old_rule``: each converted model is timed a second time in each round with the rule before
@@ -320,8 +320,11 @@ def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None, old_rule=F
                     with torch.no_grad():
                         for m in models.values():
                             m(prompt)  # compiles (or loads) every kernel, the parallel twins too
-                        for _ in range(rounds):
-                            for n, m in models.items():
+                        for r in range(rounds):
+                            # every other round backwards: a model right after another (the same
+                            # module for name and name/old) starts with warm caches
+                            order = list(models.items())
+                            for n, m in order if r % 2 == 0 else reversed(order):
                                 paths._on_torch_team = (lambda: False) if n.endswith("/old") else team
                                 try:
                                     t0 = time.perf_counter()
