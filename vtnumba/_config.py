@@ -243,7 +243,12 @@ CPU_BLAS_MIN_MACS = 1 << 24
 # kernels keeps the rule above: its workers are a pool of their own, which the spinning ones delay.
 CPU_TORCH_TEAM_SHIFT = 4
 
-_local = threading.local()  # .cap: this Python thread's thread cap inside a torch forward, or absent
+
+class _Local(threading.local):
+    cap = None  # a class default: reading a missing attribute of a threading.local raised inside, 0.4 us
+
+
+_local = _Local()  # .cap: this Python thread's thread cap inside a torch forward, or None
 
 
 def thread_cap():
@@ -282,11 +287,17 @@ def kernel_threads(work, min_work, threads, free_now=None, team=None):
     OpenMP workers (a Numba kernel, ``on_torch_team``). Then the threshold is ``min_work`` >>
     CPU_TORCH_TEAM_SHIFT and torch's other ``cap - 1`` workers count as free, not as load (see the
     note above CPU_TORCH_TEAM_SHIFT); VT_CPU_PARALLEL_MIN_WORK, when set, is the threshold still."""
-    cap = getattr(_local, "cap", None)
-    own = cap is not None and cap > 1 and team is not None and team()
-    min_work = parallel_min_work(min_work >> CPU_TORCH_TEAM_SHIFT if own else min_work)
+    knob = os.environ.get("VT_CPU_PARALLEL_MIN_WORK")
+    if knob:
+        min_work = parallel_min_work(min_work)
+    cap = _local.cap
     if work < min_work:
-        return 1
+        # the one-thread path first: a call outside a torch forward pays nothing more for the team
+        if knob or cap is None or cap < 2 or team is None or work < min_work >> CPU_TORCH_TEAM_SHIFT or not team():
+            return 1
+        own = True
+    else:
+        own = cap is not None and cap > 1 and team is not None and team()
     if callable(threads):
         threads = threads()
     if cap is not None:
