@@ -159,3 +159,97 @@ def test_tiny_moe_forward_on_the_cpu_is_within_3x_of_float32_torch():
                 best[name] = min(best.get(name, np.inf), _timed(lambda m=m: m(prompt)))
     ratios = {name: best[name] / best["float32"] for name in ("per_group", "mxfp8")}
     assert all(r < 3.0 for r in ratios.values()), (ratios, best)
+
+
+def test_on_torch_team_torch_workers_count_as_free_and_thresholds_drop(monkeypatch):
+    """Inside a torch forward whose OpenMP workers Numba's regions run on (_config.on_torch_team),
+    a Numba kernel counts torch's other workers as its own (they spin between torch's ops, so
+    /proc/loadavg counts them as running) and goes parallel from thresholds CPU_TORCH_TEAM_SHIFT
+    lower; a process beside it still keeps it on one thread; outside a forward nothing changes."""
+    monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+    macs = _config.CPU_PARALLEL_MIN_MACS
+    low = macs >> _config.CPU_TORCH_TEAM_SHIFT
+    on, off = (lambda: True), (lambda: False)
+    one_free = lambda: 1  # noqa: E731  (an idle 2-core machine with torch's worker spinning)
+    assert _config.kernel_threads(macs, macs, 2, one_free, on) == 1  # outside a forward: the old rule
+    with _config.torch_thread_cap(2):
+        assert _config.kernel_threads(macs, macs, 2, one_free, off) == 1  # two runtimes: the old rule
+        assert _config.kernel_threads(macs, macs, 2, one_free, on) == 2
+        assert _config.kernel_threads(low, macs, 2, one_free, on) == 2
+        assert _config.kernel_threads(low - 1, macs, 2, one_free, on) == 1
+        assert _config.kernel_threads(low, macs, 2, one_free, off) == 1
+        assert _config.kernel_threads(macs, macs, 2, lambda: 0, on) == 1  # a busy process beside
+        assert _config.kernel_threads(macs, macs, 8, lambda: 64, on) == 2  # torch's count caps it
+        monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", str(macs))  # the knob is the threshold still
+        assert _config.kernel_threads(low, macs, 2, one_free, on) == 1
+    with _config.torch_thread_cap(1):
+        monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK")
+        assert _config.kernel_threads(macs, macs, 2, lambda: 64, on) == 1
+
+
+def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(monkeypatch):
+    """Threads change the speed only: the tiny MoE's logits per scheme at torch.set_num_threads(1) and
+    (2), with the CPUs counted free so that the kernels the team rule makes parallel do run their
+    parallel twins on a loaded machine too, and with every vtnumba kernel forced parallel."""
+    from vtnumba.cpu import paths
+
+    numba = pytest.importorskip("numba")
+    monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+    monkeypatch.setattr(paths, "free_cpus", lambda: 1)
+    base = _tiny_qwen3_moe()
+    prompt = torch.arange(128).remainder(VOCAB).reshape(1, 128)
+    ran_parallel = []
+    real = paths.CpuKernel._parallel
+
+    def parallel(self, threads, args):
+        ran_parallel.append(self.__name__)
+        return real(self, threads, args)
+
+    monkeypatch.setattr(paths.CpuKernel, "_parallel", parallel)
+    before = torch.get_num_threads()
+    try:
+        for cfg in ("per_token", "per_group", MX):
+            model = vtt.convert(copy.deepcopy(base), cfg)
+            logits = []
+            for threads, forced in ((1, None), (2, None), (2, "0")):
+                if forced is None:
+                    monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
+                else:
+                    monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", forced)
+                torch.set_num_threads(threads)
+                ran_parallel.clear()
+                with torch.no_grad():
+                    logits.append(model(prompt).logits)
+                if threads == 1:
+                    assert not ran_parallel, cfg
+                elif forced is None and numba.config.NUMBA_NUM_THREADS > 1 and _config.on_torch_team():
+                    assert ran_parallel, cfg  # the team rule took the second thread
+            for other in logits[1:]:
+                assert torch.equal(other, logits[0]), cfg
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("first", ["torch", "numba"])
+def test_on_torch_team_is_found_when_the_pool_starts(first):
+    """torch imported first: Numba's OpenMP layer binds to torch's runtime (the regions run on torch's
+    workers); Numba's pool started first: two runtimes. Finding out sets no thread count."""
+    code = textwrap.dedent(
+        f"""
+        import numba
+        if {first == "numba"!r}:
+            numba.get_num_threads()
+        import torch
+        torch.set_num_threads(2)
+        torch.ones(1 << 16).sum()
+        from vtnumba import _config
+        _config.start_threads()
+        print(numba.threading_layer(), _config.on_torch_team(), torch.get_num_threads())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    layer, team, threads = out.stdout.split()
+    assert threads == "2"
+    assert team == str(first == "torch" and layer == "omp")

@@ -116,6 +116,7 @@ def start_threads():
     # became 1 under NUMBA_NUM_THREADS=1. The user's torch setting is put back.
     torch = sys.modules.get("torch")
     torch_threads = torch.get_num_threads() if torch is not None else None
+    launching = not parallel._is_initialized
     try:
         numba.get_num_threads()  # launches the pool: libgomp reads its environment now
     finally:
@@ -123,7 +124,48 @@ def start_threads():
             del os.environ["OMP_WAIT_POLICY"]
         if torch_threads is not None and torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
+    if torch is not None and launching:
+        _torch_team[0] = numba.threading_layer() == "omp" and _global_openmp_is_torchs(torch)
     _threads_started = True
+
+
+# Whether Numba's parallel regions run on torch's OpenMP runtime (so on the same worker threads as
+# torch's ops), as start_threads found when it launched Numba's pool with torch imported; False
+# when it could not tell (torch imported after the pool started: two runtimes then).
+_torch_team = [False]
+
+
+def _global_openmp_is_torchs(torch):
+    """Whether the OpenMP runtime the process's global symbol scope provides (which Numba's OpenMP
+    layer, loaded after torch, binds to) is the one torch ships and loads (torch/lib/libgomp*, or
+    libiomp*), or torch ships none (it then uses that global one too). Checking this changes no
+    thread count: setting torch's to probe it slowed float32 torch forwards 2x after (libgomp's pool
+    had grown a thread)."""
+    import ctypes
+
+    try:
+        found = ctypes.cast(ctypes.CDLL(None).omp_get_max_threads, ctypes.c_void_p).value
+    except (AttributeError, OSError):
+        return False
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    try:
+        names = sorted(n for n in os.listdir(lib_dir) if n.startswith(("libgomp", "libiomp")))
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            # RTLD_NOLOAD: only a library torch loaded already
+            own = ctypes.CDLL(os.path.join(lib_dir, name), mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            if ctypes.cast(own.omp_get_max_threads, ctypes.c_void_p).value == found:
+                return True
+        except (AttributeError, OSError):
+            continue
+    return not names
+
+
+def on_torch_team():
+    """Whether Numba's parallel regions run on torch's OpenMP workers (``start_threads``'s finding)."""
+    return _torch_team[0]
 
 
 def free_cpus():
@@ -188,7 +230,25 @@ def parallel_min_work(default):
 # set around each call and put back to what it was (the user's) after.
 CPU_BLAS_MIN_MACS = 1 << 24
 
-_local = threading.local()  # .cap: this Python thread's thread cap inside a torch forward, or absent
+# Numba's own kernels inside a torch forward, when Numba's regions run on torch's OpenMP runtime
+# (``on_torch_team``): between torch's ops torch's workers spin (libgomp's default wait policy), so
+# /proc/loadavg counts them as running and free_cpus saw no free CPU on an idle 2-core machine: every
+# vtnumba kernel of a converted model ran on one thread while float32 torch used both cores. Those
+# workers are the very threads a Numba region then runs on, and already awake: right after a torch
+# op the parallel twins took 0.53-0.61x the serial time from 1 Mi multiply-adds (small_m GEMM, 16 x
+# 256 x 256: 19.8 against 34.8 us) and from 128 Ki elements (quantize_static: 15.6 against 25.8 us),
+# where the start-up of a sleeping team costs 10-150 us (the thresholds above). So there a kernel
+# counts torch's other workers as its own, not as load (``kernel_threads(team=...)``), and goes
+# parallel from thresholds 16x lower (256 Ki multiply-adds, 128 Ki elements). The BLAS inside the
+# kernels keeps the rule above: its workers are a pool of their own, which the spinning ones delay.
+CPU_TORCH_TEAM_SHIFT = 4
+
+
+class _Local(threading.local):
+    cap = None  # a class default: reading a missing attribute of a threading.local raised inside, 0.4 us
+
+
+_local = _Local()  # .cap: this Python thread's thread cap inside a torch forward, or None
 
 
 def thread_cap():
@@ -216,21 +276,35 @@ class torch_thread_cap:
         _local.cap = self.before
 
 
-def kernel_threads(work, min_work, threads, free_now=None):
+def kernel_threads(work, min_work, threads, free_now=None, team=None):
     """Threads a kernel call of ``work`` gets, of ``threads`` available (a count, or a function giving
     it, called only above the threshold: Numba's pool then starts only when a parallel twin may run):
     1 below ``min_work`` (as ``parallel_min_work`` sets it), else ``threads`` capped by this thread's
     cap (``thread_cap``) and by the CPUs free now (``free_now()``, ``free_cpus`` by default; not
-    looked at when the threshold is 0: every thread, loaded or not)."""
-    min_work = parallel_min_work(min_work)
+    looked at when the threshold is 0: every thread, loaded or not).
+
+    ``team`` (a function, asked only inside a torch forward): whether the call's threads are torch's
+    OpenMP workers (a Numba kernel, ``on_torch_team``). Then the threshold is ``min_work`` >>
+    CPU_TORCH_TEAM_SHIFT and torch's other ``cap - 1`` workers count as free, not as load (see the
+    note above CPU_TORCH_TEAM_SHIFT); VT_CPU_PARALLEL_MIN_WORK, when set, is the threshold still."""
+    knob = os.environ.get("VT_CPU_PARALLEL_MIN_WORK")
+    if knob:
+        min_work = parallel_min_work(min_work)
+    cap = _local.cap
     if work < min_work:
-        return 1
+        # the one-thread path first: a call outside a torch forward pays nothing more for the team
+        if knob or cap is None or cap < 2 or team is None or work < min_work >> CPU_TORCH_TEAM_SHIFT or not team():
+            return 1
+        own = True
+    else:
+        own = cap is not None and cap > 1 and team is not None and team()
     if callable(threads):
         threads = threads()
-    cap = getattr(_local, "cap", None)
     if cap is not None:
         threads = min(threads, cap)
     free = None if min_work == 0 else (free_now or free_cpus)()
+    if free is not None and own:
+        free += cap - 1
     return threads if free is None else max(1, min(threads, free))
 
 

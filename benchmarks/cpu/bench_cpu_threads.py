@@ -6,6 +6,9 @@ work, quiet and with one CPU-bound process beside them, and a small layer beside
     python3 benchmarks/cpu/bench_cpu_threads.py --layer    # only the busy layer
     python3 benchmarks/cpu/bench_cpu_threads.py --main     # the main command idle, then beside a busy process
     python3 benchmarks/cpu/bench_cpu_threads.py --torch    # a converted tiny Qwen3-MoE against float32 torch
+    python3 benchmarks/cpu/bench_cpu_threads.py --torch-sweep [--tokens 1,16,128,512,2048] [--rounds 7] [--old-rule]
+        # the tiny Qwen3-MoE and a tiny dense Llama per scheme and size against float32 torch, at
+        # torch's thread count and with every pool at one thread (torch.set_num_threads(1)), one run
 
 Times are medians of interleaved calls (serial, parallel, serial, ...) with p90 beside them: the
 machine this ran on first was shared, and the median is the figure a user sees. The thresholds in
@@ -242,6 +245,106 @@ def torch_model(tokens=128, rounds=9):
         print(f"  BLAS threads {threads}: {min(t) * 1e3:.2f} / {statistics.median(t) * 1e3:.2f}")
 
 
+def _tiny_models(max_tokens):
+    """The tiny transformers models the torch sweep converts: the Qwen3-MoE of torch_model (and of
+    tests/test_cpu_threads_torch.py) and a dense Llama of the same width (hidden 256, MLP 512, 2
+    layers), positions for ``max_tokens``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=128,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=max(256, max_tokens),
+        tie_word_embeddings=False,
+    )
+    moe = transformers.Qwen3MoeConfig(
+        intermediate_size=256, moe_intermediate_size=160, num_experts=8, num_experts_per_tok=2, **common
+    )
+    llama = transformers.LlamaConfig(intermediate_size=512, **common)
+    return {
+        "qwen3-moe": transformers.Qwen3MoeForCausalLM(moe).eval(),
+        "llama": transformers.LlamaForCausalLM(llama).eval(),
+    }
+
+
+def torch_sweep(tokens=(1, 16, 128, 512, 2048), rounds=7, pools=None, old_rule=False):
+    """Each tiny model (``_tiny_models``) converted per scheme, its forward at each token count against
+    float32 torch, in one process: for each size the models are timed in turn (float32, per_token,
+    per_group, mxfp8, float32, ...) ``rounds`` times, so a loaded machine slows every model of a size
+    alike (every other round in the reverse order); best and median ms, the ratios of the bests. Run at torch's thread count, then with every
+    pool at one thread (torch.set_num_threads(1): vtnumba's threads and its BLAS's follow torch's
+    inside a forward), so a ratio above the one-thread run's is the threads' doing, not the kernels'.
+    ``old_rule``: each converted model is timed a second time in each round with the rule before
+    2026-12-02 (torch's spinning workers counted as load, the thresholds of a sleeping pool: no
+    team), as column "name/old"."""
+    import copy
+
+    import torch
+
+    import vtnumba.torch as vtt
+    from vtnumba.cpu import paths
+
+    mx = seam.Fp8Config("mxfp8", "block", "per_group", (), (1, 32), activation_scale_format="e8m0")
+    schemes = (("per_token", "per_token"), ("per_group", "per_group"), ("mxfp8", mx))
+    user_threads = torch.get_num_threads()
+    pools = pools or (user_threads, 1)
+    print(
+        f"torch sweep: torch {torch.__version__}, CPU path {paths.active().name}, {os.cpu_count()} cores, "
+        f"torch threads {user_threads}, load average at start {open('/proc/loadavg').read().split()[:3]}"
+    )
+    rows = []
+    for model_name, base in _tiny_models(max(tokens)).items():
+        models = {"float32": base}
+        for name, cfg in schemes:
+            models[name] = vtt.convert(copy.deepcopy(base), cfg)
+            if old_rule:
+                models[name + "/old"] = models[name]
+        everything = models
+        for threads in pools:
+            # at one torch thread the rules agree (a cap of one): the old rule's columns are left out
+            models = {n: m for n, m in everything.items() if threads > 1 or not n.endswith("/old")}
+            torch.set_num_threads(threads)
+            try:
+                print(f"{model_name}, torch threads {threads}: best / median ms, best / float32's best")
+                print(f"{'tokens':>6s} " + " ".join(f"{n:>22s}" for n in models))
+                team = paths._on_torch_team
+                for t in tokens:
+                    prompt = torch.arange(t).remainder(128).reshape(1, t)
+                    times = {n: [] for n in models}
+                    with torch.no_grad():
+                        for m in models.values():
+                            m(prompt)  # compiles (or loads) every kernel, the parallel twins too
+                        for r in range(rounds):
+                            # every other round backwards: a model right after another (the same
+                            # module for name and name/old) starts with warm caches
+                            order = list(models.items())
+                            for n, m in order if r % 2 == 0 else reversed(order):
+                                paths._on_torch_team = (lambda: False) if n.endswith("/old") else team
+                                try:
+                                    t0 = time.perf_counter()
+                                    m(prompt)
+                                    times[n].append(time.perf_counter() - t0)
+                                finally:
+                                    paths._on_torch_team = team
+                    best = {n: min(v) for n, v in times.items()}
+                    cells = []
+                    for n, v in times.items():
+                        ratio = "" if n == "float32" else f" {best[n] / best['float32']:4.2f}x"
+                        cells.append(f"{best[n] * 1e3:7.2f} /{statistics.median(v) * 1e3:7.2f}{ratio:>6s}")
+                    print(f"{t:6d} " + " ".join(f"{c:>22s}" for c in cells), flush=True)
+                    rows.append((model_name, threads, t, best))
+            finally:
+                torch.set_num_threads(user_threads)
+    print(f"load average at end {open('/proc/loadavg').read().split()[:3]}")
+    return rows
+
+
 def _block_args(x, w):
     """block.blas_kernel's arguments for x times w (as block.block_scaled_mm builds them)."""
     q = vt.quantize_fp8(x, group_size=128, column_major_scales=False)
@@ -269,7 +372,16 @@ def main():
     parser.add_argument("--layer", action="store_true", help="only the busy 16x32x64 layer")
     parser.add_argument("--main", action="store_true", help="only the main command, idle and beside a busy process")
     parser.add_argument("--torch", action="store_true", help="only the converted tiny Qwen3-MoE against float32 torch")
+    parser.add_argument(
+        "--torch-sweep", action="store_true", help="tiny MoE and Llama, every scheme and size, vs float32"
+    )
+    parser.add_argument("--tokens", default="1,16,128,512,2048", help="--torch-sweep's token counts")
+    parser.add_argument("--rounds", type=int, default=7, help="--torch-sweep's forwards per model and size")
+    parser.add_argument("--old-rule", action="store_true", help="--torch-sweep: also each model under the old rule")
     args = parser.parse_args()
+    if args.torch_sweep:
+        torch_sweep(tuple(int(t) for t in args.tokens.split(",")), args.rounds, old_rule=args.old_rule)
+        return
     if args.torch:
         torch_model()
         return

@@ -44,7 +44,15 @@ from numba import njit
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
-from .._config import CPU_KERNEL, CPU_SERIAL_KERNEL, free_cpus, kernel_threads, parallel_min_work, start_threads
+from .._config import (
+    CPU_KERNEL,
+    CPU_SERIAL_KERNEL,
+    free_cpus,
+    kernel_threads,
+    on_torch_team,
+    parallel_min_work,
+    start_threads,
+)
 from . import neon, vbmi
 
 
@@ -218,6 +226,13 @@ def _start_pool():
         _pool["started"] = True
 
 
+def _on_torch_team():
+    """Whether this process's Numba regions run on torch's OpenMP workers (asked inside a torch
+    forward only; the pool is started first, which is when vtnumba finds out)."""
+    _start_pool()
+    return on_torch_team()
+
+
 def _pool_threads():
     """Numba's thread count, its pool started first: asked only when a parallel twin may run, so a
     serial-only process never starts the pool."""
@@ -272,7 +287,7 @@ class CpuKernel:
         with one Numba thread, or when no other CPU is free now (``_config.free_cpus``); else Numba's
         thread count, capped by the CPUs free now and, inside a torch forward, by torch's thread
         count (``_config.kernel_threads``). VT_CPU_PARALLEL_MIN_WORK=0 takes every thread."""
-        return kernel_threads(self.work(*args), self.min_work, _pool_threads, free_cpus)
+        return kernel_threads(self.work(*args), self.min_work, _pool_threads, free_cpus, _on_torch_team)
 
     def runs_parallel(self, *args):
         """Whether a call with these arguments takes the parallel twin."""
