@@ -89,7 +89,7 @@ def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
     if cfg.stages < 2:
         raise ValueError(f"the ring needs at least 2 stages (one computed, one landing), got {cfg.stages}")
     stages = cfg.stages
-    activation_scales, quantize_rows = fused_quantizer(WG_THREADS, X_ROWS, mode, hardware, swizzled=True)
+    quantize = fused_quantizer(WG_THREADS, X_ROWS, mode, hardware, swizzled=True)
     row_scale, kblock_scale = scale_readers(block_scaled)
     mma = wgmma.mma_e4m3(X_ROWS)
     regs = X_ROWS // 2
@@ -222,25 +222,10 @@ def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
             if (i // 8) % X_ROWS >= m_total:
                 for q in range(4):
                     smem[x_byte // 4 + 4 * i + q] = _U32_ZERO
-        activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq, tid)
-        cuda.syncthreads()
-        quantize_rows(
-            x,
-            x_kind,
-            m_total,
-            k_total,
-            nchunks,
-            x_byte // 4,
-            gbase,
-            smem,
-            gs,
-            vals,
-            row_mult,
-            fscratch,
-            warp,
-            lane,
-            tid,
-        )
+        quantize(
+            x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, x_byte // 4, gbase, smem, gs, vals, local,
+            amax_rows, row_mult, row_deq, fscratch, warp, lane, tid,
+        )  # fmt: skip
         fence_proxy()  # this thread's codes, visible to the tensor core after the barrier below
 
         # this thread's accumulators: tile rows 16 warp + g (acc 0, 1) and + 8 (acc 2, 3), x rows 2 t, 2 t + 1

@@ -201,7 +201,7 @@ def _block_max_rows_fn(threads, rows):
 
 @functools.cache
 def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
-    """(activation_scales, quantize_rows): the fused GEMVs' quantization of up to ``x_rows`` activation
+    """``quantize(...)``: the fused GEMVs' quantization of up to ``x_rows`` activation
     rows by a block of ``threads``, in activation ``mode``, with hardware (inline-PTX) or portable
     loads and encoder. The codes go to shared memory row after row (``row_words`` words a row), or,
     ``swizzled``, as the wgmma B operand: 128-code stages of 8 rows, each one 1024-byte atom of
@@ -311,7 +311,20 @@ def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
             if valid:
                 encode16(vals, mult, divide, xs, code_word(m, sg, row_words))
 
-    return activation_scales, quantize_rows
+    @cuda.jit(**_DEVICE)
+    def quantize(
+        x, x_kind, qscale, m_total, k_total, k16, nchunks, row_words, gbase, xs, gs, vals, local, amax_rows,
+        row_mult, row_deq, fscratch, warp, lane, tid,
+    ):  # fmt: skip
+        """The activation's scales, then its codes (``k16`` = K // 16, computed by the caller: inside
+        a device function LLVM lost that K >= 0, +3 instructions). Every thread must call."""
+        activation_scales(x, x_kind, qscale, m_total, k16, vals, local, amax_rows, row_mult, row_deq, tid)
+        cuda.syncthreads()
+        quantize_rows(
+            x, x_kind, m_total, k_total, nchunks, row_words, gbase, xs, gs, vals, row_mult, fscratch, warp, lane, tid
+        )
+
+    return quantize
 
 
 @functools.cache
@@ -392,7 +405,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
                     ring[q + 3] = w3 if ok else _U32_ZERO
 
     row_scale, kblock_scale = scale_readers(block_scaled)
-    activation_scales, quantize_rows = fused_quantizer(threads, x_rows, mode, hardware)
+    quantize = fused_quantizer(threads, x_rows, mode, hardware)
 
     # -- per chunk: the activation words, the mmas, the block scales' promotion ------------------
 
@@ -573,26 +586,10 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         row_words = (nchunks * CHUNK + 16) // 4
         gbase = m_total * row_words
         if fused:
-            # (k // 16 here, not in the device function: there LLVM lost that K >= 0, +3 instructions)
-            activation_scales(x, x_kind, qscale, m_total, k_total // 16, vals, local, amax_rows, row_mult, row_deq, tid)
-            cuda.syncthreads()
-            quantize_rows(
-                x,
-                x_kind,
-                m_total,
-                k_total,
-                nchunks,
-                row_words,
-                gbase,
-                xs,
-                gs,
-                vals,
-                row_mult,
-                fscratch,
-                warp,
-                lane,
-                tid,
-            )
+            quantize(
+                x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, row_words, gbase, xs, gs, vals, local,
+                amax_rows, row_mult, row_deq, fscratch, warp, lane, tid,
+            )  # fmt: skip
             cuda.syncthreads()
 
         iters = (nchunks + warps - 1) // warps
