@@ -25,6 +25,13 @@ Precision: the tensor-core bound (``vtnumba.testing.reference.tensor_core_bound`
 and cuBLASLt hold, not DESIGN.md's strict G3: the routed decode takes this pass only where the lever
 VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run (cuda/experts.py).
 
+Measured on the H200 (benchmarks/gpu/bench_moe.py --parts decode,configs; benchmarks/RESULTS.md,
+2026-12-02 17:41-18:20): Qwen3-30B-A3B's routed layer at one token 30.1 / 24.9 us eager (per-token /
+128 x 128 blocks) against 32.2 / 30.1 on the mma.sync pass. What holds it now is each block's serial
+chain over K (a barrier, four wgmmas and a wait per 128 codes, 16 at gate_up), not the conversions:
+L2-hot the launches take 11-14 us for 12-25 MB. Steps of several K blocks a barrier were tried and
+taken out (RESULTS.md says why).
+
 Shape rules: up to 8 activation rows, K % 16 == 0 and 16-byte aligned weight rows. No simulator
 emulation (wgmma has none): tested on the H200.
 """
@@ -77,19 +84,21 @@ def shared_bytes(cfg, k):
 
 
 @functools.cache
-def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
+def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
     """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
     out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
-    quantized here, in tc_gemv's ``mode``), a device function every thread of the block must call:
-    y[:M, tile] for the block's tile (blockIdx.x) of b's rows."""
-    from .tc_gemv import MODE_CODES, MODE_PER_GROUP, MODE_PER_TOKEN, fused_quantizer
-
-    if mode == MODE_CODES:
-        raise ValueError("the swapped wgmma GEMV quantizes its activation: a fused mode, not MODE_CODES")
+    quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, X_ROWS rows and
+    the swizzled layout, in the mode ``activation`` names: 'static', 'per_token' or 'per_group'), a
+    device function every thread of the block must call: y[:M, tile] for the block's tile
+    (blockIdx.x) of b's rows. (tc_gemv passes the quantizer: this module does not import it back.)"""
+    if activation not in ("static", "per_token", "per_group"):
+        raise ValueError(
+            f"the swapped wgmma GEMV quantizes static, per_token or per_group activations, got {activation!r}"
+        )
+    per_token, per_group = activation == "per_token", activation == "per_group"
     if cfg.stages < 2:
         raise ValueError(f"the ring needs at least 2 stages (one computed, one landing), got {cfg.stages}")
     stages = cfg.stages
-    quantize = fused_quantizer(WG_THREADS, X_ROWS, mode, hardware, swizzled=True)
     row_scale, kblock_scale = scale_readers(block_scaled)
     mma = wgmma.mma_e4m3(X_ROWS)
     regs = X_ROWS // 2
@@ -154,7 +163,7 @@ def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
     def promote_block(acc, part, gs, gbase, scale_a, scale_b, kb, nchunks, m0, m1, n_lo, n_hi, n_total):
         """Wait for K block kb's wgmmas, then promote them with its scales."""
         if block_scaled:
-            if mode == MODE_PER_GROUP:
+            if per_group:
                 sa0 = gs[gbase + m0 * nchunks + kb]
                 sa1 = gs[gbase + m1 * nchunks + kb]
             else:
@@ -263,7 +272,7 @@ def wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired):
         wait_no_copies()
 
         has_bias = bias_kind != 0
-        if mode == MODE_PER_TOKEN:
+        if per_token:
             sam0, sam1 = row_deq[m0], row_deq[m1]
         elif block_scaled:
             sam0 = sam1 = _F32_ONE

@@ -1314,9 +1314,11 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     paired = _routed_paired(stage, cfg)
     if _routed_wgmma(cfg):
         from ..ptx import sm90_wgmma
-        from .sm90_wgmma_gemv import wgmma_gemv_pass
+        from .sm90_wgmma_gemv import WG_THREADS, X_ROWS, wgmma_gemv_pass
 
-        gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, mode, block_scaled, hardware, paired))
+        quantize = fused_quantizer(WG_THREADS, X_ROWS, mode, hardware, swizzled=True)
+        activation = {MODE_STATIC: "static", MODE_PER_TOKEN: "per_token", MODE_PER_GROUP: "per_group"}[mode]
+        gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired))
         arch = sm90_wgmma.ARCH
     else:
         gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
