@@ -30,7 +30,7 @@ Measured on the H200 (benchmarks/gpu/bench_moe.py --parts decode,configs; benchm
 128 x 128 blocks) against 32.2 / 30.1 on the mma.sync pass. What holds it now is each block's serial
 chain over K (a barrier, four wgmmas and a wait per 128 codes, 16 at gate_up), not the conversions:
 L2-hot the launches take 11-14 us for 12-25 MB. Steps of several K blocks a barrier were tried and
-taken out (RESULTS.md says why).
+taken out (benchmarks/RESULTS.md says why).
 
 Shape rules: up to 8 activation rows, K % 16 == 0 and 16-byte aligned weight rows. No simulator
 emulation (wgmma has none): tested on the H200.
