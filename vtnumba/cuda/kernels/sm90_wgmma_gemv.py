@@ -26,11 +26,13 @@ and cuBLASLt hold, not DESIGN.md's strict G3: the routed decode takes this pass 
 VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run (cuda/experts.py).
 
 Measured on the H200 (benchmarks/gpu/bench_moe.py --parts decode,configs; benchmarks/RESULTS.md,
-2026-12-02 17:41-18:20): Qwen3-30B-A3B's routed layer at one token 30.1 / 24.9 us eager (per-token /
-128 x 128 blocks) against 32.2 / 30.1 on the mma.sync pass. What holds it now is each block's serial
-chain over K (a barrier, four wgmmas and a wait per 128 codes, 16 at gate_up), not the conversions:
-L2-hot the launches take 11-14 us for 12-25 MB. Steps of several K blocks a barrier were tried and
-taken out (benchmarks/RESULTS.md says why).
+2026-12-02 17:41-18:20 and 2026-12-03 13:14-13:45): Qwen3-30B-A3B's routed layer at one token 25.1 /
+24.3 us eager (per-token / 128 x 128 blocks) against 32.0 / 29.0 on the mma.sync pass, once the
+routed passes took a one-row quantizer. Under Nsight Compute about 45% of a block's time is before
+the K loop (a 3,000-instruction kernel run once a block: instruction- and constant-cache misses,
+the wait for the routed id that the weight address hangs on) and most of the loop's is the wait for
+a tile; two warpgroups sharing K (half the serial chain) changed nothing and were taken out, as
+were steps of several K blocks a barrier (benchmarks/RESULTS.md says why).
 
 Shape rules: up to 8 activation rows, K % 16 == 0 and 16-byte aligned weight rows. No simulator
 emulation (wgmma has none): tested on the H200.
@@ -87,8 +89,9 @@ def shared_bytes(cfg, k):
 def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
     """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
     out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
-    quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, X_ROWS rows and
-    the swizzled layout, in the mode ``activation`` names: 'static', 'per_token' or 'per_group'), a
+    quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, the swizzled
+    layout and as many rows as the caller's y has, at most X_ROWS (the routed passes: one), in the
+    mode ``activation`` names: 'static', 'per_token' or 'per_group'), a
     device function every thread of the block must call: y[:M, tile] for the block's tile
     (blockIdx.x) of b's rows. (tc_gemv passes the quantizer: this module does not import it back.)"""
     if activation not in ("static", "per_token", "per_group"):
