@@ -532,17 +532,29 @@ def test_the_routed_decode_is_near_the_cpu(cp, name):
     assert cos > 0.999 and np.abs(want).max() > 0, cos
 
 
-def test_which_moe_decode_runs(cp):
-    """The choice pinned: routed up to ROUTED_MAX_PAIRS pairs for static, per-token and 128 x 128
-    blocks; aligned past it, for dynamic per-tensor, UE8M0 and MXFP8 (each with its reason)."""
+@pytest.mark.parametrize("routed_pass", ["wgmma", "mma.sync"])
+def test_which_moe_decode_runs(cp, routed_pass, monkeypatch):
+    """The choice pinned: routed up to 64 pairs (T = 8 at top-8) on sm_90's wgmma pass, up to
+    ROUTED_MAX_PAIRS on the GEMV's (16 static and per-token, 32 for 128 x 128 blocks), for static,
+    per-token and 128 x 128 blocks; aligned past it, for dynamic per-tensor, UE8M0 and MXFP8 (each with
+    its reason)."""
     from vtnumba.cuda import experts as gpu
 
+    if routed_pass == "mma.sync":
+        monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_wgmma")
+    elif gpu.routed_wgmma_reason(H, I) is not None:
+        pytest.skip(gpu.routed_wgmma_reason(H, I))
     x = cp.zeros((1, H), np.float32)
     assert gpu.ROUTED_MAX_PAIRS == {"static": 16, "per_token": 16, "per_group": 32}  # T <= 2 / 4 at top-8
+    assert gpu.ROUTED_WGMMA_MAX_PAIRS == 64
+    checked = 0
     for name in sorted(SCHEMES):
         _, _, gu_res, dn_res = _layer(name)
         gu = se._experts_for(gu_res, x, "gate_up")
-        limit = gpu.ROUTED_MAX_PAIRS.get(str(gu.activation_scheme), 8)
+        scheme = str(gu.activation_scheme)
+        limit = gpu.routed_max_pairs(scheme, H, I) if name in ROUTED else 8
+        if name in ROUTED:
+            assert limit == (64 if routed_pass == "wgmma" else gpu.ROUTED_MAX_PAIRS[scheme]), (name, limit)
         for t, k in ((1, limit), (1, limit + 1)):
             ids = cp.zeros((t, k), np.int64)
             why = gpu.routed_reason(x, gu, se._experts_for(dn_res, x, "down"), ids)
@@ -550,6 +562,8 @@ def test_which_moe_decode_runs(cp):
                 assert why is None, (name, t, k, why)
             else:
                 assert why, (name, t, k)
+            checked += 1
+    assert checked == 2 * len(SCHEMES)
 
 
 @pytest.mark.parametrize("name", ["per_token", "per_group"])

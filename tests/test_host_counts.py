@@ -157,6 +157,17 @@ def test_an_added_launch_or_allocation_fails_the_pins(recorded):
     assert len(extra_launch["kernels"]) == 2 * len(EXPECTED[case].kernels)
 
 
+def test_the_routed_decode_takes_up_to_the_measured_pairs_on_each_pass(recorded):
+    """How many routed pairs (T k) a call takes the routed decode for, on the recorder's sm_90: 64 (T = 8
+    at top-8) on the swapped wgmma pass, where the H200's sweep found it ahead of the aligned steps at
+    every T up to 8; on the GEMV's pass (the wgmma one disabled) 16 per-token and static, 32 for
+    blocks (benchmarks/RESULTS.md, 2026-12-03 13:49 and 2026-12-02 12:57)."""
+    assert recorded["routed_max_pairs"] == {
+        "wgmma": {"static": 64, "per_token": 64, "per_group": 64},
+        "mma.sync": {"static": 16, "per_token": 16, "per_group": 32},
+    }
+
+
 def test_the_cpu_host_benchmark_runs_and_counts_what_the_pins_count(tmp_path):
     """benchmarks/cpu/bench_host_cost.py, the timing side of these pins, runs in CI (briefly: the
     figures are its own run's): every row timed, and each pinned case's
@@ -254,6 +265,17 @@ def _worker():
         decode.use(decode.other_x)
         out["cases"]["moe_fp8 per_token strict"] = _record(rt, decode, decode.call)
         del os.environ["VT_DENSE_CUBLASLT_FP8"]
+        from vtnumba.cuda import experts as gpu_experts
+
+        out["routed_max_pairs"] = {}  # by pass: the most pairs (T k) each scheme routes at H = I = 256
+        for label, disabled in (("wgmma", None), ("mma.sync", "routed_wgmma")):
+            if disabled:
+                os.environ["VT_DISABLE_KERNELS"] = disabled
+            out["routed_max_pairs"][label] = {
+                scheme: gpu_experts.routed_max_pairs(scheme, 256, 256)
+                for scheme in ("static", "per_token", "per_group")
+            }
+            os.environ.pop("VT_DISABLE_KERNELS", None)
         for name, source in (
             ("enqueue dense dynamic", "matmul_fp8 dynamic"),
             ("enqueue dense per_token", "matmul_fp8 per_token"),

@@ -443,6 +443,12 @@ ROUTED_KERNEL = "routed_gemv"  # VT_DISABLE_KERNELS takes the routed decode out 
 # 37.9 / 56.7, T = 2 75.8 / 80.0, T = 4 137.0 / 110.5; 128 x 128 blocks T = 2 59.7 / 86.9, T = 4
 # 102.4 / 124.0, T = 8 186.9 / 189.1. Static: per-token's (not measured).
 ROUTED_MAX_PAIRS = {"static": 16, "per_token": 16, "per_group": 32}
+# ... and on the swapped wgmma pass (sm_90, ``routed_wgmma_reason``), whose pairs cost a third to a
+# half of the GEMV's: routed up to T = 8 at top-8 for every scheme. The sweep of 2026-12-03 13:49
+# (benchmarks/RESULTS.md; the layer L2-hot, routed / aligned us): per-token T = 2 38.3 / 79.8, T = 4
+# 64.6 / 111.0, T = 8 108.6 / 161.3; 128 x 128 blocks T = 4 68.1 / 123.9, T = 8 106.3 / 188.9. Past
+# T = 8 the routed path was not timed.
+ROUTED_WGMMA_MAX_PAIRS = 64
 # The simulator runs the routed decode only when a test asks (its tensor-core emulation is slow).
 SIMULATE_ROUTED = False
 _ROUTED_SCHEMES = ("static", "per_token", "per_group")
@@ -466,8 +472,8 @@ def _routed_format_reason(ex, name):
 
 def routed_reason(x, gate_up, down, topk_ids):
     """Why a ``moe_fp8`` call cannot take the routed decode (None when it can): the tensor-core GEMV on
-    this device, both experts' formats (``_routed_format_reason``), at most ``ROUTED_MAX_PAIRS`` pairs
-    for the scheme, 16-multiples of H and I (128-multiples for blocks), int32 / int64
+    this device, both experts' formats (``_routed_format_reason``), at most ``routed_max_pairs`` pairs
+    for the scheme and pass, 16-multiples of H and I (128-multiples for blocks), int32 / int64
     ids, and rows the fused GEMV stages in shared memory."""
     from .kernels import tc_gemm, tc_gemv
 
@@ -482,14 +488,16 @@ def routed_reason(x, gate_up, down, topk_ids):
     if why:
         return why
     t, k = (int(d) for d in topk_ids.shape)
-    limit = ROUTED_MAX_PAIRS[str(gate_up.activation_scheme)]
-    if t * k > limit:
-        return (
-            f"{t * k} routed pairs: the routed decode takes at most {limit} of {gate_up.activation_scheme} "
-            "activations (ROUTED_MAX_PAIRS)"
-        )
     _, n2, h = gate_up.shape
     inter = n2 // 2
+    scheme = str(gate_up.activation_scheme)
+    if t * k > ROUTED_MAX_PAIRS[scheme]:  # (the wgmma pass's reason only read where it decides)
+        limit = routed_max_pairs(scheme, h, inter, dev)
+        if t * k > limit:
+            return (
+                f"{t * k} routed pairs: the routed decode takes at most {limit} of {scheme} activations "
+                "on this pass (ROUTED_MAX_PAIRS, ROUTED_WGMMA_MAX_PAIRS)"
+            )
     unit = 128 if gate_up.block_size is not None or down.block_size is not None else 16
     if h % unit or inter % unit:
         return f"the routed decode needs H and I to be multiples of {unit}, got H = {h}, I = {inter}"
@@ -505,6 +513,14 @@ def routed_reason(x, gate_up, down, topk_ids):
 
 
 ROUTED_WGMMA_KERNEL = "routed_wgmma"  # VT_DISABLE_KERNELS takes the swapped wgmma pass out by this name
+
+
+def routed_max_pairs(scheme, h, inter, dev=None):
+    """The most routed pairs (T k) a call of ``scheme`` activations at H = h, I = inter takes the routed
+    decode for: the wgmma pass's ROUTED_WGMMA_MAX_PAIRS where it runs, else ROUTED_MAX_PAIRS."""
+    if routed_wgmma_reason(h, inter, dev) is None:
+        return ROUTED_WGMMA_MAX_PAIRS
+    return ROUTED_MAX_PAIRS[scheme]
 
 
 def routed_wgmma_reason(h, inter, dev=None):
