@@ -542,8 +542,8 @@ def test_which_moe_decode_runs(cp, routed_pass, monkeypatch):
 
     if routed_pass == "mma.sync":
         monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_wgmma")
-    elif gpu.routed_wgmma_reason(H, I) is not None:
-        pytest.skip(gpu.routed_wgmma_reason(H, I))
+    elif (why_not := gpu.routed_wgmma_reason(H, I)) is not None:
+        pytest.skip(why_not)
     x = cp.zeros((1, H), np.float32)
     assert gpu.ROUTED_MAX_PAIRS == {"static": 16, "per_token": 16, "per_group": 32}  # T <= 2 / 4 at top-8
     assert gpu.ROUTED_WGMMA_MAX_PAIRS == 64
@@ -653,6 +653,43 @@ def test_the_wgmma_routed_pass_holds_the_tensor_core_bound(cp, name, config, mon
     assert compared > E * WIDE // 2
     want = cpu.moe_combine(y_slots, np.arange(E, dtype=np.int32).reshape(1, E), w_h, np.float32)
     np.testing.assert_array_equal(cp.asnumpy(out), want)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_the_wgmma_routed_decode_takes_up_to_eight_tokens(cp, name, t, monkeypatch):
+    """The wgmma pass's reach (ROUTED_WGMMA_MAX_PAIRS = 64: T = 8 at top-8), run: T = 2, 4 and 8
+    tokens of top-8 over the 8 experts (every expert routed by several tokens, the sentinels -1 and E
+    among the slots) take the two routed wgmma launches, and the layer's output is within the
+    tolerance the seam's GPU steps meet against the CPU's moe_fp8, cosine ~ 1, token by token."""
+    gpu = _wgmma_routed()
+    from vtnumba.cuda.kernels import tc_gemv
+
+    gu, dn, gu_res, dn_res = _layer(name)
+    rng = np.random.default_rng(80 + t)
+    ids, w = _routing(rng, t, E, empty=())
+    assert ids.size <= gpu.ROUTED_WGMMA_MAX_PAIRS and ids.size == 8 * t
+    x = rng.standard_normal((t, H)).astype(BF16)
+    seen = []
+    real = tc_gemv.routed_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        seen.append(getattr(launch[0], "kernel", launch[0]).pyfunc.__name__)
+        return launch
+
+    monkeypatch.setattr(tc_gemv, "routed_launch", spy)
+    call = se.MoeCall(_device(cp, x), gu_res, dn_res, cp.asarray(ids), cp.asarray(w))
+    assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down"], call.routed_reason
+    got = cp.asnumpy(call.run().view(np.uint16)).view(BF16).astype(np.float32)
+    assert seen == ["routed_gate_up_wgmma", "routed_down_wgmma"]
+    want = seam.moe_fp8(x, gu, dn, ids, w).astype(np.float32)
+    assert want.shape == got.shape == (t, H) and np.abs(want).max() > 0
+    for row in range(t):
+        scale = float(np.abs(want[row]).max())
+        np.testing.assert_allclose(got[row], want[row], rtol=0, atol=0.03 * scale)
+        cos = float(np.dot(got[row], want[row]) / (np.linalg.norm(got[row]) * np.linalg.norm(want[row])))
+        assert cos > 0.999, (row, cos)
 
 
 def test_which_routed_pass_runs(cp, monkeypatch):

@@ -326,7 +326,7 @@ def part_profile(torch, models, prompt, length):
                         per_kernel[e.name] = per_kernel.get(e.name, 0.0) + us
                         count += 1
                 row(name, call, *(spent[k] for k in kinds), sum(spent.values()), count)
-                tops.append((name, call, sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]))
+                tops.append((name, call, sorted(per_kernel.items(), key=lambda kv: -kv[1])[:16]))
     for name, call, top in tops:
         table(f"top kernels: {name}, {call} (GPU us)", ["kernel", "us"])
         for kernel, us in top:
