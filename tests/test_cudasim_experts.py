@@ -136,9 +136,13 @@ def _hidden(rng, p, half):
     return h
 
 
-def test_silu_mul_matches_the_cpu(gpu):
+@pytest.mark.parametrize("half", [40, 42], ids=["wide", "narrow"])
+def test_silu_mul_matches_the_cpu(gpu, half):
+    from vtnumba.cuda.kernels import moe
+
+    assert moe.silu_width(half, moe.WIDE, True) == (moe.WIDE if half == 40 else 1)
     rng = np.random.default_rng(1)
-    h = _hidden(rng, 6, 40)
+    h = _hidden(rng, 6, half)
     offsets = _offsets([3, 0, 2])  # one padding row
     got = gpu.silu_mul(h, offsets)
     want = cpu.silu_mul(h, offsets)
@@ -186,16 +190,26 @@ DOWNS = {
     "per_group_ue8m0": _down("per_group", (16, 16), ue8m0=True),
     "mx_rceil": _down("per_group", (1, 32), fmt="e8m0", rounding="rceil"),
     "mx_floor": _down("per_group", (1, 32), fmt="e8m0", rounding="floor"),
+    "per_group_64": _down("per_group", (64, 64)),
 }
 
 
+@pytest.mark.parametrize("half", [40, 42], ids=["wide", "narrow"])
 @pytest.mark.parametrize("name", sorted(DOWNS))
-def test_silu_mul_quantize_gives_the_cpu_codes(gpu, name):
+def test_silu_mul_quantize_gives_the_cpu_codes(gpu, name, half):
+    """I = 40: four columns a lane, a short last group of 32, a group of 64 as 16 lanes of one step;
+    I = 42: a column a lane, the group of 64 walked by the warp (wider than a step)."""
+    from vtnumba.cuda.kernels import moe
     from vtnumba.seam.experts import _quantize_rows
 
     rng = np.random.default_rng(len(name))
     dn = DOWNS[name]
-    h = _hidden(rng, 6, 40)  # I = 40: a short last group of 32
+    if dn.block_size is not None:
+        g = int(dn.block_size[1])
+        width = moe.silu_width(half, g, True)
+        assert width == (moe.WIDE if half == 40 else 1)
+        assert moe.silu_segment(g, width) == (0 if (g, width) == (64, 1) else g // width)
+    h = _hidden(rng, 6, half)
     offsets = _offsets([3, 0, 2])  # an empty expert, one padding row
     codes, scale = gpu.silu_mul_quantize(h, offsets, dn)
     want_codes, want_scale = _quantize_rows(cpu.silu_mul(h, offsets), dn, offsets, cpu)  # the seam's unfused steps

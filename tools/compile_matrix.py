@@ -91,10 +91,21 @@ def moe_variants():
     for mode in moe.SiluMode:
         out.append(("moe", f"moe silu {mode.name} hardware", lambda m=mode: moe.silu_kernel(m, "hardware")))
     out.append(
+        ("moe", "moe silu PER_TOKEN width=1", lambda: moe.silu_kernel(moe.SiluMode.PER_TOKEN, "hardware", width=1))
+    )
+    for segment in (8, 32):  # g = 32 (MXFP8) and 128 at four columns a lane
+        out.append(
+            (
+                "moe",
+                f"moe silu PER_GROUP segment={segment}",
+                lambda s=segment: moe.silu_kernel(moe.SiluMode.PER_GROUP, "hardware", segment=s),
+            )
+        )
+    out.append(
         (
             "moe",
             "moe silu PER_GROUP e8m0=rceil",
-            lambda: moe.silu_kernel(moe.SiluMode.PER_GROUP, "hardware", False, "rceil"),
+            lambda: moe.silu_kernel(moe.SiluMode.PER_GROUP, "hardware", False, "rceil", segment=8),
         )
     )
     for w in moe.WeightKind:

@@ -288,6 +288,10 @@ def _silu(
     moe = _moe
     dev = _device.current()
     f32 = dev.placeholder("f32")
+    half = int(h.shape[1]) // 2
+    outputs = [a for a in (act, codes) if a is not None]
+    grouped = mode == moe.SiluMode.PER_GROUP
+    width = moe.silu_width(half, group_size if grouped else moe.WIDE, _aligned(h) and all(_aligned(a) for a in outputs))
     _run(
         moe.silu_launch(
             mode,
@@ -305,6 +309,7 @@ def _silu(
             blocks,
             ue8m0,
             e8m0,
+            width,
         )
     )
 

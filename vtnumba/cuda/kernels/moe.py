@@ -37,11 +37,28 @@ import numpy as np
 
 from ..._format import F32_E4M3_MAX, F32_MIN_SCALE, F32_ONE, F32_ZERO
 from ..ptx import codec
-from ..ptx.codec import bfloat16_bits_to_float32, finite_abs, half_bits_to_float32, load_u32x4, store_u32x4
+from ..ptx.codec import (
+    bfloat16_bits_to_float32,
+    bits_float32,
+    finite_abs,
+    float32_bits,
+    half_bits_to_float32,
+    load_u32x4,
+    store_u32x4,
+)
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, libdevice, types
 from ..runtime.launch import compile_kernel
 from .epilogue import OutKind, out_type, store_out
-from .quant import _LOADERS, GROUP, _group_ops, _group_scale_rule, _times, _warp_max, block_max_for
+from .quant import (
+    _LOADERS,
+    GROUP,
+    _group_ops,
+    _group_scale_rule,
+    _segment_max,
+    _times,
+    _warp_max,
+    block_max_for,
+)
 
 # --- align -----------------------------------------------------------------------------------------
 # 16 warps: the scatter's batches are serial per warp, so more warps shorten it; the per-warp
@@ -405,101 +422,188 @@ _F32_EXP_CAP = np.float32(100.0)
 
 
 @cuda.jit(**DEVICE_INLINE)
-def silu_mul_value(h, row, j, half):
-    """``g / (1 + exp(-g)) * u`` in float32 for column j of row ``row`` of h [P, 2I] (vLLM's
-    silu_and_mul, the CPU's expression operation by operation)."""
-    g = h[row, j]
-    u = h[row, half + j]
+def silu_mul_scalar(g, u):
+    """``g / (1 + exp(-g)) * u`` in float32 (vLLM's silu_and_mul, the CPU's expression operation by
+    operation)."""
     e = np.float32(math.exp(min(-g, _F32_EXP_CAP)))
     return np.float32(np.float32(g / np.float32(F32_ONE + e)) * u)
 
 
+@cuda.jit(**DEVICE_INLINE)
+def silu_mul_value(h, row, j, half):
+    """``silu_mul_scalar`` of column j of row ``row`` of h [P, 2I] (gate first, up after it)."""
+    return silu_mul_scalar(h[row, j], h[row, half + j])
+
+
+# A warp a row: the H200's profile of a converted Qwen3-MoE's 2,048-token prefill (2026-12-03) had the
+# block-a-row form at 280 us a layer (per token, [16 K, 1536] float32 rows) where its bytes take
+# about 30: each row's 256 threads read 3 columns each with scalar loads, then met at two block
+# barriers. A warp per row reads 16 bytes a lane (``WIDE``: four columns a chunk, one ld.v4 of gate
+# and one of up), meets through shuffles, and writes four codes a lane as one word.
+SILU_WARPS = 1 if SIMULATOR else 8  # rows a block
+SILU_THREADS = 32 * SILU_WARPS
 # blocks of the dynamic amax pass: few enough that every block of the quantize pass reduces all
 # partials cheaply (quant.py's AMAX_BLOCKS_PER_SM)
 SILU_AMAX_BLOCKS_PER_SM = 8
-_block_max = block_max_for(THREADS)
-_GROUP_WARPS = THREADS // 32
+_U32_16 = np.uint32(16)
+WIDE = 4  # columns a chunk where the rows allow 16-byte access (``silu_width``)
+_silu_block_max = block_max_for(SILU_THREADS)
+
+
+def silu_width(half, group_size, aligned):
+    """Columns a lane takes at a time: ``WIDE`` where I (``half``) and the group (per-group; other
+    modes pass ``WIDE``) are multiples of 4 and the buffers 16-byte aligned, else 1."""
+    return WIDE if aligned and half % WIDE == 0 and group_size % WIDE == 0 else 1
+
+
+def silu_segment(group_size, width):
+    """Lanes a per-group group spans in one step (its chunks), where that is a power of two <= 32
+    (the group's amax then meets inside its segment of lanes, one read of the row); 0 where it is
+    not, and the warp walks the row's groups one by one instead."""
+    chunks = group_size // width
+    return chunks if 1 <= chunks <= 32 and chunks & (chunks - 1) == 0 else 0
 
 
 @functools.cache
-def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None):
-    """The SiLU kernel of ``mode`` (a ``SiluMode``): a block per row (grid-stride over rows); per
-    group, the block's warps take the row's groups in turn and each warp's lanes stride through its
-    group. ``ue8m0`` / ``e8m0`` ('rceil', 'floor'): the per-group scale rule (quant.py's
+def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None, width=WIDE, segment=0):
+    """The SiLU kernel of ``mode`` (a ``SiluMode``): a warp per row (``SILU_WARPS`` rows a block,
+    grid-stride over rows), the row in chunks of ``width`` columns (``silu_width``), chunk c of every
+    row taken by lane c % 32. Per token: the row's amax, then its codes (the chunks read twice, the
+    second time from L1). Per group: ``segment`` lanes a group (``silu_segment``), or, 0, the warp
+    walks the groups. ``ue8m0`` / ``e8m0`` ('rceil', 'floor'): the per-group scale rule (quant.py's
     ``_group_scale_rule``). One signature for every mode; a mode ignores the arguments it does not
-    write or read."""
+    write or read. h, act: flat float32; codes: flat uint32 (four codes a word) where ``width`` is
+    ``WIDE``, flat uint8 else."""
     encode = codec.encode_one(encoder)
+    pair = codec.encode_pair(encoder)
     scale_of, _ = _group_scale_rule(ue8m0, e8m0)
     e8m0_scales = e8m0 is not None
+    wide = width == WIDE
+    per_group_steps = mode == SiluMode.PER_GROUP and segment > 0
 
-    def silu(h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size, rows):
-        red = cuda.shared.array(THREADS, types.float32)
+    @cuda.jit(**DEVICE_INLINE)
+    def chunk(h, row, c, half, live):
+        """The four activations of chunk c of ``row`` (width 1: the one, then zeros); zeros on a row
+        that is not live."""
+        if not live:
+            return F32_ZERO, F32_ZERO, F32_ZERO, F32_ZERO
+        if wide:
+            words = half // WIDE  # 16-byte words of gate (then of up) in a row
+            g0, g1, g2, g3 = load_u32x4(h, 2 * row * words + c)
+            u0, u1, u2, u3 = load_u32x4(h, 2 * row * words + words + c)
+            return (
+                silu_mul_scalar(bits_float32(g0), bits_float32(u0)),
+                silu_mul_scalar(bits_float32(g1), bits_float32(u1)),
+                silu_mul_scalar(bits_float32(g2), bits_float32(u2)),
+                silu_mul_scalar(bits_float32(g3), bits_float32(u3)),
+            )
+        return silu_mul_scalar(h[2 * row * half + c], h[2 * row * half + half + c]), F32_ZERO, F32_ZERO, F32_ZERO
+
+    @cuda.jit(**DEVICE_INLINE)
+    def amax4(v0, v1, v2, v3):
+        return max(max(finite_abs(v0), finite_abs(v1)), max(finite_abs(v2), finite_abs(v3)))
+
+    @cuda.jit(**DEVICE_INLINE)
+    def put_codes(codes, row, c, half, v0, v1, v2, v3):
+        """Codes of the chunk's (already scaled) activations."""
+        if wide:
+            codes[row * (half // WIDE) + c] = pair(v0, v1) | (pair(v2, v3) << _U32_16)
+        else:
+            codes[row * half + c] = encode(v0)
+
+    def silu(h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, half, group_size, rows):
+        red = cuda.shared.array(SILU_THREADS, types.float32)
         t = cuda.threadIdx.x
         lane = t % 32
         warp = t // 32
-        half = h.shape[1] // 2
+        chunks = half // width
+        steps = (chunks + 31) // 32  # every warp takes as many: the simulator's reductions sync the block
         routed = offsets[num_experts]
         mult = F32_ONE
         if mode == SiluMode.DYNAMIC:  # every block reduces the partials to the one scale
             amax = F32_ZERO
-            for p in range(t, partials.shape[0], THREADS):
+            for p in range(t, partials.shape[0], SILU_THREADS):
                 amax = max(amax, partials[p])
-            s = max(_block_max(amax, red) / F32_E4M3_MAX, F32_MIN_SCALE)
+            s = max(_silu_block_max(amax, red) / F32_E4M3_MAX, F32_MIN_SCALE)
             if cuda.grid(1) == 0:
                 scales[0] = s
             mult = F32_ONE / s
         local = F32_ZERO
-        for row in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
-            live = row < routed
+        for base in range(cuda.blockIdx.x * SILU_WARPS, rows, cuda.gridDim.x * SILU_WARPS):
+            row = base + warp
+            here = row < rows
+            live = here and row < routed
             if mode == SiluMode.PLAIN:
-                for j in range(t, half, THREADS):
-                    act[row, j] = silu_mul_value(h, row, j, half) if live else F32_ZERO
+                for c in range(lane, chunks if here else 0, 32):
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                    if wide:
+                        store_u32x4(act, row * (half // WIDE) + c, float32_bits(v0), float32_bits(v1),
+                                    float32_bits(v2), float32_bits(v3))  # fmt: skip
+                    else:
+                        act[row * half + c] = v0
             elif mode == SiluMode.DYNAMIC_AMAX:
-                if live:
-                    for j in range(t, half, THREADS):
-                        local = max(local, finite_abs(silu_mul_value(h, row, j, half)))
+                for c in range(lane, chunks if live else 0, 32):
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                    local = max(local, amax4(v0, v1, v2, v3))
             elif mode == SiluMode.DYNAMIC or mode == SiluMode.STATIC:
                 if mode == SiluMode.STATIC:
+                    s = F32_ONE
                     if live:
                         s = input_scales[expert_of(offsets, num_experts, row)]
-                        mult = F32_ONE / s
-                    else:
-                        s = F32_ONE
-                    if t == 0:
+                    mult = F32_ONE / s  # float32, as the CPU's np.float32(1.0) / np.float32(scale)
+                    if here and lane == 0:
                         scales[row] = s
-                for j in range(t, half, THREADS):
-                    codes[row, j] = encode(silu_mul_value(h, row, j, half) * mult) if live else 0
+                for c in range(lane, chunks if here else 0, 32):
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                    put_codes(codes, row, c, half, v0 * mult, v1 * mult, v2 * mult, v3 * mult)
             elif mode == SiluMode.PER_TOKEN:
                 amax = F32_ZERO
-                if live:
-                    for j in range(t, half, THREADS):
-                        amax = max(amax, finite_abs(silu_mul_value(h, row, j, half)))
-                s = max(_block_max(amax, red) / F32_E4M3_MAX, F32_MIN_SCALE)
-                if t == 0:
+                for c in range(lane, chunks if live else 0, 32):
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                    amax = max(amax, amax4(v0, v1, v2, v3))
+                s = max(_warp_max(amax, red, lane, warp) / F32_E4M3_MAX, F32_MIN_SCALE)
+                if here and lane == 0:
                     scales[row] = s
-                for j in range(t, half, THREADS):
-                    codes[row, j] = encode(silu_mul_value(h, row, j, half) / s) if live else 0
-            else:  # PER_GROUP; every warp takes the same number of turns (the simulator's max syncs the block)
+                for c in range(lane, chunks if here else 0, 32):
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                    put_codes(codes, row, c, half, v0 / s, v1 / s, v2 / s, v3 / s)
+            elif per_group_steps:  # a group is ``segment`` lanes of one step: one read of the row
                 groups = (half + group_size - 1) // group_size
-                for base in range(0, groups, _GROUP_WARPS):
-                    gi = base + warp
-                    glo = gi * group_size if gi < groups else 0
-                    ghi = min(half, glo + group_size) if gi < groups else 0
+                for step in range(steps):
+                    c = 32 * step + lane
+                    valid = here and c < chunks
+                    v0, v1, v2, v3 = chunk(h, row, c, half, live and c < chunks)
+                    stored, s = scale_of(_segment_max(amax4(v0, v1, v2, v3), red, lane, warp, segment))
+                    if valid:
+                        gi = c // segment
+                        if c % segment == 0:
+                            if e8m0_scales:
+                                scale_bytes[row * groups + gi] = stored
+                            else:
+                                scales[row * groups + gi] = stored
+                        put_codes(codes, row, c, half, v0 / s, v1 / s, v2 / s, v3 / s)
+            else:  # PER_GROUP, groups wider than a warp's step: the warp walks them, each read twice
+                groups = (half + group_size - 1) // group_size
+                per = group_size // width
+                for gi in range(groups):
+                    lo = gi * per
+                    hi = min(chunks, lo + per)
                     amax = F32_ZERO
-                    if live:
-                        for j in range(glo + lane, ghi, 32):
-                            amax = max(amax, finite_abs(silu_mul_value(h, row, j, half)))
+                    for c in range(lo + lane, hi if live else 0, 32):
+                        v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                        amax = max(amax, amax4(v0, v1, v2, v3))
                     stored, s = scale_of(_warp_max(amax, red, lane, warp))
-                    if gi < groups:
+                    if here:
                         if lane == 0:
                             if e8m0_scales:
                                 scale_bytes[row * groups + gi] = stored
                             else:
                                 scales[row * groups + gi] = stored
-                        for j in range(glo + lane, ghi, 32):
-                            codes[row, j] = encode(silu_mul_value(h, row, j, half) / s) if live else 0
+                        for c in range(lo + lane, hi, 32):
+                            v0, v1, v2, v3 = chunk(h, row, c, half, live)
+                            put_codes(codes, row, c, half, v0 / s, v1 / s, v2 / s, v3 / s)
         if mode == SiluMode.DYNAMIC_AMAX:
-            amax = _block_max(local, red)
+            amax = _silu_block_max(local, red)
             if t == 0:
                 partials[cuda.blockIdx.x] = amax
 
@@ -507,14 +611,15 @@ def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None):
     return compile_kernel(
         silu,
         (
-            types.float32[:, ::1],
-            types.float32[:, ::1],
-            types.uint8[:, ::1],
+            f32,
+            f32,
+            types.uint32[::1] if wide else types.uint8[::1],
             f32,
             types.uint8[::1],
             f32,
             types.int32[::1],
             f32,
+            types.int64,
             types.int64,
             types.int64,
             types.int64,
@@ -538,22 +643,44 @@ def silu_launch(
     blocks,
     ue8m0=False,
     e8m0=None,
+    width=WIDE,
 ):
-    """(kernel, grid, block, args) of one SiLU launch (``SiluMode``), ``blocks`` blocks."""
+    """(kernel, grid, block, args) of one SiLU launch (``SiluMode``) over h [P, 2I] float32, ``blocks``
+    blocks (``silu_blocks``) and chunks of ``width`` columns (``silu_width``): h, act and codes are
+    taken as 2-D arrays and passed flat (codes as words where the width is ``WIDE``)."""
+    rows, half = int(h.shape[0]), int(h.shape[1]) // 2
+    segment = silu_segment(group_size, width) if mode == SiluMode.PER_GROUP else 0
+    codes_flat = codes.reshape(-1)
+    if width == WIDE:
+        codes_flat = codes_flat.view(np.uint32)
     return (
-        silu_kernel(mode, encoder, bool(ue8m0), e8m0),
+        silu_kernel(mode, encoder, bool(ue8m0), e8m0, width, segment),
         blocks,
-        THREADS,
-        (h, act, codes, scales, scale_bytes, partials, offsets, input_scales, num_experts, group_size, int(h.shape[0])),
+        SILU_THREADS,
+        (
+            h.reshape(-1),
+            act.reshape(-1),
+            codes_flat,
+            scales,
+            scale_bytes,
+            partials,
+            offsets,
+            input_scales,
+            num_experts,
+            half,
+            group_size,
+            rows,
+        ),
     )
 
 
 def silu_blocks(rows, mode, sm_count):
-    """Blocks of a SiLU launch over ``rows`` rows: a block a row, capped (the amax pass and the
+    """Blocks of a SiLU launch over ``rows`` rows: a warp a row, capped (the amax pass and the
     quantize pass of dynamic per-tensor share one count, the partials')."""
+    blocks = -(-int(rows) // SILU_WARPS)
     if mode in (SiluMode.DYNAMIC_AMAX, SiluMode.DYNAMIC):
-        return max(1, min(rows, sm_count * SILU_AMAX_BLOCKS_PER_SM))
-    return max(1, min(rows, MAX_BLOCKS))
+        return max(1, min(blocks, sm_count * SILU_AMAX_BLOCKS_PER_SM))
+    return max(1, min(blocks, MAX_BLOCKS))
 
 
 # --- combine ---------------------------------------------------------------------------------------
