@@ -348,12 +348,16 @@ def test_kernel_choice_says_why(gpu):
 
 @pytest.mark.parametrize("out_dtype", [F32, np.dtype(np.float16), BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("w_dtype", [F32, BF16], ids=["w32", "wbf16"])
-def test_combine_gives_the_cpu_bytes(gpu, out_dtype, w_dtype):
+@pytest.mark.parametrize("h", [24, 26], ids=["wide", "narrow"])
+def test_combine_gives_the_cpu_bytes(gpu, out_dtype, w_dtype, h):
+    from vtnumba.cuda.kernels import moe
+
+    assert moe.combine_width(h, True) == (4 if h == 24 else 1)
     rng = np.random.default_rng(7)
     t, k, e = 5, 3, 4
     ids = _ids(rng, t, k, e)
     _, pair_row, _ = cpu.moe_align(ids, e)
-    y = (rng.standard_normal((t * k, 24)) * 10.0 ** rng.uniform(-3, 3, size=(t * k, 1))).astype(np.float32)
+    y = (rng.standard_normal((t * k, h)) * 10.0 ** rng.uniform(-3, 3, size=(t * k, 1))).astype(np.float32)
     w = rng.uniform(0, 1, size=(t, k)).astype(w_dtype)
     got = gpu.moe_combine(y, pair_row, w, out_dtype)
     want = cpu.moe_combine(y, pair_row, w, out_dtype)

@@ -111,6 +111,13 @@ def moe_variants():
     for w in moe.WeightKind:
         for f32 in (False, True):
             out.append(("moe", f"moe combine {w.name} f32={f32}", lambda w=w, f=f32: moe.combine_kernel(w, f)))
+            out.append(
+                (
+                    "moe",
+                    f"moe combine {w.name} f32={f32} k=8 width=4",
+                    lambda w=w, f=f32: moe.combine_kernel(w, f, 8, 4),
+                )
+            )
     for m_tile in (1, 2, 4):
         for blocked in (False, True):
             for hardware in (True, False):

@@ -430,7 +430,11 @@ def moe_combine(y, pair_row, topk_weights, out_dtype):
         return out
     w_flat, w_kind = _weights_flat(moe, topk_weights)
     out_kind = _epilogue.OUT_KIND[np.dtype(out_dtype)]
-    _run(moe.combine_launch(y, _array(pair_row).reshape(-1), w_flat, w_kind, _epilogue.out_bits(out), out_kind, k))
+    _run(
+        moe.combine_launch(
+            y, _array(pair_row).reshape(-1), w_flat, w_kind, _epilogue.out_bits(out), out_kind, k, _aligned(y)
+        )
+    )
     return out
 
 
