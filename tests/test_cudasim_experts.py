@@ -51,9 +51,21 @@ def _offsets(counts):
 
 @pytest.mark.parametrize(
     "t,k,e,dtype",
-    [(6, 2, 5, np.int64), (40, 2, 7, np.int32), (3, 4, 40, np.int64), (1, 1, 3, np.int64), (0, 2, 4, np.int64)],
+    [
+        (6, 2, 5, np.int64),
+        (40, 2, 7, np.int32),
+        (3, 4, 40, np.int64),
+        (1, 1, 3, np.int64),
+        (0, 2, 4, np.int64),
+        (70, 3, 9, np.int64),  # 210 pairs: four chunks of the multi-block align
+    ],
 )
 def test_align_gives_the_cpu_order(gpu, t, k, e, dtype):
+    from vtnumba.cuda.kernels import moe
+
+    assert moe.align_blocks(t * k) == max(1, -(-t * k // moe.ALIGN_CHUNK))
+    if t * k > 200:
+        assert moe.align_blocks(t * k) > 2
     rng = np.random.default_rng(t + k + e)
     ids = _ids(rng, t, k, e).astype(dtype)
     offsets, pair_row, row_token = gpu.moe_align(ids, e)

@@ -83,6 +83,7 @@ def moe_variants():
     from vtnumba.cuda.kernels import grouped_gemm, moe
 
     out = [("moe", f"moe align ids_int64={b}", lambda b=b: moe.align_kernel(b)) for b in (False, True)]
+    out += [("moe", f"moe align_counts ids_int64={b}", lambda b=b: moe.align_counts_kernel(b)) for b in (False, True)]
     out += [("moe", "moe active_experts", moe.active_experts_kernel), ("moe", "moe row_tiles", moe.row_tiles_kernel)]
     out += [("moe", f"moe gather unit={u}", lambda u=u: moe.gather_kernel(u)) for u in (16, 2)]
     for kind in ("float32", "bfloat16"):

@@ -198,8 +198,10 @@ def moe_align(topk_ids, num_experts):
     offsets = _new(e + 1, np.int32)
     pair_row = _new((t, k), np.int32)
     row_token = _new(t * k, np.int32)
-    *launch, shared = moe.align_launch(flat, offsets, pair_row.reshape(-1), row_token, e, k)
-    _run(launch, shared)
+    blocks = moe.align_blocks(flat.shape[0])
+    block_counts = _device.current().placeholder("i32") if blocks == 1 else _new(blocks * e, np.int32)
+    for *launch, shared in moe.align_launches(flat, offsets, pair_row.reshape(-1), row_token, block_counts, e, k):
+        _run(launch, shared)
     return offsets, pair_row, row_token
 
 

@@ -6,7 +6,8 @@ Every launch goes to cupy's current stream through ``runtime/launch``'s ``Kernel
 synchronizes or reads back to the host, so a whole ``moe_fp8`` call can be captured in a CUDA graph.
 The row counts stay on the device: each kernel reads ``offsets`` itself.
 
-- **align** (``align_launch``): ONE block. Per-warp per-expert counters in (dynamic) shared memory,
+- **align** (``align_launches``): one block up to ``ALIGN_CHUNK`` pairs (a chunk a block past it,
+  after a launch that counts each chunk's experts). Per-warp per-expert counters in (dynamic) shared memory,
   filled with shared atomics (counts are order-free), an exclusive scan over the experts, then the
   scatter: each warp owns a contiguous run of pairs and walks it in batches of 32, ranking each pair
   among the batch's earlier lanes with the same expert. So the sorted order is the CPU's stable one
@@ -78,7 +79,32 @@ def align_warps(num_experts, pairs=None):
     return warps if pairs is None else max(1, min(warps, -(-int(pairs) // 32)))
 
 
-def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
+# Past ALIGN_CHUNK pairs the align spreads over blocks, a chunk of pairs each: one SM walking 16 K
+# pairs (a 2,048-token prefill at top-8) took 134 us a layer on the H200 (2026-12-03), its batches
+# waiting on global loads one after another. A first launch counts each chunk's experts
+# (``_align_counts``); then each block of the align ranks its own chunk as the one-block align ranks
+# all pairs, every expert's cursor starting past the earlier chunks' rows. The order is the same.
+ALIGN_CHUNK = 64 if SIMULATOR else 1024
+
+
+def _align_counts(ids, block_counts, num_experts, pairs, chunk):
+    """block_counts[b * E + e] = the pairs of chunk b (pairs [b chunk, (b + 1) chunk)) routed to e."""
+    counts = cuda.shared.array(0, types.int32)  # [E]
+    tid = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    for e in range(tid, num_experts, cuda.blockDim.x):
+        counts[e] = 0
+    cuda.syncthreads()
+    for i in range(b * chunk + tid, min(pairs, (b + 1) * chunk), cuda.blockDim.x):
+        e = ids[i]
+        if e >= 0 and e < num_experts:
+            cuda.atomic.add(counts, e, 1)
+    cuda.syncthreads()
+    for e in range(tid, num_experts, cuda.blockDim.x):
+        block_counts[b * num_experts + e] = counts[e]
+
+
+def _align(ids, offsets, pair_row, row_token, block_counts, num_experts, k, pairs, chunk):
     counts = cuda.shared.array(0, types.int32)  # [warps * E] per-warp counters, then [E] expert starts
     scan = cuda.shared.array(ALIGN_THREADS, types.int32)
     batch = cuda.shared.array(ALIGN_THREADS, types.int32)
@@ -87,25 +113,34 @@ def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
     tid = cuda.threadIdx.x
     lane = tid % 32
     warp = tid // 32
+    b = cuda.blockIdx.x
+    blocks = cuda.gridDim.x  # > 1: block_counts holds every chunk's counts (``_align_counts``)
+    first_pair = b * chunk
+    last_pair = min(pairs, first_pair + chunk)
     starts = warps * num_experts
     for i in range(tid, starts + num_experts, threads):
         counts[i] = 0
     cuda.syncthreads()
-    per_warp = (pairs + warps - 1) // warps
-    lo = warp * per_warp
-    hi = min(pairs, lo + per_warp)
+    per_warp = (last_pair - first_pair + warps - 1) // warps
+    lo = first_pair + warp * per_warp
+    hi = min(last_pair, lo + per_warp)
     for i in range(lo + lane, hi, 32):
         e = ids[i]
         if e >= 0 and e < num_experts:
             cuda.atomic.add(counts, warp * num_experts + e, 1)
     cuda.syncthreads()
     # counters -> each warp's exclusive prefix within its expert; the expert's total beside them
+    # (over every chunk where there are several)
     for e in range(tid, num_experts, threads):
         run = 0
         for w in range(warps):
             c = counts[w * num_experts + e]
             counts[w * num_experts + e] = run
             run += c
+        if blocks > 1:
+            run = 0
+            for c in range(blocks):
+                run += block_counts[c * num_experts + e]
         counts[starts + e] = run
     cuda.syncthreads()
     # exclusive scan of the totals: each thread sums a contiguous run of experts, the runs are
@@ -131,18 +166,22 @@ def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
     run = scan[tid] - local
     for e in range(first, last):
         total = counts[starts + e]
-        offsets[e] = run
-        counts[starts + e] = run
+        before = 0  # this expert's rows in the earlier chunks
+        for c in range(b):
+            before += block_counts[c * num_experts + e]
+        if b == 0:
+            offsets[e] = run
+        counts[starts + e] = run + before
         run += total
-    if tid == 0:
+    if tid == 0 and b == 0:
         offsets[num_experts] = routed
     cuda.syncthreads()
     for i in range(tid, starts, threads):
         counts[i] += counts[starts + i % num_experts]
     cuda.syncthreads()
     # the scatter, a batch of 32 pairs per warp at a time, every warp the same number of batches
-    for b in range((per_warp + 31) // 32):
-        i = lo + 32 * b + lane
+    for batch_index in range((per_warp + 31) // 32):
+        i = lo + 32 * batch_index + lane
         e = -1
         if i < hi:
             v = ids[i]
@@ -167,7 +206,7 @@ def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
         cuda.syncthreads()  # every lane has read its expert's cursor before the last one moves it
         if e >= 0 and later == 0:
             counts[warp * num_experts + e] += rank + 1
-    for r in range(routed + tid, pairs, threads):
+    for r in range(routed + b * threads + tid, pairs, blocks * threads):
         row_token[r] = 0  # padding rows name token 0: a gather by them stays in bounds
 
 
@@ -175,22 +214,47 @@ def _align(ids, offsets, pair_row, row_token, num_experts, k, pairs):
 def align_kernel(ids_int64):
     ids_type = types.int64[::1] if ids_int64 else types.int32[::1]
     i32 = types.int32[::1]
-    return compile_kernel(_align, (ids_type, i32, i32, i32, types.int64, types.int64, types.int64))
+    i64 = types.int64
+    return compile_kernel(_align, (ids_type, i32, i32, i32, i32, i64, i64, i64, i64))
 
 
-def align_launch(ids, offsets, pair_row, row_token, num_experts, k):
-    """(kernel, grid, block, args, shared bytes) of the align for flat ids [P] (int32 or int64) into
-    offsets [E + 1], pair_row [P] (flat) and row_token [P]."""
+@functools.cache
+def align_counts_kernel(ids_int64):
+    ids_type = types.int64[::1] if ids_int64 else types.int32[::1]
+    return compile_kernel(_align_counts, (ids_type, types.int32[::1], types.int64, types.int64, types.int64))
+
+
+def align_blocks(pairs):
+    """Blocks of the align for ``pairs`` pairs: one up to ``ALIGN_CHUNK``, a chunk each past it."""
+    return max(1, -(-int(pairs) // ALIGN_CHUNK))
+
+
+def align_launches(ids, offsets, pair_row, row_token, block_counts, num_experts, k):
+    """[(kernel, grid, block, args, shared bytes)] of the align for flat ids [P] (int32 or int64) into
+    offsets [E + 1], pair_row [P] (flat) and row_token [P]: one launch up to ``ALIGN_CHUNK`` pairs,
+    else the counts per chunk into ``block_counts`` int32 [align_blocks(P) E], then the align."""
     pairs = int(ids.shape[0])
-    warps = align_warps(num_experts, pairs)
-    shared = 4 * (warps + 1) * num_experts
-    return (
-        align_kernel(np.dtype(ids.dtype) == np.int64),
-        1,
+    blocks = align_blocks(pairs)
+    int64 = np.dtype(ids.dtype) == np.int64
+    chunk = pairs if blocks == 1 else ALIGN_CHUNK
+    warps = align_warps(num_experts, min(pairs, chunk))
+    align = (
+        align_kernel(int64),
+        blocks,
         32 * warps,
-        (ids, offsets, pair_row, row_token, num_experts, k, pairs),
-        shared,
+        (ids, offsets, pair_row, row_token, block_counts, num_experts, k, pairs, chunk),
+        4 * (warps + 1) * num_experts,
     )
+    if blocks == 1:
+        return [align]
+    counts = (
+        align_counts_kernel(int64),
+        blocks,
+        ALIGN_THREADS,
+        (ids, block_counts, num_experts, pairs, chunk),
+        4 * num_experts,
+    )
+    return [counts, align]
 
 
 # --- the active experts ------------------------------------------------------------------------------
@@ -811,7 +875,10 @@ __all__ = [
     "MAX_ALIGN_EXPERTS",
     "align_warps",
     "align_kernel",
-    "align_launch",
+    "align_launches",
+    "align_blocks",
+    "align_counts_kernel",
+    "ALIGN_CHUNK",
     "THREADS",
     "UNIT_DTYPES",
     "gather_kernel",

@@ -28,6 +28,7 @@ MAX_CACHED_SCALARS = 4096
 _PLACEHOLDER_SHAPES = {
     "u16": ((1,), np.uint16),
     "f32": ((1,), np.float32),
+    "i32": ((1,), np.int32),
     "u8_2d": ((1, 16), np.uint8),
     "u16_2d": ((1, 2), np.uint16),
     "f32_2d": ((1, 1), np.float32),
@@ -83,7 +84,7 @@ class GpuDevice:
 
     def placeholder(self, kind):
         """A tiny zeroed device array for an argument a kernel variant ignores ('u16', 'f32',
-        'u8_2d', 'u16_2d')."""
+        'i32', 'u8_2d', 'u16_2d')."""
         arr = self._placeholders.get(kind)
         if arr is None:
             shape, dtype = _PLACEHOLDER_SHAPES[kind]
