@@ -601,8 +601,8 @@ def silu_kernel(mode, encoder="portable", ue8m0=False, e8m0=None, width=WIDE, se
                 for c in range(lane, chunks if here else 0, 32):
                     v0, v1, v2, v3 = chunk(h, row, c, half, live)
                     if wide:
-                        store_u32x4(act, row * (half // WIDE) + c, float32_bits(v0), float32_bits(v1),
-                                    float32_bits(v2), float32_bits(v3))  # fmt: skip
+                        bits = float32_bits(v0), float32_bits(v1), float32_bits(v2), float32_bits(v3)
+                        store_u32x4(act, row * (half // WIDE) + c, bits[0], bits[1], bits[2], bits[3])
                     else:
                         act[row * half + c] = v0
             elif mode == SiluMode.DYNAMIC_AMAX:
