@@ -14,7 +14,27 @@ vtnumba compiled in this process (``runtime/launch.py``), not by a module path i
 
 import re
 
-__all__ = ["qualname", "is_ours", "ours"]
+__all__ = ["qualname", "is_ours", "ours", "FUSED_KERNEL", "DENSE_WGMMA_KERNEL", "fused_kernel"]
+
+FUSED_KERNEL = "fused_tensorcore_gemv"  # vtnumba.cuda.bound's names of the one-launch forms
+DENSE_WGMMA_KERNEL = "dense_gemv_wgmma"
+
+
+def fused_kernel(m, scheme):
+    """The one fused launch a decode call of M rows in activation ``scheme`` binds, as docs/DESIGN.md
+    promises it for a weight of at most 66 tiles of 64 rows: on an sm_90 GPU with the lever
+    VT_DENSE_CUBLASLT_FP8 on, the dense wgmma launch for one row of static, dynamic or per-token
+    activations (not 1 x 128 groups), else the tensor-core GEMV."""
+    import os
+
+    import cupy
+
+    major_minor = cupy.cuda.Device().compute_capability
+    lever = not os.environ.get("VT_DENSE_CUBLASLT_FP8", "1").startswith("0")
+    disabled = DENSE_WGMMA_KERNEL in os.environ.get("VT_DISABLE_KERNELS", "")
+    wgmma = major_minor == "90" and lever and not disabled and m == 1 and scheme != "per_group"
+    return DENSE_WGMMA_KERNEL if wgmma else FUSED_KERNEL
+
 
 _ESCAPE = re.compile(r"_([0-9a-f]{2})")
 _ABI_TAG = re.compile(r"\[abi:[^\]]*\]")

@@ -74,14 +74,15 @@ def test_block_kernel_choice_follows_capability(cp, monkeypatch):
     from vtnumba.cuda import block
 
     rng = np.random.default_rng(3)
-    a, b = cp.asarray(_layer_codes(rng, (8, 512))), cp.asarray(_layer_codes(rng, (256, 512)))
-    sa, sb = cp.ones((8, 4), cp.float32), cp.ones((2, 4), cp.float32)
+    a, b = cp.asarray(_layer_codes(rng, (16, 512))), cp.asarray(_layer_codes(rng, (256, 512)))
+    sa, sb = cp.ones((16, 4), cp.float32), cp.ones((2, 4), cp.float32)
 
     def chosen(m=8, regime=None):
         return block.select(block.BlockCall(a[:m], b, sa[:m], sb, (128, 128), BF16, None), regime=regime).name
 
     # the default decode path: the tensor-core GEMV first in eager code at M <= 16, cuBLASLt in a graph
     assert chosen() == "tensorcore_block_gemv"
+    assert chosen(16) == "tensorcore_block_gemv"
     assert chosen(regime="graph") == "cublaslt_block"
     monkeypatch.setenv("VT_DECODE_PATH", "split")  # the device-time order in both regimes
     assert chosen() == "cublaslt_block"

@@ -278,5 +278,8 @@ def test_selection_reasons_and_forcing(gemm, monkeypatch):
         )
     for m in (1, 4, 4096):  # every kernel in every order (wgmma is chosen by name only), the any-shape kernel last
         order = [k.name for k in gemm.kernel_order(m)]
-        assert sorted(order) == sorted(set(gemm.KERNELS_BY_NAME) - {"wgmma", "wgmma_k32"}) and order[-1] == "tiled"
+        by_name = {"wgmma", "wgmma_k32", "dense_gemv_wgmma"}
+        assert sorted(order) == sorted(set(gemm.KERNELS_BY_NAME) - by_name) and order[-1] == "tiled"
+    # the dense wgmma launch's codes form: first in eager code's decode order (sm_90 only; never here)
+    assert [k.name for k in gemm._DECODE_ORDER[:2]] == ["dense_gemv_wgmma", "tensorcore_gemv"]
     assert [k.name for k in gemm.kernel_order(gemm.DECODE_GEMV_PREFERRED_MAX_M + 1)][0] == "cublaslt"

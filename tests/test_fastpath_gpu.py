@@ -9,9 +9,9 @@ Llama-3-8B block with SiLU; nothing synchronizes per call (a capture would refus
 import ml_dtypes
 import numpy as np
 import pytest
+from kernel_names import DENSE_WGMMA_KERNEL, FUSED_KERNEL, fused_kernel
 
 from vtnumba import seam
-from vtnumba.cuda.bound import FUSED_KERNEL
 from vtnumba.seam import matmul as seam_matmul
 from vtnumba.testing.devices import to_device, to_host
 
@@ -52,9 +52,11 @@ def test_repeated_calls_take_the_bound_path_bitwise(cp, scheme, m, dtype):
     (binding,) = w.bound_calls.values()
     bound = binding.eager
     # at decode in eager code: the one fused launch where the GEMV finds the amax in its launch (a
-    # static scale at any M <= 16, a dynamic one at M <= 4), else quantize + the tensor-core GEMV
-    fused = scheme == "static" or m <= 4
-    assert bound.kernels == ((FUSED_KERNEL,) if fused else (bound.kernels[0], "tensorcore_gemv")), bound.kernels
+    # static scale at any M <= 16, a dynamic one at M <= 4, on sm_90 the dense wgmma launch at M <= 8),
+    # else quantize + the tensor-core GEMV
+    one = fused_kernel(m, scheme)
+    fused = scheme == "static" or m <= 4 or one == DENSE_WGMMA_KERNEL
+    assert bound.kernels == ((one,) if fused else (bound.kernels[0], "tensorcore_gemv")), bound.kernels
     assert (bound.scratch_bytes == 0) == fused
     calls = []
     original = type(bound).__call__
@@ -161,12 +163,15 @@ def llama_block(cp, scheme="static", reduce=1):
     return block
 
 
-def test_auto_decode_path_eager_fused_graph_split(cp):
-    """The default (VT_DECODE_PATH unset): an eager call at decode is the one fused launch, the same
+def test_auto_decode_path_eager_fused_graph_split(cp, monkeypatch):
+    """The default (VT_DECODE_PATH unset), the tensor-core GEMV's side (the dense wgmma launch, which
+    takes both regimes on sm_90, disabled): an eager call at decode is the one fused launch, the same
     call captured into a graph the quantization kernel and cuBLASLt; the two agree within the tensor
     cores' bound (the fused GEMV accumulates exactly, G3), and each replays its own bytes."""
     import vtnumba.cuda as vcuda
     from vtnumba.testing import reference
+
+    monkeypatch.setenv("VT_DISABLE_KERNELS", DENSE_WGMMA_KERNEL)
 
     w = _weight(256, 512, "static", bias=False)
     layer = seam.make_linear_method(seam.ResidentFp8(w, "cuda"))

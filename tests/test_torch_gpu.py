@@ -20,7 +20,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
-FUSED_KERNEL = "fused_tensorcore_gemv"  # vtnumba.cuda.bound.FUSED_KERNEL (importing it needs no GPU)
+from kernel_names import FUSED_KERNEL, fused_kernel  # noqa: E402  (vtnumba.cuda.bound's names)
+
 nn = torch.nn
 
 SCHEMES = ["static", "dynamic", "per_token", "per_group"]
@@ -62,7 +63,11 @@ def _converted(scheme, model=None, dtype=torch.bfloat16):
 def _fused(scheme, m):
     """Whether an eager call of m rows is the one fused decode launch (vtnumba.cuda.bound.fused_reason):
     M <= 16, and a dynamic amax only for M <= 4 (the layers here are K = 1024, so every row fits)."""
-    return m <= 4 or (m <= 16 and scheme in ("static", "per_group"))
+    return (
+        m <= 4
+        or (m <= 16 and scheme in ("static", "per_group"))
+        or (m <= 8 and fused_kernel(m, scheme) != FUSED_KERNEL)
+    )
 
 
 def _expected_gemm(scheme, m):
@@ -112,7 +117,7 @@ def test_the_promised_kernel_runs(scheme, m, out_dtype):
     ours = profiled.ours(names)
     theirs = [n for n in names if not profiled.is_ours(n)]
     if _fused(scheme, m):  # one launch: the GEMV quantizes x as it reads it
-        assert kernels == (FUSED_KERNEL,), kernels
+        assert kernels == (fused_kernel(m, scheme),), kernels
         assert len(names) == 1 and len(ours) == 1 and "gemv" in ours[0], names
         return
     assert kernels == _quant_kernels(scheme, m, 1024) + (_expected_gemm(scheme, m),), kernels
@@ -245,7 +250,7 @@ def test_convert_on_the_gpu_gives_the_cpu_conversion(scheme):
 
 def test_fp8_linear_host_cost_stays_near_nn_linear():
     """Not a timing gate (benchmarks/gpu/bench_torch_model.py measures it): a bound forward at decode
-    makes one torch allocation (y) and no cupy one, and one launch (the fused GEMV)."""
+    makes one torch allocation (y) and no cupy one, and one launch (the fused GEMV, on sm_90 the dense wgmma launch)."""
     layer = _converted("dynamic")[0]
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
@@ -253,7 +258,7 @@ def test_fp8_linear_host_cost_stays_near_nn_linear():
         state = layer._states[0]
         assert len(state.calls) == 1
         (binding,) = state.calls.values()
-        assert binding.eager.kernels == (FUSED_KERNEL,) and binding.eager.scratch_bytes == 0
+        assert binding.eager.kernels == (fused_kernel(1, "dynamic"),) and binding.eager.scratch_bytes == 0
         calls = []
         original = type(binding.eager).enqueue
         type(binding.eager).enqueue = lambda self, *a: calls.append(a) or original(self, *a)

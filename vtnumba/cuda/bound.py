@@ -41,7 +41,7 @@ import threading
 
 import numpy as np
 
-from .. import _arrays
+from .. import _arrays, _config
 from . import block, gemm
 from .kernels import tc_gemv
 from .kernels.epilogue import out_bits
@@ -268,7 +268,10 @@ class BoundLinear:
         self.quant_steps = ()
         self.gemm_steps = tuple(_LaunchStep(launch[:4], layout, launch[4]) for launch in launches)
         self.quant_bytes = self.scratch_bytes = self._gemm_offset = 0
-        self.kernels = (FUSED_KERNEL,) * len(launches)
+        self.kernels = tuple(
+            tc_gemv.DENSE_WGMMA_KERNEL if launch[0].pyfunc.__name__ == tc_gemv.DENSE_WGMMA_KERNEL else FUSED_KERNEL
+            for launch in launches
+        )
 
     def enqueue(self, x_ptr, y_ptr, scratch_ptr, stream_ptr, alloc=None, quant_ptr=None):
         with self._lock:
@@ -309,6 +312,14 @@ def _fused_arguments(weight):
     return weight.weight_scale, weight.input_scale, scheme == "per_token", None, None
 
 
+def dense_wgmma_serves(x, weight):
+    """Whether ``weight``'s fused call on x [M, K] runs the dense wgmma launch (sm_90;
+    ``tc_gemv.dense_wgmma_reason``), in eager code and in a graph alike."""
+    scale_b, input_scale, per_token, _, block_scales = _fused_arguments(weight)
+    mode = tc_gemv.fused_mode(block_scales is not None, per_token, input_scale)
+    return tc_gemv.dense_wgmma_reason(x.shape[0], x.shape[1], mode, device.current(), weight.data.shape[0]) is None
+
+
 def fused_reason(x, weight):
     """Why ``weight``'s call on x [M, K] (C-contiguous, 16-byte aligned) cannot be bound as the one
     fused launch (None when it can): the fused GEMV takes 1..16 rows, per-tensor or per-channel
@@ -326,6 +337,8 @@ def fused_reason(x, weight):
     why = tc_gemv.fused_linear_reason(x, weight.data, block_scaled=block_size is not None)
     scheme = str(fmt.activation_scheme)
     m, k = x.shape
+    if why is None and dense_wgmma_serves(x, weight):
+        return None  # the one dense wgmma launch: any M <= 8 in one launch, the amax found in it
     if why is None and block_size is None:
         why = tc_gemv.fusion_reason(m, k, scheme == "per_token", scheme == "dynamic")
     if why is None:
@@ -371,8 +384,12 @@ def bind_linear(x, weight, out_dtype):
     out = _arrays.out_dtype_of(out_dtype)
     m = x.shape[0]
 
+    # the dense wgmma launch (sm_90) is the fastest on the device too: both regimes take it, unless
+    # VT_DECODE_PATH=split asks for the split path
+    wgmma = _config.decode_path() != "split" and fused_reason(x, weight) is None and dense_wgmma_serves(x, weight)
+
     def bound_for(regime):
-        why = gemm.decode_gemv_reason(m, regime)
+        why = None if wgmma else gemm.decode_gemv_reason(m, regime)
         if why is None:
             why = fused_reason(x, weight)
             if why is None:
@@ -380,7 +397,7 @@ def bind_linear(x, weight, out_dtype):
         return BoundLinear(x, weight, out, regime=regime), why
 
     eager, why = bound_for("eager")
-    if (gemm.decode_gemv_reason(m, "eager") is None) == (gemm.decode_gemv_reason(m, "graph") is None):
+    if wgmma or (gemm.decode_gemv_reason(m, "eager") is None) == (gemm.decode_gemv_reason(m, "graph") is None):
         return LinearBinding(eager, eager, why)  # one choice for both regimes
     graph, _ = bound_for("graph")
     return LinearBinding(eager, graph, why)

@@ -366,6 +366,23 @@ class TensorCoreGemv(_NumbaKernel):
         return tc_gemv.gemv_codes_launch(call, y_bits, False)
 
 
+class DenseWgmmaGemv(_NumbaKernel):
+    """The dense wgmma launch's codes form (tc_gemv.py; sm_90, M <= 8): the fused decode launch's
+    arithmetic for codes quantized before, so quantize-then-GEMV gives the fused launch's bytes. It
+    holds the tensor-core bound, not strict G3: it runs where the lever lets cuBLASLt run."""
+
+    name = tc_gemv.DENSE_WGMMA_KERNEL
+
+    def can_implement(self, call):
+        reason = tc_gemv.gemv_reason(call) or tc_gemv.dense_wgmma_reason(
+            call.m, call.k, tc_gemv.MODE_CODES, call.device, call.n
+        )
+        return (False, reason) if reason else (True, "")
+
+    def launch(self, call, y_bits):
+        return tc_gemv.dense_wgmma_codes_launch(call, y_bits, False)[:4]  # (the kernel carries its shared bytes)
+
+
 class TensorCoreGemm(_NumbaKernel):
     """The tiled GEMM on tensor cores (tc_gemm.py): the lever's path for prefill, exact (G3)."""
 
@@ -427,7 +444,12 @@ def disabled_kernels():
 # there the GPU waits on the host, and a prepared Numba
 # launch costs the host a fraction of a cuBLASLt call, while a graph replays device time alone,
 # where cuBLASLt is 0-23% faster at M = 1 and up to 1.9x at M = 16 (benchmarks/RESULTS.md, 2026-11-30 17:47).
-_DECODE_ORDER = (KERNELS_BY_NAME["tensorcore_gemv"],) + tuple(k for k in KERNELS if k.name != "tensorcore_gemv")
+# On sm_90 the dense wgmma launch's codes form goes ahead of it at M = 1 (where the lever lets it
+# run), so quantize-then-GEMV gives the fused dense wgmma launch's bytes (tc_gemv.py).
+KERNELS_BY_NAME[DenseWgmmaGemv.name] = DenseWgmmaGemv()
+_DECODE_ORDER = (KERNELS_BY_NAME[DenseWgmmaGemv.name], KERNELS_BY_NAME["tensorcore_gemv"]) + tuple(
+    k for k in KERNELS if k.name != "tensorcore_gemv"
+)
 
 
 def current_regime():

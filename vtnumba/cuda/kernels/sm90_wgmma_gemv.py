@@ -45,6 +45,7 @@ import numpy as np
 
 from ..ptx import mma as mma_sync
 from ..ptx import sm90_wgmma as wgmma
+from ..ptx.codec import bits_float32, float32_bits
 from ..ptx.target import DEVICE_INLINE, cuda, types
 from .epilogue import load_bias, scaled_value, store_out
 from .tc_gemm import _F32_ONE, _F32_ZERO, _U32_ZERO, scale_readers
@@ -57,6 +58,7 @@ TILE_BYTES = TILE_ROWS * BK  # a ring slot
 X_STAGE_BYTES = X_ROWS * BK  # the B operand's stage: one swizzle atom
 _AMAX_WORDS = WG_THREADS // 32 * X_ROWS  # the per-row maxima of the quantizer's shuffles: a warp's each
 _COPY_ROWS = WG_THREADS // (BK // 16)  # rows one pass of the block's 16-byte copies covers: 16
+_SPLIT_WORDS = WG_THREADS * X_ROWS // 2  # a block's sums for split-K: its accumulators, as bits
 _DESC_HIGH = np.uint64(wgmma.descriptor_base(0))
 _DESC_ADDRESS_MASK = np.uint32(wgmma.DESCRIPTOR_ADDRESS_MASK)
 _DESC_K_STEP = np.uint64(wgmma.K_STEP >> 4)  # a k32 slice further: 32 bytes, in the descriptor's address field
@@ -73,32 +75,46 @@ def columns(paired):
     return TILE_ROWS // 2 if paired else TILE_ROWS
 
 
-def shared_bytes(cfg, k):
-    """Dynamic shared memory of the pass for K: the 1024-byte alignment slack, the ring (no deeper than K
-    has stages), the B operand (every stage of K) and 8 rows of 1 x 128 group scales."""
+def split_chunks(k, split):
+    """K blocks each of ``split`` blocks of a cluster takes (the last may take fewer)."""
+    nchunks = -(-k // BK)
+    return -(-nchunks // split)
+
+
+def shared_bytes(cfg, k, split=1):
+    """Dynamic shared memory of the pass for K split over ``split`` blocks: the 1024-byte alignment
+    slack, the ring (no deeper than a block has K blocks), the B operand (every stage of K) and 8
+    rows of 1 x 128 group scales."""
     nchunks = -(-k // BK)
     return (
         wgmma.SWIZZLE_ATOM_BYTES
-        + min(cfg.stages, nchunks) * TILE_BYTES
+        + min(cfg.stages, split_chunks(k, split)) * TILE_BYTES
         + nchunks * X_STAGE_BYTES
         + 4 * X_ROWS * nchunks
     )
 
 
 @functools.cache
-def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
+def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
     out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
     quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, the swizzled
     layout and as many rows as the caller's y has, at most X_ROWS (the routed passes: one), in the
     mode ``activation`` names: 'static', 'per_token' or 'per_group'), a
     device function every thread of the block must call: y[:M, tile] for the block's tile
-    (blockIdx.x) of b's rows. (tc_gemv passes the quantizer: this module does not import it back.)"""
-    if activation not in ("static", "per_token", "per_group"):
+    (blockIdx.x) of b's rows. (tc_gemv passes the quantizer: this module does not import it back.)
+
+    ``split`` > 1: K is split over that many blocks, blockIdx.y 0 .. split - 1, which must be one
+    thread block cluster (launch.Kernel's ``cluster`` (1, split, 1)): block r takes K blocks
+    r c .. r c + c (c = ``split_chunks``), and block 0 adds the others' sums to its own in rank order
+    through the cluster's shared memory before the epilogue (split-K with a fixed order and no
+    global workspace; the others store nothing)."""
+    if activation not in ("static", "dynamic", "per_token", "per_group", "codes"):
         raise ValueError(
-            f"the swapped wgmma GEMV quantizes static, per_token or per_group activations, got {activation!r}"
+            "the swapped wgmma GEMV quantizes static, dynamic, per_token or per_group activations or reads codes, "
+            f"got {activation!r}"
         )
-    per_token, per_group = activation == "per_token", activation == "per_group"
+    per_token, per_group, codes = activation == "per_token", activation == "per_group", activation == "codes"
     if cfg.stages < 2:
         raise ValueError(f"the ring needs at least 2 stages (one computed, one landing), got {cfg.stages}")
     stages = cfg.stages
@@ -114,6 +130,9 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
     copy_two = mma_sync.cp_async_rows(2, _COPY_ROWS * BK // 4)  # rows r and r + 16 of a half tile
     finish, store, load_bias_value = scaled_value, store_out, load_bias
     tile_cols = columns(paired)
+    if split < 1 or (split > 1 and paired):
+        raise ValueError(f"split must be 1, or above 1 for an unpaired pass, got {split} (paired={paired})")
+    cluster_sync, cluster_load = (wgmma.cluster_sync, wgmma.cluster_load) if split > 1 else (None, None)
     n_fscratch = 1  # (the quantizer's simulator scratch: this pass never runs there)
 
     @cuda.jit(**DEVICE_INLINE)
@@ -157,6 +176,24 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
             store(y, m, n, finish(total, sam, row_scale(scale_b, sb_step, n), has_bias, bv), out_kind)
 
     @cuda.jit(**DEVICE_INLINE)
+    def copy_codes(a, m_total, k_total, nchunks, base_word, smem, tid):
+        """The codes a [M, K] as the B operand (``activation`` 'codes': quantized before, by the
+        quantization kernels): 16 codes an item, at the swizzled place the quantizer writes them
+        (tc_gemv.fused_quantizer's ``code_word``), zeros past K."""
+        segs = 8 * nchunks
+        for item in range(tid, m_total * segs, WG_THREADS):
+            m = item // segs
+            sg = item - m * segs
+            word = base_word + 256 * (sg >> 3) + 32 * m + 4 * ((sg & 7) ^ m)
+            for q in range(4):
+                v = _U32_ZERO
+                for j in range(4):
+                    col = 16 * sg + 4 * q + j
+                    if col < k_total:
+                        v |= np.uint32(a[m, col]) << np.uint32(8 * j)
+                smem[word + q] = v
+
+    @cuda.jit(**DEVICE_INLINE)
     def block_mmas(part, desc_a, desc_b):
         """The K block's four chained k32 wgmmas into ``part`` (the first from zero)."""
         for kk in range(4):
@@ -189,6 +226,10 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
         g = lane // 4
         t = lane % 4
         n0 = cuda.blockIdx.x * tile_cols
+        # this block's K blocks: kc0 .. kc0 + own (all of K unsplit)
+        per_block = (nchunks + split - 1) // split
+        kc0 = cuda.blockIdx.y * per_block if split > 1 else 0
+        own = max(0, min(nchunks - kc0, per_block))
         smem = cuda.shared.array(0, types.uint32)  # dynamic: the ring, x's codes, the group scales
         gs = cuda.shared.array(0, types.float32)  # (the same memory, as float32)
         fscratch = cuda.shared.array(n_fscratch, types.float32)
@@ -199,6 +240,7 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
         local = cuda.local.array(X_ROWS, types.float32)
         acc = cuda.local.array(regs, types.float32)
         part = cuda.local.array(regs, types.float32)  # a K block's partial
+        sums = cuda.shared.array(_SPLIT_WORDS if split > 1 else 1, types.uint32)  # split-K: this block's sums
         for i in range(regs):
             acc[i] = _F32_ZERO
             part[i] = _F32_ZERO
@@ -206,7 +248,7 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
         # the ring starts at the first 1024-byte boundary of the dynamic shared memory
         base = wgmma.shared_address(smem, 0)
         pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
-        slots = min(stages, nchunks)
+        slots = min(stages, per_block)
         x_byte = pad + slots * TILE_BYTES
         gbase = (x_byte + nchunks * X_STAGE_BYTES) // 4
         desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
@@ -224,9 +266,11 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
         hi_rows = (limit - (n0 + (r if paired else r + 32)) + _COPY_ROWS - 1) // _COPY_ROWS
         lo = global_address(b, min(lo_row, n_total - 1), k_code)
         hi = global_address(b, min(hi_row, n_total - 1), k_code)
-        for s in range(stages - 1):  # K blocks 0 .. stages - 2 in flight before anything waits
-            if s < nchunks:
-                issue_stage(smem, b, word0 + s * (TILE_BYTES // 4), lo, hi, lo_rows, hi_rows, lo, s, k_code, k_total)
+        for s in range(stages - 1):  # the first stages - 1 K blocks in flight before anything waits
+            if s < own:
+                issue_stage(
+                    smem, b, word0 + s * (TILE_BYTES // 4), lo, hi, lo_rows, hi_rows, lo, kc0 + s, k_code, k_total
+                )
             commit_copies()
 
         # x's codes into the B operand (rows past M: zeros), its scales, while the tiles land
@@ -234,10 +278,13 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
             if (i // 8) % X_ROWS >= m_total:
                 for q in range(4):
                     smem[x_byte // 4 + 4 * i + q] = _U32_ZERO
-        quantize(
-            x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, x_byte // 4, gbase, smem, gs, vals, local,
-            amax_rows, row_mult, row_deq, fscratch, warp, lane, tid,
-        )  # fmt: skip
+        if codes:
+            copy_codes(a, m_total, k_total, nchunks, x_byte // 4, smem, tid)
+        else:
+            quantize(
+                x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, x_byte // 4, gbase, smem, gs, vals, local,
+                amax_rows, row_mult, row_deq, fscratch, warp, lane, tid,
+            )  # fmt: skip
         fence_proxy()  # this thread's codes, visible to the tensor core after the barrier below
 
         # this thread's accumulators: tile rows 16 warp + g (acc 0, 1) and + 8 (acc 2, 3), x rows 2 t, 2 t + 1
@@ -246,12 +293,13 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
         m0 = min(2 * t, m_total - 1)
         m1 = min(2 * t + 1, m_total - 1)
         x_desc = desc0 + np.uint64((x_byte - pad) >> 4)
-        for kt in range(nchunks):
+        for i in range(own):
+            kt = kc0 + i
             wait_copies()  # this thread's copies of K block kt have landed
             fence_proxy()  # ... and are visible to the tensor core's reads
             cuda.syncthreads()  # everyone's; and every wgmma of K block kt - 1 is done (waited below)
-            nk = kt + stages - 1
-            if nk < nchunks:  # into the slot of K block kt - 1
+            nk = i + stages - 1
+            if nk < own:  # into the slot of K block kt - 1
                 issue_stage(
                     smem,
                     b,
@@ -261,21 +309,35 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
                     lo_rows,
                     hi_rows,
                     lo,
-                    nk,
+                    kc0 + nk,
                     k_code,
                     k_total,
                 )
             commit_copies()
-            desc_a = desc0 + np.uint64(((kt % stages) * TILE_BYTES) >> 4)
+            desc_a = desc0 + np.uint64(((i % stages) * TILE_BYTES) >> 4)
             desc_b = x_desc + np.uint64((kt * X_STAGE_BYTES) >> 4)
             fence()
             block_mmas(part, desc_a, desc_b)
             commit_mma()
             promote_block(acc, part, gs, gbase, scale_a, scale_b, kt, nchunks, m0, m1, n_lo, n_hi, n_total)
         wait_no_copies()
+        if split > 1:
+            # the cluster's sums meet in block 0, in rank order: each thread's four at the same place
+            for q in range(regs):
+                sums[regs * tid + q] = float32_bits(acc[q])
+            cluster_sync()  # every block's sums written, visible cluster-wide
+            if cuda.blockIdx.y == 0:
+                for rank in range(1, split):
+                    for q in range(regs):
+                        acc[q] = acc[q] + bits_float32(cluster_load(sums, regs * tid + q, rank))
+            cluster_sync()  # block 0 has read them: the others' shared memory may go
+            if cuda.blockIdx.y != 0:
+                return
 
         has_bias = bias_kind != 0
-        if per_token:
+        if codes and not block_scaled:
+            sam0, sam1 = scale_a[m0 * sa_step], scale_a[m1 * sa_step]
+        elif per_token:
             sam0, sam1 = row_deq[m0], row_deq[m1]
         elif block_scaled:
             sam0 = sam1 = _F32_ONE
@@ -289,4 +351,4 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired):
     return gemv
 
 
-__all__ = ["WgGemvConfig", "WG_THREADS", "TILE_ROWS", "columns", "shared_bytes", "wgmma_gemv_pass"]
+__all__ = ["WgGemvConfig", "WG_THREADS", "TILE_ROWS", "columns", "shared_bytes", "split_chunks", "wgmma_gemv_pass"]

@@ -928,12 +928,21 @@ def fusion_reason(m, k, per_token, dynamic):
     return None
 
 
+def fused_mode(block_scaled, per_token, input_scale):
+    """The fused launch's activation mode: 1 x 128 groups (block-scaled), per-token, static (an
+    input scale) or dynamic per-tensor."""
+    if block_scaled:
+        return MODE_PER_GROUP
+    return MODE_PER_TOKEN if per_token else MODE_STATIC if input_scale is not None else MODE_DYNAMIC
+
+
 def fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, bias, y_bits, block_scales=None):
     """The launches of one FP8 linear layer at decode with the activation's quantization fused in,
     writing ``y_bits``: [(kernel, grid, block, args, shared bytes)], one per slice of rows that fits
     a launch's shared memory (one at decode); or None where the fusion does not serve (x does not fit
     shared memory at all, or a dynamic amax would make every block read many rows: then x is
-    quantized first and the codes GEMV follows, ``fused_linear``). x [M, K] is C-contiguous and
+    quantized first and the codes GEMV follows, ``fused_linear``); on sm_90, where it serves
+    (``dense_wgmma_reason``), the one dense wgmma launch. x [M, K] is C-contiguous and
     16-byte aligned; arguments otherwise as ``vtnumba.ops.fp8_linear`` normalizes them, with
     ``block_scales`` [ceil(N/128), ceil(K/128)] (then scale_b is None) for 1 x 128 group
     activations and the block-scaled GEMM. A bound call (``vtnumba.cuda.bound``) prepares these
@@ -943,7 +952,15 @@ def fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, b
     n = b.shape[0]
     x_kind = X_KIND[np.dtype(x.dtype)]
     x_bits = x.view(np.uint16)
+    wgmma = dense_wgmma_reason(m, k, fused_mode(block_scales is not None, per_token, input_scale), dev, n) is None
     if block_scales is not None:
+        if wgmma:
+            return [
+                dense_wgmma_launch(
+                    m, x_bits, x_kind, dev.placeholder("f32"), b, block_scales[:1, :1], block_scales, 0, out_dtype,
+                    bias, MODE_PER_GROUP, True, y_bits, dev,
+                )
+            ]  # fmt: skip
         rows = _fused_rows(k, MODE_PER_GROUP, None)
         return _fused_slices(
             m,
@@ -963,9 +980,8 @@ def fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, b
             dev,
         )
     dynamic = input_scale is None and not per_token
-    if fusion_reason(m, k, per_token, dynamic) is not None:
+    if not wgmma and fusion_reason(m, k, per_token, dynamic) is not None:
         return None
-    rows = _fused_rows(k, MODE_PER_TOKEN if per_token else MODE_DYNAMIC if dynamic else MODE_STATIC, None)
     sb, sb_step = scale_vector(scale_b, n, dev)
     if per_token:
         mode, qscale = MODE_PER_TOKEN, scale_vector(np.float32(0.0) if scale_ub is None else scale_ub, 1, dev)[0]
@@ -973,6 +989,14 @@ def fused_launches(x, b, scale_b, input_scale, per_token, scale_ub, out_dtype, b
         mode, qscale = MODE_DYNAMIC, dev.scalar(1.0)
     else:
         mode, qscale = MODE_STATIC, scale_vector(input_scale, 1, dev)[0]
+    if wgmma:
+        return [
+            dense_wgmma_launch(
+                m, x_bits, x_kind, qscale, b, dev.placeholder("f32"), sb, sb_step, out_dtype, bias, mode, False, y_bits,
+                dev,
+            )
+        ]  # fmt: skip
+    rows = _fused_rows(k, mode, None)
     return _fused_slices(
         m,
         rows,
@@ -1557,11 +1581,12 @@ def routed_shared_bytes(cfg, k):
 _DYNAMIC = {}  # (kernel, bytes) -> tc_gemm.DynamicSharedKernel: its opt-in is made once a function
 
 
-def _with_shared(kernel, nbytes):
-    """``kernel``, or above 48 KB of dynamic shared memory the wrapper that opts in to it."""
+def _with_shared(kernel, nbytes, always=False):
+    """``kernel``, or above 48 KB of dynamic shared memory (or ``always``: a launch that carries its
+    byte count, as gemm.Launch steps do) the wrapper that opts in to it."""
     from .tc_gemm import SHARED_LIMIT, DynamicSharedKernel
 
-    if nbytes <= SHARED_LIMIT:
+    if nbytes <= SHARED_LIMIT and not always:
         return kernel
     key = (id(kernel), nbytes)
     wrapped = _DYNAMIC.get(key)
@@ -1637,6 +1662,189 @@ def routed_tiles(h, block_scaled):
     return -(-h // min(widths))
 
 
+# ------------------------------------------------------------------------------------------------
+# the dense decode layer on the swapped wgmma pass (sm_90): kernels/sm90_wgmma_gemv.py's pass over
+# a whole weight, x's 1..8 rows quantized in the launch, K split over a thread block cluster
+#
+# Why: at decode an attention projection of Qwen3-30B-A3B (N = 512..4096 rows, K = 2048..4096) is
+# 64 tiles of 64 rows or fewer: one block a tile would leave most of the H200's 132 multiprocessors
+# idle, each block streaming 128-256 KB alone. Split over S blocks along K, a tile's blocks form one
+# cluster and meet in its first block's shared memory, in rank order (no workspace, no counter, one
+# launch, the same bytes every run). The mma.sync GEMV (above) converts every e4m3 code to f16
+# first on Hopper; this pass reads them natively. It holds the tensor-core bound, not strict G3, so
+# it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run, as the routed wgmma pass does.
+
+DENSE_WGMMA_MAX_M = 8  # the pass's N side: one 8-row activation atom
+DENSE_WGMMA_MAX_SPLIT = 8  # the portable cluster size
+DENSE_WGMMA_STAGES = 5  # the ring's most stages (no deeper than a block's K blocks + 1)
+DENSE_WGMMA_KERNEL = "dense_gemv_wgmma"
+_DENSE_MODES = {
+    MODE_STATIC: "static",
+    MODE_DYNAMIC: "dynamic",
+    MODE_PER_TOKEN: "per_token",
+    MODE_PER_GROUP: "per_group",
+    MODE_CODES: "codes",
+}
+
+
+def dense_wgmma_split(n, k, sms):
+    """(split, stages) of the dense wgmma launch for b [N, K] on ``sms`` multiprocessors: K split
+    in two while the tiles' blocks still fit one a multiprocessor (at most the portable cluster of
+    8, at least one K block each, no block left without one), a ring of 5 stages or as deep as a
+    block's K blocks allow. From the H200's sweep at M = 1, per-token, weights L2-cold
+    (benchmarks/gpu/bench_dense_wgmma.py --sweep; benchmarks/RESULTS.md, 2026-12-04 ~18:55): the best
+    split was 2 / 4 / 4-8 / 2 at 64 / 32 / 8 / 64 tiles (N = 4096 / 2048 / 512 / 4096), 5 stages
+    ahead of 3 at every split; twice that many blocks was 5-55% slower."""
+    from .sm90_wgmma_gemv import TILE_ROWS, split_chunks
+
+    tiles = -(-n // TILE_ROWS)
+    nchunks = -(-k // CHUNK)
+    split = 1
+    while split < DENSE_WGMMA_MAX_SPLIT and split < nchunks and 2 * tiles * split <= sms:
+        split *= 2
+    split = min(split, nchunks)
+    per_block = split_chunks(k, split)
+    split = -(-nchunks // per_block)  # every rank with K blocks
+    return split, max(2, min(DENSE_WGMMA_STAGES, per_block + 1))
+
+
+@functools.cache
+def dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, out_is_float32):
+    """The dense decode layer ``dense_gemv_wgmma`` with tc_gemv.gemv_kernel's arguments for x's M
+    rows (1..8) in activation ``mode`` (static, dynamic, per-token, 1 x 128 groups; or MODE_CODES: the codes
+    a, quantized before, and their scales), K split over clusters of ``split`` blocks (grid
+    (ceil(N / 64), split), 128 threads a block). The codes form accumulates exactly as the fused
+    ones, so quantize-then-GEMV gives the fused launch's bytes."""
+    from ..ptx import sm90_wgmma
+    from .sm90_wgmma_gemv import WG_THREADS, WgGemvConfig, wgmma_gemv_pass
+
+    if not 1 <= m <= DENSE_WGMMA_MAX_M:
+        raise ValueError(f"m must be in 1..{DENSE_WGMMA_MAX_M} for the dense wgmma GEMV, got {m}")
+    if mode not in _DENSE_MODES:
+        raise ValueError(
+            f"the dense wgmma GEMV quantizes x (static, dynamic, per-token, 1 x 128 groups) or reads codes, got {mode}"
+        )
+    # (the codes form calls no quantizer; the static one stands in for its type)
+    quantize = fused_quantizer(WG_THREADS, m, MODE_STATIC if mode == MODE_CODES else mode, hardware, swizzled=True)
+    gemv_pass = cuda.jit(**_DEVICE)(
+        wgmma_gemv_pass(WgGemvConfig(stages=stages), quantize, _DENSE_MODES[mode], block_scaled, False, split)
+    )
+
+    def dense_gemv_wgmma(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
+        gemv_pass(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind)
+
+    scale = types.float32[:, :] if block_scaled else F32_1D
+    sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32, out_type(out_is_float32), I32)
+    cluster = (1, split, 1) if split > 1 else None
+    return compile_kernel(dense_gemv_wgmma, sig, arch=sm90_wgmma.ARCH, cluster=cluster)
+
+
+# Where the launch is chosen, from the H200 (benchmarks/gpu/bench_dense_wgmma.py; benchmarks/RESULTS.md,
+# 2026-12-04 ~19:55), device us a layer, weights L2-cold: at M = 1 per-token 9.6 / 8.2 / 12.0 / 13.3 us
+# at N x K = 4096 x 2048, 512 x 2048, 2048 x 4096, 4096 x 4096 against the mma.sync GEMV's 11.6 / 9.6 /
+# 14.4 / 16.1 and quantize + cuBLASLt's 12.7 / 10.8 / 13.5 / 14.9 (dynamic 0.89-1.04x, static
+# 0.97-1.10x of the better of those); at 28,672 rows (448 tiles, no split) cuBLASLt's 39 us beat its
+# 49; at M = 8 the 8-row quantizer made it 1.5-2.5x slower; with 1 x 128 groups the mma.sync block
+# GEMV was 1-15% faster. So: one row, per-tensor or per-token scales, weights of at most half as many
+# 64-row tiles as the GPU has multiprocessors.
+DENSE_WGMMA_CHOSEN_MAX_M = 1
+
+
+def dense_wgmma_reason(m, k, mode, dev, n=0):
+    """Why the fused decode layer of x [M, K] by b [N, K] in activation ``mode`` does not run the
+    dense wgmma launch (None when it does; the launch itself takes 1..8 rows and 1 x 128 groups:
+    ``dense_wgmma_launch``)."""
+    from ... import _config
+    from ..ptx import sm90_wgmma
+    from .sm90_wgmma_gemv import WgGemvConfig, shared_bytes
+    from .tc_gemm import F16_SHARED_LIMIT
+
+    if SIMULATOR or not sm90_wgmma.available(dev.cc):
+        return "the dense wgmma GEMV needs sm_90 (wgmma)"
+    if DENSE_WGMMA_KERNEL in _disabled_kernels():
+        return f"{DENSE_WGMMA_KERNEL} is disabled by VT_DISABLE_KERNELS"
+    if not _config.dense_cublaslt_fp8_enabled():
+        return (
+            "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
+        )
+    if not 1 <= m <= DENSE_WGMMA_CHOSEN_MAX_M:
+        return f"the dense wgmma GEMV is chosen for {DENSE_WGMMA_CHOSEN_MAX_M} row (the fastest there), got M = {m}"
+    if mode == MODE_PER_GROUP:
+        return "with 1 x 128 group scales the tensor-core block GEMV is as fast (measured)"
+    from .sm90_wgmma_gemv import TILE_ROWS
+
+    if 2 * -(-n // TILE_ROWS) > dev.sm_count:
+        return f"N = {n} rows fill the GPU without splitting K: cuBLASLt reads a large weight faster (measured)"
+    if shared_bytes(WgGemvConfig(stages=2), k, DENSE_WGMMA_MAX_SPLIT) > F16_SHARED_LIMIT:
+        return f"a row of K = {k} does not fit the dense wgmma GEMV's shared memory"
+    return None
+
+
+def dense_wgmma_codes_launch(call, y_bits, block_scaled):
+    """(kernel, grid, block, args, shared bytes) of the dense wgmma launch's codes form for a
+    ``gemm.GemmCall`` / ``block.BlockCall`` (the fused launch's bytes for the same codes)."""
+    dev = call.device
+    sa_step, sb_step = (0, 0) if block_scaled else (call.sa_step, call.sb_step)
+    return dense_wgmma_launch(
+        call.m, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b, call.scale_a, call.scale_b, sb_step,
+        call.out_dtype, call.bias, MODE_CODES, block_scaled, y_bits, dev, a=call.a, sa_step=sa_step,
+    )  # fmt: skip
+
+
+def _disabled_kernels():
+    from ..gemm import disabled_kernels
+
+    return disabled_kernels()
+
+
+def dense_wgmma_launch(
+    m,
+    x_bits,
+    x_kind,
+    qscale,
+    b,
+    scale_a,
+    scale_b,
+    sb_step,
+    out_dtype,
+    bias,
+    mode,
+    block_scaled,
+    y_bits,
+    dev,
+    plan=None,
+    a=None,
+    sa_step=0,
+):
+    """(kernel, grid, block, args, shared bytes) of the dense wgmma layer for x's M rows into
+    ``y_bits`` (MODE_CODES: of the codes ``a`` with scale_a stepping ``sa_step`` a row); ``plan``
+    (split, stages) overrides ``dense_wgmma_split``'s (the benchmark's sweep)."""
+    from .sm90_wgmma_gemv import TILE_ROWS, WG_THREADS, WgGemvConfig, shared_bytes
+
+    n, k = b.shape
+    split, stages = plan or dense_wgmma_split(n, k, dev.sm_count)
+    bias_arg, bias_kind = bias_bits(bias, dev)
+    hardware = codec.hardware_available(dev.cc)
+    kernel = dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, np.dtype(out_dtype) == np.float32)
+    shared = shared_bytes(WgGemvConfig(stages=stages), k, split)
+    args = (
+        dev.placeholder("u8_2d") if a is None else a,
+        x_bits,
+        x_kind,
+        qscale,
+        b,
+        scale_a,
+        sa_step,
+        scale_b,
+        sb_step,
+        bias_arg,
+        bias_kind,
+        y_bits,
+        OUT_KIND[np.dtype(out_dtype)],
+    )
+    return _with_shared(kernel, shared, always=True), (-(-n // TILE_ROWS), split), WG_THREADS, args, shared
+
+
 __all__ = [
     "GemvConfig",
     "GEMV_CONFIGS",
@@ -1675,4 +1883,12 @@ __all__ = [
     "routed_kernel",
     "routed_launch",
     "routed_tiles",
+    "DENSE_WGMMA_KERNEL",
+    "DENSE_WGMMA_MAX_M",
+    "dense_wgmma_split",
+    "dense_wgmma_kernel",
+    "dense_wgmma_launch",
+    "dense_wgmma_codes_launch",
+    "dense_wgmma_reason",
+    "DENSE_WGMMA_CHOSEN_MAX_M",
 ]

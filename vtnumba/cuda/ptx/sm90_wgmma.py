@@ -323,6 +323,23 @@ if not SIMULATOR and intrinsic is not None:
         )
         return types.uint32(smem, word, parity), lowering(codegen, mlir)
 
+    # thread block clusters (PTX ISA "Cluster"; sm_90): a kernel whose PTX declares
+    # ``.reqnctapercluster`` (launch.Kernel's ``cluster`` option) runs its blocks in groups that
+    # share their shared memory. ``cluster_sync``: every thread of every block of the cluster
+    # arrives (release: its shared-memory writes are visible to the others) and waits (acquire).
+    # ``cluster_load``: word ``word`` of shared array ``smem`` as it is in block ``rank`` of the
+    # cluster (mapa gives the peer's address in the cluster's shared window).
+    cluster_sync = _void_asm("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;")
+    _CLUSTER_LOAD = "{ .reg .b32 peer; mapa.shared::cluster.u32 peer, $1, $2; ld.shared::cluster.u32 $0, [peer]; }"
+
+    @intrinsic
+    def cluster_load(typingctx, smem, word, rank):
+        def codegen(context, builder, signature, args):
+            return _on_shared_word(context, builder, signature, args, _CLUSTER_LOAD, "=r,r,r,~{memory}", returns=True)
+
+        mlir = _mlir_on_shared_word(_CLUSTER_LOAD, "=r,r,r,~{memory}", returns=True)
+        return types.uint32(smem, word, rank), lowering(codegen, mlir)
+
     _STASHES = {}
 
     def stash(regs):
@@ -392,4 +409,6 @@ __all__ = [
     "mbarrier_init",
     "mbarrier_arrive",
     "mbarrier_try_wait",
+    "cluster_sync",
+    "cluster_load",
 ]

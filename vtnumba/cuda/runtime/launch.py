@@ -125,6 +125,21 @@ def extern_dynamic_shared(ptx):
     return ptx[: module.end()] + decls + ptx[module.end() :]
 
 
+_ENTRY_BODY = re.compile(r"\.entry\s+[^(]+\([^)]*\)[^{]*")
+
+
+def with_cluster_dims(ptx, dims):
+    """``ptx`` with its one kernel declaring the thread block cluster ``dims`` (x, y, z) at compile
+    time, ``.reqnctapercluster`` before its body: a plain cuLaunchKernel then runs its blocks in
+    clusters of that shape (what CUDA C++'s ``__cluster_dims__`` emits; sm_90 on), and the grid must
+    divide by it."""
+    found = _ENTRY_BODY.search(ptx)
+    if found is None:
+        raise RuntimeError("compiled PTX has no .entry to declare a cluster shape for")
+    directive = ".reqnctapercluster {}, {}, {}\n".format(*dims)
+    return ptx[: found.end()] + directive + ptx[found.end() :]
+
+
 Buffer = namedtuple("Buffer", "ptr shape strides")
 Buffer.__doc__ = """A device buffer seen as an array argument: data pointer, shape and strides in bytes.
 Cheaper to make than a cupy view, e.g. ``Buffer(a.data.ptr, (a.size,), (a.itemsize,))`` passes a
@@ -246,7 +261,7 @@ class Kernel:
     """A kernel compiled once per device and launched through the CUDA driver (see the module
     docstring)."""
 
-    def __init__(self, pyfunc, signature, *, lineinfo=False, launch_bounds=None, arch=""):
+    def __init__(self, pyfunc, signature, *, lineinfo=False, launch_bounds=None, arch="", cluster=None):
         self.pyfunc = pyfunc
         self.signature = tuple(signature)
         self.name = getattr(pyfunc, "__qualname__", repr(pyfunc))
@@ -257,6 +272,8 @@ class Kernel:
         # "a": the arch-specific target (sm_90a), for instructions only it has (ptx/sm90_wgmma.py); its PTX
         # loads on that exact compute capability only
         self._arch = arch
+        # (x, y, z): blocks a thread block cluster, declared in the PTX (``with_cluster_dims``)
+        self._cluster = cluster
         self._functions = {}  # device id -> cupy Function (it keeps its module loaded)
         self._lock = threading.Lock()
         self._dispatcher = None  # simulator only
@@ -291,6 +308,8 @@ class Kernel:
         # NVVM's C-string terminator; the driver stops there, but ptxas reads a file with it as a
         # truncated statement ("Unexpected EOF", docs/DEVICE.md)
         ptx = ptx.rstrip("\x00")
+        if self._cluster is not None:
+            ptx = with_cluster_dims(ptx, self._cluster)
         return extern_dynamic_shared(ptx) if MLIR else ptx
 
     def _load(self, device_id):
@@ -474,4 +493,12 @@ def compile_kernel(pyfunc, signature, **options):
     return kernel
 
 
-__all__ = ["Buffer", "Kernel", "PreparedLaunch", "compile_kernel", "entry_params", "extern_dynamic_shared"]
+__all__ = [
+    "Buffer",
+    "Kernel",
+    "PreparedLaunch",
+    "compile_kernel",
+    "entry_params",
+    "extern_dynamic_shared",
+    "with_cluster_dims",
+]

@@ -1,0 +1,54 @@
+"""The dense decode layer on the swapped wgmma pass (kernels/tc_gemv.py), offline, no GPU: how its K
+is split over a cluster for a weight shape, the cluster shape written into the PTX, and the kernels
+assembled for sm_90a with Hopper's native FP8 wgmma (QGMMA), no FP8 unpack, no spill, the split forms
+with the cluster barrier and the distributed shared-memory reads (the H200 runs them:
+tests/test_dense_wgmma_gpu.py)."""
+
+import pytest
+from test_sm120_compile import compile_for  # noqa: F401  (the fixture: ptxas, cuobjdump, NVVM)
+
+from vtnumba.cuda.kernels import tc_gemv
+from vtnumba.cuda.runtime.launch import with_cluster_dims
+
+QGMMA = "QGMMA.64"  # QGMMA.64x8x32.F32.E4M3.E4M3 (the report cuts the name at its lowercase x)
+
+
+def test_the_split_follows_the_tiles():
+    # (N, K) -> (split, stages) on the H200's 132 multiprocessors: at most a block a multiprocessor
+    assert tc_gemv.dense_wgmma_split(4096, 2048, 132) == (2, 5)  # Qwen3-30B-A3B q_proj
+    assert tc_gemv.dense_wgmma_split(2048, 4096, 132) == (4, 5)  # its o_proj
+    assert tc_gemv.dense_wgmma_split(512, 2048, 132) == (8, 3)  # its k_proj, v_proj
+    assert tc_gemv.dense_wgmma_split(28672, 4096, 132) == (1, 5)  # 448 tiles: no split
+    assert tc_gemv.dense_wgmma_split(64, 256, 132) == (2, 2)  # no more blocks than K blocks
+    assert tc_gemv.dense_wgmma_split(96, 2176, 132) == (6, 4)  # 17 K blocks: 6 blocks of 3, none idle
+
+
+def test_the_cluster_shape_goes_before_the_kernel_body():
+    ptx = ".visible .entry k(\n\t.param .u64 a\n)\n.maxntid 128, 1, 1\n{\n\tret;\n}\n"
+    out = with_cluster_dims(ptx, (1, 4, 1))
+    assert out.index(".reqnctapercluster 1, 4, 1") < out.index("{") and out.count(".reqnctapercluster") == 1
+    with pytest.raises(RuntimeError, match="no .entry"):
+        with_cluster_dims(".version 8.0\n", (1, 2, 1))
+
+
+@pytest.mark.parametrize(
+    "m,split,stages,mode,block_scaled",
+    [
+        (1, 8, 3, tc_gemv.MODE_PER_TOKEN, False),
+        (8, 2, 5, tc_gemv.MODE_STATIC, False),
+        (4, 4, 5, tc_gemv.MODE_DYNAMIC, False),
+        (1, 4, 5, tc_gemv.MODE_PER_GROUP, True),
+        (4, 2, 5, tc_gemv.MODE_CODES, False),
+        (2, 1, 5, tc_gemv.MODE_CODES, True),
+    ],
+)
+def test_the_dense_wgmma_kernels_assemble_for_sm_90a(compile_for, m, split, stages, mode, block_scaled):  # noqa: F811
+    kernel = tc_gemv.dense_wgmma_kernel(m, split, stages, mode, block_scaled, True, False)
+    arch, record = compile_for((9, 0), kernel)
+    assert arch == "sm_90a"
+    assert set(record["sass_mma"]) == {QGMMA}, record["sass_mma"]
+    assert record["sass_fp8_unpack"] == 0 and record["spill_stores"] == 0, record
+    ptx = kernel.ptx((9, 0))
+    clustered = split > 1
+    assert (f".reqnctapercluster 1, {split}, 1" in ptx) == clustered
+    assert ("barrier.cluster.arrive.release" in ptx and "mapa.shared::cluster" in ptx) == clustered
