@@ -45,30 +45,27 @@ COLD_BYTES = 128 << 20
 
 
 @contextlib.contextmanager
-def disabled(names):
-    old = os.environ.get("VT_DISABLE_KERNELS")
-    os.environ["VT_DISABLE_KERNELS"] = ",".join(filter(None, [old, names]))
+def env(name, value):
+    """The environment variable ``name`` set to ``value`` inside the block (as it was after)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["VT_DISABLE_KERNELS"]
+            del os.environ[name]
         else:
-            os.environ["VT_DISABLE_KERNELS"] = old
+            os.environ[name] = old
 
 
-@contextlib.contextmanager
+def disabled(names):
+    """VT_DISABLE_KERNELS with ``names`` added."""
+    return env("VT_DISABLE_KERNELS", ",".join(filter(None, [os.environ.get("VT_DISABLE_KERNELS"), names])))
+
+
 def split_order():
     """VT_DECODE_PATH=split: the kernel order a CUDA graph capture took at decode before."""
-    old = os.environ.get("VT_DECODE_PATH")
-    os.environ["VT_DECODE_PATH"] = "split"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["VT_DECODE_PATH"]
-        else:
-            os.environ["VT_DECODE_PATH"] = old
+    return env("VT_DECODE_PATH", "split")
 
 
 def layer(scheme, n, k, copies, rng):
