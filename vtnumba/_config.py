@@ -65,6 +65,12 @@ def dense_cublaslt_fp8_enabled() -> bool:
 DECODE_PATHS = ("auto", "fused", "split")
 
 
+def disabled_kernels():
+    """Kernel names in VT_DISABLE_KERNELS (comma-separated), read at every call."""
+    value = os.environ.get("VT_DISABLE_KERNELS", "")
+    return {name.strip() for name in value.split(",") if name.strip()} if value else ()
+
+
 def decode_path() -> str:
     """VT_DECODE_PATH, read now: 'auto' (unset or empty), 'fused' or 'split'."""
     value = os.environ.get("VT_DECODE_PATH") or "auto"

@@ -434,10 +434,7 @@ _LARGE_M_ORDER = KERNELS
 _SMALL_M_ORDER = (KERNELS_BY_NAME["decode_gemv"],) + tuple(k for k in KERNELS if k.name != "decode_gemv")
 
 
-def disabled_kernels():
-    """Kernel names in VT_DISABLE_KERNELS (comma-separated), read at every call."""
-    value = os.environ.get("VT_DISABLE_KERNELS", "")
-    return {name.strip() for name in value.split(",") if name.strip()} if value else ()
+disabled_kernels = _config.disabled_kernels  # (kernels/ read it there: they sit below this module)
 
 
 # At decode in eager code the tensor-core GEMV goes first (docs/DESIGN.md, "Decode: one launch in eager"):

@@ -1761,7 +1761,7 @@ def dense_wgmma_reason(m, k, mode, dev, n=0):
 
     if SIMULATOR or not sm90_wgmma.available(dev.cc):
         return "the dense wgmma GEMV needs sm_90 (wgmma)"
-    if DENSE_WGMMA_KERNEL in _disabled_kernels():
+    if DENSE_WGMMA_KERNEL in _config.disabled_kernels():
         return f"{DENSE_WGMMA_KERNEL} is disabled by VT_DISABLE_KERNELS"
     if not _config.dense_cublaslt_fp8_enabled():
         return (
@@ -1789,12 +1789,6 @@ def dense_wgmma_codes_launch(call, y_bits, block_scaled):
         call.m, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), call.b, call.scale_a, call.scale_b, sb_step,
         call.out_dtype, call.bias, MODE_CODES, block_scaled, y_bits, dev, a=call.a, sa_step=sa_step,
     )  # fmt: skip
-
-
-def _disabled_kernels():
-    from ..gemm import disabled_kernels
-
-    return disabled_kernels()
 
 
 def dense_wgmma_launch(
