@@ -429,7 +429,9 @@ class WgmmaGemm(_NumbaKernel):
 # GPUs before sm_89, the simulator).
 KERNELS = (CublasLt(), CublasLtF32Epilogue(), TensorCoreGemv(), TensorCoreGemm(), DecodeGemv(), Tiled())
 # and, chosen by name only, the wgmma GEMM (not exact in G3's sense; see WgmmaGemm)
-KERNELS_BY_NAME = {k.name: k for k in KERNELS + (WgmmaGemm(), WgmmaGemm(wg_gemm.PER_WGMMA))}
+KERNELS_BY_NAME: dict[str, Kernel] = {
+    k.name: k for k in KERNELS + (WgmmaGemm(), WgmmaGemm(wg_gemm.PER_WGMMA), DenseWgmmaGemv())
+}
 _LARGE_M_ORDER = KERNELS
 _SMALL_M_ORDER = (KERNELS_BY_NAME["decode_gemv"],) + tuple(k for k in KERNELS if k.name != "decode_gemv")
 
@@ -443,7 +445,6 @@ disabled_kernels = _config.disabled_kernels  # (kernels/ read it there: they sit
 # where cuBLASLt is 0-23% faster at M = 1 and up to 1.9x at M = 16 (benchmarks/RESULTS.md, 2026-11-30 17:47).
 # On sm_90 the dense wgmma launch's codes form goes ahead of it at M = 1 (where the lever lets it
 # run), so quantize-then-GEMV gives the fused dense wgmma launch's bytes (tc_gemv.py).
-KERNELS_BY_NAME[DenseWgmmaGemv.name] = DenseWgmmaGemv()
 _DECODE_ORDER = (KERNELS_BY_NAME[DenseWgmmaGemv.name], KERNELS_BY_NAME["tensorcore_gemv"]) + tuple(
     k for k in KERNELS if k.name != "tensorcore_gemv"
 )
