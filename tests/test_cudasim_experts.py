@@ -348,8 +348,10 @@ def test_kernel_choice_says_why(gpu):
         gpu.grouped_kernel_for(a, sa, b, sb, offsets, F32, bs, kernel="grouped")
     with pytest.raises(ValueError, match="kernel must be one of"):
         gpu.grouped_kernel_for(a, sa, b, sb, offsets, F32, bs, kernel="nope")
-    call = gpu.GroupedCall(a, sa, b, sb, offsets, F32, bs)
-    reasons = {k.name: k.reason(call, False) for k in gpu.KERNELS}
+    from vtnumba.cuda import grouped
+
+    call = grouped.GroupedCall(a, sa, b, sb, offsets, F32, bs)
+    reasons = {k.name: k.reason(call, False) for k in grouped.KERNELS}
     assert "simulator" in reasons["tensorcore_grouped_gemv"]
     assert "simulator" in reasons["per_expert"]
     assert reasons["grouped_general"] is None
@@ -420,9 +422,11 @@ def test_sparse_routing_runs_a_grid_row_per_routed_expert(gpu):
     rng = np.random.default_rng(12)
     counts = [0, 0, 2, 0, 0, 1, 0, 0, 0, 0, 1, 0]  # 3 of 12 experts, P = 4 + 1 padding row
     a, sa, b, sb, offsets, bs = _operands(rng, "per_channel", counts, 16, 32)
-    gpu._backend()
-    call = gpu.GroupedCall(a, sa, b, sb, offsets, F32, bs)
-    active = np.asarray(gpu.active_map(call))
+    from vtnumba.cuda import grouped, steps
+
+    steps.load()
+    call = grouped.GroupedCall(a, sa, b, sb, offsets, F32, bs)
+    active = np.asarray(grouped.active_map(call))
     assert active.shape == (6,) and sorted(active[:3]) == [2, 5, 10] and list(active[3:]) == [-1, -1, 12]
     for kernel in ("grouped", "grouped_general"):
         y = gpu.grouped_scaled_mm(a, sa, b, sb, offsets, F32, bs, kernel=kernel)

@@ -308,11 +308,11 @@ def test_the_wgmma_tiles_are_64_rows_below_256_rows_an_expert():
     map made in the same unit the kernel's tiles cover (no kernel runs: the simulator has no wgmma)."""
     from collections import namedtuple
 
-    from vtnumba.cuda import experts
+    from vtnumba.cuda import grouped
     from vtnumba.cuda.kernels import sm90_wgmma_gemm as wg
 
     call = namedtuple("Call", "p e")
     for p, e, want in ((64 * 128, 128, 64), (255 * 128, 128, 64), (256 * 128, 128, 128), (512 * 16, 16, 128)):
         cfg = wg.grouped_config(call(p, e))
         assert (wg.block_rows(cfg), wg.threads(cfg)) == (want, 128 if want == 64 else 256), (p, e)
-        assert experts.WgmmaGrouped().tile_rows(call(p, e)) == want, (p, e)
+        assert grouped.WgmmaGrouped().tile_rows(call(p, e)) == want, (p, e)

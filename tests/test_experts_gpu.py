@@ -103,7 +103,7 @@ def _scales_close(got, want):
 
 def _expected_kernel(name, rows_per_expert):
     """The kernel the choice gives on the H200 (sm_90) for ``rows_per_expert`` rows in each expert."""
-    from vtnumba.cuda.experts import PER_EXPERT_MIN_FLOPS, TILED_MIN_ROWS
+    from vtnumba.cuda.grouped import PER_EXPERT_MIN_FLOPS, TILED_MIN_ROWS
 
     if 2 * rows_per_expert * (2 * I) * H >= PER_EXPERT_MIN_FLOPS:  # gate_up's [2I, H] experts
         return "per_expert"

@@ -139,11 +139,11 @@ def _dense(kernel_name, block_size):
 
 def run_tiled(cp, kernel_name, a, sa, b, sb, offsets, out_dtype, block_size):
     """grouped_scaled_mm with the tiled kernel named; host bits (float32, or 16-bit words)."""
-    from vtnumba.cuda import experts
+    from vtnumba.cuda import grouped
 
     d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
-    assert experts.grouped_kernel_for(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel_name) == kernel_name
-    y = experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel=kernel_name)
+    assert grouped.grouped_kernel_for(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel_name) == kernel_name
+    y = grouped.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], out_dtype, block_size, kernel=kernel_name)
     return (y if np.dtype(out_dtype) == F32 else y.view(np.uint16)).get()
 
 
@@ -242,26 +242,26 @@ def test_grouped_tiled_gemm_real_shapes(cp, monkeypatch, kernel_name, tiles, e, 
 def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
     """Decode rows take the GEMV; prefill rows the wgmma tiles on sm_90 (the mma.sync ones elsewhere),
     the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_FLOPS an expert."""
-    from vtnumba.cuda import experts
+    from vtnumba.cuda import grouped
     from vtnumba.cuda.runtime import device
 
     e, n, k = 16, 512, 256
     rng = np.random.default_rng(61)
     sm90 = tuple(device.current().cc) == (9, 0)
     # per_expert's threshold lowered to these experts' FLOPs at 1024 rows each (its default is 1e11)
-    monkeypatch.setattr(experts, "PER_EXPERT_MIN_FLOPS", 2 * 1024 * n * k)
+    monkeypatch.setattr(grouped, "PER_EXPERT_MIN_FLOPS", 2 * 1024 * n * k)
     for rows, want in (
         (8, "tensorcore_grouped_gemv"),
         (64, "wgmma_grouped_gemm" if sm90 else "tensorcore_grouped_gemm"),
         (1024, "per_expert"),
     ):
         a, sa, b, sb, offsets = (cp.asarray(v) for v in grouped_case(rng, [rows] * e, 0, n, k, "row_channel"))
-        assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == want, rows
+        assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == want, rows
         if rows == 64:
             monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
-            assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemm"
+            assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemm"
             monkeypatch.setenv("VT_DISABLE_KERNELS", "tensorcore_grouped_gemm")
-            assert experts.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemv"
+            assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemv"
             monkeypatch.delenv("VT_DENSE_CUBLASLT_FP8")
             monkeypatch.delenv("VT_DISABLE_KERNELS")
 
@@ -269,26 +269,26 @@ def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
 def test_a_prefill_grouped_gemm_is_captured_and_follows_new_offsets(cp):
     """The tile map is made on the device from the offsets: a captured prefill-sized call replays
     right on other counts (no read-back, unlike per_expert)."""
-    from vtnumba.cuda import experts
+    from vtnumba.cuda import grouped
 
     rng = np.random.default_rng(71)
     counts = [40, 0, 90, 30]
     a, sa, b, sb, offsets = grouped_case(rng, counts, 4, 512, 1024, "row_channel")
     d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
     try:  # the wgmma tiles where they run (sm_90), else the mma.sync ones
-        name = experts.grouped_kernel_for(d[0], d[1], d[2], d[3], d[4], F32, kernel="wgmma_grouped_gemm")
+        name = grouped.grouped_kernel_for(d[0], d[1], d[2], d[3], d[4], F32, kernel="wgmma_grouped_gemm")
     except ValueError:
         name = "tensorcore_grouped_gemm"
 
     def check(y, a, sa, b, sb, offsets, out_dtype, block_size):
         return check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, name == "wgmma_grouped_gemm")
 
-    experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)  # compile and load first
+    grouped.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)  # compile and load first
     cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        y = experts.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)
+        y = grouped.grouped_scaled_mm(d[0], d[1], d[2], d[3], d[4], F32, kernel=name)
         graph = stream.end_capture()
         graph.launch(stream)
         stream.synchronize()

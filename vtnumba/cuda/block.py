@@ -38,12 +38,13 @@ import numpy as np
 
 from .. import _arrays, _config
 from .._format import MX_BLOCK
-from .gemm import Kernel, Launch, Matmul, choose, decode_gemv_reason, execute
+from .gemm import Kernel, Launch, Matmul, decode_gemv_reason, execute
 from .kernels import sm90_wgmma_gemm as wg_gemm
 from .kernels import tc_gemm, tc_gemv
 from .kernels.epilogue import OUT_KIND, bias_bits, out_bits
 from .kernels.tiled import TILE_M, TILE_N, TILED_THREADS, tiled_block_kernel
 from .ptx.target import SIMULATOR
+from .registry import choose
 from .runtime import cublaslt, device
 
 _F32 = np.dtype(np.float32)
@@ -107,7 +108,7 @@ def _padded_weight_scales(scale_b):
 class CublasLtBlock(Kernel):
     name = "cublaslt_block"
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         if call.e8m0_a:
             return False, _E8M0_ACTIVATION
         if not _config.dense_cublaslt_fp8_enabled():
@@ -184,7 +185,7 @@ class TensorCoreBlockGemv(Kernel):
     def __init__(self, simulate=False):
         self.simulate = simulate
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = _tensorcore_block_reason(call, self.simulate) or tc_gemv.gemv_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
@@ -198,7 +199,7 @@ class TensorCoreBlock(Kernel):
     def __init__(self, promotion=tc_gemm.PER_MMA, simulate=False):
         self.promotion, self.simulate = promotion, simulate
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = _tensorcore_block_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
@@ -212,7 +213,7 @@ class WgmmaBlock(Kernel):
 
     name = "wgmma_block"
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         if call.e8m0_a:
             return False, _E8M0_ACTIVATION
         if (call.block_n, call.block_k) != (128, 128):
@@ -232,7 +233,7 @@ class TensorCoreMx(Kernel):
     def __init__(self, mma_kind=None, simulate=False):
         self.mma_kind, self.simulate = mma_kind, simulate  # None: tc_gemm.mma_kind_for the device
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         if not call.mx:
             return False, (
                 f"the MX kernel takes E8M0 scales on both operands with block_size {MX_BLOCK}, got "
@@ -249,7 +250,7 @@ class TensorCoreMx(Kernel):
 class TiledBlock(Kernel):
     name = "tiled_block"
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         return True, ""  # any block size, shape, strides and GPU; E8M0 or float scales
 
     def steps(self, call, y, scratch):
@@ -289,7 +290,7 @@ _DECODE_KERNELS = (KERNELS_BY_NAME["tensorcore_block_gemv"],) + tuple(
 
 def select(call, kernel=None, regime=None):
     """The kernel that runs ``call`` (``kernel`` by name if given) in ``regime`` ('eager', 'graph';
-    None: the current stream's); ValueError listing every reason when none can (``gemm.choose``)."""
+    None: the current stream's); ValueError listing every reason when none can (``registry.choose``)."""
     decode = call.m <= tc_gemv.GEMV_MAX_M and decode_gemv_reason(call.m, regime) is None
     return choose(call, kernel, _DECODE_KERNELS if decode else KERNELS, KERNELS_BY_NAME, "block-scaled GEMM")
 

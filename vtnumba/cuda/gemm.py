@@ -1,8 +1,8 @@
 """The GPU FP8 GEMM: which kernel runs a call, and the fused FP8 linear layer for decode.
 
 ``scaled_mm`` computes DESIGN.md's ``y = round_out((sum_k dec(a) dec(b)) * sa * sb + bias)`` on
-cupy arrays. Kernels are tried in priority order, in the style of vLLM's scaled-mm kernel selection
-(``vllm/model_executor/layers/quantization/kernels/scaled_mm/__init__.py``): each kernel says whether
+cupy arrays. Kernels are tried in priority order by ``registry.choose``, in the style of vLLM's
+scaled-mm kernel selection (``vllm/model_executor/layers/quantization/kernels/scaled_mm/__init__.py``): each kernel says whether
 it can run this call and, if not, why; the first that can, runs; when none can, one error lists
 every reason. ``VT_DISABLE_KERNELS=name1,name2`` (read at every call) takes kernels out of the list;
 ``kernel=`` forces one by name (tests, benchmarks).
@@ -46,7 +46,6 @@ value), so a call never transfers or synchronizes once warm; graph capture needs
 with the same scale values first (the plan, the workspace and the scale buffers then exist).
 """
 
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -57,6 +56,7 @@ from .kernels import gemv, tc_gemm, tc_gemv, tiled
 from .kernels import sm90_wgmma_gemm as wg_gemm
 from .kernels.epilogue import OUT_KIND, bias_bits, epilogue_launch, out_bits, scale_vector
 from .ptx.target import SIMULATOR
+from .registry import choose
 from .runtime import cublaslt, device
 
 # Up to this M the decode GEMV is tried before cuBLASLt. 0 = cuBLASLt first at every M, by the H200
@@ -240,7 +240,7 @@ class _OnCublasLt(Kernel):
     """A kernel whose GEMM is cuBLASLt's: it takes a call only where cuBLASLt takes the operands
     (``_cublaslt_reason``) and has a plan for the call's settings (``take_plan``)."""
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = _cublaslt_reason(call)
         return (False, reason) if reason else self.take_plan(call)
 
@@ -314,7 +314,7 @@ class CublasLtF32Epilogue(_OnCublasLt):
 class DecodeGemv(_NumbaKernel):
     name = "decode_gemv"
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = gemv.gemv_reason(call.m, call.k, call.b, a=call.a)
         return (False, reason) if reason else (True, "")
 
@@ -325,7 +325,7 @@ class DecodeGemv(_NumbaKernel):
 class Tiled(_NumbaKernel):
     name = "tiled"
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         return True, ""  # any shape, any strides: the path of last resort
 
     def launch(self, call, y_bits):
@@ -358,7 +358,7 @@ class TensorCoreGemv(_NumbaKernel):
     def __init__(self, simulate=False):
         self.simulate = simulate  # the simulator runs it only when asked (tests of its tile logic)
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = tc_gemv.gemv_reason(call, self.simulate)
         return (False, reason) if reason else (True, "")
 
@@ -373,7 +373,7 @@ class DenseWgmmaGemv(_NumbaKernel):
 
     name = tc_gemv.DENSE_WGMMA_KERNEL
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = tc_gemv.gemv_reason(call) or tc_gemv.dense_wgmma_reason(
             call.m, call.k, tc_gemv.MODE_CODES, call.device, call.n
         )
@@ -393,7 +393,7 @@ class TensorCoreGemm(_NumbaKernel):
             raise ValueError(f"promotion must be one of {tc_gemm.PROMOTIONS}, got {promotion!r}")
         self.promotion, self.config, self.simulate = promotion, config, simulate
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = tc_gemm.unavailable_reason(call.device, self.simulate) or tc_gemm.shape_reason(call)
         return (False, reason) if reason else (True, "")
 
@@ -416,7 +416,7 @@ class WgmmaGemm(_NumbaKernel):
         self.promotion, self.config = promotion, config
         self.name = self.NAMES[promotion]
 
-    def can_implement(self, call):
+    def can_implement(self, call, named=False):
         reason = wg_gemm.unavailable_reason(call.device) or wg_gemm.shape_reason(call)
         return (False, reason) if reason else (True, "")
 
@@ -484,37 +484,6 @@ def select(call, kernel=None, regime=None):
     """The kernel that runs ``call``: ``kernel`` (a name) if given, else the first in priority
     order (``kernel_order``) that can; ValueError listing every reason when none can."""
     return choose(call, kernel, kernel_order(call.m, regime), KERNELS_BY_NAME, "FP8 GEMM")
-
-
-def choose(call, kernel, candidates, by_name, what):
-    """The first of ``candidates`` that can run ``call`` (each says ``can_implement`` and why not),
-    or the one named ``kernel``; the kernels named in VT_DISABLE_KERNELS (read at every call) are
-    left out. None fitting is one ValueError listing every reason, as vLLM's kernel choice does."""
-    disabled = disabled_kernels()
-    if kernel is not None:
-        chosen = by_name.get(kernel)
-        if chosen is None:
-            raise ValueError(f"kernel must be one of {sorted(by_name)} or None for a {what} call, got {kernel!r}")
-        if chosen.name in disabled:
-            raise ValueError(
-                f"kernel {kernel!r} is disabled by VT_DISABLE_KERNELS={os.environ['VT_DISABLE_KERNELS']!r}"
-            )
-        ok, why = chosen.can_implement(call)
-        if not ok:
-            raise ValueError(f"kernel {kernel!r} cannot run this call: {why}")
-        return chosen
-    reasons = []
-    for candidate in candidates:
-        if candidate.name in disabled:
-            reasons.append(f"{candidate.name}: disabled by VT_DISABLE_KERNELS")
-            continue
-        ok, why = candidate.can_implement(call)
-        if ok:
-            return candidate
-        reasons.append(f"{candidate.name}: {why}")
-    raise ValueError(
-        f"no GPU {what} kernel can run a [{call.m}, {call.k}] x [{call.n}, {call.k}]^T call:\n  " + "\n  ".join(reasons)
-    )
 
 
 def scaled_mm(a, b, scale_a, scale_b, out_dtype=np.float32, bias=None, kernel=None):

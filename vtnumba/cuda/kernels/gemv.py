@@ -71,6 +71,7 @@ from .epilogue import (
     store_out,
 )
 from .quant import block_max_for
+from .rows import fma_rows_for
 
 
 class GemvStage(enum.IntEnum):
@@ -289,22 +290,7 @@ def gemv_kernel(m_tile, hardware, mode, rows, threads):
                 for j in range(16):
                     xv[16 * m + j] = _F32_ZERO
 
-    @cuda.jit(**DEVICE_INLINE)
-    def fma_rows(words, xv, acc, w_nan):
-        """The step's products, weight bytes decoded by bit placement: acc[r, m] += w[r] . x[m] in
-        float32, 16 products per row and activation row; NaN codes flagged per weight row."""
-        for r in range(rows):
-            for q in range(4):
-                w = words[4 * r + q]
-                w_nan[r] |= nan_code_bits(w)
-                f0, f1, f2, f3 = e4m3x4_scaled(w)
-                for m in range(m_tile):
-                    s = acc[r * m_tile + m]
-                    s += f0 * xv[16 * m + 4 * q]
-                    s += f1 * xv[16 * m + 4 * q + 1]
-                    s += f2 * xv[16 * m + 4 * q + 2]
-                    s += f3 * xv[16 * m + 4 * q + 3]
-                    acc[r * m_tile + m] = s
+    fma_rows = fma_rows_for(rows, m_tile)
 
     @cuda.jit(**DEVICE_INLINE)
     def reduce_and_store(

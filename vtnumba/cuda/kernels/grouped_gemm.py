@@ -41,6 +41,7 @@ from ..ptx.codec import decode_e4m3, decode_e8m0, e4m3x4_scaled, fill, nan_code_
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
 from ..runtime.launch import compile_kernel
 from .epilogue import out_type, store_out
+from .rows import fma_rows_for
 
 _F32_ZERO = np.float32(0.0)
 _F32_NAN = np.float32(np.nan)
@@ -144,20 +145,7 @@ def grouped_kernel(m_tile, rows, threads, segment, blocked, sa_e8m0, sb_e8m0, ha
             for i in range(n_acc):
                 sums[i] = segment_sum(vals[i], scratch, lane, warp, width)
 
-    @cuda.jit(**DEVICE_INLINE)
-    def fma_rows(words, xv, part, w_nan):
-        for r in range(rows):
-            for q in range(4):
-                w = words[4 * r + q]
-                w_nan[r] |= nan_code_bits(w)
-                f0, f1, f2, f3 = e4m3x4_scaled(w)
-                for m in range(m_tile):
-                    s = part[r * m_tile + m]
-                    s += f0 * xv[16 * m + 4 * q]
-                    s += f1 * xv[16 * m + 4 * q + 1]
-                    s += f2 * xv[16 * m + 4 * q + 2]
-                    s += f3 * xv[16 * m + 4 * q + 3]
-                    part[r * m_tile + m] = s
+    fma_rows = fma_rows_for(rows, m_tile)
 
     def grouped(
         a,
@@ -378,7 +366,7 @@ def general_launcher(sa_e8m0, sb_e8m0, out_is_float32):
 
 
 # ------------------------------------------------------------------------------------------------
-# host side: which of the two takes a call, and its launch (``call`` is experts.GroupedCall)
+# host side: which of the two takes a call, and its launch (``call`` is grouped.GroupedCall)
 
 
 def segment_for(block_k):

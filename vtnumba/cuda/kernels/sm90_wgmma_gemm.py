@@ -779,7 +779,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_128, config=None):
 
 
 def grouped_reason(call):
-    """Why the grouped wgmma GEMM cannot take an ``experts.GroupedCall`` (None when it can)."""
+    """Why the grouped wgmma GEMM cannot take an ``grouped.GroupedCall`` (None when it can)."""
     why = unavailable_reason(call.device) or tc_gemm.grouped_shape_reason(call, "the grouped wgmma GEMM")
     if why is None:
         scales = tc_gemm.grouped_scales(call)
@@ -806,7 +806,7 @@ def grouped_config(call):
 
 
 def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_128, config=None):
-    """(kernel, grid, block, args) of the grouped wgmma GEMM for an ``experts.GroupedCall`` over
+    """(kernel, grid, block, args) of the grouped wgmma GEMM for an ``grouped.GroupedCall`` over
     ``tiles`` (``moe.row_tiles_launch``'s map, ``block_rows(cfg)`` rows a tile; ``cfg``
     ``grouped_config(call)`` unless given)."""
     cfg = config or grouped_config(call)

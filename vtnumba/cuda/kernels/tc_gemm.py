@@ -1196,7 +1196,7 @@ def gemm_launch(call, y_bits, block_scaled, promotion=PER_MMA, config=None, mma_
 
 
 def grouped_scales(call):
-    """(scale_a, sa_step, scale_b, sb_step, block_scaled, mx) of an ``experts.GroupedCall`` as the
+    """(scale_a, sa_step, scale_b, sb_step, block_scaled, mx) of an ``grouped.GroupedCall`` as the
     grouped kernels take them, or a str saying why they cannot: float32 per-tensor / per-row
     activations with per-expert per-tensor / per-channel weights; 128 x 128 weight blocks with 1 x 128
     activation groups; MXFP8 (E8M0 bytes, 1 x 32 blocks)."""
@@ -1229,7 +1229,7 @@ def grouped_shape_reason(call, kernels="the tiled grouped GEMM"):
 
 
 def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_MMA, config=None, mma_kind=None):
-    """(kernel, grid, block, args) of the grouped tiled tensor-core GEMM for an ``experts.GroupedCall``
+    """(kernel, grid, block, args) of the grouped tiled tensor-core GEMM for an ``grouped.GroupedCall``
     (its reasons: ``grouped_scales``, ``grouped_shape_reason``) over ``tiles``, the map
     ``moe.row_tiles_launch`` made with ``grouped_tile_rows(call)`` rows a tile."""
     block_scaled, mx = grouped_scales(call)[4:]
@@ -1247,7 +1247,7 @@ def grouped_gemm_launch(call, y_bits, tiles, promotion=PER_MMA, config=None, mma
 
 def grouped_args(call, y_bits, tiles):
     """The arguments of a grouped tiled GEMM kernel (``grouped_gemm_signature``; this module's and
-    sm90_wgmma_gemm.py's) for an ``experts.GroupedCall`` over the tile map ``tiles``: no bias."""
+    sm90_wgmma_gemm.py's) for an ``grouped.GroupedCall`` over the tile map ``tiles``: no bias."""
     scale_a, sa_step, scale_b, sb_step = grouped_scales(call)[:4]
     bias, bias_kind = bias_bits(None, call.device)
     return (
