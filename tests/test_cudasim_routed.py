@@ -72,9 +72,11 @@ def test_routed_pairs_are_the_fused_gemv_alone(gpu, name, paired, monkeypatch):
         configs = {"gate_up": tc_gemv.GEMV_CONFIGS["sim_r32_w2_d2"], "down": tc_gemv.GEMV_CONFIGS["sim_r16_w2_d2"]}
         monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled, wgmma=False: configs[stage])
     # every array the steps make starts poisoned (NaN, or -7 for the counters gate_up must zero)
+    from vtnumba.cuda import steps
+
     monkeypatch.setattr(
-        gpu,
-        "_empty",
+        steps,
+        "empty",
         lambda shape, dtype, make=None: np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype),
     )
     gu, dn, x, ids, w = _case(name)

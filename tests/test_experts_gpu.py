@@ -293,8 +293,9 @@ def test_the_per_expert_path_is_refused_while_capturing(cp, monkeypatch):
     the same bounds."""
     import vtnumba.cuda
     from vtnumba.cuda import experts as gpu
+    from vtnumba.cuda import grouped
 
-    monkeypatch.setattr(gpu, "PER_EXPERT_MIN_FLOPS", 2 * 256 * (2 * I) * H)
+    monkeypatch.setattr(grouped, "PER_EXPERT_MIN_FLOPS", 2 * 256 * (2 * I) * H)
     gu, _, gu_res, _ = _layer("dynamic")
     counts = [256] * E
     offsets = cp.asarray(_offsets(counts))
@@ -416,8 +417,7 @@ def test_what_a_binding_refuses(cp, monkeypatch):
     outside the scratch (int16 ids, widened by a cupy astype) is not bound: bind_moe says why, the
     seam keeps None under its key, and those calls keep giving the full path's bytes without
     trying to bind again."""
-    from vtnumba.cuda import bound
-    from vtnumba.cuda import experts as gpu
+    from vtnumba.cuda import bound, grouped
 
     _, _, gu_res, dn_res = _layer("per_token")
     rng = np.random.default_rng(22)
@@ -426,7 +426,7 @@ def test_what_a_binding_refuses(cp, monkeypatch):
     replay, why = bound.bind_moe(x, ids16, w, lambda: se.MoeCall(x, gu_res, dn_res, ids16, w).run())
     assert replay is None and "outside the steps' scratch" in why
     t = 512  # 1024 pairs over 8 experts: 128 rows an expert, at per_expert's threshold lowered to these experts
-    monkeypatch.setattr(gpu, "PER_EXPERT_MIN_FLOPS", 2 * 128 * (2 * I) * H)
+    monkeypatch.setattr(grouped, "PER_EXPERT_MIN_FLOPS", 2 * 128 * (2 * I) * H)
     big = cp.asarray(rng.standard_normal((t, H)).astype(np.float32))
     big_ids = cp.asarray(np.stack([rng.choice(E, 2, replace=False) for _ in range(t)]).astype(np.int64))
     big_w = cp.asarray(rng.uniform(0.1, 1, size=(t, 2)).astype(np.float32))
