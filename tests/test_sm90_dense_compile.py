@@ -23,6 +23,38 @@ def test_the_split_follows_the_tiles():
     assert tc_gemv.dense_wgmma_split(96, 2176, 132) == (6, 4)  # 17 K blocks: 6 blocks of 3, none idle
 
 
+def test_the_dense_wgmma_launch_is_chosen_where_the_h200_measured_it_fastest(monkeypatch):
+    """dense_wgmma_reason on an H200's numbers (sm_90, 132 multiprocessors), no GPU: one row, per-tensor
+    or per-token scales, at most 66 64-row tiles (tc_gemv's table above DENSE_WGMMA_CHOSEN_MAX_M); every
+    other call keeps the GEMV or cuBLASLt, and the two levers turn it off. The H200 pins the kernel
+    that then runs (tests/test_dense_wgmma_gpu.py)."""
+    from types import SimpleNamespace
+
+    from vtnumba.cuda.ptx import sm90_wgmma
+
+    monkeypatch.setattr(tc_gemv, "SIMULATOR", False)
+    monkeypatch.setattr(sm90_wgmma, "available", lambda cc: tuple(cc) == (9, 0))
+    monkeypatch.delenv("VT_DISABLE_KERNELS", raising=False)
+    monkeypatch.delenv("VT_DENSE_CUBLASLT_FP8", raising=False)
+    h200 = SimpleNamespace(cc=(9, 0), sm_count=132)
+    chosen = [
+        (n, k, mode)
+        for n, k in [(4096, 2048), (512, 2048), (2048, 4096), (4096, 4096), (4224, 2048), (4288, 2048)]
+        for mode in (tc_gemv.MODE_STATIC, tc_gemv.MODE_DYNAMIC, tc_gemv.MODE_PER_TOKEN, tc_gemv.MODE_PER_GROUP)
+        if tc_gemv.dense_wgmma_reason(1, k, mode, h200, n) is None
+    ]
+    assert {(n, k) for n, k, _ in chosen} == {(4096, 2048), (512, 2048), (2048, 4096), (4096, 4096), (4224, 2048)}
+    assert {mode for _, _, mode in chosen} == {tc_gemv.MODE_STATIC, tc_gemv.MODE_DYNAMIC, tc_gemv.MODE_PER_TOKEN}
+    assert "M = 2" in tc_gemv.dense_wgmma_reason(2, 2048, tc_gemv.MODE_PER_TOKEN, h200, 4096)
+    assert "fill the GPU" in tc_gemv.dense_wgmma_reason(1, 4096, tc_gemv.MODE_PER_TOKEN, h200, 28672)
+    assert "sm_90" in tc_gemv.dense_wgmma_reason(1, 2048, tc_gemv.MODE_PER_TOKEN, SimpleNamespace(cc=(12, 1)), 4096)
+    monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
+    assert "VT_DENSE_CUBLASLT_FP8" in tc_gemv.dense_wgmma_reason(1, 2048, tc_gemv.MODE_PER_TOKEN, h200, 4096)
+    monkeypatch.delenv("VT_DENSE_CUBLASLT_FP8")
+    monkeypatch.setenv("VT_DISABLE_KERNELS", tc_gemv.DENSE_WGMMA_KERNEL)
+    assert "VT_DISABLE_KERNELS" in tc_gemv.dense_wgmma_reason(1, 2048, tc_gemv.MODE_PER_TOKEN, h200, 4096)
+
+
 def test_the_cluster_shape_goes_before_the_kernel_body():
     ptx = ".visible .entry k(\n\t.param .u64 a\n)\n.maxntid 128, 1, 1\n{\n\tret;\n}\n"
     out = with_cluster_dims(ptx, (1, 4, 1))
