@@ -33,7 +33,9 @@ ALWAYS_PARALLEL, ALWAYS_SERIAL = "0", str(1 << 62)
 @pytest.mark.parametrize(
     "features, machine, expected",
     [
-        (AVX512 | {"avx512vbmi", "avx2"}, "x86_64", "avx512_vbmi"),  # Intel Ice Lake and later, AMD Zen 4/5
+        (AVX512 | {"avx512vbmi", "avx512bf16", "avx2"}, "x86_64", "avx512_bf16"),  # AMD Zen 4/5, Sapphire Rapids
+        (AVX512 | {"avx512vbmi", "avx2"}, "x86_64", "avx512_vbmi"),  # Intel Ice Lake, Tiger Lake (no BF16)
+        (AVX512 | {"avx512bf16", "avx2"}, "x86_64", "avx512"),  # Cooper Lake: BF16 without VBMI
         (AVX512 | {"avx2", "fma"}, "x86_64", "avx512"),  # Intel Skylake-X / Cascade Lake (no VBMI)
         ({"avx2", "fma", "f16c"}, "x86_64", "portable"),  # AVX2-only x86-64
         (AVX512 - {"avx512bw"}, "x86_64", "portable"),  # Knights Landing: AVX-512 F without BW
@@ -57,7 +59,7 @@ def test_host_gets_its_first_runnable_path():
 
 def test_forced_path_is_checked():
     with pytest.raises(
-        ValueError, match=r"VT_CPU_PATH must be one of avx512_vbmi, avx512, neon_tbl, portable, got 'sse9'"
+        ValueError, match=r"VT_CPU_PATH must be one of avx512_bf16, avx512_vbmi, avx512, neon_tbl, portable, got 'sse9'"
     ):
         paths.choose(forced="sse9")
     with pytest.raises(ValueError, match=r"this CPU lacks avx512f, avx512bw, avx512dq, avx512vl\); unset it"):
@@ -174,25 +176,71 @@ LOOKUP_PATHS = [p.name for p in paths.runnable() if p.byte_lookup_decode]
 @pytest.mark.parametrize("path", LOOKUP_PATHS)
 @pytest.mark.parametrize("threads", ["serial", "parallel"])
 def test_byte_lookup_decode_is_exhaustively_exact(path, threads, monkeypatch):
-    """The table decode of a byte-lookup path (vpermi2b on avx512_vbmi, tbl/tbx on neon_tbl): every one
-    of the 256 codes at every lane position of a 64-code step (x = the unit vector at that position)
-    gives the decoder's float32, NaN for 0x7F and 0xFF; the K % 64 tail (K = 64 + 5) goes through the
-    bit-arithmetic decode."""
+    """The table decode of a byte-lookup path (vpermi2b on avx512_vbmi, the same bytes as bfloat16 words
+    on avx512_bf16, tbl/tbx on neon_tbl): every one of the 256 codes at every lane position of a
+    64-code step (x = the unit vector at that position) gives the decoder's float32, NaN for 0x7F and
+    0xFF; the K % 64 tail (K = 2 * 64 + 5) goes through the bit-arithmetic decode. The other positions
+    hold finite codes that differ along K, so a weight paired with the wrong activation lane shows.
+    The same for the block-scaled M = 1 kernel (64-code K-blocks, unit scales) on a path whose blocks
+    take the lookup loop (``block_lookup``): each whole block its own sum, the short last one the
+    plain loop."""
     monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", ALWAYS_PARALLEL if threads == "parallel" else ALWAYS_SERIAL)
-    k = 64 + 5
-    b = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], k, axis=1))
+    k = 2 * 64 + 5
+    filler = (np.arange(k) % 100 + 1).astype(np.uint8)  # finite codes, a different one at each position
     want = vt.decode_e4m3(np.arange(256, dtype=np.uint8))
     one, bias = np.ones(1, F32), np.zeros(0, F32)
+    nkb = -(-k // 64)
+    block_ones = np.ones((nkb, 1), F32), np.ones((4, nkb), F32)  # the kernel's scale_a.T and scale_b
+    blocks = paths.choose(forced=path).kernel_globals.get("block_lookup", False)
     checked = 0
     with paths.use(path):
         for position in range(k):
             x = np.zeros((1, k), F32)
             x[0, position] = 1.0
+            b = np.repeat(filler[None, :], 256, axis=0)
+            b[:, position] = np.arange(256)  # every code at this position, one a row
             out = np.empty((1, 256), F32)
             gemm.gemv_lookup_kernel(x, b, one, one, bias, out)
             np.testing.assert_array_equal(out[0], want, err_msg=f"lane position {position}")
             checked += int(np.count_nonzero(want[~np.isnan(want)]))
-    assert checked == 252 * k and _ran(gemm.gemv_lookup_kernel, path, threads == "parallel")
+            if blocks:
+                out = np.empty((1, 256), F32)
+                block.gemv_kernel(x, b, *block_ones, 64, 64, bias, out)
+                np.testing.assert_array_equal(out[0], want, err_msg=f"block kernel, lane position {position}")
+                checked += int(np.count_nonzero(want[~np.isnan(want)]))
+    assert checked == 252 * k * (2 if blocks else 1) and _ran(gemm.gemv_lookup_kernel, path, threads == "parallel")
+    assert not blocks or _ran(block.gemv_kernel, path, threads == "parallel")
+
+
+def test_the_bf16_path_runs_its_own_loops():
+    """Which instructions each path's M = 1 kernels hold (vacuity for the test above: a path whose
+    globals silently fell back would pass it too): vdpbf16ps in both M = 1 kernels on avx512_bf16 and
+    in no kernel of another path, read from the assembly of a fresh compile."""
+    if "avx512_bf16" not in RUNNABLE:
+        pytest.skip("this CPU has no avx512_bf16 path (AVX-512 VBMI and BF16)")
+    code = """if True:
+        import json, numpy as np
+        import vtnumba as vt
+        from vtnumba.cpu import block, gemm, paths
+        a = np.full((1, 256), 0x38, np.uint8)
+        b = np.full((8, 256), 0x38, np.uint8)
+        found = {}
+        for path in ("avx512_bf16", "avx512_vbmi"):
+            with paths.use(path):
+                vt.scaled_mm(a, b, np.float32(1), np.float32(1), kernel="small_m")
+                ones = np.ones((1, 2), np.float32)
+                vt.scaled_mm(a, b, ones, ones, block_size=(128, 128), kernel="small_m")
+                for kernel in (gemm.gemv_lookup_kernel, block.gemv_kernel):
+                    d = kernel.variant(path, False)
+                    found[f"{path} {kernel.__name__}"] = d.inspect_asm(d.signatures[0]).count("vdpbf16ps")
+        print(json.dumps(found))
+    """
+    env = dict(os.environ, VT_CPU_PARALLEL_MIN_WORK=ALWAYS_SERIAL)
+    env["NUMBA_CACHE_DIR"] = str(pytest.importorskip("tempfile").mkdtemp())  # a fresh compile: asm to read
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["avx512_bf16 gemv_lookup_kernel"] >= 8 and found["avx512_bf16 gemv_kernel"] >= 8, found
+    assert found["avx512_vbmi gemv_lookup_kernel"] == found["avx512_vbmi gemv_kernel"] == 0, found
 
 
 # -- the one-thread threshold ----------------------------------------------------------------------

@@ -59,7 +59,13 @@ from .gemm import (
 )
 from .paths import cpu_kernel, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
+from .vbmi import dot4_e4m3_blocks_bf16 as dot4_e4m3_blocks
 from .vbmi import prefetch
+
+# Whether this path's M = 1 kernel sums whole 64-code K-blocks with a byte-lookup loop
+# (``dot4_e4m3_blocks``): a path's kernel_globals turn it on (paths.py); False here prunes the call
+# from every other path's kernel, which never compiles the instructions it lacks.
+block_lookup = False
 
 __all__ = ["quantize_per_group", "block_scaled_mm", "KERNELS"]
 
@@ -216,7 +222,12 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
         if valid == _SMALL_M_ROWS:
             ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
-            for kb in range(nkb):
+            whole = 0  # K-blocks summed by the path's lookup loop; the rest below
+            if block_lookup:
+                if bk % 64 == 0:
+                    whole = k_len // bk
+                    dot4_e4m3_blocks(xr, b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3], bk // 64, whole, p, ahead)
+            for kb in range(whole, nkb):
                 lo = kb * bk
                 hi = min(k_len, lo + bk)
                 # the next four rows' bytes at this block's pace, a line at a time (as gemm's lookup

@@ -22,6 +22,11 @@ The paths:
   path, and at M = 1 (decode, where the decode is the bottleneck) the weight codes are decoded by
   byte-table lookups written as LLVM vector IR (``vbmi.py``): ~22 instructions per 64 weights in
   the compiled loop instead of ~56, 2.2-2.4x the weights per second on one Zen 5 core.
+- ``avx512_bf16`` (AVX-512 with VBMI and BF16: AMD Zen 4 and later, Intel Sapphire Rapids and
+  later): the avx512_vbmi path, but at M = 1 the looked-up bytes are interleaved into the codes'
+  bfloat16 words (an e4m3 value is a bfloat16 exactly) and multiplied by ``vdpbf16ps``, 32 products
+  an instruction, in place of the byte expansion and the FMAs (``vbmi.py``, its last section); the
+  block-scaled M = 1 kernel takes the same loop per K-block (``block_lookup``).
 - ``neon_tbl`` (aarch64; NEON is part of every ARMv8-A core): LLVM's own choices (NEON, or SVE where
   the core has it), and at M = 1 the same byte-lookup decode through ``tbl``/``tbx`` (``neon.py``).
 - ``portable``: LLVM's own choices for the host CPU (AVX2 on older x86-64, NEON or SVE on aarch64).
@@ -30,7 +35,8 @@ The paths:
 Each path's kernels see the names in its ``kernel_globals`` in place of the source's:
 ``vector_width_hint``, an intrinsic the kernels call inside their parallel loop bodies (the function
 Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3`` / ``dot4_e4m3_mx``,
-the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them.
+the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them,
+and ``block_lookup`` / ``dot4_e4m3_blocks``, whether the block-scaled M = 1 kernel has one and which.
 """
 
 import contextlib
@@ -97,6 +103,19 @@ class CpuPath:
 
 _AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 PATHS = (
+    CpuPath(
+        "avx512_bf16",
+        "the avx512_vbmi path's lookups, and at M = 1 their bfloat16 words into vdpbf16ps dot products",
+        _AVX512 + ("avx512vbmi", "avx512bf16"),
+        {
+            "vector_width_hint": _width_hint(512),
+            "dot4_e4m3": vbmi.dot4_e4m3_bf16,
+            "dot4_e4m3_mx": vbmi.dot4_e4m3_mx,
+            "block_lookup": True,
+            "dot4_e4m3_blocks": vbmi.dot4_e4m3_blocks_bf16,
+        },
+        byte_lookup_decode=True,
+    ),
     CpuPath(
         "avx512_vbmi",
         "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",

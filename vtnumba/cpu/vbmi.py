@@ -51,6 +51,24 @@ def _expand_indices(r):
 
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V64I8, _V16I32, _V16F32 = ir.VectorType(_I8, 64), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_V8I64 = ir.VectorType(ir.IntType(64), 8)
+
+
+class _BFloat16(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite.ir has no class for it): the element type of the AVX512-BF16
+    intrinsics' operands."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat16)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+_V32BF16 = ir.VectorType(_BFloat16(), 32)
 
 
 def _bytes(values):
@@ -76,10 +94,15 @@ class _Decode:
         self.top_half = ir.Constant(_V16I32, [ir.Constant(_I32, 0xFFFF0000)] * 16)
         self.expand = [_bytes(_expand_indices(r)) for r in range(4)]
 
-    def values(self, codes):
+    def halves(self, codes):
+        """(hi, lo): the top and the next byte of each code's float32 (its bfloat16's two bytes)."""
         b = self.builder
         hi = b.or_(b.call(self.perm, [self.hi_low, codes, self.hi_high]), b.and_(codes, self.sign))
-        lo = b.call(self.perm, [self.lo_low, codes, self.lo_high])
+        return hi, b.call(self.perm, [self.lo_low, codes, self.lo_high])
+
+    def values(self, codes):
+        b = self.builder
+        hi, lo = self.halves(codes)
         return [
             b.bitcast(b.and_(b.bitcast(b.call(self.perm, [lo, self.expand[r], hi]), _V16I32), self.top_half), _V16F32)
             for r in range(4)
@@ -220,5 +243,173 @@ def dot4_e4m3_mx(typingctx, x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps):
                     acc = accs[row][half]
                     builder.store(builder.call(fma, [p, scales, builder.load(acc)]), acc)
         return context.make_tuple(builder, signature.return_type, _row_sums(builder, accs))
+
+    return sig, codegen
+
+
+# -- the avx512_bf16 path: the same lookups, then bfloat16 dot products ------------------------------
+#
+# A decoded e4m3 value is its float32's top 16 bits: a bfloat16, exactly. So once ``hi`` and ``lo``
+# are looked up, two in-lane byte interleaves (vpunpcklbw / vpunpckhbw) make the 64 codes' bfloat16
+# words, and AVX512-BF16's ``vdpbf16ps`` multiplies 32 of them by 32 activation words and adds the
+# products into 16 float32 lanes, two a lane: 2 instructions where the vbmi path spends 4 vpermt2b,
+# 4 masks and 4 FMAs per 64 codes. The interleaves keep each 128-bit lane's codes, in two halves:
+# words 0-7 of lane l are codes 16 l .. 16 l + 7 in the first vector, 16 l + 8 .. 16 l + 15 in the
+# second; the activation's words are put in the same order once a step for all four rows (two
+# vcvtne2ps2bf16, two 128-bit lane shuffles).
+#
+# Exact: the activation x is dec(a), e4m3 values, so its bfloat16 is x itself (its conversion rounds
+# nothing), and a product of two e4m3 values is exact in float32 (4 x 4 significant bits), so each
+# add of vdpbf16ps (Intel's pseudocode: the odd word's product added, then the even's, each rounded
+# to nearest even) is an FMA's. Its input denormals count as zero and it flushes denormal results,
+# neither of which these values reach: the smallest nonzero e4m3 is 2^-9, every product and every
+# sum of them a multiple of 2^-18, far above float32's 2^-126. Only the order of the float32 sums
+# differs from the other paths', which G3 allows. NaN codes decode to NaN words and give NaN sums.
+
+_UNPACK_LOW = [i for lane in range(4) for j in range(8) for i in (16 * lane + j, 64 + 16 * lane + j)]
+_UNPACK_HIGH = [i for lane in range(4) for j in range(8, 16) for i in (16 * lane + j, 64 + 16 * lane + j)]
+# the activation's words in the codes' interleaved order: 128-bit lanes (0, 2) and (1, 3) of x[0:32]
+# and of x[32:64] (two 64-bit elements a lane)
+_LANES_EVEN = [0, 1, 4, 5, 8, 9, 12, 13]
+_LANES_ODD = [2, 3, 6, 7, 10, 11, 14, 15]
+
+
+def _const_indices(values):
+    return ir.Constant(ir.VectorType(_I32, len(values)), [ir.Constant(_I32, v) for v in values])
+
+
+class _Bf16Dot:
+    """The avx512_bf16 step, emitted into ``builder``'s function: ``activation(xptr, base)`` gives x's
+    64 values from ``base`` as the two word vectors the codes' halves pair with, ``accumulate(accs,
+    codes, xw)`` adds a row's 64 products into its two accumulators."""
+
+    def __init__(self, builder):
+        self.builder = builder
+        self.decode = _Decode(builder)
+        module = builder.module
+        self.dot = cgutils.get_or_insert_function(
+            module, ir.FunctionType(_V16F32, [_V16F32, _V32BF16, _V32BF16]), "llvm.x86.avx512bf16.dpbf16ps.512"
+        )
+        self.convert = cgutils.get_or_insert_function(
+            module, ir.FunctionType(_V32BF16, [_V16F32, _V16F32]), "llvm.x86.avx512bf16.cvtne2ps2bf16.512"
+        )
+
+    def activation(self, xptr, base):
+        b = self.builder
+        xs = _activation(b, xptr, base)
+        # cvtne2ps2bf16(a, b): b's 16 words first, then a's
+        low, high = (b.bitcast(b.call(self.convert, [xs[i + 1], xs[i]]), _V8I64) for i in (0, 2))
+        return [
+            b.bitcast(b.shuffle_vector(low, high, _const_indices(lanes)), _V32BF16)
+            for lanes in (_LANES_EVEN, _LANES_ODD)
+        ]
+
+    def accumulate(self, accs, codes, xw):
+        b = self.builder
+        hi, lo = self.decode.halves(codes)
+        for acc, order, xv in zip(accs, (_UNPACK_LOW, _UNPACK_HIGH), xw):
+            words = b.bitcast(b.shuffle_vector(lo, hi, _const_indices(order)), _V32BF16)
+            b.store(b.call(self.dot, [b.load(acc), words, xv]), acc)
+
+
+def _sum4(builder, vectors):
+    """Each of four <16 x float> summed across its lanes by a fixed tree of shuffles and adds (halves
+    of two vectors side by side, then quarters, then pairs, then neighbours): four float32 sums in
+    about a dozen instructions, where four lane-order sums take 60 dependent adds."""
+
+    def fold(u, v, first, second):
+        return builder.fadd(
+            builder.shuffle_vector(u, v, _const_indices(first)), builder.shuffle_vector(u, v, _const_indices(second))
+        )
+
+    # 16 lanes of u and of v -> 8 + 8: u's halves added in lanes 0-7, v's in 8-15
+    ab = fold(vectors[0], vectors[1], list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32)))
+    cd = fold(vectors[2], vectors[3], list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32)))
+    # -> 4 lanes a vector: row r in lanes 4 r .. 4 r + 3
+    quarters = [q + 8 * h for h in range(2) for q in range(4)]
+    four = fold(ab, cd, quarters + [16 + i for i in quarters], [i + 4 for i in quarters] + [20 + i for i in quarters])
+    undef = ir.Constant(_V16F32, ir.Undefined)
+    two = fold(
+        four,
+        undef,
+        [4 * r + i for r in range(4) for i in (0, 1, 0, 1)],
+        [4 * r + i for r in range(4) for i in (2, 3, 2, 3)],
+    )
+    one = fold(two, undef, [4 * r for r in range(4) for _ in range(4)], [4 * r + 1 for r in range(4) for _ in range(4)])
+    return [builder.extract_element(one, ir.Constant(_I32, 4 * r)) for r in range(ROWS)]
+
+
+def _bf16_rows(context, builder, signature, args, nsteps, block_steps, on_block):
+    """The bf16 loop shared by both intrinsics: ``nsteps`` 64-code steps over four rows (args 1-4)
+    against x (arg 0), reading ``ahead`` (the last argument) ahead as ``dot4_e4m3`` does; every
+    ``block_steps`` steps (or once at the end, None) the four rows' sums go to ``on_block(index,
+    sums)`` and the accumulators restart."""
+    dot = _Bf16Dot(builder)
+    xptr = _data(context, builder, signature, args, 0, _F32)
+    wptrs = [_data(context, builder, signature, args, 1 + i, _I8) for i in range(ROWS)]
+    next_ptr = _data(context, builder, signature, args, len(args) - 1, _I8)
+    zero = ir.Constant(_V16F32, [ir.Constant(_F32, 0.0)] * 16)
+    accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
+
+    def step(index):
+        base = builder.mul(index, ir.Constant(index.type, BLOCK))
+        xw = dot.activation(xptr, base)
+        lines = builder.mul(base, ir.Constant(base.type, ROWS))  # 4 lines of `ahead` a step
+        for row in range(ROWS):
+            emit_prefetch(builder, builder.gep(next_ptr, [builder.add(lines, ir.Constant(base.type, 64 * row))]))
+            codes = builder.load(builder.bitcast(builder.gep(wptrs[row], [base]), _V64I8.as_pointer()), align=1)
+            dot.accumulate(accs[row], codes, xw)
+
+    def sums():
+        return _sum4(builder, [builder.fadd(builder.load(a), builder.load(b)) for a, b in accs])
+
+    if block_steps is None:
+        with cgutils.for_range(builder, nsteps) as loop:
+            step(loop.index)
+        return sums()
+    with cgutils.for_range(builder, nsteps) as blocks:
+        for row in accs:
+            for acc in row:
+                builder.store(zero, acc)
+        first = builder.mul(blocks.index, block_steps)
+        with cgutils.for_range(builder, block_steps) as loop:
+            step(builder.add(first, loop.index))
+        on_block(blocks.index, sums())
+    return None
+
+
+@intrinsic
+def dot4_e4m3_bf16(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
+    """``dot4_e4m3`` on the avx512_bf16 path (same arguments, same result up to the order of the
+    float32 sums): the codes' bfloat16 words into ``vdpbf16ps`` (the section above). ``x`` must hold
+    e4m3 values (dec(a)): its bfloat16 conversion is then exact."""
+    sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, nblocks, ahead)
+
+    def codegen(context, builder, signature, args):
+        sums = _bf16_rows(context, builder, signature, args, args[5], None, None)
+        return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot4_e4m3_blocks_bf16(typingctx, x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead):
+    """sums[kb, i] = sum_{k in block kb} x[k] * dec(w_i[k]) for kb < ``nblocks`` K-blocks of 64
+    ``block_steps`` codes each, i < 4: the block-scaled M = 1 inner loop on the avx512_bf16 path
+    (``block.gemv_kernel``'s per-block sums, any order inside a block). ``sums``: float32 [>= nblocks,
+    4] C-contiguous; ``x`` holds e4m3 values, as for ``dot4_e4m3_bf16``; ``ahead`` as there."""
+    sig = types.none(x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead)
+
+    def codegen(context, builder, signature, args):
+        out = _data(context, builder, signature, args, 7, _F32)
+
+        def store(kb, values):
+            row0 = builder.mul(kb, ir.Constant(kb.type, ROWS))
+            for i, v in enumerate(values):
+                builder.store(v, builder.gep(out, [builder.add(row0, ir.Constant(kb.type, i))]))
+
+        steps, blocks = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
+        _bf16_rows(context, builder, signature, args, blocks, steps, store)
+        return context.get_dummy_value()
 
     return sig, codegen
