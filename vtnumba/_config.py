@@ -359,7 +359,7 @@ class blas_threads:
     __slots__ = ("macs",)
 
     def __init__(self, macs_per_call):
-        self.macs = macs_per_call
+        self.macs = macs_per_call  # None: one thread (each of Numba's threads calls sgemm itself)
 
     def __enter__(self):
         calls = _Blas.find()
@@ -370,7 +370,7 @@ class blas_threads:
                     _blas_users[1] = get()
                 _blas_users[0] += 1
                 users_count = _blas_users[1]
-            threads = kernel_threads(self.macs, CPU_BLAS_MIN_MACS, users_count)
+            threads = 1 if self.macs is None else kernel_threads(self.macs, CPU_BLAS_MIN_MACS, users_count)
             if get() != threads:
                 put(threads)
         return self

@@ -39,7 +39,6 @@ from .._config import (
     CPU_PARALLEL_MIN_MACS,
     CPU_SERIAL_KERNEL,
     CPU_STRICT_FUNCTION,
-    blas_threads,
 )
 from . import _kernel_input
 from .codec import decode_e4m3, per_group_scale
@@ -57,7 +56,7 @@ from .gemm import (
     gemm_macs,
     to_out_dtype,
 )
-from .paths import cpu_kernel, vector_width_hint
+from .paths import cpu_kernel, run_sgemm_driver, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
 from .vbmi import dot4_e4m3_blocks_bf16 as dot4_e4m3_blocks
 from .vbmi import prefetch
@@ -331,11 +330,15 @@ def _block_epilogue(p, total, sa_col, sb_row):
             dst[j] = dst[j] + (src[j] * sa) * sb_row[j]
 
 
-@njit(**CPU_SERIAL_KERNEL)
-def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows):
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
+def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows, slots):
     """Decode a block of a and a panel of b into K-block-major float32 tiles, then per K-block one
-    sgemm (P) and the block step into a float32 panel of totals; the bias last. Serial driver, sgemm
-    brings the threads (see the note above ``gemm.decode_rows``)."""
+    sgemm (P) and the block step into a float32 panel of totals; the bias last. The serial twin (one
+    slot) is a driver whose sgemm brings the threads (see the note above ``gemm.decode_rows``); the
+    parallel twin deals a block's panels to ``slots`` workers (panel i to slot i % slots), each with
+    tiles of its own and one BLAS thread, which is how it runs inside a torch forward on torch's
+    OpenMP team (``paths.team_blas_threads``). A panel's sums do not depend on its slot. (Slots, not
+    Numba's thread ids: a kernel that asks for those cannot be cached on disk.)"""
     m_rows, k_len = a.shape
     n_rows = b.shape[0]
     nkb = sat.shape[0]
@@ -343,31 +346,35 @@ def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows):
     nb_max = min(panel_rows, n_rows)
     # flat buffers, reshaped per block / panel: every K-block's tile stays C-contiguous for sgemm
     a_tile = np.empty(nkb * mb_max * bk, dtype=np.float32)
-    b_tile = np.empty(nkb * nb_max * bk, dtype=np.float32)
-    p_tile = np.empty(mb_max * nb_max, dtype=np.float32)
-    t_tile = np.empty(mb_max * nb_max, dtype=np.float32)
-    sb_row = np.empty(nb_max, dtype=np.float32)
+    b_tiles = np.empty((slots, nkb * nb_max * bk), dtype=np.float32)
+    p_tiles = np.empty((slots, mb_max * nb_max), dtype=np.float32)
+    t_tiles = np.empty((slots, mb_max * nb_max), dtype=np.float32)
+    sb_rows = np.empty((slots, nb_max), dtype=np.float32)
+    panels = (n_rows + panel_rows - 1) // panel_rows
     for m0 in range(0, m_rows, block_rows):
         mb = min(block_rows, m_rows - m0)
         a_dec = a_tile[: nkb * mb * bk].reshape((nkb, mb, bk))
         _decode_blocked(a[m0 : m0 + mb], bk, a_dec)
-        for n0 in range(0, n_rows, panel_rows):
-            nb = min(panel_rows, n_rows - n0)
-            b_dec = b_tile[: nkb * nb * bk].reshape((nkb, nb, bk))
-            _decode_blocked(b[n0 : n0 + nb], bk, b_dec)
-            p = p_tile[: mb * nb].reshape((mb, nb))
-            total = t_tile[: mb * nb].reshape((mb, nb))
-            total[:] = 0.0
-            for kb in range(nkb):
-                np.dot(a_dec[kb], b_dec[kb].T, p)  # sgemm, float32 accumulate
-                for j in range(nb):
-                    sb_row[j] = scale_b[(n0 + j) // bn, kb]
-                _block_epilogue(p, total, sat[kb, m0 : m0 + mb], sb_row[:nb])
-            for i in range(mb):
-                dst = out[m0 + i, n0 : n0 + nb]
-                src = total[i]
-                for j in range(nb):
-                    dst[j] = add_bias(src[j], bias, n0 + j)
+        for slot in prange(slots):
+            for panel in range(slot, panels, slots):
+                n0 = panel * panel_rows
+                nb = min(panel_rows, n_rows - n0)
+                b_dec = b_tiles[slot, : nkb * nb * bk].reshape((nkb, nb, bk))
+                _decode_blocked(b[n0 : n0 + nb], bk, b_dec)
+                p = p_tiles[slot, : mb * nb].reshape((mb, nb))
+                total = t_tiles[slot, : mb * nb].reshape((mb, nb))
+                sb_row = sb_rows[slot, :nb]
+                total[:] = 0.0
+                for kb in range(nkb):
+                    np.dot(a_dec[kb], b_dec[kb].T, p)  # sgemm, float32 accumulate
+                    for j in range(nb):
+                        sb_row[j] = scale_b[(n0 + j) // bn, kb]
+                    _block_epilogue(p, total, sat[kb, m0 : m0 + mb], sb_row)
+                for i in range(mb):
+                    dst = out[m0 + i, n0 : n0 + nb]
+                    src = total[i]
+                    for j in range(nb):
+                        dst[j] = add_bias(src[j], bias, n0 + j)
 
 
 # The small_m kernel takes M below 64; from there decode + one sgemm per K-block is faster, far
@@ -408,8 +415,16 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
         b = np.ascontiguousarray(b)
         if kernel == "blas":
             block_rows, panel_rows = blas_tiles(m, n, k)
-            with blas_threads(min(m, block_rows) * min(n, panel_rows) * bk):  # one sgemm per K-block
-                blas_kernel(a, b, sat, sb, bn, bk, bias32, out, block_rows, panel_rows)
+            run_sgemm_driver(
+                blas_kernel,
+                (a, b),
+                n,
+                panel_rows,
+                min(m, block_rows) * min(n, panel_rows) * bk,  # one sgemm per K-block
+                lambda threads, rows: blas_kernel.call_with(
+                    threads, a, b, sat, sb, bn, bk, bias32, out, block_rows, rows, threads
+                ),
+            )
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)

@@ -151,10 +151,11 @@ def gemv_kernel(x, b, scale_a, scale_b, bias, out):
 
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
-    """M = 1 on a byte-lookup path (avx512_vbmi, neon_tbl): gemv_kernel's blocking (four rows of b
-    share each load of x), the 64-code steps decoded by table lookups (the path's ``dot4_e4m3``:
-    ``vbmi.py``'s vpermi2b or ``neon.py``'s tbl/tbx) and the K % 64 tail by the bit-arithmetic
-    decode. Compiled only for a path that runs here (the lookups are ISA instructions)."""
+    """M = 1 on a byte-lookup path (avx512_bf16, avx512_vbmi, neon_tbl): gemv_kernel's blocking (four
+    rows of b share each load of x), the 64-code steps decoded by table lookups (the path's
+    ``dot4_e4m3``: ``vbmi.py``'s vpermi2b, into vdpbf16ps on avx512_bf16, or ``neon.py``'s tbl/tbx)
+    and the K % 64 tail by the bit-arithmetic decode. Compiled only for a path that runs here (the
+    lookups are ISA instructions)."""
     n_rows, k_len = b.shape
     xr = x[0]
     steps = k_len // 64

@@ -45,7 +45,6 @@ from .._config import (
     CPU_PARALLEL_MIN_MACS,
     CPU_SERIAL_KERNEL,
     CPU_STRICT_FUNCTION,
-    blas_threads,
 )
 from .._format import MX_GROUP
 from . import block, paths
@@ -61,7 +60,7 @@ from .gemm import (
     gemm_macs,
     to_out_dtype,
 )
-from .paths import cpu_kernel, vector_width_hint
+from .paths import cpu_kernel, run_sgemm_driver, vector_width_hint
 from .quant import _elements, _encode_times, _finite_amax
 from .vbmi import dot4_e4m3_mx
 
@@ -313,12 +312,18 @@ def _add_chunk(total, p):
             dst[j] = dst[j] + src[j]
 
 
-@njit(**CPU_SERIAL_KERNEL)
-def blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias, out, block_rows, panel_rows):
+def _mx_macs(a, sa, b, *_):
+    """The work of the MX blas kernel: M * N * K."""
+    return a.shape[0] * b.shape[0] * b.shape[1]
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, _mx_macs)
+def blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias, out, block_rows, panel_rows, slots):
     """A block of a and a panel of b decoded with their scales into chunk-major tiles, one sgemm per
     chunk, the chunk products added in order, the bias last. Returns the count of weight bytes outside
-    [lo, hi] (the caller then runs the contract's kernels). Serial driver, sgemm brings the threads
-    (see the note above ``gemm.decode_rows``)."""
+    [lo, hi] (the caller then runs the contract's kernels). The panels are dealt to ``slots``
+    workers as in ``block.blas_kernel`` (the serial twin, one slot: a driver whose sgemm brings the
+    threads, see the note above ``gemm.decode_rows``; the parallel twin: inside a torch forward)."""
     m_rows = a.shape[0]
     n_rows = b.shape[0]
     nch = edges.size - 1
@@ -328,29 +333,36 @@ def blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias, out, block_rows, pane
     mb_max = min(block_rows, m_rows)
     nb_max = min(panel_rows, n_rows)
     a_tile = np.empty(nch * mb_max * width, dtype=np.float32)
-    b_tile = np.empty(nch * nb_max * width, dtype=np.float32)
-    p_tile = np.empty(mb_max * nb_max, dtype=np.float32)
-    t_tile = np.empty(mb_max * nb_max, dtype=np.float32)
+    b_tiles = np.empty((slots, nch * nb_max * width), dtype=np.float32)
+    p_tiles = np.empty((slots, mb_max * nb_max), dtype=np.float32)
+    t_tiles = np.empty((slots, mb_max * nb_max), dtype=np.float32)
+    outside = np.zeros(slots, dtype=np.int64)  # per slot: a weight byte fell outside the window
+    panels = (n_rows + panel_rows - 1) // panel_rows
     for m0 in range(0, m_rows, block_rows):
         mb = min(block_rows, m_rows - m0)
         a_dec = a_tile[: nch * mb * width].reshape((nch, mb, width))
         _decode_chunks(a[m0 : m0 + mb], sa, m0, 1, bk, edges, 0, 255, a_dec)
-        for n0 in range(0, n_rows, panel_rows):
-            nb = min(panel_rows, n_rows - n0)
-            b_dec = b_tile[: nch * nb * width].reshape((nch, nb, width))
-            if _decode_chunks(b[n0 : n0 + nb], sb, n0, bn, bk, edges, lo, hi, b_dec):
-                return 1
-            p = p_tile[: mb * nb].reshape((mb, nb))
-            total = t_tile[: mb * nb].reshape((mb, nb))
-            total[:] = 0.0
-            for c in range(nch):
-                np.dot(a_dec[c], b_dec[c].T, p)  # sgemm over one chunk, float32 accumulate
-                _add_chunk(total, p)
-            for i in range(mb):
-                dst = out[m0 + i, n0 : n0 + nb]
-                src = total[i]
-                for j in range(nb):
-                    dst[j] = add_bias(src[j], bias, n0 + j)
+        for slot in prange(slots):
+            for panel in range(slot, panels, slots):
+                n0 = panel * panel_rows
+                nb = min(panel_rows, n_rows - n0)
+                b_dec = b_tiles[slot, : nch * nb * width].reshape((nch, nb, width))
+                if outside[slot] or _decode_chunks(b[n0 : n0 + nb], sb, n0, bn, bk, edges, lo, hi, b_dec):
+                    outside[slot] = 1
+                    break
+                p = p_tiles[slot, : mb * nb].reshape((mb, nb))
+                total = t_tiles[slot, : mb * nb].reshape((mb, nb))
+                total[:] = 0.0
+                for c in range(nch):
+                    np.dot(a_dec[c], b_dec[c].T, p)  # sgemm over one chunk, float32 accumulate
+                    _add_chunk(total, p)
+                for i in range(mb):
+                    dst = out[m0 + i, n0 : n0 + nb]
+                    src = total[i]
+                    for j in range(nb):
+                        dst[j] = add_bias(src[j], bias, n0 + j)
+        if outside.any():
+            return 1
     return 0
 
 
@@ -420,8 +432,16 @@ def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     if kernel == "blas":
         block_rows = min(m, max(_MIN_BLOCK_ROWS, _BLOCK_ELEMENTS // k))
         panel_rows = min(n, _PANEL_ROWS)
-        with blas_threads(block_rows * panel_rows * int(np.diff(edges).max())):  # one sgemm per chunk
-            outside = blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias32, out, block_rows, panel_rows)
+        outside = run_sgemm_driver(
+            blas_kernel,
+            (a, sa, b),
+            n,
+            panel_rows,
+            block_rows * panel_rows * int(np.diff(edges).max()),  # one sgemm per chunk
+            lambda threads, rows: blas_kernel.call_with(
+                threads, a, sa, b, sb, bn, bk, edges, lo, hi, bias32, out, block_rows, rows, threads
+            ),
+        )
         return None if outside else out
     x = np.empty((m, k), dtype=np.float32)
     decode_scaled_rows(a, sa, bk, x)

@@ -53,11 +53,13 @@ from numba.extending import intrinsic
 from .._config import (
     CPU_KERNEL,
     CPU_SERIAL_KERNEL,
+    blas_threads,
     free_cpus,
     kernel_threads,
     on_torch_team,
     parallel_min_work,
     start_threads,
+    thread_cap,
 )
 from . import neon, vbmi
 
@@ -313,7 +315,11 @@ class CpuKernel:
         return self.threads_for(*args) > 1
 
     def __call__(self, *args):
-        threads = self.threads_for(*args)
+        return self.call_with(self.threads_for(*args), *args)
+
+    def call_with(self, threads, *args):
+        """The call on ``threads`` Numba threads (its serial twin below 2), as ``threads_for`` or the
+        caller decided."""
         if threads < 2:
             return self.variant(_active.name, False)(*args)
         if _pool["one_region"]:
@@ -332,6 +338,39 @@ class CpuKernel:
             return self.variant(_active.name, True)(*args)
         finally:
             numba.set_num_threads(before)
+
+
+def team_blas_threads(kernel, *args):
+    """Numba threads for a kernel whose parallel twin shares its sgemm calls among Numba's threads, one
+    BLAS thread each (the blas kernels): ``kernel.threads_for`` inside a torch forward whose OpenMP
+    team Numba's regions run on, else 1 (the serial twin, whose sgemm brings the BLAS's own threads).
+    Inside the forward torch's workers spin between ops: OpenBLAS's pool of its own, woken there,
+    waits behind them (vtnumba._config, "who owns the cores"), so the sgemm stayed on one thread while
+    float32 torch used every core; the team's workers are awake and are the cores torch gives."""
+    if thread_cap() is None or not _on_torch_team():
+        return 1
+    return kernel.threads_for(*args)
+
+
+def team_panel_rows(n, panel_rows, threads):
+    """Weight rows per panel for ``threads`` threads sharing N rows: at most ``panel_rows``, and few
+    enough that every thread has a panel (a multiple of 16, sgemm's friend)."""
+    share = -(-n // threads)  # ceil(N / threads)
+    return min(panel_rows, -(-share // 16) * 16)
+
+
+def run_sgemm_driver(kernel, work_args, n, panel_rows, sgemm_macs, call):
+    """Run a blas kernel (a driver around sgemm calls over weight panels, dealt to ``slots``):
+    ``call(threads, panel_rows)`` runs it. Inside a torch forward on torch's team
+    (``team_blas_threads`` of ``work_args``) Numba's threads share the panels, made small enough to
+    go round, with one BLAS thread each; elsewhere the serial driver, its sgemm calls (of
+    ``sgemm_macs`` multiply-adds each) taking the BLAS threads ``blas_threads`` gives them."""
+    threads = team_blas_threads(kernel, *work_args)
+    if threads > 1:
+        with blas_threads(None):
+            return call(threads, team_panel_rows(n, panel_rows, threads))
+    with blas_threads(sgemm_macs):
+        return call(1, panel_rows)
 
 
 def cpu_kernel(min_work, work, **flags):

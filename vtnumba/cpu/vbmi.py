@@ -1,5 +1,6 @@
 """The e4m3 decode and dot product on AVX-512 VBMI (Intel Ice Lake and later, AMD Zen 4 and later),
-written as LLVM vector IR through a Numba intrinsic: the ``avx512_vbmi`` path's M = 1 inner loop.
+written as LLVM vector IR through a Numba intrinsic: the ``avx512_vbmi`` path's M = 1 inner loop,
+and, last in this file, the ``avx512_bf16`` path's (the same lookups into bfloat16 dot products).
 
 Every e4m3 value is a float32 whose low 16 bits are zero (it is exact in bfloat16), so a float32 is
 two table bytes: ``hi`` (sign, exponent, top of the mantissa) and ``lo``. Per 64 weight codes:
