@@ -603,9 +603,6 @@ def _wgmma_routed(h=H, inter=I):
 
 
 WGMMA_CONFIG_NAMES = ("wg_s2", "wg_s3", "wg_s4", "wg_s6")
-# ... and K split over a cluster (grid (tiles, pairs, split)): at K = 768 (six K blocks) 3 / 2 / 2 a
-# rank at 2 / 3 / 4 blocks, the 4th rank of a _k4 with none (its sums zero, still at both barriers)
-WGMMA_SPLIT_CONFIG_NAMES = ("wg_s3_k2", "wg_s4_k2", "wg_s6_k2", "wg_s3_k3", "wg_s3_k4", "wg_s5_k4")
 
 
 WIDE = 768  # H = I = 768: six K blocks, more than most rings hold (slots reused)
@@ -624,19 +621,18 @@ def _wide_layer(name):
     return _WIDE_LAYERS[name]
 
 
-@pytest.mark.parametrize("config", ["chosen", *WGMMA_CONFIG_NAMES, *WGMMA_SPLIT_CONFIG_NAMES])
+@pytest.mark.parametrize("config", ["chosen", *WGMMA_CONFIG_NAMES])
 @pytest.mark.parametrize("name", sorted(ROUTED))
 def test_the_wgmma_routed_pass_holds_the_tensor_core_bound(cp, name, config, monkeypatch):
     """On sm_90 the routed decode's pass is the swapped wgmma one (the weight rows wgmma's M, the token
     its N): each pair's down GEMV, on the act rows its gate_up made, within the tensor-core bound of the
     float64 reference of those rows quantized on the CPU; the combine of those y the CPU's bytes. In the
     configuration chosen and in each the sweep times, at H = I = 768 (six K blocks: the rings of 2-4
-    slots are refilled), K split over a cluster too (only its block 0 writes hidden, act and y and
-    arrives: a second arrival, or a SiLU of half-summed rows, would break the combine's bytes)."""
+    slots are refilled)."""
     gpu = _wgmma_routed(WIDE, WIDE)
     from vtnumba.cuda.kernels import tc_gemv
 
-    assert set(WGMMA_CONFIG_NAMES + WGMMA_SPLIT_CONFIG_NAMES) == set(tc_gemv.ROUTED_WGMMA_CONFIGS)
+    assert set(WGMMA_CONFIG_NAMES) == set(tc_gemv.ROUTED_WGMMA_CONFIGS)
     if config != "chosen":
         monkeypatch.setattr(tc_gemv, "ROUTED_WGMMA_CHOICE", {"gate_up": config, "down": config})
     _, dn, gu_res, dn_res = _wide_layer(name)
@@ -659,21 +655,15 @@ def test_the_wgmma_routed_pass_holds_the_tensor_core_bound(cp, name, config, mon
     np.testing.assert_array_equal(cp.asnumpy(out), want)
 
 
-@pytest.mark.parametrize("config", ["chosen", "wg_s4_k2"])
 @pytest.mark.parametrize("t", [2, 4, 8])
 @pytest.mark.parametrize("name", sorted(ROUTED))
-def test_the_wgmma_routed_decode_takes_up_to_eight_tokens(cp, name, t, config, monkeypatch):
+def test_the_wgmma_routed_decode_takes_up_to_eight_tokens(cp, name, t, monkeypatch):
     """The wgmma pass's reach (ROUTED_WGMMA_MAX_PAIRS = 64: T = 8 at top-8), run: T = 2, 4 and 8
     tokens of top-8 over the 8 experts (every expert routed by several tokens, the sentinels -1 and E
     among the slots) take the two routed wgmma launches, and the layer's output is within the
-    tolerance the seam's GPU steps meet against the CPU's moe_fp8, cosine ~ 1, token by token. In the
-    chosen configuration and with K split over clusters of 2 (a sentinel's pair leaves its whole
-    cluster before either cluster barrier; gate_up's bigger grid zeroes down's counters alike)."""
+    tolerance the seam's GPU steps meet against the CPU's moe_fp8, cosine ~ 1, token by token."""
     gpu = _wgmma_routed()
     from vtnumba.cuda.kernels import tc_gemv
-
-    if config != "chosen":
-        monkeypatch.setattr(tc_gemv, "ROUTED_WGMMA_CHOICE", {"gate_up": config, "down": config})
 
     gu, dn, gu_res, dn_res = _layer(name)
     rng = np.random.default_rng(80 + t)

@@ -328,21 +328,8 @@ def tokens_table(args, cp, rng, us):
 
 # the routed GEMV configurations the sweep times (ROUTED_GEMV_CONFIGS names; tc_gemv.ROUTED_CONFIGS picks)
 SWEEP_CONFIGS = ("r16_w4_d2", "r16_w8_d2", "r16_w2_d2", "r32_w4_d2", "r32_w2_d2", "r16_w4_d4")
-# and the swapped wgmma pass's (sm_90; tc_gemv.ROUTED_WGMMA_CONFIGS names, ROUTED_WGMMA_CHOICE picks):
-# rings of 2-6 stages, then K split over a cluster of 2, 3 or 4 blocks (_kN; grid (tiles, pairs, N),
-# the cluster declared in the kernel's PTX, so the plain launch below runs it)
-SWEEP_WGMMA_CONFIGS = (
-    "wg_s2",
-    "wg_s3",
-    "wg_s4",
-    "wg_s6",
-    "wg_s3_k2",
-    "wg_s4_k2",
-    "wg_s6_k2",
-    "wg_s3_k3",
-    "wg_s3_k4",
-    "wg_s5_k4",
-)
+# and the swapped wgmma pass's (sm_90; tc_gemv.ROUTED_WGMMA_CONFIGS names, ROUTED_WGMMA_CHOICE picks)
+SWEEP_WGMMA_CONFIGS = ("wg_s2", "wg_s3", "wg_s4", "wg_s6")
 
 
 def config_table(args, cp, rng, us):

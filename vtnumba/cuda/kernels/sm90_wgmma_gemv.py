@@ -65,12 +65,9 @@ _DESC_K_STEP = np.uint64(wgmma.K_STEP >> 4)  # a k32 slice further: 32 bytes, in
 # (descriptor arithmetic stays in uint64: a Python int times a uint64 is a float64 in Numba, which
 # cannot hold a descriptor's 64 bits -- illegal addresses on the H200 when a step was tried that way)
 
-WgGemvConfig = namedtuple("WgGemvConfig", "stages split", defaults=(1,))
+WgGemvConfig = namedtuple("WgGemvConfig", "stages")
 WgGemvConfig.__doc__ = """The swapped wgmma GEMV's configuration: a STAGES-deep ring of 64 x 128 weight tiles
-(K blocks), STAGES - 1 in flight; one block barrier and one wgmma wait a K block. SPLIT > 1: K split
-over that many blocks of one thread block cluster (``wgmma_gemv_pass``), each a ring of its own."""
-
-RANK_AXES = ("y", "z")  # the grid axis that numbers a split's blocks (its rank in the cluster)
+(K blocks), STAGES - 1 in flight; one block barrier and one wgmma wait a K block."""
 
 
 def columns(paired):
@@ -84,51 +81,21 @@ def split_chunks(k, split):
     return -(-nchunks // split)
 
 
-def shared_bytes(cfg, k):
-    """Dynamic shared memory of the pass for K split over ``cfg.split`` blocks: the 1024-byte
-    alignment slack, the ring (no deeper than a block has K blocks), the B operand (every stage of
-    K: each block quantizes the whole row) and 8 rows of 1 x 128 group scales."""
+def shared_bytes(cfg, k, split=1):
+    """Dynamic shared memory of the pass for K split over ``split`` blocks: the 1024-byte alignment
+    slack, the ring (no deeper than a block has K blocks), the B operand (every stage of K) and 8
+    rows of 1 x 128 group scales."""
     nchunks = -(-k // BK)
     return (
         wgmma.SWIZZLE_ATOM_BYTES
-        + min(cfg.stages, split_chunks(k, cfg.split)) * TILE_BYTES
+        + min(cfg.stages, split_chunks(k, split)) * TILE_BYTES
         + nchunks * X_STAGE_BYTES
         + 4 * X_ROWS * nchunks
     )
 
 
 @functools.cache
-def split_rank(axis):
-    """The device function ``rank()``: the block's rank in its cluster's split of K, blockIdx along
-    ``axis`` (RANK_AXES: 'y' where the grid is (tiles, split), the dense launch; 'z' where its y
-    numbers something else, the routed launches' pairs). Block 0 of a split writes the output."""
-    if axis not in RANK_AXES:
-        raise ValueError(f"a split's rank is blockIdx.y or blockIdx.z, got {axis!r}")
-
-    if axis == "y":
-
-        def rank():
-            return cuda.blockIdx.y
-
-    else:
-
-        def rank():
-            return cuda.blockIdx.z
-
-    return cuda.jit(**DEVICE_INLINE)(rank)
-
-
-def split_cluster(split, axis):
-    """The thread block cluster (x, y, z) of a launch whose K is split over ``split`` blocks ranked
-    along ``axis`` (``split_rank``): ``split`` blocks along that axis, so that a block's index there
-    is its rank in the cluster (the rank the pass's reads of the others' sums name); None unsplit."""
-    if split <= 1:
-        return None
-    return (1, split, 1) if axis == "y" else (1, 1, split)
-
-
-@functools.cache
-def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="y"):
+def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
     out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
     quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, the swizzled
@@ -137,14 +104,11 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="
     device function every thread of the block must call: y[:M, tile] for the block's tile
     (blockIdx.x) of b's rows. (tc_gemv passes the quantizer: this module does not import it back.)
 
-    ``cfg.split`` > 1: K is split over that many blocks, ranks 0 .. split - 1 along the grid's
-    ``rank_axis`` (``split_rank``), which must be one thread block cluster (launch.Kernel's
-    ``cluster``, ``split_cluster``'s): block r takes K blocks r c .. r c + c (c = ``split_chunks``),
-    and block 0 adds the others' sums to its own in rank order through the cluster's shared memory
-    before the epilogue (split-K with a fixed order and no global workspace; the others store
-    nothing). Paired or not alike: a thread's accumulators are the same tile rows in every rank
-    (``tile_place`` hangs on blockIdx.x only). Every block of the cluster must call it (its two
-    cluster barriers); a caller with work after the pass leaves it to ``split_rank``'s block 0."""
+    ``split`` > 1: K is split over that many blocks, blockIdx.y 0 .. split - 1, which must be one
+    thread block cluster (launch.Kernel's ``cluster`` (1, split, 1)): block r takes K blocks
+    r c .. r c + c (c = ``split_chunks``), and block 0 adds the others' sums to its own in rank order
+    through the cluster's shared memory before the epilogue (split-K with a fixed order and no
+    global workspace; the others store nothing)."""
     if activation not in ("static", "dynamic", "per_token", "per_group", "codes"):
         raise ValueError(
             "the swapped wgmma GEMV quantizes static, dynamic, per_token or per_group activations or reads codes, "
@@ -166,11 +130,9 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="
     copy_two = mma_sync.cp_async_rows(2, _COPY_ROWS * BK // 4)  # rows r and r + 16 of a half tile
     finish, store, load_bias_value = scaled_value, store_out, load_bias
     tile_cols = columns(paired)
-    split = cfg.split
-    if split < 1:
-        raise ValueError(f"split must be 1 or more, got {split}")
+    if split < 1 or (split > 1 and paired):
+        raise ValueError(f"split must be 1, or above 1 for an unpaired pass, got {split} (paired={paired})")
     cluster_sync, cluster_load = (wgmma.cluster_sync, wgmma.cluster_load) if split > 1 else (None, None)
-    rank = split_rank(rank_axis)
     n_fscratch = 1  # (the quantizer's simulator scratch: this pass never runs there)
 
     @cuda.jit(**DEVICE_INLINE)
@@ -266,7 +228,7 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="
         n0 = cuda.blockIdx.x * tile_cols
         # this block's K blocks: kc0 .. kc0 + own (all of K unsplit)
         per_block = (nchunks + split - 1) // split
-        kc0 = rank() * per_block if split > 1 else 0
+        kc0 = cuda.blockIdx.y * per_block if split > 1 else 0
         own = max(0, min(nchunks - kc0, per_block))
         smem = cuda.shared.array(0, types.uint32)  # dynamic: the ring, x's codes, the group scales
         gs = cuda.shared.array(0, types.float32)  # (the same memory, as float32)
@@ -364,12 +326,12 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="
             for q in range(regs):
                 sums[regs * tid + q] = float32_bits(acc[q])
             cluster_sync()  # every block's sums written, visible cluster-wide
-            if rank() == 0:
-                for peer in range(1, split):
+            if cuda.blockIdx.y == 0:
+                for rank in range(1, split):
                     for q in range(regs):
-                        acc[q] = acc[q] + bits_float32(cluster_load(sums, regs * tid + q, peer))
+                        acc[q] = acc[q] + bits_float32(cluster_load(sums, regs * tid + q, rank))
             cluster_sync()  # block 0 has read them: the others' shared memory may go
-            if rank() != 0:
+            if cuda.blockIdx.y != 0:
                 return
 
         has_bias = bias_kind != 0
@@ -389,15 +351,4 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, rank_axis="
     return gemv
 
 
-__all__ = [
-    "WgGemvConfig",
-    "WG_THREADS",
-    "TILE_ROWS",
-    "RANK_AXES",
-    "columns",
-    "shared_bytes",
-    "split_chunks",
-    "split_cluster",
-    "split_rank",
-    "wgmma_gemv_pass",
-]
+__all__ = ["WgGemvConfig", "WG_THREADS", "TILE_ROWS", "columns", "shared_bytes", "split_chunks", "wgmma_gemv_pass"]

@@ -1284,10 +1284,6 @@ def grouped_gemv(
 #   arithmetic (weight times y rounded alone, float32 adds), rounded once to the output dtype: the
 #   CPU's combine whichever block arrives last. It reads y by atomics (at L2): a line of y in its
 #   L1 may predate another block's write.
-# - K split (the wgmma pass's wg_sS_kN configurations): grid (tiles, P, N), a cluster of N blocks a
-#   pair's tile, rank blockIdx.z (kernels/sm90_wgmma_gemv.py's split). Every rank quantizes the row
-#   and runs its share of K; only rank 0 holds the sums after the pass, so only it writes hidden,
-#   act and y and arrives: down still counts k blocks a token's tile.
 #
 # A pair whose id is outside [0, E) runs no pass, arrives, and adds nothing. Dynamic per-tensor
 # activations are not routed: the scale of act is one amax over every pair's row, which no block of
@@ -1328,23 +1324,6 @@ def _routed_threads(cfg):
     return 32 * cfg.warps
 
 
-# A split routed launch (the wgmma pass's ``split`` > 1) keeps the pair on blockIdx.y, as unsplit, and
-# numbers its K split's blocks on blockIdx.z: grid (column tiles, pairs, split), clusters (1, 1, split).
-_ROUTED_RANK_AXIS = "z"
-
-
-def _routed_split(cfg):
-    """Blocks a routed tile's K is split over (a cluster): the wgmma pass's ``split``, else 1."""
-    return cfg.split if _routed_wgmma(cfg) else 1
-
-
-def _routed_cluster(cfg):
-    """The thread block cluster of a routed launch in ``cfg`` (None: no cluster)."""
-    from .sm90_wgmma_gemv import split_cluster
-
-    return split_cluster(_routed_split(cfg), _ROUTED_RANK_AXIS)
-
-
 @functools.cache
 def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int64, w_kind=0, out_is_float32=False):
     """The routed GEMV of ``stage`` ('gate_up' or 'down'; block above) in activation ``mode`` (static,
@@ -1356,11 +1335,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
     if mode not in (MODE_STATIC, MODE_PER_TOKEN, MODE_PER_GROUP):
         raise ValueError(f"the routed GEMV quantizes static, per-token or 1 x 128 group activations, got mode {mode}")
-    from .sm90_wgmma_gemv import split_rank
-
     paired = _routed_paired(stage, cfg)
-    split = _routed_split(cfg)
-    rank = split_rank(_ROUTED_RANK_AXIS)  # (called only where split > 1: the wgmma pass's)
     if _routed_wgmma(cfg):
         from ..ptx import sm90_wgmma
         from .sm90_wgmma_gemv import WG_THREADS, wgmma_gemv_pass
@@ -1371,10 +1346,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         # B operand stay zero
         quantize = fused_quantizer(WG_THREADS, 1, mode, hardware, swizzled=True)
         activation = {MODE_STATIC: "static", MODE_PER_TOKEN: "per_token", MODE_PER_GROUP: "per_group"}[mode]
-        # split: the pair keeps blockIdx.y, the rank in the K split is blockIdx.z (routed_launch)
-        gemv_pass = cuda.jit(**_DEVICE)(
-            wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, _ROUTED_RANK_AXIS)
-        )
+        gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired))
         arch = sm90_wgmma.ARCH
     else:
         gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
@@ -1419,15 +1391,12 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32);
             arrivals zeroed for down."""
             p = cuda.blockIdx.y
-            # every block of the grid (a split's ranks too: blockIdx.z) zeroes its own counters
-            z = cuda.blockIdx.z if split > 1 else 0
-            depth = cuda.gridDim.z if split > 1 else 1
-            first = ((z * cuda.gridDim.y + p) * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
-            for i in range(first, arrivals.shape[0], cuda.gridDim.x * cuda.gridDim.y * depth * threads):
+            first = (p * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
+            for i in range(first, arrivals.shape[0], cuda.gridDim.x * cuda.gridDim.y * threads):
                 arrivals[i] = 0
             e = ids[p]
             if e < 0 or e >= experts:
-                return  # the whole block (and a split's whole cluster: one pair): no barrier is left waiting
+                return  # the whole block: no barrier is left waiting
             inter = act.shape[1]
             t = p // k
             x_row = x[t : t + 1]
@@ -1451,8 +1420,6 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                     e * 2 * inter + half * rows,
                     rows,
                 )
-            if split > 1 and rank() != 0:
-                return  # the split's block 0 wrote the gate and up values: it alone reads them back
             cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
             n0 = cuda.blockIdx.x * width
             for j in range(n0 + cuda.threadIdx.x, min(n0 + width, inter), threads):
@@ -1503,8 +1470,6 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                     e * n,
                     n,
                 )
-            if split > 1 and rank() != 0:
-                return  # the split's block 0 wrote y: it alone arrives (the combine counts k blocks a token)
             last = cuda.shared.array(1, types.int32)
             cuda.threadfence()  # this thread's y, visible device-wide before the arrival
             cuda.syncthreads()
@@ -1548,7 +1513,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         sig = head + (f32_2d, f32_2d, ids_type, I64, I64, I32_1D)
     else:
         sig = head + (f32_2d, ids_type, I64, I64, weight_type(w_kind), out_type(out_is_float32), I32, I32_1D)
-    return compile_kernel(kernel, sig, arch=arch, cluster=_routed_cluster(cfg))
+    return compile_kernel(kernel, sig, arch=arch)
 
 
 # The configurations the routed GEMVs are swept over (benchmarks/gpu/bench_moe.py --parts configs):
@@ -1564,21 +1529,10 @@ ROUTED_GEMV_CONFIGS = dict(
 def _wgmma_configs():
     from .sm90_wgmma_gemv import WgGemvConfig
 
-    def config(name):  # wg_s{stages}, or wg_s{stages}_k{split}
-        stages, _, split = name[len("wg_s") :].partition("_k")
-        return WgGemvConfig(int(stages), int(split or 1))
-
-    names = ("wg_s2", "wg_s3", "wg_s4", "wg_s6", "wg_s3_k2", "wg_s4_k2", "wg_s6_k2", "wg_s3_k3", "wg_s3_k4", "wg_s5_k4")
-    return {name: config(name) for name in names}
+    return {name: WgGemvConfig(stages=int(name[4:])) for name in ("wg_s2", "wg_s3", "wg_s4", "wg_s6")}
 
 
-# The swapped wgmma pass's configurations (sm_90, kernels/sm90_wgmma_gemv.py), swept as the GEMV's are:
-# a ring of S stages (wg_sS), and K split over a cluster of 2-4 blocks (wg_sS_kN; a block's ring no
-# deeper than its K blocks). Why split: at one token a routed launch is 192 (gate_up) or 256 (down)
-# blocks of one warpgroup, each streaming its tile's K alone (about 45% of a block's time before its
-# K loop, the loop waiting on tiles, ~9% occupancy under ncu); N blocks of a cluster take a K block in
-# N each, as the dense launch's split does (0.76-0.89x there). Gate_up's K = 2048 is 16 K blocks (8 /
-# 6 / 4 a rank at 2 / 3 / 4), down's K = 768 is 6 (3 / 2 / 2 a rank: at 4 the last rank has none).
+# The swapped wgmma pass's configurations (sm_90, kernels/sm90_wgmma_gemv.py), swept as the GEMV's are.
 ROUTED_WGMMA_CONFIGS = _wgmma_configs()
 
 
@@ -1696,8 +1650,7 @@ def routed_launch(
         n = int(out.shape[1])
         args = head + (out, ids, k, experts, w, layer_out, out_kind, arrivals)
     shared = routed_shared_bytes(cfg, kdim)
-    split = _routed_split(cfg)  # (a split: its ranks on blockIdx.z, one cluster a pair's tile)
-    grid = (-(-n // routed_columns(stage, cfg)), pairs) + ((split,) if split > 1 else ())
+    grid = (-(-n // routed_columns(stage, cfg)), pairs)
     return _with_shared(kernel, shared), grid, _routed_threads(cfg), args, shared
 
 
@@ -1763,7 +1716,7 @@ def dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, out_is_fl
     (ceil(N / 64), split), 128 threads a block). The codes form accumulates exactly as the fused
     ones, so quantize-then-GEMV gives the fused launch's bytes."""
     from ..ptx import sm90_wgmma
-    from .sm90_wgmma_gemv import WG_THREADS, WgGemvConfig, split_cluster, wgmma_gemv_pass
+    from .sm90_wgmma_gemv import WG_THREADS, WgGemvConfig, wgmma_gemv_pass
 
     if not 1 <= m <= DENSE_WGMMA_MAX_M:
         raise ValueError(f"m must be in 1..{DENSE_WGMMA_MAX_M} for the dense wgmma GEMV, got {m}")
@@ -1774,7 +1727,7 @@ def dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, out_is_fl
     # (the codes form calls no quantizer; the static one stands in for its type)
     quantize = fused_quantizer(WG_THREADS, m, MODE_STATIC if mode == MODE_CODES else mode, hardware, swizzled=True)
     gemv_pass = cuda.jit(**_DEVICE)(
-        wgmma_gemv_pass(WgGemvConfig(stages, split), quantize, _DENSE_MODES[mode], block_scaled, False)
+        wgmma_gemv_pass(WgGemvConfig(stages=stages), quantize, _DENSE_MODES[mode], block_scaled, False, split)
     )
 
     def dense_gemv_wgmma(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
@@ -1782,7 +1735,8 @@ def dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, out_is_fl
 
     scale = types.float32[:, :] if block_scaled else F32_1D
     sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32, out_type(out_is_float32), I32)
-    return compile_kernel(dense_gemv_wgmma, sig, arch=sm90_wgmma.ARCH, cluster=split_cluster(split, "y"))
+    cluster = (1, split, 1) if split > 1 else None
+    return compile_kernel(dense_gemv_wgmma, sig, arch=sm90_wgmma.ARCH, cluster=cluster)
 
 
 # Where the launch is chosen, from the H200 (benchmarks/gpu/bench_dense_wgmma.py; benchmarks/RESULTS.md,
@@ -1821,7 +1775,7 @@ def dense_wgmma_reason(m, k, mode, dev, n=0):
 
     if 2 * -(-n // TILE_ROWS) > dev.sm_count:
         return f"N = {n} rows fill the GPU without splitting K: cuBLASLt reads a large weight faster (measured)"
-    if shared_bytes(WgGemvConfig(2, DENSE_WGMMA_MAX_SPLIT), k) > F16_SHARED_LIMIT:
+    if shared_bytes(WgGemvConfig(stages=2), k, DENSE_WGMMA_MAX_SPLIT) > F16_SHARED_LIMIT:
         return f"a row of K = {k} does not fit the dense wgmma GEMV's shared memory"
     return None
 
@@ -1866,7 +1820,7 @@ def dense_wgmma_launch(
     bias_arg, bias_kind = bias_bits(bias, dev)
     hardware = codec.hardware_available(dev.cc)
     kernel = dense_wgmma_kernel(m, split, stages, mode, block_scaled, hardware, np.dtype(out_dtype) == np.float32)
-    shared = shared_bytes(WgGemvConfig(stages, split), k)
+    shared = shared_bytes(WgGemvConfig(stages=stages), k, split)
     args = (
         dev.placeholder("u8_2d") if a is None else a,
         x_bits,
