@@ -348,7 +348,8 @@ def config_table(args, cp, rng, us):
         dev = device.current()
         e, n2, _ = gu.shape
         wgmma = gx.routed_wgmma_reason(gu.shape[2], n2 // 2) is None
-        for cfg_name in SWEEP_CONFIGS + (SWEEP_WGMMA_CONFIGS if wgmma else ()):
+        names = SWEEP_CONFIGS + (SWEEP_WGMMA_CONFIGS if wgmma else ())
+        for cfg_name in [c for c in names if not args.configs or c in args.configs.split(",")]:
             cfg = tc_gemv.ROUTED_GEMV_CONFIGS.get(cfg_name) or tc_gemv.ROUTED_WGMMA_CONFIGS[cfg_name]
             stage_us = []
             for stage, ex in (("gate_up", gu), ("down", dn)):
@@ -393,6 +394,7 @@ def main():
         default="grouped,decode,tokens",
         help="comma-separated tables: grouped (1), decode (2), tokens (3), configs (4: the routed GEMV sweep)",
     )
+    parser.add_argument("--configs", default="", help="comma-separated configuration names for table 4 (default: all)")
     args = parser.parse_args()
     import cupy as cp
     import torch

@@ -315,8 +315,8 @@ class _Bf16Dot:
 
 def _sum4(builder, vectors):
     """Each of four <16 x float> summed across its lanes by a fixed tree of shuffles and adds (halves
-    of two vectors side by side, then quarters, then pairs, then neighbours): four float32 sums in
-    about a dozen instructions, where four lane-order sums take 60 dependent adds."""
+    of two vectors side by side, then quarters, then pairs, then neighbours): a <4 x float> of the
+    four sums in about a dozen instructions, where four lane-order sums take 60 dependent adds."""
 
     def fold(u, v, first, second):
         return builder.fadd(
@@ -337,14 +337,18 @@ def _sum4(builder, vectors):
         [4 * r + i for r in range(4) for i in (2, 3, 2, 3)],
     )
     one = fold(two, undef, [4 * r for r in range(4) for _ in range(4)], [4 * r + 1 for r in range(4) for _ in range(4)])
-    return [builder.extract_element(one, ir.Constant(_I32, 4 * r)) for r in range(ROWS)]
+    return builder.shuffle_vector(one, undef, _const_indices([4 * r for r in range(ROWS)]))
+
+
+def _lanes(builder, vector):
+    return [builder.extract_element(vector, ir.Constant(_I32, r)) for r in range(ROWS)]
 
 
 def _bf16_rows(context, builder, signature, args, nsteps, block_steps, on_block):
     """The bf16 loop shared by both intrinsics: ``nsteps`` 64-code steps over four rows (args 1-4)
     against x (arg 0), reading ``ahead`` (the last argument) ahead as ``dot4_e4m3`` does; every
-    ``block_steps`` steps (or once at the end, None) the four rows' sums go to ``on_block(index,
-    sums)`` and the accumulators restart."""
+    ``block_steps`` steps (or once at the end, None: then they are returned) the four rows' sums, a
+    <4 x float>, go to ``on_block(index, sums)`` and the accumulators restart."""
     dot = _Bf16Dot(builder)
     xptr = _data(context, builder, signature, args, 0, _F32)
     wptrs = [_data(context, builder, signature, args, 1 + i, _I8) for i in range(ROWS)]
@@ -388,7 +392,7 @@ def dot4_e4m3_bf16(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
 
     def codegen(context, builder, signature, args):
         sums = _bf16_rows(context, builder, signature, args, args[5], None, None)
-        return context.make_tuple(builder, signature.return_type, sums)
+        return context.make_tuple(builder, signature.return_type, _lanes(builder, sums))
 
     return sig, codegen
 
@@ -397,19 +401,20 @@ def dot4_e4m3_bf16(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
 def dot4_e4m3_blocks_bf16(typingctx, x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead):
     """sums[kb, i] = sum_{k in block kb} x[k] * dec(w_i[k]) for kb < ``nblocks`` K-blocks of 64
     ``block_steps`` codes each, i < 4: the block-scaled M = 1 inner loop on the avx512_bf16 path
-    (``block.gemv_kernel``'s per-block sums, any order inside a block). ``sums``: float32 [>= nblocks,
-    4] C-contiguous; ``x`` holds e4m3 values, as for ``dot4_e4m3_bf16``; ``ahead`` as there."""
+    (``block.gemv_kernel``'s per-block sums, any order inside a block; its block steps stay in
+    ``_block_steps_m1``, a function compiled strict: here, inside the kernel, LLVM fused the step's
+    multiply and add into an FMA). ``sums``: float32 [>= nblocks, 4] C-contiguous; ``x`` holds e4m3
+    values, as for ``dot4_e4m3_bf16``; ``ahead`` as there."""
     sig = types.none(x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead)
 
     def codegen(context, builder, signature, args):
+        steps, blocks = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
         out = _data(context, builder, signature, args, 7, _F32)
 
         def store(kb, values):
-            row0 = builder.mul(kb, ir.Constant(kb.type, ROWS))
-            for i, v in enumerate(values):
-                builder.store(v, builder.gep(out, [builder.add(row0, ir.Constant(kb.type, i))]))
+            row = builder.gep(out, [builder.mul(kb, ir.Constant(kb.type, ROWS))])
+            builder.store(values, builder.bitcast(row, ir.VectorType(_F32, ROWS).as_pointer()), align=4)
 
-        steps, blocks = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
         _bf16_rows(context, builder, signature, args, blocks, steps, store)
         return context.get_dummy_value()
 
