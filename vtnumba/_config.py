@@ -246,7 +246,9 @@ CPU_BLAS_MIN_MACS = 1 << 24
 # where the start-up of a sleeping team costs 10-150 us (the thresholds above). So there a kernel
 # counts torch's other workers as its own, not as load (``kernel_threads(team=...)``), and goes
 # parallel from thresholds 16x lower (256 Ki multiply-adds, 128 Ki elements). The BLAS inside the
-# kernels keeps the rule above: its workers are a pool of their own, which the spinning ones delay.
+# kernels keeps the rule above: its workers are a pool of their own, which the spinning ones delay;
+# so the blas kernels share their weight panels among the team instead, one BLAS thread each
+# (vtnumba.cpu.paths.run_sgemm_driver).
 CPU_TORCH_TEAM_SHIFT = 4
 
 
