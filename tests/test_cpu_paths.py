@@ -212,7 +212,7 @@ def test_byte_lookup_decode_is_exhaustively_exact(path, threads, monkeypatch):
     assert not blocks or _ran(block.gemv_kernel, path, threads == "parallel")
 
 
-def test_the_bf16_path_runs_its_own_loops():
+def test_the_bf16_path_runs_its_own_loops(tmp_path):
     """Which instructions each path's M = 1 kernels hold (vacuity for the test above: a path whose
     globals silently fell back would pass it too): vdpbf16ps in both M = 1 kernels on avx512_bf16 and
     in no kernel of another path, read from the assembly of a fresh compile."""
@@ -236,7 +236,7 @@ def test_the_bf16_path_runs_its_own_loops():
         print(json.dumps(found))
     """
     env = dict(os.environ, VT_CPU_PARALLEL_MIN_WORK=ALWAYS_SERIAL)
-    env["NUMBA_CACHE_DIR"] = str(pytest.importorskip("tempfile").mkdtemp())  # a fresh compile: asm to read
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)  # a fresh compile: its assembly can be read
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["avx512_bf16 gemv_lookup_kernel"] >= 8 and found["avx512_bf16 gemv_kernel"] >= 8, found
