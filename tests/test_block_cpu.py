@@ -539,13 +539,17 @@ def test_group_quant_feeds_the_block_gemm():
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("m", [1, 6, 70])
-def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m):
+@pytest.mark.parametrize("blk", [(5, 32), (4, 64)])
+def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m, blk):
     """With codes whose products sum exactly in float32 in any order (values k / 8 for small k), every
     P is exact whatever a kernel's summation order, so each kernel must give the bits of
     ``total + (P * sa) * sb`` summed in kb order, then the bias: this pins the block step the G3 bound
-    alone would let drift (folding sa * sb into one factor stays inside the bound)."""
-    rng = np.random.default_rng(37 + m)
-    n, k, blk = 23, 200, (5, 32)
+    alone would let drift (folding sa * sb into one factor, or fusing the step's multiply and add
+    into an FMA, stays inside the bound). 64-code K-blocks (three whole ones and a short one at K =
+    200) run the byte-lookup paths' M = 1 loop, which applies the steps itself, and then the
+    kernel's own loop for the last block."""
+    rng = np.random.default_rng(37 + m + blk[1])
+    n, k = 23, 200
     small = reference.encode(np.arange(-16, 17, dtype=F32) / F32(8))  # exact e4m3 values j / 8
     a, b = rng.choice(small, size=(m, k)), rng.choice(small, size=(n, k))
     sa, sb = block_scales(rng, m, n, k, *blk)
@@ -553,14 +557,18 @@ def test_every_kernel_applies_the_block_step_in_upstreams_order(kernel, m):
     da, db = reference.decode(a), reference.decode(b)
     want = np.zeros((m, n), dtype=F32)
     folded = np.zeros((m, n), dtype=F32)
+    fused = np.zeros((m, n), dtype=F32)
     sb_rows = np.repeat(sb, blk[0], axis=0)[:n]
     for kb in range(-(-k // blk[1])):
         lo, hi = kb * blk[1], min(k, (kb + 1) * blk[1])
         p = (da[:, lo:hi] @ db[:, lo:hi].T).astype(F32)  # exact: multiples of 1/64 below 2^14
         want = want + (p * sa[:, kb : kb + 1]) * sb_rows[None, :, kb]
         folded = folded + p * (sa[:, kb : kb + 1] * sb_rows[None, :, kb])
-    want, folded = want + bias, folded + bias
+        # an FMA: the last multiply and the add rounded once (float64 holds the product exactly)
+        fused = (fused + (p * sa[:, kb : kb + 1]).astype(np.float64) * sb_rows[None, :, kb]).astype(F32)
+    want, folded, fused = want + bias, folded + bias, fused + bias
     assert np.any(want != folded), "the data cannot tell the order apart: the test would be vacuous"
+    assert np.any(want != fused), "the data cannot tell a fused step apart: the test would be vacuous"
     got = block.block_scaled_mm(a, b, sa, sb, blk, np.dtype(np.float32), bias, kernel)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 

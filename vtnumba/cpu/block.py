@@ -191,8 +191,9 @@ def reference_kernel(a, b, scale_a, scale_b, bn, bk, bias, out):
 
 @njit(**CPU_STRICT_FUNCTION)
 def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
-    """M = 1: out[0, n0 + j] = bias + the block steps of p[kb, j] in kb order, j < valid (as
-    ``_block_steps``, with scalars: at M = 1 the array views of the general form cost 10%)."""
+    """M = 1, the last rows (valid < 4): out[0, n0 + j] = bias + the block steps of p[kb, j] in kb
+    order, j < valid (as ``_block_steps``, with scalars: at M = 1 the array views of the general
+    form cost 10%)."""
     t = np.zeros(4, dtype=np.float32)
     for kb in range(p.shape[0]):
         sa = sat[kb, 0]
@@ -202,13 +203,66 @@ def _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0):
         out[0, n0 + j] = add_bias(t[j], bias, n0 + j)
 
 
+@njit(**CPU_STRICT_FUNCTION)
+def _block_steps_four(p, kb0, sat, scale_b, nb0, nb1, nb2, nb3, t0, t1, t2, t3):
+    """M = 1, four rows: totals t_j carried on by the block steps of p[i, j], kb = kb0 + i, in kb
+    order. Four scalars, not an array: the array's allocation and its loop over j cost 18 of the 155
+    us at 1536 x 2048 (one Zen 4 thread, weights in cache)."""
+    for i in range(p.shape[0]):
+        kb = kb0 + i
+        sa = sat[kb, 0]
+        t0 = t0 + (p[i, 0] * sa) * scale_b[nb0, kb]
+        t1 = t1 + (p[i, 1] * sa) * scale_b[nb1, kb]
+        t2 = t2 + (p[i, 2] * sa) * scale_b[nb2, kb]
+        t3 = t3 + (p[i, 3] * sa) * scale_b[nb3, kb]
+    return t0, t1, t2, t3
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _write_four(t0, t1, t2, t3, bias, out, n0):
+    """out[0, n0 + j] = t_j + bias[n0 + j], the bias added in a strict function as every block
+    kernel adds it."""
+    out[0, n0] = add_bias(t0, bias, n0)
+    out[0, n0 + 1] = add_bias(t1, bias, n0 + 1)
+    out[0, n0 + 2] = add_bias(t2, bias, n0 + 2)
+    out[0, n0 + 3] = add_bias(t3, bias, n0 + 3)
+
+
+@njit(**CPU_INLINE)
+def _block_sums_four(xr, b, n0, bk, kb0, nkb, ahead):
+    """p[i, j] = sum_{k in K-block kb0 + i} x[k] * dec(b[n0 + j, k]), kb0 <= kb < nkb, four rows: the
+    bit-arithmetic decode, for a path with no lookup loop or the K-blocks it leaves."""
+    k_len = b.shape[1]
+    p = np.empty((nkb - kb0, _SMALL_M_ROWS), dtype=np.float32)
+    for kb in range(kb0, nkb):
+        lo = kb * bk
+        hi = min(k_len, lo + bk)
+        # the next four rows' bytes at this block's pace, a line at a time (as gemm's lookup
+        # kernel, vbmi.dot4_e4m3): 4.3 -> 5.6 G weights/s at 1536 x 2048 with cold weights
+        for i in range(_SMALL_M_ROWS * lo, _SMALL_M_ROWS * hi, 64):
+            prefetch(ahead, i)
+        xs = xr[lo:hi]
+        w0, w1, w2, w3 = b[n0, lo:hi], b[n0 + 1, lo:hi], b[n0 + 2, lo:hi], b[n0 + 3, lo:hi]
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for k in range(hi - lo):
+            u = xs[k]
+            a0 += u * decode_e4m3(w0[k])
+            a1 += u * decode_e4m3(w1[k])
+            a2 += u * decode_e4m3(w2[k])
+            a3 += u * decode_e4m3(w3[k])
+        i = kb - kb0
+        p[i, 0], p[i, 1], p[i, 2], p[i, 3] = a0, a1, a2, a3
+    return p
+
+
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)
 def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     """M = 1: four rows of b per step share each load of x (as ``gemm.gemv_kernel``), the decode
-    fused into the dot products. Every block's four sums are kept, then one call applies the block
-    steps: with that call inside the loop over blocks the dot products stopped vectorizing (7.9 vs
-    1.3 ms at N = K = 4096), and so they did when indexed x[k] over range(lo, hi) instead of
-    sliced (7.0 vs 2.3 ms, one thread)."""
+    fused into the dot products. On a path with a lookup loop (``block_lookup``) it runs every whole
+    64-code K-block, block steps included; otherwise each block's four sums are kept, then one call
+    applies the block steps: with that call inside the loop over blocks the dot products stopped
+    vectorizing (7.9 vs 1.3 ms at N = K = 4096), and so they did when indexed x[k] over range(lo, hi)
+    instead of sliced (7.0 vs 2.3 ms, one thread)."""
     n_rows, k_len = b.shape
     nkb = sat.shape[0]
     xr = x[0]
@@ -218,32 +272,23 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
-        p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
+        nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
         if valid == _SMALL_M_ROWS:
             ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
-            whole = 0  # K-blocks summed by the path's lookup loop; the rest below
+            whole = 0  # K-blocks run by the path's lookup loop; the rest below
+            t0 = t1 = t2 = t3 = np.float32(0.0)
             if block_lookup:
                 if bk % 64 == 0:
                     whole = k_len // bk
-                    dot4_e4m3_blocks(xr, b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3], bk // 64, whole, p, ahead)
-            for kb in range(whole, nkb):
-                lo = kb * bk
-                hi = min(k_len, lo + bk)
-                # the next four rows' bytes at this block's pace, a line at a time (as gemm's lookup
-                # kernel, vbmi.dot4_e4m3): 4.3 -> 5.6 G weights/s at 1536 x 2048 with cold weights
-                for i in range(_SMALL_M_ROWS * lo, _SMALL_M_ROWS * hi, 64):
-                    prefetch(ahead, i)
-                xs = xr[lo:hi]
-                w0, w1, w2, w3 = b[n0, lo:hi], b[n0 + 1, lo:hi], b[n0 + 2, lo:hi], b[n0 + 3, lo:hi]
-                a0 = a1 = a2 = a3 = np.float32(0.0)
-                for k in range(hi - lo):
-                    u = xs[k]
-                    a0 += u * decode_e4m3(w0[k])
-                    a1 += u * decode_e4m3(w1[k])
-                    a2 += u * decode_e4m3(w2[k])
-                    a3 += u * decode_e4m3(w3[k])
-                p[kb, 0], p[kb, 1], p[kb, 2], p[kb, 3] = a0, a1, a2, a3
+                    w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
+                    s0, s1, s2, s3 = scale_b[nb0], scale_b[nb1], scale_b[nb2], scale_b[nb3]
+                    t0, t1, t2, t3 = dot4_e4m3_blocks(xr, w0, w1, w2, w3, bk // 64, whole, sat, s0, s1, s2, s3, ahead)
+            if whole < nkb:
+                p = _block_sums_four(xr, b, n0, bk, whole, nkb, ahead)
+                t0, t1, t2, t3 = _block_steps_four(p, whole, sat, scale_b, nb0, nb1, nb2, nb3, t0, t1, t2, t3)
+            _write_four(t0, t1, t2, t3, bias, out, n0)
         else:
+            p = np.empty((nkb, _SMALL_M_ROWS), dtype=np.float32)
             for j in range(valid):
                 for kb in range(nkb):
                     lo = kb * bk
@@ -253,8 +298,7 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                     for k in range(hi - lo):
                         acc += xs[k] * decode_e4m3(w[k])
                     p[kb, j] = acc
-        nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
-        _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0)
+            _block_steps_m1(p, sat, scale_b, nb0, nb1, nb2, nb3, valid, bias, out, n0)
 
 
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs, fastmath=_REASSOC)

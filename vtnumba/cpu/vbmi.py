@@ -397,25 +397,48 @@ def dot4_e4m3_bf16(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
     return sig, codegen
 
 
+# The flag the block step's instructions carry. Numba's fastmath pass gives every float instruction of
+# a reassociating kernel that has no flags its own ("reassoc", "contract"), the step's too, and LLVM
+# then fused the step's multiply and add into an FMA (another rounding). "arcp" only licenses a
+# reciprocal in a division, so on a multiply or an add it changes nothing, and it keeps those flags off.
+_STRICT = ("arcp",)
+
+
 @intrinsic
-def dot4_e4m3_blocks_bf16(typingctx, x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead):
-    """sums[kb, i] = sum_{k in block kb} x[k] * dec(w_i[k]) for kb < ``nblocks`` K-blocks of 64
-    ``block_steps`` codes each, i < 4: the block-scaled M = 1 inner loop on the avx512_bf16 path
-    (``block.gemv_kernel``'s per-block sums, any order inside a block; its block steps stay in
-    ``_block_steps_m1``, a function compiled strict: here, inside the kernel, LLVM fused the step's
-    multiply and add into an FMA). ``sums``: float32 [>= nblocks, 4] C-contiguous; ``x`` holds e4m3
-    values, as for ``dot4_e4m3_bf16``; ``ahead`` as there."""
-    sig = types.none(x, w0, w1, w2, w3, block_steps, nblocks, sums, ahead)
+def dot4_e4m3_blocks_bf16(typingctx, x, w0, w1, w2, w3, block_steps, nblocks, sat, sb0, sb1, sb2, sb3, ahead):
+    """The block-scaled M = 1 inner loop on the avx512_bf16 path, its block steps included: for
+    i < 4 the total of rows w_i over ``nblocks`` K-blocks of 64 ``block_steps`` codes each,
+
+        t_i = t_i + (p[kb, i] * sat[kb, 0]) * sb_i[kb],  kb in order, t_i from 0,
+
+    p[kb, i] = sum_{k in block kb} x[k] * dec(w_i[k]) in any order (G3), the step in the contract's
+    order and roundings (block.py, ``_block_step``), four rows in one <4 x float>. ``sat``: float32
+    [>= nblocks, 1] C-contiguous (one activation row's block scales); ``sb_i``: the weight block-row
+    of w_i's scales, float32, contiguous; ``x`` holds e4m3 values, as for ``dot4_e4m3_bf16``;
+    ``ahead`` as there. Measured against the sums stored to an array and stepped by a strict
+    function per four rows: 137 -> 126 us at 1536 x 2048 on one Zen 4 thread, weights in L3."""
+    sig = types.UniTuple(types.float32, ROWS)(x, w0, w1, w2, w3, block_steps, nblocks, sat, sb0, sb1, sb2, sb3, ahead)
 
     def codegen(context, builder, signature, args):
         steps, blocks = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
-        out = _data(context, builder, signature, args, 7, _F32)
+        sat_ptr = _data(context, builder, signature, args, 7, _F32)
+        sb_ptrs = [_data(context, builder, signature, args, 8 + i, _F32) for i in range(ROWS)]
+        four = ir.VectorType(_F32, ROWS)
+        total = cgutils.alloca_once_value(builder, ir.Constant(four, [ir.Constant(_F32, 0.0)] * ROWS))
+        undef = ir.Constant(four, ir.Undefined)
 
-        def store(kb, values):
-            row = builder.gep(out, [builder.mul(kb, ir.Constant(kb.type, ROWS))])
-            builder.store(values, builder.bitcast(row, ir.VectorType(_F32, ROWS).as_pointer()), align=4)
+        def step(kb, sums):
+            sa = builder.load(builder.gep(sat_ptr, [kb]))
+            sa = builder.shuffle_vector(
+                builder.insert_element(undef, sa, ir.Constant(_I32, 0)), undef, _const_indices([0] * ROWS)
+            )
+            sb = undef
+            for i, ptr in enumerate(sb_ptrs):
+                sb = builder.insert_element(sb, builder.load(builder.gep(ptr, [kb])), ir.Constant(_I32, i))
+            scaled = builder.fmul(builder.fmul(sums, sa, flags=_STRICT), sb, flags=_STRICT)
+            builder.store(builder.fadd(builder.load(total), scaled, flags=_STRICT), total)
 
-        _bf16_rows(context, builder, signature, args, blocks, steps, store)
-        return context.get_dummy_value()
+        _bf16_rows(context, builder, signature, args, blocks, steps, step)
+        return context.make_tuple(builder, signature.return_type, _lanes(builder, builder.load(total)))
 
     return sig, codegen
