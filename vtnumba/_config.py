@@ -11,6 +11,12 @@ from typing import Any
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
 _CACHE = not os.environ.get("VT_NUMBA_CACHE", "1").startswith("0")
+if _CACHE:
+    # a cached kernel goes stale when any module of the package changes, not only its own
+    # (_kernel_cache.py says why)
+    from . import _kernel_cache
+
+    _kernel_cache.install()
 
 # Scalar helpers are inlined into every kernel that calls them (Numba IR inlining, so the loop
 # around them stays one vectorizable body).
