@@ -50,6 +50,7 @@ from .gemm import (
     SMALL_M_ELEMENTS,
     accumulate_rows,
     add_bias,
+    ahead_rows,
     bias_vector,
     blas_tiles,
     decode_rows,
@@ -266,15 +267,16 @@ def gemv_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     n_rows, k_len = b.shape
     nkb = sat.shape[0]
     xr = x[0]
-    flat = b.reshape(-1)  # b's rows as one run of bytes: the next block's are read ahead
-    last = max(0, n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (its next: itself, in cache)
+    flat = b.reshape(-1)  # b's rows as one run of bytes: a later block's are read ahead
+    last = max(0, n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (read ahead past it: itself)
+    skip = ahead_rows(k_len)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
         nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
         if valid == _SMALL_M_ROWS:
-            ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
+            ahead = flat[min((n0 + skip) * k_len, last) :]
             whole = 0  # K-blocks run by the path's lookup loop; the rest below
             t0 = t1 = t2 = t3 = np.float32(0.0)
             if block_lookup:

@@ -69,6 +69,14 @@ _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
 # stream from L2. Measured at M = 16, N = 4096: chunks of 1024 / 2048 / 4096 / 8192 took 2.25 / 3.39
 # / 3.35 / 3.22 ms at K = 4096 and 9.5 / 12.5 / 11.1 / 11.1 ms at K = 14336.
 _K_CHUNK = 1024
+# How far ahead the M = 1 lookup loops read the weight (vbmi.dot4_e4m3's ``ahead``): the four rows
+# about this many bytes on, into L2 (vbmi.emit_prefetch). Measured on the Zen 4 machine, weights
+# cold, one thread / two (benchmarks/RESULTS.md, 2026-12-06 12:50-13:00 UTC): the next four rows into
+# every level, as before, took 1536 x 2048 at 215-260 / 102-146 us, 2048 x 768 at 91-97 / 51-65, 4096
+# x 1536 at 501-512 / 259-271; 16 KiB ahead into L2, 142-157 / 99-107, 83-93 / 42-50, 264-273 / 188.
+# The next four rows into L2 alone made 2048 x 768 slower (122-137 / 66-76): a distance of 3 KiB did
+# not cover memory's latency, and the lines then came from L2 on demand.
+READ_AHEAD_BYTES = 16384
 
 
 @njit(**CPU_INLINE)
@@ -77,6 +85,13 @@ def add_bias(y, bias, n):
     if bias.size != 0:
         y += bias[n]
     return y
+
+
+@njit(**CPU_INLINE)
+def ahead_rows(k_len):
+    """Rows of b from a four-row block to the block its loop reads ahead: READ_AHEAD_BYTES, in whole
+    blocks of four rows, at least the next one."""
+    return _SMALL_M_ROWS * max(1, READ_AHEAD_BYTES // (_SMALL_M_ROWS * max(1, k_len)))
 
 
 @njit(**CPU_INLINE)
@@ -160,14 +175,15 @@ def gemv_lookup_kernel(x, b, scale_a, scale_b, bias, out):
     xr = x[0]
     steps = k_len // 64
     k_tail = steps * 64
-    flat = b.reshape(-1)  # b's rows as one run of bytes: the next block's are read ahead (dot4_e4m3)
-    last = (n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (the next of it: itself, in cache)
+    flat = b.reshape(-1)  # b's rows as one run of bytes: a later block's are read ahead (dot4_e4m3)
+    last = (n_rows - _SMALL_M_ROWS) * k_len  # the last whole block (read ahead past it: itself, in cache)
+    skip = ahead_rows(k_len)
     for block in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         if n0 + _SMALL_M_ROWS <= n_rows:
             w0, w1, w2, w3 = b[n0], b[n0 + 1], b[n0 + 2], b[n0 + 3]
-            ahead = flat[min((n0 + _SMALL_M_ROWS) * k_len, last) :]
+            ahead = flat[min((n0 + skip) * k_len, last) :]
             a0, a1, a2, a3 = dot4_e4m3(xr, w0, w1, w2, w3, steps, ahead)
             for k in range(k_tail, k_len):  # the K % 64 tail (written apart from gemv_kernel's loop:
                 t = xr[k]  # tools/mutations_cpu_gemm.toml edits that one by its text)

@@ -133,12 +133,15 @@ def _activation(builder, xptr, base):
 
 
 def emit_prefetch(builder, ptr):
-    """A prefetch of the cache line at ``ptr`` (i8*) into every cache level (llvm.prefetch: a read,
-    locality 3, data; any target, a hint that never faults)."""
+    """A prefetch of the cache line at ``ptr`` (i8*) into L2 and the levels past it (llvm.prefetch: a
+    read, locality 2, data; any target, a hint that never faults). Into L1 too (locality 3), the
+    streaming M = 1 loops ran at two thirds of the speed at 1536 x 2048 and half at 4096 x 1536 on a
+    Zen 4 core, weights cold (gemm.READ_AHEAD_BYTES has the figures): an L1 prefetch holds one of
+    the core's few L1 miss buffers until the line comes from memory."""
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer()] + [_I32] * 3), "llvm.prefetch.p0i8"
     )
-    builder.call(fn, [ptr] + [ir.Constant(_I32, v) for v in (0, 3, 1)])
+    builder.call(fn, [ptr] + [ir.Constant(_I32, v) for v in (0, 2, 1)])
 
 
 @intrinsic
@@ -171,9 +174,9 @@ def dot4_e4m3(typingctx, x, w0, w1, w2, w3, nblocks, ahead):
     """(sum_k x[k] * dec(w_i[k]) for i in 0..3) over k < 64 * nblocks, as float32 sums (any order).
 
     ``x``: float32 1-D contiguous; ``w_i``: uint8 1-D contiguous rows; the caller adds the tail
-    past 64 * nblocks and applies the epilogue. ``ahead``: uint8 1-D contiguous, the bytes the
-    caller reads next (the next four rows), of which the first 4 * 64 * nblocks are prefetched in
-    order, one cache line per row and step, so they are in cache when their turn comes. Measured
+    past 64 * nblocks and applies the epilogue. ``ahead``: uint8 1-D contiguous, bytes the
+    caller reads later (four rows ``gemm.ahead_rows`` on), of which the first 4 * 64 * nblocks are
+    prefetched in order, one cache line per row and step, so they are in cache when their turn comes. Measured
     on one Xeon core, weights cold (benchmarks/RESULTS.md, 2026-12-02 12:36-13:34 UTC): the hardware's
     prefetchers, following four short rows at once, kept 1536 x 2048 at 5.0 G weights/s and
     2048 x 768 at 6.8; reading ahead this way, 10.7 and 11.6 (4096^2: 11.1 -> 13.5), against 14-15
