@@ -9,7 +9,7 @@ user whose upgrade changed a kernel's module and not its callers'.
 
 ``install()`` puts, ahead of Numba's own locators, copies of them whose stamp for a function of this
 package is one hash of every ``.py`` file in it (read once a process, at the first cached compile or
-load, about 2 ms): any change to the package recompiles every cached kernel once. Functions outside
+load, about 4 ms): any change to the package recompiles every cached kernel once. Functions outside
 the package keep Numba's locators untouched."""
 
 import functools

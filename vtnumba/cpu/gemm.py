@@ -70,12 +70,12 @@ _SMALL_M_ROWS = 4  # rows of a and of b per register block (4 x 4 accumulators)
 # / 3.35 / 3.22 ms at K = 4096 and 9.5 / 12.5 / 11.1 / 11.1 ms at K = 14336.
 _K_CHUNK = 1024
 # How far ahead the M = 1 lookup loops read the weight (vbmi.dot4_e4m3's ``ahead``): the four rows
-# about this many bytes on, into L2 (vbmi.emit_prefetch). Measured on the Zen 4 machine, weights
-# cold, one thread / two (benchmarks/RESULTS.md, 2026-12-06 12:50-13:00 UTC): the next four rows into
-# every level, as before, took 1536 x 2048 at 215-260 / 102-146 us, 2048 x 768 at 91-97 / 51-65, 4096
-# x 1536 at 501-512 / 259-271; 16 KiB ahead into L2, 142-157 / 99-107, 83-93 / 42-50, 264-273 / 188.
-# The next four rows into L2 alone made 2048 x 768 slower (122-137 / 66-76): a distance of 3 KiB did
-# not cover memory's latency, and the lines then came from L2 on demand.
+# about this many bytes on, into L2 (vbmi.emit_prefetch). Measured on the Zen 4 machine, per-tensor
+# kernel, weights cold, one thread / two (benchmarks/RESULTS.md, 2026-12-06 12:00-13:10 UTC): the next
+# four rows into every level, as before, took 1536 x 2048 at 182-215 / 106-122 us, 2048 x 768 at
+# 91-123 / 46-51, 1536 x 4096 at 505-516 / 260-276; 16 KiB ahead into L2, 132-137 / 92-125, 79-90 /
+# 50-52, 258-267 / 188-197. The next four rows into L2 alone made 2048 x 768 slower (122-144 / 66-78):
+# 3 KiB ahead did not cover memory's latency, and the lines then came from L2 on demand.
 READ_AHEAD_BYTES = 16384
 
 
