@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from vtnumba import _config, seam
+from vtnumba.seam.host_linear import HostLinear
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -50,17 +51,17 @@ def _tiny_qwen3_moe():
 def test_a_cpu_forward_caps_vtnumba_threads_at_torch_threads(monkeypatch):
     """Inside Fp8Linear's and Fp8Experts' CPU forwards the cap is torch's thread count; outside, none."""
     seen = []
-    real_matmul, real_moe = custom_ops.matmul_fp8, custom_ops.seam_moe_fp8
+    real_host, real_moe = HostLinear.__call__, custom_ops.seam_moe_fp8
 
-    def matmul(*args, **kwargs):
+    def host(*args, **kwargs):  # the linear's prepared call (seam.host_linear), where its kernels run
         seen.append(("linear", _config.thread_cap()))
-        return real_matmul(*args, **kwargs)
+        return real_host(*args, **kwargs)
 
     def moe(*args, **kwargs):
         seen.append(("experts", _config.thread_cap()))
         return real_moe(*args, **kwargs)
 
-    monkeypatch.setattr(custom_ops, "matmul_fp8", matmul)
+    monkeypatch.setattr(HostLinear, "__call__", host)
     monkeypatch.setattr(custom_ops, "seam_moe_fp8", moe)
     model = vtt.convert(_tiny_qwen3_moe(), "per_token")
     before = torch.get_num_threads()

@@ -29,6 +29,8 @@ Kernels never validate (the boundary does); they take uint8 codes, float32 scale
 scale_b [ceil(N / bn), nkb] (C-contiguous), and a float32 bias of length N or 0 (none).
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -122,7 +124,7 @@ def run_group_kernel(kernel, x, group_size, rule, column_major_scales, scale_dty
     column-major)."""
     xin = _kernel_input(x)
     k = xin.shape[-1]
-    m = int(np.prod(xin.shape[:-1]))
+    m = math.prod(xin.shape[:-1])
     rows = xin.reshape(m, k)
     groups = -(-k // group_size)
     codes = np.empty(rows.shape, dtype=np.uint8)

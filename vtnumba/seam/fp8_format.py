@@ -254,6 +254,24 @@ class Fp8Format:
             return quantize_fp8(x, input_scale)
         return quantize_fp8(x)
 
+    def quantize_host(self, x: Any, input_scale: Any = None) -> tuple[Any, Any]:
+        """``quantize`` of a host array x [M, K] (numpy float32, float16 or bfloat16) that its caller
+        has checked, made by the CPU backend's quantizer directly: (codes, scale) as ``quantize``'s
+        ``QuantizedActivation`` holds them, without the argument checks of ``vt.quantize_fp8``. For the
+        prepared host call (``seam.host_linear``), whose tests hold it bitwise to ``quantize``.
+        E8M0 activation scales (MXFP8) are not made here: the prepared call does not take them."""
+        from .. import cpu  # the CPU backend; imported here, as ops.backend imports it
+
+        scheme = self.activation_scheme
+        if scheme == ActivationScheme.PER_GROUP:
+            # float32 group scales, column-major: as ``quantize`` asks for them
+            return cpu.quantize_per_group(x, self.block_size[1], self.scale_ue8m0, True)  # type: ignore[index]
+        if scheme == ActivationScheme.PER_TOKEN:
+            return cpu.quantize_per_token(x, None)
+        if scheme == ActivationScheme.STATIC:
+            return cpu.quantize_static(x, input_scale), cpu.scale_array(input_scale)
+        return cpu.quantize_dynamic(x)
+
     @property
     def quantize_call(self) -> str:
         """The ``vt.quantize_fp8`` call ``quantize`` makes, as a caller would write it (error messages)."""

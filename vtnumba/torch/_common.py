@@ -62,6 +62,14 @@ def _view(t):
     return to_native(t.detach(), "tensor")
 
 
+def _host_array(t):
+    """A numpy array viewing CPU tensor ``t`` of float32 or float16, or bfloat16 through its bits
+    (ml_dtypes.bfloat16, as ``_view`` gives it) without the interop layer's checks."""
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_arrays.BFLOAT16)
+    return t.numpy()
+
+
 def _on_device(index, fn):
     import cupy
 

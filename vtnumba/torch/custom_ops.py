@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._config import torch_thread_cap
-from .._interop import on_torch_stream
+from .._interop import on_torch_stream, to_torch
 from ..ops import ActivationScheme
 from ..seam import Fp8Experts as SeamExperts
 from ..seam import Fp8Weight, matmul_fp8
@@ -30,6 +30,7 @@ from ._common import (
     _NUMPY_OUT,
     _current_device,
     _grad_enabled,
+    _host_array,
     _on_device,
     _raw_stream,
     _refuse_grad,
@@ -207,11 +208,30 @@ def _gpu_full(state, x, out_dtype):
 
 
 def _cpu_forward(parts, x, out_dtype):
+    """The CPU forward through the full path of ``seam.matmul_fp8`` (the custom op's, and a layer's
+    where its prepared call does not serve: ``_host_forward``)."""
     if x.requires_grad and _grad_enabled():
         _refuse_grad(x)
     _check_input(x, parts[0].shape[1])
     with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
         return matmul_fp8(x, _seam_weight(parts), out_dtype)
+
+
+def _host_forward(host, x, out_dtype, input_scale):
+    """The CPU forward through the layer's prepared call ``host`` (``seam.HostLinear``): x a CPU
+    tensor of float32, float16 or bfloat16 (its caller looked); the same backend calls, and so the
+    same bytes, as ``_cpu_forward`` (seam/host_linear.py)."""
+    if x.requires_grad:
+        if _grad_enabled():
+            _refuse_grad(x)
+        x = x.detach()  # numpy() refuses a tensor that requires grad
+    k = host.codes.shape[1]
+    _check_input(x, k)
+    rows = x if x.dim() == 2 else x.reshape(-1, k)
+    with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
+        y = host(_host_array(rows), _NUMPY_OUT[x.dtype if out_dtype is None else out_dtype], input_scale)
+    y = to_torch(y, torch)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], host.n)
 
 
 # -- the custom op (torch.compile) -------------------------------------------------------------------

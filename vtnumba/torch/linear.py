@@ -1,6 +1,7 @@
 """``Fp8Linear``: an ``nn.Linear`` whose weight is FP8 and whose forward is ``seam.matmul_fp8``
 (the package docstring: buffers, how a GPU forward runs, the custom op under ``torch.compile``)."""
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -10,8 +11,10 @@ from ..ops import ActivationScheme, encode_e4m3
 from ..seam import Fp8Weight, ResidentFp8, load_fp8_linear
 from ..seam._finite import refuse_nonfinite
 from ..seam.bound import linear_for_stream
+from ..seam.host_linear import HostLinear
 from ._common import (
     _DTYPE_NAMES,
+    _NUMPY_OUT,
     _host_scalar,
     _is_compiling,
     _on_device,
@@ -21,7 +24,7 @@ from ._common import (
     _tensor,
     _view,
 )
-from .custom_ops import _cpu_forward, _gpu_forward, _GpuState, _linear_key, _seam_weight, fp8_linear
+from .custom_ops import _cpu_forward, _gpu_forward, _GpuState, _host_forward, _linear_key, _seam_weight, fp8_linear
 
 __all__ = ["Fp8Linear"]
 
@@ -72,6 +75,7 @@ class Fp8Linear(nn.Module):
         self._states = {}  # device index -> _GpuState (dropped when the buffers move)
         self._resident = {}  # device index -> ResidentFp8 of the host weight (CPU buffers, GPU input)
         self._scale_value = None  # (version, buffer, value) of the static scale (``_quant_key``)
+        self._host = None  # (seam HostLinear, the buffers it views) of the CPU forward (``_host_linear``)
         scheme = self.activation_scheme
         self._fixed_quant_key = (
             None
@@ -217,7 +221,7 @@ class Fp8Linear(nn.Module):
     _FORMAT_BUFFERS = ("weight", "weight_scale", "input_scale")
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half(): the buffers move, states go
-        self._states, self._resident, self._host_seam = {}, {}, None
+        self._states, self._resident, self._host_seam, self._host = {}, {}, None, None
         kept = {}
         for name in self._FORMAT_BUFFERS:
             t = self._buffers.get(name)
@@ -232,7 +236,7 @@ class Fp8Linear(nn.Module):
 
     def _load_from_state_dict(self, *args, **kwargs):
         # values change in place: views of GPU buffers stay valid, uploads of the host values do not
-        self._host_seam, self._resident = None, {}
+        self._host_seam, self._resident, self._host = None, {}, None
         if not self.weight.is_cuda:
             self._states = {}
         return super()._load_from_state_dict(*args, **kwargs)
@@ -260,7 +264,41 @@ class Fp8Linear(nn.Module):
             )
         if self.weight.is_cuda:
             raise ValueError(f"x must be on the layer's device {self.weight.device}, got a tensor on {x.device}")
-        return _cpu_forward(self._parts(), x, self.out_dtype)
+        host = self._host_linear() if x.dtype in _NUMPY_OUT and x.is_cpu else None
+        if host is None:  # float64 (cast to float32 by the full path), or another device
+            return _cpu_forward(self._parts(), x, self.out_dtype)
+        scale = None if self._fixed_quant_key is not None else self._static_scale()  # 'static' has no fixed key
+        return _host_forward(host, x, self.out_dtype, scale)
+
+    def _host_linear(self):
+        """The CPU forward's prepared call (``seam.host_linear``: views of the buffers, checked
+        once), made again when a buffer is replaced or its memory moved (``copy.deepcopy`` copies the
+        views' memory apart from the new buffers'). In-place writes need nothing: the views see them."""
+        buffers = self._buffers
+        weight, scale, bias = buffers["weight"], buffers["weight_scale"], buffers["bias"]
+        held = self._host
+        if (
+            held is not None
+            and held[1] is weight
+            and held[2] is scale
+            and held[3] is bias
+            and held[4] == weight.data_ptr()
+        ):
+            return held[0]
+        call = HostLinear.of(_seam_weight(self._parts()))
+        self._host = (call, weight, scale, bias, weight.data_ptr())
+        return call
+
+    def _static_scale(self):
+        """The static input scale's value as float32, read from the buffer: once per change of it
+        (``_version``), or at every call for a tensor made under inference mode (no version counter)."""
+        scale = self._buffers["input_scale"]
+        if scale.is_inference():
+            return np.float32(scale.item())
+        cached = self._scale_value
+        if cached is None or cached[0] != scale._version or cached[1] is not scale:
+            cached = self._scale_value = (scale._version, scale, float(scale.item()))
+        return np.float32(cached[2])
 
     def _quant_key(self):
         """What decides this layer's activation codes beside x itself: its scheme and group size, or
@@ -273,10 +311,7 @@ class Fp8Linear(nn.Module):
         scale = self._buffers["input_scale"]
         if scale.is_inference():  # no version counter: this buffer's own scale only
             return ActivationScheme.STATIC, scale.data_ptr()
-        cached = self._scale_value
-        if cached is None or cached[0] != scale._version or cached[1] is not scale:
-            cached = self._scale_value = (scale._version, scale, float(scale.item()))
-        return ActivationScheme.STATIC, cached[2]
+        return ActivationScheme.STATIC, float(self._static_scale())
 
     def kernels(self, x):
         """The kernels a forward on inputs like ``x`` runs, in order: the activation quantization's,

@@ -1,0 +1,188 @@
+"""The prepared host call (seam.host_linear) behind Fp8Linear's CPU forward: the same bytes as the
+full path of seam.matmul_fp8 for every scheme, input dtype, output dtype and shape; the full path
+is not run; writes to the buffers are seen; and its host work stays small, counted in Python calls
+(a count, not a timing: the figures are in benchmarks/RESULTS.md)."""
+
+import copy
+import sys
+
+import numpy as np
+import pytest
+
+from vtnumba import seam
+from vtnumba.cpu import gemm
+from vtnumba.seam.host_linear import HostLinear
+
+torch = pytest.importorskip("torch")
+vtt = pytest.importorskip("vtnumba.torch")
+from vtnumba.torch import custom_ops  # noqa: E402
+
+nn = torch.nn
+
+SCHEMES = {
+    "dynamic": {},
+    "static": {"input_scale": 0.02},
+    "per_token": {},
+    "per_group": {"block_size": (32, 64)},  # K = 200: three 64-wide groups and a short one
+    "per_group_ue8m0": {"block_size": (16, 32), "scale_ue8m0": True},
+}
+N, K = 48, 200
+
+
+def _layer(name, bias=True):
+    torch.manual_seed(7)
+    kwargs = dict(SCHEMES[name])
+    scheme = "per_group" if name.startswith("per_group") else name
+    return vtt.Fp8Linear.from_linear(nn.Linear(K, N, bias=bias), scheme, **kwargs)
+
+
+def _x(*shape, dtype=torch.float32):
+    rng = np.random.default_rng(sum(shape))
+    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype)
+
+
+@pytest.fixture
+def no_full_path(monkeypatch):
+    """Fails a forward that falls back to the full path; counts the prepared calls made."""
+    calls = []
+    real = HostLinear.__call__
+
+    def full(*args, **kwargs):
+        raise AssertionError("the CPU forward ran seam.matmul_fp8's full path, not its prepared call")
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(custom_ops, "matmul_fp8", full)
+    monkeypatch.setattr(HostLinear, "__call__", counted)
+    return calls
+
+
+def _bits(t):
+    """A tensor's bytes as integers: bitwise equality, NaN payloads and signed zeros included."""
+    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16).numpy()
+
+
+def _full_path(layer, x, out_dtype=None):
+    """seam.matmul_fp8 on the layer's weight, as the layer's full path runs it."""
+    return seam.matmul_fp8(x, layer.fp8_weight, out_dtype)
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_the_prepared_call_is_the_full_path_bitwise(name, no_full_path):
+    layer = _layer(name)
+    blas_rows = gemm.SMALL_M_ELEMENTS // K + 3  # past the small_m kernels' bound: the blas kernels
+    cases = [
+        (_x(1, K), None),  # decode: the M = 1 kernels
+        (_x(2, 3, K), None),  # [..., K]: flattened, then back
+        (_x(5, K, dtype=torch.bfloat16), None),
+        (_x(5, K, dtype=torch.float16), torch.float32),
+        (_x(4, K), torch.bfloat16),
+        (_x(K, 6).t(), None),  # strided: the kernels read a contiguous copy
+        (_x(blas_rows, K), None),
+    ]
+    with torch.no_grad():
+        for x, out_dtype in cases:
+            layer.out_dtype = out_dtype
+            y = layer(x)
+            want = _full_path(layer, x, out_dtype)
+            assert y.shape == (*x.shape[:-1], N) and y.dtype == (out_dtype or x.dtype)
+            np.testing.assert_array_equal(_bits(y), _bits(want))
+    assert len(no_full_path) == len(cases)  # every case ran the prepared call
+    kernels = {layer.kernels(x)[1] for x, _ in cases}
+    assert {"cpu small_m", "cpu blas"} <= kernels  # both kernel families were compared
+
+
+def test_writes_to_the_buffers_are_seen(no_full_path):
+    """In place (``copy_``, ``mul_``, a static scale's ``fill_``, under inference mode too) the views
+    see the new values; a replaced buffer or a module-wide dtype change makes the call again."""
+    x = _x(3, K)
+    with torch.no_grad():
+        for name in ("static", "per_group", "per_token"):
+            layer = _layer(name)
+            before = layer(x)
+            layer.weight_scale.mul_(2)
+            layer.bias.add_(1)
+            after = layer(x)
+            assert not torch.equal(before, after)
+            torch.testing.assert_close(after, _full_path(layer, x), rtol=0, atol=0)
+            layer.weight.copy_(_layer(name).weight.flip(0))
+            torch.testing.assert_close(layer(x), _full_path(layer, x), rtol=0, atol=0)
+            layer.bias = torch.zeros(N)  # a new buffer
+            torch.testing.assert_close(layer(x), _full_path(layer, x), rtol=0, atol=0)
+            layer.to(torch.bfloat16)  # the bias follows the module: bfloat16, widened per call
+            assert layer.bias.dtype == torch.bfloat16
+            torch.testing.assert_close(layer(x), _full_path(layer, x), rtol=0, atol=0)
+    layer = _layer("static")
+    with torch.inference_mode():
+        first = layer(x)
+        layer.input_scale.fill_(0.05)
+        second = layer(x)
+    assert not torch.equal(first, second)
+    with torch.no_grad():
+        torch.testing.assert_close(second, _full_path(layer, x), rtol=0, atol=0)
+    with torch.inference_mode():
+        scale = torch.tensor([0.02])  # made under inference mode: no version counter
+        layer.input_scale = scale
+        third = layer(x)
+        scale.fill_(0.05)
+        assert torch.equal(layer(x), second) and torch.equal(third, first)
+
+
+def test_a_deep_copy_reads_its_own_buffers(no_full_path):
+    layer = _layer("per_token")
+    x = _x(2, K)
+    with torch.no_grad():
+        want = layer(x)  # the prepared call is made here, on the original's buffers
+        twin = copy.deepcopy(layer)
+        twin.weight_scale.mul_(4)
+        np.testing.assert_array_equal(layer(x).numpy(), want.numpy())
+        np.testing.assert_array_equal(twin(x).numpy(), _full_path(twin, x).numpy())
+        assert not torch.equal(twin(x), want)
+
+
+def test_what_the_prepared_call_does_not_take_runs_the_full_path():
+    """float64 x (cast to float32 by the full path) and E8M0-scaled weights (the MX kernels)."""
+    layer = _layer("per_token")
+    x = _x(3, K)
+    with torch.no_grad():
+        np.testing.assert_array_equal(layer(x.double()).numpy(), layer(x).numpy())
+    mx = seam.Fp8Weight.from_float(
+        np.random.default_rng(3).standard_normal((N, 64)).astype(np.float32), block_size=(1, 32), scale_format="e8m0"
+    )
+    assert HostLinear.of(mx) is None
+    assert HostLinear.of(_layer("dynamic").fp8_weight) is not None
+
+
+# A warmed CPU forward's Python function calls (sys.setprofile 'call' events), M = 4: 64-76 on
+# 2026-12-06 against 136-149 through seam.matmul_fp8's full path. A change that puts the checks
+# back on every call, or another layer of wrappers, fails here.
+MAX_PYTHON_CALLS = 90
+
+
+@pytest.mark.parametrize("name", ["dynamic", "static", "per_token", "per_group"])
+def test_a_cpu_forward_makes_few_python_calls(name):
+    layer = _layer(name)
+    x = _x(4, K)
+    counts = []
+
+    def count(frame, event, arg):
+        if event == "call":
+            counts.append(frame.f_code.co_name)
+
+    with torch.no_grad():
+        layer(x), layer(x)
+        sys.setprofile(count)
+        try:
+            layer(x)
+        finally:
+            sys.setprofile(None)
+        full = []
+        sys.setprofile(lambda frame, event, arg: full.append(1) if event == "call" else None)
+        try:
+            custom_ops._cpu_forward(layer._parts(), x, None)
+        finally:
+            sys.setprofile(None)
+    assert "__call__" in counts and "quantize_host" in counts  # the prepared call ran, and was counted
+    assert len(counts) <= MAX_PYTHON_CALLS < len(full), (len(counts), len(full))

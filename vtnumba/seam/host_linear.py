@@ -1,0 +1,61 @@
+"""The prepared host call: a host ``Fp8Weight``'s quantize-then-GEMM with its checks done once.
+
+``seam.matmul_fp8`` checks and converts every argument on every call (the interop layer, the
+weight's device, ``vt.quantize_fp8``'s and ``vt.scaled_mm``'s checks, each scale's dtype, shape and
+finiteness), about 50 us a call on the CPU where a 256-wide layer's kernels take 10. A layer calls
+with the same weight token after token, so ``HostLinear`` takes the weight's arrays as they are
+(already validated when the weight was built) and calls the CPU backend's quantizer and GEMM
+directly: the very functions, arguments and kernel choice of the full path, so the same bytes
+(tests/test_host_linear.py holds every scheme to the full path bitwise), in a fifth of the host time.
+
+It keeps views, never copies: a weight whose arrays are written in place (a torch buffer updated
+by ``load_state_dict``) is read as it is at each call, as the full path reads it. The backend
+converts what is not float32 (a float16 bias) per call, as it does for the full path.
+
+Its caller checks x: a host array [M, K] of float32, float16 or bfloat16 with K the weight's.
+``vtnumba.torch``'s ``Fp8Linear`` is that caller on the CPU (``Fp8Linear.forward``). The GPU's
+counterpart is the bound call (``seam.bound``).
+"""
+
+from typing import Any
+
+import numpy as np
+
+from .. import cpu
+
+__all__ = ["HostLinear"]
+
+
+class HostLinear:
+    """A host weight's linear call, prepared (module docstring). ``HostLinear.of(w)`` is None where
+    the format is one it does not take: E8M0 scales (MXFP8, UE8M0 bytes), whose kernels
+    ``seam.matmul_fp8`` reaches through the full path."""
+
+    __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size", "n")
+
+    def __init__(self, weight: Any) -> None:
+        self.format = weight.format
+        self.codes = weight.data
+        self.weight_scale = weight.weight_scale
+        # 'static': the weight's scale as the full path hands it to the quantizer (float32)
+        self.input_scale = None if weight.input_scale is None else np.float32(weight.input_scale)
+        self.bias = weight.bias
+        self.block_size = weight.block_size
+        self.n = weight.shape[0]
+
+    @classmethod
+    def of(cls, weight: Any) -> "HostLinear | None":
+        fmt = weight.format
+        if weight.device != "cpu" or fmt.weight_scale_format != "float32" or fmt.activation_scale_format != "float32":
+            return None
+        return cls(weight)
+
+    def __call__(self, x: np.ndarray, out_dtype: np.dtype, input_scale: Any = None) -> np.ndarray:
+        """y [M, N] of x [M, K] (checked by the caller), rounded to ``out_dtype``. ``input_scale``
+        (float32; 'static' only) replaces the weight's: a torch layer's scale buffer, read per call."""
+        codes, scale_a = self.format.quantize_host(x, self.input_scale if input_scale is None else input_scale)
+        if self.block_size is None:
+            return cpu.scaled_mm(codes, self.codes, scale_a, self.weight_scale, out_dtype, self.bias, None)
+        return cpu.block_scaled_mm(
+            codes, self.codes, scale_a, self.weight_scale, self.block_size, out_dtype, self.bias, None
+        )
