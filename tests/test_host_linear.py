@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from vtnumba import seam
+from vtnumba._interop import to_native, to_torch
 from vtnumba.cpu import gemm
+from vtnumba.seam import matmul as seam_matmul
 from vtnumba.seam.host_linear import HostLinear
 
 torch = pytest.importorskip("torch")
 vtt = pytest.importorskip("vtnumba.torch")
 from vtnumba.torch import custom_ops  # noqa: E402
+from vtnumba.torch._common import _NUMPY_OUT  # noqa: E402
 
 nn = torch.nn
 
@@ -65,8 +68,11 @@ def _bits(t):
 
 
 def _full_path(layer, x, out_dtype=None):
-    """seam.matmul_fp8 on the layer's weight, as the layer's full path runs it."""
-    return seam.matmul_fp8(x, layer.fp8_weight, out_dtype)
+    """The full path of seam.matmul_fp8 (every check, vt.quantize_fp8, vt.scaled_mm) on the layer's
+    weight: what the prepared call must equal."""
+    xs = to_native(x.detach(), "x")
+    out = None if out_dtype is None else _NUMPY_OUT[out_dtype]
+    return to_torch(seam_matmul._matmul_fp8(xs, layer.fp8_weight, out)[0])
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
@@ -155,10 +161,11 @@ def test_what_the_prepared_call_does_not_take_runs_the_full_path():
     assert HostLinear.of(_layer("dynamic").fp8_weight) is not None
 
 
-# A warmed CPU forward's Python function calls (sys.setprofile 'call' events), M = 4: 64-76 on
-# 2026-12-06 against 136-149 through seam.matmul_fp8's full path. A change that puts the checks
-# back on every call, or another layer of wrappers, fails here.
-MAX_PYTHON_CALLS = 90
+# A warmed CPU forward's Python function calls (sys.setprofile 'call' events), M = 4, on 2026-12-06:
+# 48-60 by scheme, against 74-87 for the full path of seam.matmul_fp8 alone (on numpy, no torch
+# layer around it) and 136-149 for the torch forward through it before the prepared call. A change
+# that puts the checks back on every call, or another layer of wrappers, fails here.
+MAX_PYTHON_CALLS = 70
 
 
 @pytest.mark.parametrize("name", ["dynamic", "static", "per_token", "per_group"])
@@ -178,11 +185,50 @@ def test_a_cpu_forward_makes_few_python_calls(name):
             layer(x)
         finally:
             sys.setprofile(None)
-        full = []
+        full = []  # the full path alone, on numpy: what the ceiling must tell apart
+        xs, w = x.numpy(), layer.fp8_weight
+        seam_matmul._matmul_fp8(xs, w)
         sys.setprofile(lambda frame, event, arg: full.append(1) if event == "call" else None)
         try:
-            custom_ops._cpu_forward(layer._parts(), x, None)
+            seam_matmul._matmul_fp8(xs, w)
         finally:
             sys.setprofile(None)
     assert "__call__" in counts and "quantize_host" in counts  # the prepared call ran, and was counted
     assert len(counts) <= MAX_PYTHON_CALLS < len(full), (len(counts), len(full))
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_seam_matmul_on_numpy_takes_the_prepared_call(name, monkeypatch):
+    """seam.matmul_fp8 with numpy x and a host weight: the prepared call kept on the weight, the
+    full path's bytes, for 1-D, 2-D and 3-D x; a weight whose codes were released after an upload
+    drops it and is refused as before."""
+    w = _layer(name).fp8_weight
+    w = seam.Fp8Weight(
+        w.data.copy(),
+        w.weight_scale.copy(),
+        input_scale=w.input_scale,
+        bias=w.bias.copy(),
+        activation_scheme=w.activation_scheme,
+        block_size=w.block_size,
+        scale_ue8m0=w.scale_ue8m0,
+    )
+    calls = []
+    real = HostLinear.__call__
+    monkeypatch.setattr(HostLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(5)
+    for shape, dtype, out in (
+        ((K,), np.float32, None),
+        ((3, K), np.float16, "bfloat16"),
+        ((2, 2, K), np.float32, None),
+    ):
+        x = rng.standard_normal(shape).astype(dtype)
+        y = seam.matmul_fp8(x, w, out)
+        want = seam_matmul._matmul_fp8(x, w, out)[0]
+        assert y.shape == want.shape == (*shape[:-1], N) and y.dtype == want.dtype
+        np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
+    assert len(calls) == 3 and isinstance(w.host_call, HostLinear)
+    seam.ResidentFp8(w, "cpu", release_host=True)
+    assert w.host_call is None
+    with pytest.raises(ValueError, match="released"):
+        seam.matmul_fp8(np.ones((1, K), np.float32), w)
+    assert len(calls) == 3

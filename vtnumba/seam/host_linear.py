@@ -12,9 +12,11 @@ It keeps views, never copies: a weight whose arrays are written in place (a torc
 by ``load_state_dict``) is read as it is at each call, as the full path reads it. The backend
 converts what is not float32 (a float16 bias) per call, as it does for the full path.
 
-Its caller checks x: a host array [M, K] of float32, float16 or bfloat16 with K the weight's.
-``vtnumba.torch``'s ``Fp8Linear`` is that caller on the CPU (``Fp8Linear.forward``). The GPU's
-counterpart is the bound call (``seam.bound``).
+Its caller checks x: a host array [M, K] of float32, float16 or bfloat16 with K the weight's. The
+callers: ``seam.matmul_fp8`` for numpy x and a host weight (the call is kept on the weight,
+``Fp8Weight.host_call``, and dropped when its codes are released after an upload), and
+``vtnumba.torch``'s ``Fp8Linear`` on the CPU (kept on the layer, ``Fp8Linear._host_linear``). The
+GPU's counterpart is the bound call (``seam.bound``).
 """
 
 from typing import Any

@@ -17,6 +17,7 @@ from .._config import dense_cublaslt_fp8_enabled
 from .._interop import interop
 from ..ops import QuantizedActivation, scaled_mm
 from . import bound
+from .host_linear import HostLinear
 from .weights import Fp8Weight, ResidentFp8
 
 __all__ = ["quantize_activation", "matmul_fp8", "matmul_fp8_prequant", "dense_cublaslt_fp8_enabled"]
@@ -140,7 +141,30 @@ def matmul_fp8(x: Array, weight: Fp8Weight | ResidentFp8, out_dtype: DType | Non
         if type(w) is Fp8Weight:
             _bind_after_full_call(x, weight, out_dtype, w_device)
         return y
+    if type(x) is np.ndarray and x.dtype in _HOST_DTYPES:
+        w = _host_weight(weight)
+        if (
+            type(w) is Fp8Weight
+            and w.data is not None
+            and w.device == _arrays.CPU
+            and x.shape
+            and x.shape[-1] == w.shape[1]
+        ):
+            call = w.host_call
+            if call is None:
+                call = HostLinear.of(w) or False
+                object.__setattr__(w, "host_call", call)  # a frozen dataclass: its one cache
+            if call:
+                out = x.dtype if out_dtype is None else _arrays.out_dtype_of(out_dtype)
+                if len(x.shape) == 2:
+                    return call(x, out)
+                return call(x.reshape(-1, x.shape[-1]), out).reshape(*x.shape[:-1], w.shape[0])
     return _matmul_fp8(x, weight, out_dtype)[0]
+
+
+# numpy inputs the prepared host call takes as they are (float64 is cast by the interop layer first,
+# and anything else is refused by the full path's checks)
+_HOST_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), _arrays.BFLOAT16)
 
 
 def _matmul_fp8(x, weight, out_dtype=None):

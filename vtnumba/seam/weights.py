@@ -97,6 +97,9 @@ class Fp8Weight:
     released_to: str | None = field(init=False, default=None, repr=False)
     # the GPU calls bound for this weight (vtnumba.cuda.bound), by input signature; see seam.matmul
     bound_calls: dict | None = field(init=False, default=None, repr=False)
+    # the prepared host call (seam.host_linear) of a host weight, made at its first numpy call;
+    # False where the format takes none (E8M0 scales)
+    host_call: Any = field(init=False, default=None, repr=False)
     # how the weight is quantized, built once from the fields above (seam.Fp8Format)
     format: Fp8Format = field(init=False, repr=False)
 
@@ -287,6 +290,7 @@ class Fp8Weight:
             ("per_channel", per_channel),
             ("released_to", None),
             ("bound_calls", None),
+            ("host_call", None),
             ("block_size", block_size),
             ("scale_ue8m0", scale_ue8m0),
             ("activation_scale_format", activation_scale_format),
@@ -586,6 +590,8 @@ class ResidentFp8:
                 _record(dev, released_host=1, released_host_bytes=int(weight.data.nbytes))
                 object.__setattr__(weight, "data", None)
                 object.__setattr__(weight, "released_to", dev)
+                if not experts:
+                    object.__setattr__(weight, "host_call", None)  # it views the codes: they go too
         return self
 
     @property
