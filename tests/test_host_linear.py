@@ -82,6 +82,8 @@ def test_the_prepared_call_is_the_full_path_bitwise(name, no_full_path):
     cases = [
         (_x(1, K), None),  # decode: the M = 1 kernels
         (_x(2, 3, K), None),  # [..., K]: flattened, then back
+        (_x(K), None),  # one row as [K]
+        (_x(2, 0, K), None),  # no rows: an empty [2, 0, N]
         (_x(5, K, dtype=torch.bfloat16), None),
         (_x(5, K, dtype=torch.float16), torch.float32),
         (_x(4, K), torch.bfloat16),
