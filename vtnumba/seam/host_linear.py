@@ -33,7 +33,7 @@ class HostLinear:
     the format is one it does not take: E8M0 scales (MXFP8, UE8M0 bytes), whose kernels
     ``seam.matmul_fp8`` reaches through the full path."""
 
-    __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size", "n")
+    __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size")
 
     def __init__(self, weight: Any) -> None:
         self.format = weight.format
@@ -43,7 +43,6 @@ class HostLinear:
         self.input_scale = None if weight.input_scale is None else np.float32(weight.input_scale)
         self.bias = weight.bias
         self.block_size = weight.block_size
-        self.n = weight.shape[0]
 
     @classmethod
     def of(cls, weight: Any) -> "HostLinear | None":

@@ -225,13 +225,13 @@ def _host_forward(host, x, out_dtype, input_scale):
         if _grad_enabled():
             _refuse_grad(x)
         x = x.detach()  # numpy() refuses a tensor that requires grad
-    k = host.codes.shape[1]
+    n, k = host.codes.shape
     _check_input(x, k)
     rows = x if x.dim() == 2 else x.reshape(-1, k)
     with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
         y = host(_host_array(rows), _NUMPY_OUT[x.dtype if out_dtype is None else out_dtype], input_scale)
     y = to_torch(y, torch)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], host.n)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
 # -- the custom op (torch.compile) -------------------------------------------------------------------
