@@ -15,7 +15,8 @@ block's own. K advances 128 codes a stage. Each thread ``cp.async``-copies four 
 stage's [64, 128] weight tile into a STAGES-deep ring of 128-byte-swizzled tiles (ptx/sm90_wgmma.py's
 layout; STAGES - 1 tiles in flight). While the first tiles land, the block quantizes its activation
 rows (tc_gemv.fused_quantizer, the fused GEMV's own code) straight into the B operand: every stage of
-K as one 1024-byte atom of 8 rows, rows past M zero. Per stage: wait for the tile, one block
+K as one 1024-byte atom of 8 rows. Rows past M are not written: row n of B feeds only column n of the
+sums, which is never stored. Per stage: wait for the tile, one block
 barrier, refill the slot the previous stage used, four chained m64n8k32 wgmmas into a partial, wait,
 promote the partial into float32 registers (per 128 of K, CUTLASS's and DeepSeek-V3's interval; with
 block scales as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]``, upstream's order). The epilogue is the
@@ -33,6 +34,13 @@ the K loop (a 3,000-instruction kernel run once a block: instruction- and consta
 the wait for the routed id that the weight address hangs on) and most of the loop's is the wait for
 a tile; two warpgroups sharing K (half the serial chain) changed nothing and were taken out, as
 were steps of several K blocks a barrier (benchmarks/RESULTS.md says why).
+
+A block runs with one warp a scheduler, so its time follows the instructions each warp issues, one
+after another (ncu: one every 4.7 cycles). Hence the lean index arithmetic: the copies' addresses and
+row tests made once, ring slots as counters that wrap (not ``i % stages``), no zero-filling of B's
+unused rows, and the one-row quantizer reading x once. That took per-token gate_up from 3,352 to
+2,408 SASS instructions and the routed gate_up from 10.9-11.1 to 9.7-10.0 us L2-hot (H100,
+benchmarks/RESULTS.md 2026-12-06).
 
 Shape rules: up to 8 activation rows, K % 16 == 0 and 16-byte aligned weight rows. No simulator
 emulation (wgmma has none): tested on the H200.
@@ -58,10 +66,13 @@ TILE_BYTES = TILE_ROWS * BK  # a ring slot
 X_STAGE_BYTES = X_ROWS * BK  # the B operand's stage: one swizzle atom
 _AMAX_WORDS = WG_THREADS // 32 * X_ROWS  # the per-row maxima of the quantizer's shuffles: a warp's each
 _COPY_ROWS = WG_THREADS // (BK // 16)  # rows one pass of the block's 16-byte copies covers: 16
+_PASS_WORDS = _COPY_ROWS * BK // 4  # a ring slot's words one such pass fills
+_SLOT_WORDS = TILE_BYTES // 4
 _SPLIT_WORDS = WG_THREADS * X_ROWS // 2  # a block's sums for split-K: its accumulators, as bits
 _DESC_HIGH = np.uint64(wgmma.descriptor_base(0))
 _DESC_ADDRESS_MASK = np.uint32(wgmma.DESCRIPTOR_ADDRESS_MASK)
 _DESC_K_STEP = np.uint64(wgmma.K_STEP >> 4)  # a k32 slice further: 32 bytes, in the descriptor's address field
+_DESC_X_STEP = np.uint64(X_STAGE_BYTES >> 4)  # the B operand's next K block
 # (descriptor arithmetic stays in uint64: a Python int times a uint64 is a float64 in Numba, which
 # cannot hold a descriptor's 64 bits -- illegal addresses on the H200 when a step was tried that way)
 
@@ -127,7 +138,7 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     wait_copies = mma_sync.cp_async_wait_group(stages - 2)  # this K block landed, the next stages - 2 may not
     wait_no_copies = mma_sync.cp_async_wait_group(0)
     global_address = mma_sync.global_address
-    copy_two = mma_sync.cp_async_rows(2, _COPY_ROWS * BK // 4)  # rows r and r + 16 of a half tile
+    copy16 = mma_sync.cp_async_16
     finish, store, load_bias_value = scaled_value, store_out, load_bias
     tile_cols = columns(paired)
     if split < 1 or (split > 1 and paired):
@@ -146,13 +157,21 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
         return n0 + r, n0 + r < n_total
 
     @cuda.jit(**DEVICE_INLINE)
-    def issue_stage(smem, b, word, lo, hi, lo_rows, hi_rows, zero, kt, k_code, k_total):
-        """cp.async this thread's chunks of stage kt into the ring slot at ``word``: tile rows r, r + 16
-        (from address lo) and r + 32, r + 48 (from hi); rows past N and chunks past K zero-filled."""
-        col = kt * BK
-        k_ok = col + k_code < k_total
-        copy_two(smem, word, b, lo, _COPY_ROWS * b.strides[0], col, lo_rows, k_ok, zero)
-        copy_two(smem, word + 2 * _COPY_ROWS * BK // 4, b, hi, _COPY_ROWS * b.strides[0], col, hi_rows, k_ok, zero)
+    def issue_stage(smem, b, word, a0, a1, a2, a3, v0, v1, v2, v3, zero, col, k_ok):
+        """cp.async this thread's four chunks of the stage at byte column ``col`` into the ring slot at
+        ``word``: tile rows r, r + 16, r + 32, r + 48 from addresses a0 .. a3 (each at this thread's
+        chunk of the row); a row outside its half of b (v0 .. v3 false) or a chunk past K (not k_ok)
+        zero-filled, reading nothing from the valid address ``zero``. Addresses and row tests are
+        the caller's, made once: per stage this is four adds and four copies (the loop's index
+        arithmetic was most of its 97 SASS instructions a stage before)."""
+        ok = k_ok and v0
+        copy16(smem, word, b, a0 + col if ok else zero, 16 if ok else 0)
+        ok = k_ok and v1
+        copy16(smem, word + _PASS_WORDS, b, a1 + col if ok else zero, 16 if ok else 0)
+        ok = k_ok and v2
+        copy16(smem, word + 2 * _PASS_WORDS, b, a2 + col if ok else zero, 16 if ok else 0)
+        ok = k_ok and v3
+        copy16(smem, word + 3 * _PASS_WORDS, b, a3 + col if ok else zero, 16 if ok else 0)
 
     @cuda.jit(**DEVICE_INLINE)
     def promote(acc, part, sa0, sa1, sb0, sb1):
@@ -262,22 +281,25 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
         hi_row, _ = tile_place(n0, r + 32, n_total)
         # the copies inside their half (of b, or of the whole b unpaired): rows 16 apart
         limit = n_total >> 1 if paired else n_total
-        lo_rows = (limit - (n0 + r) + _COPY_ROWS - 1) // _COPY_ROWS
-        hi_rows = (limit - (n0 + (r if paired else r + 32)) + _COPY_ROWS - 1) // _COPY_ROWS
+        lo_first = n0 + r
+        hi_first = lo_first if paired else lo_first + 32
+        v0, v1 = lo_first < limit, lo_first + _COPY_ROWS < limit
+        v2, v3 = hi_first < limit, hi_first + _COPY_ROWS < limit
         lo = global_address(b, min(lo_row, n_total - 1), k_code)
         hi = global_address(b, min(hi_row, n_total - 1), k_code)
+        row_step = _COPY_ROWS * b.strides[0]
+        lo2, hi2 = lo + row_step, hi + row_step
+        col = kc0 * BK  # the byte column of the next K block to copy
         for s in range(stages - 1):  # the first stages - 1 K blocks in flight before anything waits
             if s < own:
                 issue_stage(
-                    smem, b, word0 + s * (TILE_BYTES // 4), lo, hi, lo_rows, hi_rows, lo, kc0 + s, k_code, k_total
+                    smem, b, word0 + s * _SLOT_WORDS, lo, lo2, hi, hi2, v0, v1, v2, v3, lo, col, col + k_code < k_total
                 )
             commit_copies()
+            col += BK
 
-        # x's codes into the B operand (rows past M: zeros), its scales, while the tiles land
-        for i in range(tid, nchunks * X_ROWS * 8, WG_THREADS):
-            if (i // 8) % X_ROWS >= m_total:
-                for q in range(4):
-                    smem[x_byte // 4 + 4 * i + q] = _U32_ZERO
+        # x's codes into the B operand, its scales, while the tiles land. Rows past M are left as
+        # they are: row n of the B operand feeds only column n of the sums, which is never stored.
         if codes:
             copy_codes(a, m_total, k_total, nchunks, x_byte // 4, smem, tid)
         else:
@@ -292,33 +314,42 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
         n_hi, in_hi = tile_place(n0, 16 * warp + g + 8, n_total)
         m0 = min(2 * t, m_total - 1)
         m1 = min(2 * t + 1, m_total - 1)
-        x_desc = desc0 + np.uint64((x_byte - pad) >> 4)
+        # the ring slots as counters that wrap (the slot of K block kt, the slot the next copy fills),
+        # not i % stages: signed 64-bit remainders were a third of the loop's instructions
+        read_slot = 0
+        fill_slot = stages - 1
+        desc_b = desc0 + np.uint64((x_byte - pad + kc0 * X_STAGE_BYTES) >> 4)
         for i in range(own):
             kt = kc0 + i
             wait_copies()  # this thread's copies of K block kt have landed
             fence_proxy()  # ... and are visible to the tensor core's reads
             cuda.syncthreads()  # everyone's; and every wgmma of K block kt - 1 is done (waited below)
-            nk = i + stages - 1
-            if nk < own:  # into the slot of K block kt - 1
+            if i + stages - 1 < own:  # into the slot of K block kt - 1
                 issue_stage(
                     smem,
                     b,
-                    word0 + (nk % stages) * (TILE_BYTES // 4),
+                    word0 + fill_slot * _SLOT_WORDS,
                     lo,
+                    lo2,
                     hi,
-                    lo_rows,
-                    hi_rows,
+                    hi2,
+                    v0,
+                    v1,
+                    v2,
+                    v3,
                     lo,
-                    kc0 + nk,
-                    k_code,
-                    k_total,
+                    col,
+                    col + k_code < k_total,
                 )
             commit_copies()
-            desc_a = desc0 + np.uint64(((i % stages) * TILE_BYTES) >> 4)
-            desc_b = x_desc + np.uint64((kt * X_STAGE_BYTES) >> 4)
+            col += BK
+            fill_slot = fill_slot + 1 if fill_slot + 1 < stages else 0
+            desc_a = desc0 + np.uint64(read_slot * (TILE_BYTES >> 4))
+            read_slot = read_slot + 1 if read_slot + 1 < stages else 0
             fence()
             block_mmas(part, desc_a, desc_b)
             commit_mma()
+            desc_b += _DESC_X_STEP
             promote_block(acc, part, gs, gbase, scale_a, scale_b, kt, nchunks, m0, m1, n_lo, n_hi, n_total)
         wait_no_copies()
         if split > 1:

@@ -214,6 +214,7 @@ def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
     finite_abs = codec.finite_abs
     octet_max = _octet_max
     block_max_rows = _block_max_rows_fn(threads, x_rows)
+    one_pass = x_rows == 1 and mode in (MODE_DYNAMIC, MODE_PER_TOKEN)  # (see quantize_rows)
     min_scale = np.float32(1.0) / (np.float32(448.0) * np.float32(512.0))
 
     @cuda.jit(**_DEVICE)
@@ -282,13 +283,20 @@ def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
         in 8 lanes; 1 x 128 groups also write their scales (gs). Every thread must call."""
         segs = 8 * nchunks
         items = m_total * segs
+        # one row of at most one item a thread (K <= 16 threads): activation_scales' amax pass left
+        # this thread's item in vals (its cc is tid), so it is not read again (a second wait on x)
+        loaded = one_pass and segs <= threads
         for item0 in range(0, items, threads):
             item = item0 + tid
             valid = item < items
-            m = item // segs if valid else 0
+            if x_rows == 1:
+                m = 0
+            else:
+                m = item // segs if valid else 0
             sg = item - m * segs if valid else 0
             if valid and 16 * sg < k_total:
-                load_x16(x, x_kind, m, sg, vals)
+                if not loaded:
+                    load_x16(x, x_kind, m, sg, vals)
             else:
                 for j in range(16):
                     vals[j] = _F32_ZERO
@@ -1391,9 +1399,11 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32);
             arrivals zeroed for down."""
             p = cuda.blockIdx.y
-            first = (p * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
-            for i in range(first, arrivals.shape[0], cuda.gridDim.x * cuda.gridDim.y * threads):
+            # (a while loop: a range with a step not known at compile time divides for its trip count)
+            i = (p * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
+            while i < arrivals.shape[0]:
                 arrivals[i] = 0
+                i += cuda.gridDim.x * cuda.gridDim.y * threads
             e = ids[p]
             if e < 0 or e >= experts:
                 return  # the whole block: no barrier is left waiting
@@ -1422,8 +1432,13 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                 )
             cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
             n0 = cuda.blockIdx.x * width
-            for j in range(n0 + cuda.threadIdx.x, min(n0 + width, inter), threads):
-                act[p, j] = silu_mul_value(hidden, p, j, inter)
+            if width <= threads:  # one column a thread at most: no loop and its trip count
+                j = n0 + cuda.threadIdx.x
+                if cuda.threadIdx.x < width and j < inter:
+                    act[p, j] = silu_mul_value(hidden, p, j, inter)
+            else:
+                for j in range(n0 + cuda.threadIdx.x, min(n0 + width, inter), threads):
+                    act[p, j] = silu_mul_value(hidden, p, j, inter)
 
         kernel = routed_gate_up
     else:
