@@ -60,7 +60,7 @@ from .tc_gemm import _F32_ONE, _F32_ZERO, _U32_ZERO, scale_readers
 
 WG_THREADS = 128
 TILE_ROWS = 64  # the wgmma's M: weight rows a block owns
-X_ROWS = 8  # the wgmma's N: activation rows, zero past M
+X_ROWS = 8  # the wgmma's N: activation rows (rows past M unwritten, their sums unused)
 BK = wgmma.ROW_BYTES  # codes a stage: one 128-byte swizzled row
 TILE_BYTES = TILE_ROWS * BK  # a ring slot
 X_STAGE_BYTES = X_ROWS * BK  # the B operand's stage: one swizzle atom

@@ -1351,7 +1351,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         # a routed pass quantizes one row (its pair's token): the 8-row quantizer's unrolled row
         # loops were 2,000 of per-token gate_up's 5,048 SASS instructions, run once a block and
         # missing the instruction cache (ncu, benchmarks/RESULTS.md 2026-12-03); rows 1-7 of the
-        # B operand stay zero
+        # B operand are not written (they feed only columns 1-7 of the sums, never stored)
         quantize = fused_quantizer(WG_THREADS, 1, mode, hardware, swizzled=True)
         activation = {MODE_STATIC: "static", MODE_PER_TOKEN: "per_token", MODE_PER_GROUP: "per_group"}[mode]
         gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired))
