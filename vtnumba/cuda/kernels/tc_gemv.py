@@ -1361,6 +1361,8 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         arch = sm120.arch(unit)
     width = routed_columns(stage, cfg)
     threads = _routed_threads(cfg)
+    if width > threads:  # (every configuration holds it: gate_up's SiLU takes one column a thread)
+        raise ValueError(f"a routed block's {width} columns must not exceed its {threads} threads")
     out_f32 = OUT_KIND[np.dtype(np.float32)]
     weight = routing_weight_fn(w_kind)
     store = store_out
@@ -1432,13 +1434,9 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                 )
             cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
             n0 = cuda.blockIdx.x * width
-            if width <= threads:  # one column a thread at most: no loop and its trip count
-                j = n0 + cuda.threadIdx.x
-                if cuda.threadIdx.x < width and j < inter:
-                    act[p, j] = silu_mul_value(hidden, p, j, inter)
-            else:
-                for j in range(n0 + cuda.threadIdx.x, min(n0 + width, inter), threads):
-                    act[p, j] = silu_mul_value(hidden, p, j, inter)
+            j = n0 + cuda.threadIdx.x  # one column a thread (width <= threads): no range loop's trip count
+            if cuda.threadIdx.x < width and j < inter:
+                act[p, j] = silu_mul_value(hidden, p, j, inter)
 
         kernel = routed_gate_up
     else:
