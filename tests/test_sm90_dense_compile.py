@@ -80,6 +80,7 @@ def test_the_dense_wgmma_kernels_assemble_for_sm_90a(compile_for, m, split, stag
     assert arch == "sm_90a"
     assert set(record["sass_mma"]) == {QGMMA}, record["sass_mma"]
     assert record["sass_fp8_unpack"] == 0 and record["spill_stores"] == 0, record
+    assert record["advisories"] == [], record["advisories"]  # no wgmma serialized, no wait injected
     ptx = kernel.ptx((9, 0))
     clustered = split > 1
     assert (f".reqnctapercluster 1, {split}, 1" in ptx) == clustered

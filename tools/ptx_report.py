@@ -308,6 +308,9 @@ def opcodes(ptx):
     return counts
 
 
+_ADVISORY = re.compile(r"\((C75\d\d)\)")
+
+
 def _ptxas(ptx, arch):
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
@@ -327,8 +330,10 @@ def _ptxas(ptx, arch):
         "spill_stores": int(spills.group(2)) if spills else 0,
         "spill_loads": int(spills.group(3)) if spills else 0,
         "smem": int(smem.group(1)) if smem else 0,
-        # ptxas's advisories, e.g. C7514 / C7517: wgmmas serialized (sm90_wgmma_gemm.py's docstring)
         "warnings": sorted({line.strip() for line in text.splitlines() if "warning" in line.lower()}),
+        # ptxas's wgmma advisories, printed as "ptxas info": C7514 (wgmmas serialized), C7517 (a
+        # wgmma.wait_group injected); sm90_wgmma_gemm.py's docstring says what causes them
+        "advisories": sorted(set(_ADVISORY.findall(text))),
     }
 
 
@@ -336,8 +341,8 @@ _SASS_OPS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(
 
 
 def _sass(ptx, arch):
-    """The SASS ptxas makes for ``arch``: its mma instructions by full name, its F2FP conversions (all,
-    by name, and the e4m3 -> f16 unpacks among them)."""
+    """The SASS ptxas makes for ``arch``: its instruction count, its mma instructions by full name,
+    its F2FP conversions (all, by name, and the e4m3 -> f16 unpacks among them)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         pathlib.Path(src).write_text(ptx)
@@ -352,6 +357,7 @@ def _sass(ptx, arch):
     # encoder's float32 -> e4m3 packs (F2FP.SATFINITE.E4M3.F32...) are conversions the kernel asks for
     unpack = sum(n for op, n in f2fp.items() if ".F16.E4M3" in op or "UNPACK" in op)
     return {
+        "sass_instructions": len(ops),  # every instruction of the cubin's SASS (what a warp may issue)
         "sass_mma": dict(mma),
         "sass_f2fp": sum(f2fp.values()),
         "sass_f2fp_ops": dict(f2fp),
