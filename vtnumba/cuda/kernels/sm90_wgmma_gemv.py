@@ -12,14 +12,16 @@ Design
 A block is one warpgroup (128 threads) and owns 64 weight rows: rows n0 .. n0 + 64, or, ``paired``
 (gate_up), rows n0 .. n0 + 32 of each half of b, so that SiLU(gate) * up of 32 columns is the
 block's own. K advances 128 codes a stage. Each thread ``cp.async``-copies four 16-byte chunks of the
-stage's [64, 128] weight tile into a STAGES-deep ring of 128-byte-swizzled tiles (ptx/sm90_wgmma.py's
-layout; STAGES - 1 tiles in flight). While the first tiles land, the block quantizes its activation
+stage's [64, 128] weight tile into a ring of STAGES + 1 128-byte-swizzled tiles (ptx/sm90_wgmma.py's
+layout; STAGES - 1 tiles in flight, one computed, one still read by the previous stage's wgmmas). While the first tiles land, the block quantizes its activation
 rows (tc_gemv.fused_quantizer, the fused GEMV's own code) straight into the B operand: every stage of
 K as one 1024-byte atom of 8 rows. Rows past M are not written: row n of B feeds only column n of the
 sums, which is never stored. Per stage: wait for the tile, one block
-barrier, refill the slot the previous stage used, four chained m64n8k32 wgmmas into a partial, wait,
-promote the partial into float32 registers (per 128 of K, CUTLASS's and DeepSeek-V3's interval; with
-block scales as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]``, upstream's order). The epilogue is the
+barrier, refill the slot of the stage two before, four chained m64n8k32 wgmmas into a partial, then
+wait for the previous stage's wgmmas (``wgmma.wait_group 1``: this stage's run meanwhile) and
+promote that partial into float32 registers (per 128 of K, CUTLASS's and DeepSeek-V3's interval;
+with block scales as ``acc += (P * sa[m, kb]) * sb[n // 128, kb]``, upstream's order). Two partials
+alternate, two stages a turn of the loop, so the promotions run in K order as before the lag. The epilogue is the
 fused GEMV's: ``y = round_out((acc * sa) * sb + bias)``.
 
 Precision: the tensor-core bound (``vtnumba.testing.reference.tensor_core_bound``), as the wgmma GEMM
@@ -58,6 +60,8 @@ from ..ptx.target import DEVICE_INLINE, cuda, types
 from .epilogue import load_bias, scaled_value, store_out
 from .tc_gemm import _F32_ONE, _F32_ZERO, _U32_ZERO, scale_readers
 
+_U32_ONE = np.uint32(1)
+
 WG_THREADS = 128
 TILE_ROWS = 64  # the wgmma's M: weight rows a block owns
 X_ROWS = 8  # the wgmma's N: activation rows (rows past M unwritten, their sums unused)
@@ -77,8 +81,9 @@ _DESC_X_STEP = np.uint64(X_STAGE_BYTES >> 4)  # the B operand's next K block
 # cannot hold a descriptor's 64 bits -- illegal addresses on the H200 when a step was tried that way)
 
 WgGemvConfig = namedtuple("WgGemvConfig", "stages")
-WgGemvConfig.__doc__ = """The swapped wgmma GEMV's configuration: a STAGES-deep ring of 64 x 128 weight tiles
-(K blocks), STAGES - 1 in flight; one block barrier and one wgmma wait a K block."""
+WgGemvConfig.__doc__ = """The swapped wgmma GEMV's configuration: STAGES - 1 of its 64 x 128 weight tiles (K
+blocks) in flight (a ring of STAGES + 1, ``ring_slots``); one block barrier and one wgmma wait a K
+block, the wait for the K block before."""
 
 
 def columns(paired):
@@ -92,21 +97,28 @@ def split_chunks(k, split):
     return -(-nchunks // split)
 
 
+def ring_slots(stages, per_block):
+    """The ring's tiles for a block of ``per_block`` K blocks: STAGES - 1 in flight, the one computed
+    and the one before it, whose wgmmas are still running while the next are issued (a lag of one K
+    block); never more than the block has K blocks."""
+    return min(stages + 1, per_block)
+
+
 def shared_bytes(cfg, k, split=1):
     """Dynamic shared memory of the pass for K split over ``split`` blocks: the 1024-byte alignment
-    slack, the ring (no deeper than a block has K blocks), the B operand (every stage of K) and 8
-    rows of 1 x 128 group scales."""
+    slack, the ring (``ring_slots``), the B operand (every stage of K) and 8 rows of 1 x 128 group
+    scales."""
     nchunks = -(-k // BK)
     return (
         wgmma.SWIZZLE_ATOM_BYTES
-        + min(cfg.stages, split_chunks(k, split)) * TILE_BYTES
+        + ring_slots(cfg.stages, split_chunks(k, split)) * TILE_BYTES
         + nchunks * X_STAGE_BYTES
         + 4 * X_ROWS * nchunks
     )
 
 
 @functools.cache
-def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
+def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1, share=False):
     """The pass ``gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y,
     out_kind)`` with tc_gemv.gemv_kernel's arguments (``a`` unused: the activation is always
     quantized here, by ``quantize``: tc_gemv.fused_quantizer's for WG_THREADS threads, the swizzled
@@ -119,7 +131,11 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     thread block cluster (launch.Kernel's ``cluster`` (1, split, 1)): block r takes K blocks
     r c .. r c + c (c = ``split_chunks``), and block 0 adds the others' sums to its own in rank order
     through the cluster's shared memory before the epilogue (split-K with a fixed order and no
-    global workspace; the others store nothing)."""
+    global workspace; the others store nothing).
+
+    ``share``: the finished values of y's row 0 are also left in the first 64 words of the dynamic
+    shared memory (float32 bits, word r for tile row r), after a barrier: the routed gate_up's
+    SiLU-and-multiply reads its gate and up values there rather than back from global memory."""
     if activation not in ("static", "dynamic", "per_token", "per_group", "codes"):
         raise ValueError(
             "the swapped wgmma GEMV quantizes static, dynamic, per_token or per_group activations or reads codes, "
@@ -132,7 +148,7 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     row_scale, kblock_scale = scale_readers(block_scaled)
     mma = wgmma.mma_e4m3(X_ROWS)
     regs = X_ROWS // 2
-    wait_all, hold = wgmma.wait(0, regs), wgmma.hold(regs)
+    wait_all, wait_lag, hold = wgmma.wait(0, regs), wgmma.wait(1, regs), wgmma.hold(regs)
     fence, commit_mma, fence_proxy = wgmma.fence, wgmma.commit, wgmma.fence_proxy_async
     commit_copies = mma_sync.cp_async_commit
     wait_copies = mma_sync.cp_async_wait_group(stages - 2)  # this K block landed, the next stages - 2 may not
@@ -141,6 +157,8 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
     copy16 = mma_sync.cp_async_16
     finish, store, load_bias_value = scaled_value, store_out, load_bias
     tile_cols = columns(paired)
+    if share and split > 1:
+        raise ValueError("share needs the whole K in one block (split 1)")
     if split < 1 or (split > 1 and paired):
         raise ValueError(f"split must be 1, or above 1 for an unpaired pass, got {split} (paired={paired})")
     cluster_sync, cluster_load = (wgmma.cluster_sync, wgmma.cluster_load) if split > 1 else (None, None)
@@ -190,9 +208,13 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
 
     @cuda.jit(**DEVICE_INLINE)
     def put(y, total, n, inside, m, m_total, sam, scale_b, sb_step, bias, has_bias, bias_kind, out_kind):
+        """Store y[m, n]; return its float32 value (0 where it is not stored)."""
+        v = _F32_ZERO
         if inside and m < m_total:
             bv = load_bias_value(bias, bias_kind, n) if has_bias else _F32_ZERO
-            store(y, m, n, finish(total, sam, row_scale(scale_b, sb_step, n), has_bias, bv), out_kind)
+            v = finish(total, sam, row_scale(scale_b, sb_step, n), has_bias, bv)
+            store(y, m, n, v, out_kind)
+        return v
 
     @cuda.jit(**DEVICE_INLINE)
     def copy_codes(a, m_total, k_total, nchunks, base_word, smem, tid):
@@ -219,8 +241,8 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
             mma(part, desc_a + _DESC_K_STEP * np.uint64(kk), desc_b + _DESC_K_STEP * np.uint64(kk), kk)
 
     @cuda.jit(**DEVICE_INLINE)
-    def promote_block(acc, part, gs, gbase, scale_a, scale_b, kb, nchunks, m0, m1, n_lo, n_hi, n_total):
-        """Wait for K block kb's wgmmas, then promote them with its scales."""
+    def block_scales(gs, gbase, scale_a, scale_b, kb, nchunks, m0, m1, n_lo, n_hi, n_total):
+        """(sa0, sa1, sb0, sb1): K block kb's scales for this thread's rows (ones unless block-scaled)."""
         if block_scaled:
             if per_group:
                 sa0 = gs[gbase + m0 * nchunks + kb]
@@ -230,21 +252,43 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
                 sa1 = kblock_scale(scale_a, m1, kb)
             sb0 = kblock_scale(scale_b, min(n_lo, n_total - 1) // 128, kb)
             sb1 = kblock_scale(scale_b, min(n_hi, n_total - 1) // 128, kb)
-        else:
-            sa0 = sa1 = sb0 = sb1 = _F32_ONE
-        wait_all(part)
-        promote(acc, part, sa0, sa1, sb0, sb1)
+            return sa0, sa1, sb0, sb1
+        return _F32_ONE, _F32_ONE, _F32_ONE, _F32_ONE
+
+    @cuda.jit(**DEVICE_INLINE)
+    def next_slot(slot, slots):
+        """The ring slot after ``slot``, wrapping at ``slots`` (both uint32)."""
+        after = np.uint32(slot + _U32_ONE)
+        return after if after < slots else _U32_ZERO
+
+    @cuda.jit(**DEVICE_INLINE)
+    def k_block(smem, b, part, fill, fill_word, lo, lo2, hi, hi2, v0, v1, v2, v3, col, k_ok, desc_a, desc_b):
+        """Start one K block: wait for its tile (this thread's copies, then everyone's, at the barrier,
+        which also frees the slot of the K block two before, whose wgmmas every warp has waited for),
+        refill that slot with the K block STAGES - 1 ahead when ``fill``, and issue this K block's four
+        wgmmas into ``part``, not waited for."""
+        wait_copies()  # this thread's copies of the K block have landed
+        fence_proxy()  # ... and are visible to the tensor core's reads
+        cuda.syncthreads()
+        if fill:
+            issue_stage(smem, b, fill_word, lo, lo2, hi, hi2, v0, v1, v2, v3, lo, col, k_ok)
+        commit_copies()
+        fence()
+        block_mmas(part, desc_a, desc_b)
+        commit_mma()
 
     def gemv(a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind):
         n_total, k_total = b.shape
         m_total = y.shape[0]
         nchunks = (k_total + BK - 1) // BK  # K blocks
-        tid = cuda.threadIdx.x
+        # the thread and block indices as unsigned: Numba widens the special registers to signed
+        # 64-bit, so every // and % of them was a signed division's shift with its sign fixes
+        tid = np.uint32(cuda.threadIdx.x)
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        n0 = cuda.blockIdx.x * tile_cols
+        n0 = np.uint32(cuda.blockIdx.x) * tile_cols
         # this block's K blocks: kc0 .. kc0 + own (all of K unsplit)
         per_block = (nchunks + split - 1) // split
         kc0 = cuda.blockIdx.y * per_block if split > 1 else 0
@@ -258,16 +302,18 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
         vals = cuda.local.array(16, types.float32)
         local = cuda.local.array(X_ROWS, types.float32)
         acc = cuda.local.array(regs, types.float32)
-        part = cuda.local.array(regs, types.float32)  # a K block's partial
+        part = cuda.local.array(regs, types.float32)  # a K block's partial (the first of a turn's two)
+        part_b = cuda.local.array(regs, types.float32)  # (the second)
         sums = cuda.shared.array(_SPLIT_WORDS if split > 1 else 1, types.uint32)  # split-K: this block's sums
         for i in range(regs):
             acc[i] = _F32_ZERO
             part[i] = _F32_ZERO
+            part_b[i] = _F32_ZERO
 
         # the ring starts at the first 1024-byte boundary of the dynamic shared memory
         base = wgmma.shared_address(smem, 0)
         pad = (wgmma.SWIZZLE_ATOM_BYTES - base % wgmma.SWIZZLE_ATOM_BYTES) % wgmma.SWIZZLE_ATOM_BYTES
-        slots = min(stages, per_block)
+        slots = min(stages + 1, per_block)  # ring_slots (a host function: not callable here)
         x_byte = pad + slots * TILE_BYTES
         gbase = (x_byte + nchunks * X_STAGE_BYTES) // 4
         desc0 = np.uint64(((base + pad) >> 4) & _DESC_ADDRESS_MASK) | _DESC_HIGH
@@ -314,43 +360,74 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
         n_hi, in_hi = tile_place(n0, 16 * warp + g + 8, n_total)
         m0 = min(2 * t, m_total - 1)
         m1 = min(2 * t + 1, m_total - 1)
-        # the ring slots as counters that wrap (the slot of K block kt, the slot the next copy fills),
-        # not i % stages: signed 64-bit remainders were a third of the loop's instructions
-        read_slot = 0
-        fill_slot = stages - 1
+        # The K loop, two K blocks a turn into two partials: K block i's wgmmas run while K block
+        # i - 1's are waited for and promoted (a lag of one: a wait for the wgmmas just issued left the
+        # tensor core's latency in every K block), in K order, so the sums are the unlagged loop's.
+        # The partials alternate by position in the turn, not by a branch on them: ptxas serializes
+        # every wgmma whose accumulators a branch chooses (advisory C7517). Ring slots are counters
+        # that wrap (not i % slots: signed 64-bit remainders were a third of the loop's instructions).
+        # The loop's counters are unsigned 32-bit (Numba's would be signed 64-bit: a pair of
+        # instructions for each add and compare of them, in every K block)
+        u_own, u_slots = np.uint32(own), np.uint32(slots)
+        refills = np.uint32(max(own - (stages - 1), 0))  # K block i refills a slot while i < refills
+        k_left = np.uint32(max(k_total - k_code, 0))  # this thread's chunk is inside K while col < k_left
+        at = np.uint32(col)  # the byte column of the next K block to copy
+        read_slot = _U32_ZERO
+        fill_slot = np.uint32(min(stages - 1, slots - 1))  # the slot of K block stages - 1 (its first refill)
         desc_b = desc0 + np.uint64((x_byte - pad + kc0 * X_STAGE_BYTES) >> 4)
-        for i in range(own):
-            kt = kc0 + i
-            wait_copies()  # this thread's copies of K block kt have landed
-            fence_proxy()  # ... and are visible to the tensor core's reads
-            cuda.syncthreads()  # everyone's; and every wgmma of K block kt - 1 is done (waited below)
-            if i + stages - 1 < own:  # into the slot of K block kt - 1
-                issue_stage(
-                    smem,
-                    b,
-                    word0 + fill_slot * _SLOT_WORDS,
-                    lo,
-                    lo2,
-                    hi,
-                    hi2,
-                    v0,
-                    v1,
-                    v2,
-                    v3,
-                    lo,
-                    col,
-                    col + k_code < k_total,
-                )
-            commit_copies()
-            col += BK
-            fill_slot = fill_slot + 1 if fill_slot + 1 < stages else 0
-            desc_a = desc0 + np.uint64(read_slot * (TILE_BYTES >> 4))
-            read_slot = read_slot + 1 if read_slot + 1 < stages else 0
-            fence()
-            block_mmas(part, desc_a, desc_b)
-            commit_mma()
+        # K block 0 into part; then each turn: the next K block into part_b while part's is waited
+        # for and promoted, and the one after into part while part_b's is. Each way out of the loop
+        # waits for the K block still running in its own branch (its partial known there: a wait
+        # after the paths meet would leave ptxas unsure which accumulators are in flight, C7517).
+        # The two halves of a turn are written out: k_block returning the ring's state as a tuple,
+        # called from one place, scheduled the block-scaled half-turn at 102 SASS instructions, not 74.
+        if own > 0:
+            k_block(
+                smem, b, part, refills > 0, word0 + fill_slot * _SLOT_WORDS, lo, lo2, hi, hi2,
+                v0, v1, v2, v3, at, at < k_left, desc0 + np.uint64(read_slot * (TILE_BYTES >> 4)), desc_b,
+            )  # fmt: skip
+            at = np.uint32(at + BK)
+            fill_slot = next_slot(fill_slot, u_slots)
+            read_slot = next_slot(read_slot, u_slots)
             desc_b += _DESC_X_STEP
-            promote_block(acc, part, gs, gbase, scale_a, scale_b, kt, nchunks, m0, m1, n_lo, n_hi, n_total)
+            i = _U32_ZERO  # K block i is running, in part
+            while True:  # (no test on entry: ptxas would see a way out with K block 0 running)
+                i_b = np.uint32(i + _U32_ONE)
+                sa0, sa1, sb0, sb1 = block_scales(
+                    gs, gbase, scale_a, scale_b, kc0 + i, nchunks, m0, m1, n_lo, n_hi, n_total
+                )
+                if i_b >= u_own:  # K block i was the last
+                    wait_all(part)
+                    promote(acc, part, sa0, sa1, sb0, sb1)
+                    break
+                k_block(
+                    smem, b, part_b, i_b < refills, word0 + fill_slot * _SLOT_WORDS, lo, lo2, hi, hi2,
+                    v0, v1, v2, v3, at, at < k_left, desc0 + np.uint64(read_slot * (TILE_BYTES >> 4)), desc_b,
+                )  # fmt: skip
+                at = np.uint32(at + BK)
+                fill_slot = next_slot(fill_slot, u_slots)
+                read_slot = next_slot(read_slot, u_slots)
+                desc_b += _DESC_X_STEP
+                wait_lag(part)  # K block i
+                promote(acc, part, sa0, sa1, sb0, sb1)
+                i = np.uint32(i_b + _U32_ONE)
+                sa0, sa1, sb0, sb1 = block_scales(
+                    gs, gbase, scale_a, scale_b, kc0 + i_b, nchunks, m0, m1, n_lo, n_hi, n_total
+                )
+                if i >= u_own:  # K block i_b was the last
+                    wait_all(part_b)
+                    promote(acc, part_b, sa0, sa1, sb0, sb1)
+                    break
+                k_block(
+                    smem, b, part, i < refills, word0 + fill_slot * _SLOT_WORDS, lo, lo2, hi, hi2,
+                    v0, v1, v2, v3, at, at < k_left, desc0 + np.uint64(read_slot * (TILE_BYTES >> 4)), desc_b,
+                )  # fmt: skip
+                at = np.uint32(at + BK)
+                fill_slot = next_slot(fill_slot, u_slots)
+                read_slot = next_slot(read_slot, u_slots)
+                desc_b += _DESC_X_STEP
+                wait_lag(part_b)  # K block i_b
+                promote(acc, part_b, sa0, sa1, sb0, sb1)
         wait_no_copies()
         if split > 1:
             # the cluster's sums meet in block 0, in rank order: each thread's four at the same place
@@ -374,12 +451,26 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1):
             sam0 = sam1 = _F32_ONE
         else:
             sam0 = sam1 = row_deq[0]
-        put(y, acc[0], n_lo, in_lo, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        v_lo = put(y, acc[0], n_lo, in_lo, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
         put(y, acc[1], n_lo, in_lo, 2 * t + 1, m_total, sam1, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
-        put(y, acc[2], n_hi, in_hi, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        v_hi = put(y, acc[2], n_hi, in_hi, 2 * t, m_total, sam0, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
         put(y, acc[3], n_hi, in_hi, 2 * t + 1, m_total, sam1, scale_b, sb_step, bias, has_bias, bias_kind, out_kind)
+        if share:
+            cuda.syncthreads()  # every warp's last reads of the ring and the group scales are done
+            if t == 0:  # the threads holding row 0: tile rows 16 warp + g and + 8
+                smem[16 * warp + g] = float32_bits(v_lo)
+                smem[16 * warp + g + 8] = float32_bits(v_hi)
 
     return gemv
 
 
-__all__ = ["WgGemvConfig", "WG_THREADS", "TILE_ROWS", "columns", "shared_bytes", "split_chunks", "wgmma_gemv_pass"]
+__all__ = [
+    "WgGemvConfig",
+    "WG_THREADS",
+    "TILE_ROWS",
+    "columns",
+    "ring_slots",
+    "shared_bytes",
+    "split_chunks",
+    "wgmma_gemv_pass",
+]

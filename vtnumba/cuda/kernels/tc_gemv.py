@@ -29,8 +29,9 @@ from collections import namedtuple
 import numpy as np
 
 from ..ptx import codec, mma
-from ..ptx.codec import fill
+from ..ptx.codec import bits_float32, fill
 from ..ptx.target import DEVICE_INLINE, SIMULATOR, cuda, types
+from ..ptx.views import block_of, rows_of
 from ..runtime import device
 from ..runtime.launch import compile_kernel
 from . import sm120_block_scaled as sm120
@@ -1337,7 +1338,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
     """The routed GEMV of ``stage`` ('gate_up' or 'down'; block above) in activation ``mode`` (static,
     per-token or 1 x 128 groups), compiled for ids of int64 (else int32); down's combine for routing
     weights of ``w_kind`` (kernels/moe.py's WeightKind) into a float32 (else 16-bit) output."""
-    from .moe import mul_rn, routing_weight_fn, silu_mul_value, weight_type
+    from .moe import mul_rn, routing_weight_fn, silu_mul_scalar, silu_mul_value, weight_type
 
     if stage not in ROUTED_STAGES:
         raise ValueError(f"stage must be one of {ROUTED_STAGES}, got {stage!r}")
@@ -1354,34 +1355,50 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
         # B operand are not written (they feed only columns 1-7 of the sums, never stored)
         quantize = fused_quantizer(WG_THREADS, 1, mode, hardware, swizzled=True)
         activation = {MODE_STATIC: "static", MODE_PER_TOKEN: "per_token", MODE_PER_GROUP: "per_group"}[mode]
-        gemv_pass = cuda.jit(**_DEVICE)(wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired))
+        # gate_up (paired) leaves its gate and up values in shared memory for the SiLU below
+        gemv_pass = cuda.jit(**_DEVICE)(
+            wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, share=stage == "gate_up")
+        )
         arch = sm90_wgmma.ARCH
+        shared_silu = stage == "gate_up"
     else:
         gemv_pass = cuda.jit(**_DEVICE)(gemv_kernel(1, cfg, mode, block_scaled, hardware, chain, unit, paired=paired))
         arch = sm120.arch(unit)
+        shared_silu = False
     width = routed_columns(stage, cfg)
     threads = _routed_threads(cfg)
     if width > threads:  # (every configuration holds it: gate_up's SiLU takes one column a thread)
         raise ValueError(f"a routed block's {width} columns must not exceed its {threads} threads")
+    if shared_silu and width != 32:  # the wgmma pass's paired tile: 32 gate rows, then their 32 up rows
+        raise ValueError(f"the shared-memory SiLU reads a paired tile of 32 columns a half, got {width}")
     out_f32 = OUT_KIND[np.dtype(np.float32)]
     weight = routing_weight_fn(w_kind)
     store = store_out
 
     @cuda.jit(**_DEVICE)
+    def pair_token(p, k):
+        """The token of routed pair p: p // k, both non-negative, as a 32-bit unsigned division
+        (a signed 64-bit floor division is a call to a division routine and its sign fixes)."""
+        return np.int64(np.uint32(p) // np.uint32(k))
+
+    @cuda.jit(**_DEVICE)
     def expert_pass(a0, x_row, x_kind, qtable, q_step, b, scale_a0, scale_b, sb_step, bias0, y_view, e, r0, rows):
-        """The fused pass over expert e's weight rows r0 .. r0 + rows (of the stacked b [E * N, K])."""
-        wv = b[r0 : r0 + rows]
+        """The fused pass over expert e's weight rows r0 .. r0 + rows (of the stacked b [E * N, K]).
+        Its views are rows_of's, not slices: every window lies inside its array (the launcher's
+        checks), so none of a slice's bounds arithmetic is paid before the first weight copy."""
+        wv = rows_of(b, r0, rows)
         if block_scaled:
-            sbv = scale_b[r0 // 128 : (r0 + rows + 127) // 128]
+            first = r0 // 128
+            sbv = rows_of(scale_b, first, min((r0 + rows + 127) // 128, scale_b.shape[0]) - first)
         elif sb_step:
-            sbv = scale_b[r0 : r0 + rows]
+            sbv = rows_of(scale_b, r0, rows)
         else:
-            sbv = scale_b[e : e + 1]
+            sbv = rows_of(scale_b, e, 1)
         gemv_pass(
             a0,
             x_row,
             x_kind,
-            qtable[e * q_step : e * q_step + 1],
+            rows_of(qtable, e * q_step, 1),
             wv,
             scale_a0,
             0,
@@ -1401,17 +1418,17 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             """hidden [P, 2I] = this pair's gate and up rows, act [P, I] = silu(gate) * up (float32);
             arrivals zeroed for down."""
             p = cuda.blockIdx.y
+            e = ids[p]  # first: every weight address waits for it, the zeroing below does not
             # (a while loop: a range with a step not known at compile time divides for its trip count)
             i = (p * cuda.gridDim.x + cuda.blockIdx.x) * threads + cuda.threadIdx.x
             while i < arrivals.shape[0]:
                 arrivals[i] = 0
                 i += cuda.gridDim.x * cuda.gridDim.y * threads
-            e = ids[p]
             if e < 0 or e >= experts:
                 return  # the whole block: no barrier is left waiting
             inter = act.shape[1]
-            t = p // k
-            x_row = x[t : t + 1]
+            t = pair_token(p, k)
+            x_row = rows_of(x, t, 1)
             rows = 2 * inter if paired else inter  # a pass's weight rows: both halves, or one
             for half in range(1 if paired else 2):
                 if half:
@@ -1427,16 +1444,21 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                     scale_b,
                     sb_step,
                     bias0,
-                    hidden[p : p + 1, half * rows : (half + 1) * rows],
+                    rows_of(hidden, p, 1) if paired else block_of(hidden, p, 1, half * rows, rows),
                     e,
                     e * 2 * inter + half * rows,
                     rows,
                 )
-            cuda.syncthreads()  # the block's gate and up values are in global memory, visible to it
+            cuda.syncthreads()  # the block's gate and up values are in memory, visible to it
             n0 = cuda.blockIdx.x * width
-            j = n0 + cuda.threadIdx.x  # one column a thread (width <= threads): no range loop's trip count
-            if cuda.threadIdx.x < width and j < inter:
-                act[p, j] = silu_mul_value(hidden, p, j, inter)
+            c = cuda.threadIdx.x
+            j = n0 + c  # one column a thread (width <= threads): no range loop's trip count
+            if c < width and j < inter:
+                if shared_silu:  # the wgmma pass left them in shared memory: gate at tile row c, up at c + 32
+                    left = cuda.shared.array(0, types.uint32)
+                    act[p, j] = silu_mul_scalar(bits_float32(left[c]), bits_float32(left[c + 32]))
+                else:  # read back from global memory: this block's own writes, after the barrier
+                    act[p, j] = silu_mul_value(hidden, p, j, inter)
 
         kernel = routed_gate_up
     else:
@@ -1469,7 +1491,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             if e >= 0 and e < experts:  # (the same for the whole block)
                 expert_pass(
                     a0,
-                    act_bits[p : p + 1],
+                    rows_of(act_bits, p, 1),
                     x_kind,
                     qtable,
                     q_step,
@@ -1478,7 +1500,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
                     scale_b,
                     sb_step,
                     bias0,
-                    y[p : p + 1],
+                    rows_of(y, p, 1),
                     e,
                     e * n,
                     n,
@@ -1486,7 +1508,7 @@ def routed_kernel(stage, cfg, mode, block_scaled, hardware, chain, unit, ids_int
             last = cuda.shared.array(1, types.int32)
             cuda.threadfence()  # this thread's y, visible device-wide before the arrival
             cuda.syncthreads()
-            t = p // k
+            t = pair_token(p, k)
             if cuda.threadIdx.x == 0:
                 arrived = cuda.atomic.add(arrivals, t * cuda.gridDim.x + cuda.blockIdx.x, 1)
                 last[0] = 1 if arrived == k - 1 else 0
