@@ -42,7 +42,7 @@ from .._config import (
     CPU_SERIAL_KERNEL,
     CPU_STRICT_FUNCTION,
 )
-from . import _kernel_input
+from . import _kernel_input, paths, tile
 from .codec import decode_e4m3, per_group_scale
 from .gemm import (
     _K_CHUNK,
@@ -61,6 +61,7 @@ from .gemm import (
 )
 from .paths import cpu_kernel, run_sgemm_driver, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
+from .tile import decode_block as tile_decode
 from .vbmi import dot4_e4m3_blocks_bf16 as dot4_e4m3_blocks
 from .vbmi import prefetch
 
@@ -149,23 +150,26 @@ def _block_step(total, p, sa, sb):
 
 
 @njit(**CPU_STRICT_FUNCTION)
-def _block_steps(total, p, sat, scale_b, kb0, nb0, nb1, nb2, nb3, valid):
-    """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m]) * sb_j for kb = kb0 + i, j < valid, in kb
-    order; sb_j = scale_b[nb_j, kb], nb_j the weight row-block of the tile's row j.
+def _block_steps(total, p, sat, scale_b, kb0, n0, bn, valid):
+    """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m]) * sb_j for kb = kb0 + i, j < valid and the
+    M activation rows, in kb order; sb_j = scale_b[(n0 + j) // bn, kb], the weight row-block of the
+    tile's row j (totals and sums may be padded past M: the small-M kernels' one block step).
 
     The fast kernels reassociate (their sums inside a K-block are float32 sums of exact products, which
     G3 lets run in any order); this function is compiled with fastmath=False (CPU_STRICT_FUNCTION: a
     callee otherwise takes its caller's flags) and called, not inlined, so the block step keeps its
     order and roundings inside them: LLVM may neither fold sa * sb into one factor, nor fuse the add
-    into an FMA, nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise)."""
+    into an FMA, nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise).
+    Called once a K-block for a whole tile: a call per row cost 1.4-1.6x the block kernels' time at
+    16 x 256 x 512 (each call's array arguments are reference-counted, atomically)."""
     for i in range(p.shape[0]):
         kb = kb0 + i
         sa = sat[kb]
         for j in range(valid):
-            sb = scale_b[nb0 if j == 0 else nb1 if j == 1 else nb2 if j == 2 else nb3, kb]
+            sb = scale_b[(n0 + j) // bn, kb]
             t = total[j]
             q = p[i, j]
-            for m in range(t.size):
+            for m in range(sa.size):
                 t[m] = t[m] + (q[m] * sa[m]) * sb
 
 
@@ -325,7 +329,6 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
-        nb0, nb1, nb2, nb3 = _row_blocks(n0, n_rows, bn)
         rows = np.zeros((_SMALL_M_ROWS, chunk), dtype=np.float32)
         p = np.empty((1, _SMALL_M_ROWS, m_rows), dtype=np.float32)
         acc = p[0]  # [4, M]: row j of the tile, m contiguous (the block step runs along m)
@@ -342,10 +345,52 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                         dst[k] = decode_e4m3(w[k])
                 w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
                 accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc.T)  # acc.T: acc is [4, M]
-            _block_steps(total, p, sat, scale_b, kb, nb0, nb1, nb2, nb3, valid)
+            _block_steps(total, p, sat, scale_b, kb, n0, bn, valid)
         for m in range(m_rows):
             for j in range(valid):
                 out[m, n0 + j] = add_bias(total[j, m], bias, n0 + j)
+
+
+@njit(**CPU_INLINE)
+def store_tile_sums(total, bias, out, n0, valid):
+    """out[m, n0 + j] = total[j, m] + bias[n0 + j] for the tile's rows j < valid and every row m of
+    out: a tiled kernel's last step where the scales are already in the totals (block-scaled, MXFP8)."""
+    sums = tile.sums_by_row(total)
+    for m in range(out.shape[0]):
+        src = sums[m]
+        dst = out[m, n0 : n0 + valid]
+        for j in range(valid):
+            dst[j] = add_bias(src[j], bias, n0 + j)
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
+def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
+    """small_m on the AVX-512 paths (``paths.CpuPath.register_tiles``): ``small_m_kernel``'s contract,
+    each K-block summed in K order by ``tile.py``'s register tiles, then the strict block step, blocks
+    in order: bitwise ``reference_kernel``'s result."""
+    m_rows, k_len = x.shape
+    n_rows = b.shape[0]
+    nkb = sat.shape[0]
+    xt = tile.transposed(x)
+    nr = tile.weight_rows(m_rows)
+    chunk = min(bk, tile.TILE_K, k_len)
+    for block in prange((n_rows + nr - 1) // nr):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
+        n0 = block * nr
+        valid = min(nr, n_rows - n0)
+        w = tile.weight_buffer(nr, valid)
+        sums_kb = np.empty((1, nr, xt.shape[1]), dtype=np.float32)  # one K-block's, as _block_steps takes them
+        p = sums_kb[0]
+        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        for kb in range(nkb):
+            p[:] = 0.0
+            k_hi = min(k_len, (kb + 1) * bk)
+            for k0 in range(kb * bk, k_hi, chunk):
+                kc = min(chunk, k_hi - k0)
+                tile_decode(b, n0, valid, k0, kc, w)
+                tile.sum_tiles(xt, k0, kc, w, p)
+            _block_steps(total, sums_kb, sat, scale_b, kb, n0, bn, valid)
+        store_tile_sums(total, bias, out, n0, valid)
 
 
 @njit(**CPU_SERIAL_KERNEL)
@@ -432,6 +477,11 @@ def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows, s
 SMALL_M_ROWS = 64
 
 
+def rows_kernel():
+    """The small_m kernel for M > 1 on the active path: the register tiles where the path has them."""
+    return tiled_kernel if paths.active().register_tiles else small_m_kernel
+
+
 def choose_kernel(m, n, k):
     """The block-scaled GEMM's kernel for a shape when none is forced."""
     return "small_m" if m < SMALL_M_ROWS and m * k <= SMALL_M_ELEMENTS else "blas"
@@ -476,5 +526,5 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sat, sb, bn, bk, bias32, out)
+            (gemv_kernel if m == 1 else rows_kernel())(x, b, sat, sb, bn, bk, bias32, out)
     return to_out_dtype(out, out_dtype)

@@ -274,13 +274,15 @@ def _inner_kernels(kind, path):
     name = path.name
     if kind == "tensor":
         one = gemm.gemv_lookup_kernel if path.byte_lookup_decode else gemm.gemv_kernel
-        return {"_rows_kernel": gemm.small_m_kernel.variant(name, False), "_one_row_kernel": one.variant(name, False)}
+        rows = gemm.tiled_kernel if path.register_tiles else gemm.small_m_kernel
+        return {"_rows_kernel": rows.variant(name, False), "_one_row_kernel": one.variant(name, False)}
     if kind == "block":
+        rows = block.tiled_kernel if path.register_tiles else block.small_m_kernel
         return {
-            "_rows_kernel": block.small_m_kernel.variant(name, False),
+            "_rows_kernel": rows.variant(name, False),
             "_one_row_kernel": block.gemv_kernel.variant(name, False),
         }
-    rows = mx.small_m_kernel.variant(name, False)
+    rows = (mx.tiled_kernel if path.register_tiles else mx.small_m_kernel).variant(name, False)
     if "dot4_e4m3_mx" not in path.kernel_globals:  # mx._lookup_path: no lookup kernel on this path
         return {"_rows_kernel": rows, "_one_row_kernel": rows}
     one = _with_globals(

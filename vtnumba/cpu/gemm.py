@@ -8,7 +8,9 @@ Three kernels behind one entry point (``scaled_mm``), picked by M * K (the decod
   decoded once, branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it): straight
   into the dot product's registers at M = 1, into a small cache-resident buffer shared by every
   row of a otherwise. The weight is read once at 1 byte per value, a quarter of what sgemv reads
-  from weights kept dequantized in float32.
+  from weights kept dequantized in float32. On the AVX-512 paths M > 1 runs ``tiled_kernel``
+  (``tile.py``'s register tiles, each sum in K order: bitwise ``reference``) instead of the 4 x 4
+  blocks.
 - ``blas`` (prefill, M large): a block of a and a panel of b are decoded exactly into float32
   tiles and multiplied by BLAS (``np.dot`` inside ``@njit`` calls sgemm). The whole dequantized
   weight never exists: one panel of it at a time.
@@ -35,9 +37,10 @@ import numpy as np
 from numba import njit, prange
 
 from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, blas_threads
-from . import paths
+from . import paths, tile
 from .codec import decode_e4m3
 from .paths import cpu_kernel, vector_width_hint
+from .tile import decode_block as tile_decode
 from .vbmi import dot4_e4m3
 
 KERNELS = ("reference", "small_m", "blas")
@@ -285,6 +288,36 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
                 out[m, n] = _epilogue_value(acc[m, j], sa, _scale_at(scale_b, n), bias, n)
 
 
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
+def tiled_kernel(x, b, scale_a, scale_b, bias, out):
+    """small_m on the AVX-512 paths (``paths.CpuPath.register_tiles``): ``small_m_kernel``'s contract,
+    its sums run by ``tile.py``'s register tiles, each in K order, so the result is bitwise
+    ``reference_kernel``'s. Weight rows decoded 8 or 16 at a time (``tile.weight_rows``), in K chunks
+    of tile.TILE_K; no fast-math flags (nothing here is reassociated)."""
+    m_rows, k_len = x.shape
+    n_rows = b.shape[0]
+    xt = tile.transposed(x)
+    nr = tile.weight_rows(m_rows)
+    chunk = min(k_len, tile.TILE_K)
+    for block in prange((n_rows + nr - 1) // nr):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
+        n0 = block * nr
+        valid = min(nr, n_rows - n0)
+        w = tile.weight_buffer(nr, valid)
+        acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        for k0 in range(0, k_len, chunk):
+            kc = min(chunk, k_len - k0)
+            tile_decode(b, n0, valid, k0, kc, w)
+            tile.sum_tiles(xt, k0, kc, w, acc)
+        sums = tile.sums_by_row(acc)
+        for m in range(m_rows):
+            sa = _scale_at(scale_a, m)
+            src = sums[m]
+            dst = out[m, n0 : n0 + valid]
+            for j in range(valid):
+                dst[j] = _epilogue_value(src[j], sa, _scale_at(scale_b, n0 + j), bias, n0 + j)
+
+
 # -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------
 
 
@@ -400,8 +433,13 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
             m1_kernel = gemv_lookup_kernel if paths.active().byte_lookup_decode else gemv_kernel
-            (m1_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
+            (m1_kernel if m == 1 else rows_kernel())(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
+
+
+def rows_kernel():
+    """The small_m kernel for M > 1 on the active path: the register tiles where the path has them."""
+    return tiled_kernel if paths.active().register_tiles else small_m_kernel
 
 
 def bias_vector(bias):

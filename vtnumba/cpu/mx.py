@@ -47,7 +47,7 @@ from .._config import (
     CPU_STRICT_FUNCTION,
 )
 from .._format import MX_GROUP
-from . import block, paths
+from . import block, paths, tile
 from .codec import bits_float32, decode_e4m3, decode_e8m0, e8m0_reciprocal, e8m0_scale_byte
 from .gemm import (
     _REASSOC,
@@ -131,6 +131,15 @@ def _outside(row, lo, hi):
 
 
 @njit(**CPU_INLINE)
+def _rows_outside(sb, n0, valid, bn, lo, hi):
+    """How many scale bytes of weight rows n0 .. n0 + valid - 1 lie outside [lo, hi]."""
+    outside = 0
+    for j in range(valid):
+        outside += _outside(sb[(n0 + j) // bn], lo, hi)
+    return outside
+
+
+@njit(**CPU_INLINE)
 def _decode_span(src, srow, bk, k0, k1, dst):
     """dst[k - k0] = dec(src[k]) * 2^(srow[k // bk] - 127) for k0 <= k < k1, k0 a multiple of bk: exact in
     the shortcut's window. Runs of 32 values under one scale go through a loop of exactly 32 (LLVM makes
@@ -183,14 +192,11 @@ def small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
     width = 0
     for c in range(edges.size - 1):
         width = max(width, edges[c + 1] - edges[c])
-    for tile in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
+    for item in prange((n_rows + _SMALL_M_ROWS - 1) // _SMALL_M_ROWS):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        n0 = tile * _SMALL_M_ROWS
+        n0 = item * _SMALL_M_ROWS
         valid = min(_SMALL_M_ROWS, n_rows - n0)
-        outside = 0
-        for j in range(valid):
-            outside += _outside(sb[(n0 + j) // bn], lo, hi)
-        if outside:
+        if _rows_outside(sb, n0, valid, bn, lo, hi):
             bad[0] = 1
             continue
         rows = np.zeros((_SMALL_M_ROWS, width), dtype=np.float32)
@@ -205,6 +211,40 @@ def small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
         for m in range(m_rows):
             for j in range(valid):
                 out[m, n0 + j] = add_bias(acc[m, j], bias, n0 + j)
+
+
+@cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
+def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
+    """small_m on the AVX-512 paths (``paths.CpuPath.register_tiles``): ``small_m_kernel``'s contract,
+    each chunk's sums run in K order by ``tile.py``'s register tiles (at most chunk-width roundings a
+    term, as there), the chunk sums added in chunk order."""
+    m_rows, k_len = x.shape
+    n_rows = b.shape[0]
+    xt = tile.transposed(x)
+    nr = tile.weight_rows(m_rows)
+    for block_index in prange((n_rows + nr - 1) // nr):
+        vector_width_hint()  # the path's vector width (paths.py), in the threads' function
+        n0 = block_index * nr
+        valid = min(nr, n_rows - n0)
+        if _rows_outside(sb, n0, valid, bn, lo, hi):
+            bad[0] = 1
+            continue
+        w = tile.weight_buffer(nr, valid)
+        p = np.empty((nr, xt.shape[1]), dtype=np.float32)
+        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        for c in range(edges.size - 1):
+            k0 = edges[c]
+            kc = edges[c + 1] - k0
+            for j in range(valid):
+                _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, w[j])
+            p[:] = 0.0
+            tile.sum_tiles(xt, k0, kc, w, p)
+            for j in range(nr):
+                t = total[j]
+                q = p[j]
+                for m in range(m_rows):
+                    t[m] += q[m]
+        block.store_tile_sums(total, bias, out, n0, valid)
 
 
 # Weight rows per work item of the M = 1 kernel (one scale buffer per item: an allocation per four rows
@@ -419,6 +459,11 @@ def mx_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=Non
     return block.block_scaled_mm(a, b, decode_e8m0_array(sa), decode_e8m0_array(sb), (bn, bk), out_dtype, bias, kernel)
 
 
+def rows_kernel():
+    """The small_m kernel on the active path: the register tiles where the path has them."""
+    return tiled_kernel if paths.active().register_tiles else small_m_kernel
+
+
 def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     """The exact-shortcut kernels' float32 result, or None when a weight byte is outside the window."""
     m, k = a.shape
@@ -449,5 +494,5 @@ def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     if m == 1 and bk == MX_GROUP and _lookup_path():
         gemv_lookup_kernel(x, b, sb, bn, lo, hi, bias32, out, bad)
     else:
-        small_m_kernel(x, b, sb, bn, bk, edges, lo, hi, bias32, out, bad)
+        rows_kernel()(x, b, sb, bn, bk, edges, lo, hi, bias32, out, bad)
     return None if bad[0] else out

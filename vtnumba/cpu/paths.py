@@ -36,7 +36,10 @@ Each path's kernels see the names in its ``kernel_globals`` in place of the sour
 ``vector_width_hint``, an intrinsic the kernels call inside their parallel loop bodies (the function
 Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3`` / ``dot4_e4m3_mx``,
 the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them,
-and ``block_lookup`` / ``dot4_e4m3_blocks``, whether the block-scaled M = 1 kernel has one and which.
+and ``block_lookup`` / ``dot4_e4m3_blocks``, whether the block-scaled M = 1 kernel has one and which,
+and ``tile_decode``, how the register tiles decode their weight rows (byte lookups on the VBMI paths).
+A path's ``register_tiles`` says whether its small-M GEMMs at M > 1 run ``tile.py``'s register tiles
+(the AVX-512 paths) or the 4 x 4 kernels.
 """
 
 import contextlib
@@ -61,7 +64,7 @@ from .._config import (
     start_threads,
     thread_cap,
 )
-from . import neon, vbmi
+from . import neon, tile, vbmi
 
 
 def _width_hint(bits):
@@ -92,6 +95,7 @@ class CpuPath:
     requires: tuple = ()
     kernel_globals: dict = field(default_factory=dict, hash=False, compare=False)
     byte_lookup_decode: bool = False  # the M = 1 GEMM decodes by table lookups (vbmi.py, neon.py)
+    register_tiles: bool = False  # the small-M GEMMs run tile.py's register tiles (M > 1)
     machines: tuple = ()  # platform.machine() values it is for (empty: any)
 
     def missing(self, features, machine=None):
@@ -115,21 +119,30 @@ PATHS = (
             "dot4_e4m3_mx": vbmi.dot4_e4m3_mx,
             "block_lookup": True,
             "dot4_e4m3_blocks": vbmi.dot4_e4m3_blocks_bf16,
+            "tile_decode": tile.decode_block_lookup,
         },
         byte_lookup_decode=True,
+        register_tiles=True,
     ),
     CpuPath(
         "avx512_vbmi",
         "the avx512 path, and at M = 1 a byte-lookup decode (vpermi2b) into FMAs",
         _AVX512 + ("avx512vbmi",),
-        {"vector_width_hint": _width_hint(512), "dot4_e4m3": vbmi.dot4_e4m3, "dot4_e4m3_mx": vbmi.dot4_e4m3_mx},
+        {
+            "vector_width_hint": _width_hint(512),
+            "dot4_e4m3": vbmi.dot4_e4m3,
+            "dot4_e4m3_mx": vbmi.dot4_e4m3_mx,
+            "tile_decode": tile.decode_block_lookup,
+        },
         byte_lookup_decode=True,
+        register_tiles=True,
     ),
     CpuPath(
         "avx512",
         "512-bit vectors asked of LLVM (its Intel tuning stops at 256); bit-arithmetic decode",
         _AVX512,
         {"vector_width_hint": _width_hint(512)},
+        register_tiles=True,
     ),
     CpuPath(
         "neon_tbl",

@@ -251,6 +251,29 @@ def dot4_e4m3_mx(typingctx, x, w0, w1, w2, w3, s0, s1, s2, s3, nsteps):
     return sig, codegen
 
 
+@intrinsic
+def decode_codes(typingctx, codes, out, nblocks):
+    """out[:64 * nblocks] = dec(codes[:64 * nblocks]) by the lookups above (``codes`` uint8, ``out``
+    float32, both 1-D contiguous): the register tiles' weight decode on the byte-lookup paths
+    (tile.py), about 22 instructions per 64 codes where the bit arithmetic takes about 224."""
+    sig = types.none(codes, out, nblocks)
+
+    def codegen(context, builder, signature, args):
+        decode = _Decode(builder)
+        src = _data(context, builder, signature, args, 0, _I8)
+        dst = _data(context, builder, signature, args, 1, _F32)
+        blocks = context.cast(builder, args[2], signature.args[2], types.intp)
+        with cgutils.for_range(builder, blocks) as loop:
+            base = builder.mul(loop.index, ir.Constant(loop.index.type, BLOCK))
+            block = builder.load(builder.bitcast(builder.gep(src, [base]), _V64I8.as_pointer()), align=1)
+            for r, values in enumerate(decode.values(block)):
+                at = builder.gep(dst, [builder.add(base, ir.Constant(base.type, 16 * r))])
+                builder.store(values, builder.bitcast(at, _V16F32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # -- the avx512_bf16 path: the same lookups, then bfloat16 dot products ------------------------------
 #
 # A decoded e4m3 value is its float32's top 16 bits: a bfloat16, exactly. So once ``hi`` and ``lo``

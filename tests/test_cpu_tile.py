@@ -1,0 +1,165 @@
+"""The register tiles of the small-M GEMMs on the AVX-512 paths (vtnumba/cpu/tile.py).
+
+Each tile sums in K order with one rounding a term, so the tiled kernels are pinned bitwise to the
+reference kernels (not only to G3), at the shapes where the tiles have edges: M around 16 and 32
+(the padded activation rows, the 16 x 16 and 32 x 8 tiles and the 16 x 8 edge), N past a tile's
+weight rows, K past the 512-wide pass and the 64-code lookup step, NaN codes, every scale layout.
+"""
+
+import numpy as np
+import pytest
+from numba import njit
+
+from vtnumba.cpu import block, gemm, mx, paths, tile
+
+F32 = np.float32
+TILE_PATHS = [p.name for p in paths.runnable() if p.register_tiles]
+pytestmark = pytest.mark.skipif(not TILE_PATHS, reason="no path with register tiles runs on this CPU")
+
+
+@pytest.fixture(
+    params=[(p, t) for p in TILE_PATHS for t in (False, True)],
+    ids=lambda v: f"{v[0]}-{'parallel' if v[1] else 'serial'}",
+)
+def twin(request):
+    """One tiled path and one twin (serial or parallel), called directly."""
+    name, parallel = request.param
+    with paths.use(name):
+        yield name, parallel
+
+
+def _codes(rng, shape, nan_at=None):
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] ^= 0x01
+    if nan_at is not None:
+        codes[nan_at] = 0x7F
+    return codes
+
+
+def _bits_equal(got, want):
+    return np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+SHAPES = [(2, 3, 5), (15, 17, 64), (16, 16, 65), (17, 9, 511), (32, 8, 513), (33, 40, 130), (48, 23, 1100), (50, 7, 16)]
+
+
+def test_dense_tiles_are_the_reference_bitwise(twin):
+    name, parallel = twin
+    rng = np.random.default_rng(3)
+    compared = 0
+    for m, n, k in SHAPES:
+        a, b = _codes(rng, (m, k)), _codes(rng, (n, k), nan_at=(n - 1, k // 2))
+        x = np.empty((m, k), F32)
+        gemm.decode_rows(a, x)
+        for sa, sb, bias in (
+            (np.ones(1, F32), np.full(1, 0.5, F32), np.zeros(0, F32)),
+            (
+                rng.uniform(0.01, 1, m).astype(F32),
+                rng.uniform(-0.1, 0.1, n).astype(F32),
+                rng.standard_normal(n).astype(F32),
+            ),
+        ):
+            want, got = np.empty((m, n), F32), np.full((m, n), 7.0, F32)
+            gemm.reference_kernel(a, b, sa, sb, bias, want)
+            gemm.tiled_kernel.variant(name, parallel)(x, b, sa, sb, bias, got)
+            assert _bits_equal(got, want), (m, n, k)
+            assert np.isnan(got[:, n - 1]).all()  # the NaN code reached its column
+            compared += got.size
+    assert compared > 3000
+
+
+@pytest.mark.parametrize("bn, bk", [(128, 128), (1, 32), (16, 48), (8, 640)])
+def test_block_tiles_are_the_reference_bitwise(twin, bn, bk):
+    name, parallel = twin
+    rng = np.random.default_rng(bk)
+    compared = 0
+    for m, n, k in SHAPES:
+        a, b = _codes(rng, (m, k)), _codes(rng, (n, k))
+        x = np.empty((m, k), F32)
+        gemm.decode_rows(a, x)
+        nkb = -(-k // bk)
+        sa = rng.uniform(0.01, 1, (m, nkb)).astype(F32)
+        sb = rng.uniform(-0.1, 0.1, (-(-n // bn), nkb)).astype(F32)
+        bias = rng.standard_normal(n).astype(F32)
+        want, got = np.empty((m, n), F32), np.full((m, n), 7.0, F32)
+        block.reference_kernel(a, b, sa, sb, bn, bk, bias, want)
+        block.tiled_kernel.variant(name, parallel)(x, b, np.ascontiguousarray(sa.T), sb, bn, bk, bias, got)
+        assert _bits_equal(got, want), (m, n, k)
+        compared += got.size
+    assert compared > 3000
+
+
+class _Recorder:
+    """Counts the calls that reach a kernel, and makes them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.kernel(*args)
+
+
+def test_the_entry_points_take_the_tiles_on_these_paths(monkeypatch):
+    rng = np.random.default_rng(0)
+    a, b = _codes(rng, (5, 96)), _codes(rng, (20, 96))
+    dense, blocked = _Recorder(gemm.tiled_kernel), _Recorder(block.tiled_kernel)
+    monkeypatch.setattr(gemm, "tiled_kernel", dense)
+    monkeypatch.setattr(block, "tiled_kernel", blocked)
+    for name in TILE_PATHS:
+        with paths.use(name):
+            gemm.scaled_mm(a, b, np.ones(1, F32), np.ones(1, F32), F32, None, "small_m")
+            block.block_scaled_mm(a, b, np.ones((5, 1), F32), np.ones((1, 1), F32), (128, 128), F32, None, "small_m")
+    assert dense.calls == blocked.calls == len(TILE_PATHS)
+    for other in paths.runnable():
+        if not other.register_tiles:
+            with paths.use(other.name):
+                assert gemm.rows_kernel() is gemm.small_m_kernel and block.rows_kernel() is block.small_m_kernel
+
+
+_transposed = njit(lambda x: tile.transposed(x))
+
+
+@pytest.mark.parametrize("m, k", [(1, 1), (16, 16), (17, 33), (32, 64), (5, 300), (48, 16), (31, 15)])
+def test_transposed_pads_with_zeros(m, k):
+    x = np.random.default_rng(m * k).standard_normal((m, k)).astype(F32)
+    xt = _transposed(x)
+    want = np.zeros((k, -(-m // 16) * 16), F32)
+    want[:, :m] = x.T
+    assert xt.shape == want.shape and _bits_equal(xt, want)
+
+
+def test_tile_intrinsics_refuse_strided_arrays():
+    x = np.zeros((32, 32), F32)
+    with pytest.raises(Exception, match="transpose16"):
+        njit(lambda a, b: tile.transpose16(a, 0, 0, b, 0, 0))(x[:, ::2], x)
+
+
+def test_mx_tiles_sum_each_chunk_in_k_order(twin):
+    """MXFP8's tiled kernel: the products dec(a) * sa * dec(b) * sb are exact, each chunk of 256 is
+    summed in K order, the chunk sums added in order: an oracle in numpy float32 doing exactly that."""
+    name, parallel = twin
+    rng = np.random.default_rng(11)
+    compared = 0
+    for m, n, k in [(3, 5, 32), (16, 17, 96), (33, 9, 300), (20, 24, 544)]:
+        a, b = _codes(rng, (m, k)), _codes(rng, (n, k))
+        nkb = -(-k // 32)
+        sa = rng.integers(120, 134, (m, nkb)).astype(np.uint8)
+        sb = rng.integers(120, 134, (n, nkb)).astype(np.uint8)
+        x, w = np.empty((m, k), F32), np.empty((n, k), F32)
+        mx.decode_scaled_rows(a, sa, 32, x)
+        mx.decode_scaled_rows(b, sb, 32, w)
+        edges = mx._chunk_bounds(k, 32)
+        bias = rng.standard_normal(n).astype(F32)
+        got, bad = np.full((m, n), 7.0, F32), np.zeros(1, np.uint8)
+        mx.tiled_kernel.variant(name, parallel)(x, b, sb, 1, 32, edges, 1, 246, bias, got, bad)
+        want = np.zeros((m, n), F32)
+        for c in range(edges.size - 1):
+            p = np.zeros((m, n), F32)
+            for kk in range(edges[c], edges[c + 1]):
+                p = p + x[:, kk, None] * w[None, :, kk]  # exact products, one float32 rounding an add
+            want = want + p
+        want = want + bias
+        assert not bad[0] and _bits_equal(got, want), (m, n, k)
+        compared += got.size
+    assert compared > 500

@@ -1,0 +1,248 @@
+"""The small-M GEMMs on the AVX-512 paths: register tiles along M, each sum in K order.
+
+``gemm.small_m_kernel`` and its block-scaled twin sum each output along k in 16 lanes (a 4 x 4 block
+of dot products) and reduce the lanes at the end of every pass: at the small layers of a research
+model (K = 256-512) and at every 128-wide K-block, the reductions and the activation rows read again
+for every four weight rows cost more than the multiply-adds. Measured on a 2-core Sapphire Rapids
+(AVX-512, two threads): 128 x 256 x 512 took 330-410 us there against 150-190 us for sgemm on float32
+weights; the tiles below, 144 us.
+
+Here the activation is transposed once per call (``xt[k, m]``, M padded with zeros to a multiple of
+16) and the decoded weight rows are broadcast: a tile of 16 or 32 activation rows (one or two
+<16 x float> vectors along m) by 8 or 16 weight rows holds 16 accumulators in registers, and each
+step of k is one or two vector loads, 8 or 16 broadcasts and 16 FMAs. No lane is ever reduced, and
+each output's sum runs in K order, one rounding a term: an e4m3 x e4m3 product is exact in float32, so
+the FMA rounds once, as the reference kernel's ``p += x * w`` does. The dense kernel is therefore
+bitwise the reference kernel, and the block-scaled one bitwise the block reference (each K-block's sum
+in order, then the strict block step); tests/test_cpu_tile.py checks both.
+
+The tiles are written as LLVM vector IR through a Numba intrinsic (``_sum_tile``), as vbmi.py's lookups
+are: Numba's loops left the accumulators in memory or packed them partly (block.py's note on the
+SLP vectorizer). Only the AVX-512 paths run them (``paths.CpuPath.register_tiles``): 32 vector
+registers hold the 16 accumulators; on AVX2's 16 they would spill, and the NEON and portable paths keep
+``gemm.small_m_kernel``, unmeasured with these tiles.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._config import CPU_INLINE
+from . import vbmi
+from .codec import decode_e4m3
+
+LANES = 16  # float32 lanes of a zmm register: activation rows per vector
+# K per pass: the decoded weight rows' buffer is [rows, TILE_K] (16 x 512 float32 = 32 KiB, in L1), a
+# fixed row stride, so a step's broadcasts address every row from one register with constant offsets
+# (with the stride a variable, LLVM kept 16 row pointers and reloaded 6 from the stack each step).
+TILE_K = 512
+_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+_VEC = ir.VectorType(_F32, LANES)
+
+
+def _c_float32(*arrays):
+    """Whether every argument is typed as a 2-D C-contiguous float32 array (an intrinsic refuses
+    others at compile time: its row addresses come from shape[1])."""
+    return all(
+        isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32 for a in arrays
+    )
+
+
+def _sum_tile(vectors, rows):
+    """An intrinsic ``sum_tile(xt, m0, k0, kc, w, acc)``: for j < ``rows`` and the ``vectors`` * 16
+    activation rows from m0, ``acc[j, m] += w[j, k] * xt[k0 + k, m]`` for k = 0 .. kc - 1 in order
+    (one FMA a term). xt [K, Mp], w [rows or more, TILE_K] (``weight_buffer``'s: its row stride is
+    compiled in) and acc [rows or more, Mp] are C-contiguous float32; m0 + 16 * vectors <= Mp, kc <=
+    TILE_K. The accumulators live in registers through the loop."""
+
+    @intrinsic
+    def sum_tile(typingctx, xt, m0, k0, kc, w, acc):
+        if not _c_float32(xt, w, acc):
+            return None  # the addresses below assume C-contiguous float32 rows
+        sig = types.none(xt, m0, k0, kc, w, acc)
+
+        def codegen(context, builder, signature, args):
+            xt_arr, w_arr, acc_arr = (
+                context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 4, 5)
+            )
+            m0, k0, kc = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 3))
+            xt_width = cgutils.unpack_tuple(builder, xt_arr.shape)[1]
+            w_width = ir.Constant(_I64, TILE_K)
+            acc_width = cgutils.unpack_tuple(builder, acc_arr.shape)[1]
+            xp, wp, ap = (builder.bitcast(a.data, _F32.as_pointer()) for a in (xt_arr, w_arr, acc_arr))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v16f32")
+            splat = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
+
+            def vector_at(base, offset):
+                return builder.bitcast(builder.gep(base, [offset]), _VEC.as_pointer())
+
+            def acc_offset(j, v):
+                lane0 = builder.add(m0, ir.Constant(_I64, LANES * v))
+                return builder.add(builder.mul(ir.Constant(_I64, j), acc_width), lane0)
+
+            def running_sum(j, v):  # where the sums start: acc as the caller left it
+                return builder.load(vector_at(ap, acc_offset(j, v)), align=4)
+
+            slots = [
+                [cgutils.alloca_once_value(builder, running_sum(j, v)) for v in range(vectors)] for j in range(rows)
+            ]
+            with cgutils.for_range(builder, kc) as loop:
+                k = loop.index
+                x_row = builder.add(builder.mul(builder.add(k0, k), xt_width), m0)
+                xs = [
+                    builder.load(vector_at(xp, builder.add(x_row, ir.Constant(_I64, LANES * v))), align=4)
+                    for v in range(vectors)
+                ]
+                for j in range(rows):
+                    wk = builder.load(builder.gep(wp, [builder.add(builder.mul(ir.Constant(_I64, j), w_width), k)]))
+                    one = builder.insert_element(ir.Constant(_VEC, ir.Undefined), wk, ir.Constant(_I32, 0))
+                    wide = builder.shuffle_vector(one, ir.Constant(_VEC, ir.Undefined), splat)
+                    for v in range(vectors):
+                        slot = slots[j][v]
+                        builder.store(builder.call(fma, [wide, xs[v], builder.load(slot)]), slot)
+            for j in range(rows):
+                for v in range(vectors):
+                    builder.store(builder.load(slots[j][v]), vector_at(ap, acc_offset(j, v)), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return sum_tile
+
+
+@intrinsic
+def transpose16(typingctx, src, r0, c0, dst, r1, c1):
+    """dst[r1 + c, c1 + r] = src[r0 + r, c0 + c] for r, c < 16: a 16 x 16 float32 block transposed in
+    registers (sixteen vector loads, four rounds of sixteen two-source shuffles, sixteen vector stores).
+    ``src`` and ``dst`` are 2-D C-contiguous float32 holding the whole block. Round d (8, 4, 2, 1)
+    swaps, inside every 2d x 2d block, the top-right d x d block with the bottom-left one; after the
+    four rounds every element has crossed the diagonal once."""
+    if not _c_float32(src, dst):
+        return None  # the addresses below assume C-contiguous float32 rows
+    sig = types.none(src, r0, c0, dst, r1, c1)
+
+    def codegen(context, builder, signature, args):
+        src_arr, dst_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3))
+        r0, c0, r1, c1 = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4, 5))
+        src_width = cgutils.unpack_tuple(builder, src_arr.shape)[1]
+        dst_width = cgutils.unpack_tuple(builder, dst_arr.shape)[1]
+        sp, dp = (builder.bitcast(a.data, _F32.as_pointer()) for a in (src_arr, dst_arr))
+
+        def row(base, width, r, c, i):
+            at = builder.add(builder.mul(builder.add(r, ir.Constant(_I64, i)), width), c)
+            return builder.bitcast(builder.gep(base, [at]), _VEC.as_pointer())
+
+        rows = [builder.load(row(sp, src_width, r0, c0, i), align=4) for i in range(LANES)]
+        for d in (8, 4, 2, 1):
+            upper = [c if not c & d else LANES + c - d for c in range(LANES)]
+            lower = [c + d if not c & d else LANES + c for c in range(LANES)]
+            for i in range(LANES):
+                if i & d:
+                    continue
+                a, b = rows[i], rows[i + d]
+                rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), upper))
+                rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), lower))
+        for i in range(LANES):
+            builder.store(rows[i], row(dp, dst_width, r1, c1, i), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# 32 activation rows by 8 weight rows (two vectors a weight: 10 loads and 16 FMAs a step), its 16-row
+# edge, and 16 by 16 for M <= 16 (one load, 16 broadcasts and 16 FMAs a step).
+_sum_32x8, _sum_16x8, _sum_16x16 = _sum_tile(2, 8), _sum_tile(1, 8), _sum_tile(1, 16)
+
+
+@njit(**CPU_INLINE)
+def weight_rows(m_rows):
+    """Weight rows per tile for M activation rows: 16 while one vector holds them, else 8."""
+    return 16 if m_rows <= LANES else 8
+
+
+@njit(**CPU_INLINE)
+def weight_buffer(rows, valid):
+    """The decoded weight rows' buffer [rows, TILE_K]: rows past ``valid`` zero (their sums are never
+    stored), the others written by each pass before they are read. Zeroing all of it cost 10-20 us a
+    call at N = 512 (32 KiB a tile)."""
+    w = np.empty((rows, TILE_K), dtype=np.float32)
+    w[valid:] = 0.0
+    return w
+
+
+@njit(**CPU_INLINE)
+def transposed(x):
+    """xt[k, m] = x[m, k], M padded with zero rows to a multiple of 16 (the tiles' vectors): whole
+    16 x 16 blocks by ``transpose16``, the edges element by element. At M = 128, K = 256 on one
+    Sapphire Rapids core, element by element took 60 us row by row and 20 in 16 x 16 blocks."""
+    m_rows, k_len = x.shape
+    padded = -(-m_rows // LANES) * LANES
+    # np.empty and loops, not np.zeros: inside a parallel kernel, an array expression before the
+    # prange is a parallel region of its own (a second launch per call, ~5-10 us)
+    xt = np.empty((k_len, padded), dtype=np.float32)
+    m_full, k_full = m_rows - m_rows % LANES, k_len - k_len % LANES
+    for m0 in range(0, m_full, LANES):
+        for k0 in range(0, k_full, LANES):
+            transpose16(x, m0, k0, xt, k0, m0)
+    for m in range(m_rows):
+        for k in range(k_full if m < m_full else 0, k_len):
+            xt[k, m] = x[m, k]
+    for k in range(k_len):
+        for m in range(m_rows, padded):
+            xt[k, m] = 0.0
+    return xt
+
+
+@njit(**CPU_INLINE)
+def sums_by_row(acc):
+    """The tile's sums with one activation row per row, [Mp, 16], from acc [16, Mp] (a weight row per
+    row, as the tiles leave them): the epilogue then reads and writes whole rows (on the Sapphire
+    Rapids core, the epilogue reading acc[j, m] a column at a time cost 45 us at 128 x 512)."""
+    padded = acc.shape[1]
+    by_row = np.empty((padded, LANES), dtype=np.float32)
+    for m0 in range(0, padded, LANES):
+        transpose16(acc, 0, m0, by_row, m0, 0)
+    return by_row
+
+
+@njit(**CPU_INLINE)
+def sum_tiles(xt, k0, kc, w, acc):
+    """acc[j, m] += sum_k w[j, k] * xt[k0 + k, m] over every tile of the call (k in order)."""
+    padded = xt.shape[1]
+    if w.shape[0] == 16:
+        _sum_16x16(xt, 0, k0, kc, w, acc)
+        return
+    m0 = 0
+    while m0 + 2 * LANES <= padded:
+        _sum_32x8(xt, m0, k0, kc, w, acc)
+        m0 += 2 * LANES
+    if m0 < padded:
+        _sum_16x8(xt, m0, k0, kc, w, acc)
+
+
+@njit(**CPU_INLINE)
+def decode_block(b, n0, valid, k0, kc, w):
+    """w[j, :kc] = dec(b[n0 + j, k0:k0 + kc]) for j < valid (rows past them stay as they are: zeros),
+    by the codec's bit arithmetic, which LLVM vectorizes."""
+    for j in range(valid):
+        src = b[n0 + j, k0 : k0 + kc]
+        dst = w[j]
+        for k in range(kc):
+            dst[k] = decode_e4m3(src[k])
+
+
+@njit(**CPU_INLINE)
+def decode_block_lookup(b, n0, valid, k0, kc, w):
+    """``decode_block`` by byte lookups (``vbmi.decode_codes``), 64 codes a step, the last kc % 64 by
+    the bit arithmetic: the byte-lookup paths' ``tile_decode`` (paths.py). At M = 16 the decode is
+    most of the call: 17.7 us of ~60 at 16 x 256 x 512 on one Sapphire Rapids core with the bit
+    arithmetic."""
+    steps = kc // vbmi.BLOCK
+    for j in range(valid):
+        src = b[n0 + j, k0 : k0 + kc]
+        dst = w[j]
+        vbmi.decode_codes(src, dst, steps)
+        for k in range(steps * vbmi.BLOCK, kc):
+            dst[k] = decode_e4m3(src[k])
