@@ -141,18 +141,19 @@ def test_mx_tiles_sum_each_chunk_in_k_order(twin):
     name, parallel = twin
     rng = np.random.default_rng(11)
     compared = 0
-    for m, n, k in [(3, 5, 32), (16, 17, 96), (33, 9, 300), (20, 24, 544)]:
+    # bk = 1000: a chunk wider than the tiles' 512-wide pass, its scale blocks not aligned to a pass
+    for m, n, k, bk in [(3, 5, 32, 32), (16, 17, 96, 32), (33, 9, 300, 32), (20, 24, 544, 32), (17, 6, 1100, 1000)]:
         a, b = _codes(rng, (m, k)), _codes(rng, (n, k))
-        nkb = -(-k // 32)
+        nkb = -(-k // bk)
         sa = rng.integers(120, 134, (m, nkb)).astype(np.uint8)
         sb = rng.integers(120, 134, (n, nkb)).astype(np.uint8)
         x, w = np.empty((m, k), F32), np.empty((n, k), F32)
-        mx.decode_scaled_rows(a, sa, 32, x)
-        mx.decode_scaled_rows(b, sb, 32, w)
-        edges = mx._chunk_bounds(k, 32)
+        mx.decode_scaled_rows(a, sa, bk, x)
+        mx.decode_scaled_rows(b, sb, bk, w)
+        edges = mx._chunk_bounds(k, bk)
         bias = rng.standard_normal(n).astype(F32)
         got, bad = np.full((m, n), 7.0, F32), np.zeros(1, np.uint8)
-        mx.tiled_kernel.variant(name, parallel)(x, b, sb, 1, 32, edges, 1, 246, bias, got, bad)
+        mx.tiled_kernel.variant(name, parallel)(x, b, sb, 1, bk, edges, 1, 246, bias, got, bad)
         want = np.zeros((m, n), F32)
         for c in range(edges.size - 1):
             p = np.zeros((m, n), F32)

@@ -141,7 +141,7 @@ def _rows_outside(sb, n0, valid, bn, lo, hi):
 
 @njit(**CPU_INLINE)
 def _decode_span(src, srow, bk, k0, k1, dst):
-    """dst[k - k0] = dec(src[k]) * 2^(srow[k // bk] - 127) for k0 <= k < k1, k0 a multiple of bk: exact in
+    """dst[k - k0] = dec(src[k]) * 2^(srow[k // bk] - 127) for k0 <= k < k1 (any k0): exact in
     the shortcut's window. Runs of 32 values under one scale go through a loop of exactly 32 (LLVM makes
     it two 16-lane steps); a loop bounded by the block's end ran its vector body never (its unroll of
     64 values is longer than a block) and made the M = 16 kernel 3.5x slower."""
@@ -155,7 +155,7 @@ def _decode_span(src, srow, bk, k0, k1, dst):
     else:
         for kb in range(k0 // bk, (k1 + bk - 1) // bk):
             s = decode_e8m0(srow[kb])
-            for k in range(kb * bk, min(k1, kb * bk + bk)):
+            for k in range(max(k0, kb * bk), min(k1, kb * bk + bk)):
                 dst[k - k0] = decode_e4m3(src[k]) * s
 
 
@@ -233,12 +233,12 @@ def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
         p = np.empty((nr, xt.shape[1]), dtype=np.float32)
         total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
         for c in range(edges.size - 1):
-            k0 = edges[c]
-            kc = edges[c + 1] - k0
-            for j in range(valid):
-                _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, w[j])
             p[:] = 0.0
-            tile.sum_tiles(xt, k0, kc, w, p)
+            for k0 in range(edges[c], edges[c + 1], tile.TILE_K):  # a chunk wider than a pass (bk > 512)
+                kc = min(tile.TILE_K, edges[c + 1] - k0)
+                for j in range(valid):
+                    _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, w[j])
+                tile.sum_tiles(xt, k0, kc, w, p)
             for j in range(nr):
                 t = total[j]
                 q = p[j]
