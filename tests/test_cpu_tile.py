@@ -100,21 +100,25 @@ class _Recorder:
         return self.kernel(*args)
 
 
-def test_the_entry_points_take_the_tiles_on_these_paths(monkeypatch):
+def test_the_entry_points_take_the_tiles_from_16_rows_on_these_paths(monkeypatch):
     rng = np.random.default_rng(0)
-    a, b = _codes(rng, (5, 96)), _codes(rng, (20, 96))
+    b = _codes(rng, (20, 96))
     dense, blocked = _Recorder(gemm.tiled_kernel), _Recorder(block.tiled_kernel)
     monkeypatch.setattr(gemm, "tiled_kernel", dense)
     monkeypatch.setattr(block, "tiled_kernel", blocked)
     for name in TILE_PATHS:
         with paths.use(name):
-            gemm.scaled_mm(a, b, np.ones(1, F32), np.ones(1, F32), F32, None, "small_m")
-            block.block_scaled_mm(a, b, np.ones((5, 1), F32), np.ones((1, 1), F32), (128, 128), F32, None, "small_m")
-    assert dense.calls == blocked.calls == len(TILE_PATHS)
+            for m in (tile.MIN_ROWS - 1, tile.MIN_ROWS, 40):  # the first takes the 4 x 4 kernel
+                a = _codes(rng, (m, 96))
+                gemm.scaled_mm(a, b, np.ones(1, F32), np.ones(1, F32), F32, None, "small_m")
+                block.block_scaled_mm(
+                    a, b, np.ones((m, 1), F32), np.ones((1, 1), F32), (128, 128), F32, None, "small_m"
+                )
+    assert dense.calls == blocked.calls == 2 * len(TILE_PATHS)
     for other in paths.runnable():
         if not other.register_tiles:
             with paths.use(other.name):
-                assert gemm.rows_kernel() is gemm.small_m_kernel and block.rows_kernel() is block.small_m_kernel
+                assert gemm.rows_kernel(64) is gemm.small_m_kernel and block.rows_kernel(64) is block.small_m_kernel
 
 
 _transposed = njit(lambda x: tile.transposed(x))

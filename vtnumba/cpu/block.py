@@ -477,9 +477,10 @@ def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows, s
 SMALL_M_ROWS = 64
 
 
-def rows_kernel():
-    """The small_m kernel for M > 1 on the active path: the register tiles where the path has them."""
-    return tiled_kernel if paths.active().register_tiles else small_m_kernel
+def rows_kernel(m):
+    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
+    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
+    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
 
 
 def choose_kernel(m, n, k):
@@ -526,5 +527,5 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            (gemv_kernel if m == 1 else rows_kernel())(x, b, sat, sb, bn, bk, bias32, out)
+            (gemv_kernel if m == 1 else rows_kernel(m))(x, b, sat, sb, bn, bk, bias32, out)
     return to_out_dtype(out, out_dtype)

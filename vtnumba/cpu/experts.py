@@ -61,6 +61,7 @@ from .._format import MX_GROUP
 from . import _kernel_input, block, gemm, mx, paths
 from .paths import CpuKernel, cpu_kernel, vector_width_hint
 from .quant import _encode_times
+from .tile import MIN_ROWS as TILE_MIN_ROWS
 
 __all__ = [
     "moe_align",
@@ -177,7 +178,7 @@ def _driver_work(macs, *_):
 
 # The dense kernels a grouped driver calls: bound per CPU path by ``_with_globals`` (``_inner_kernels``
 # names them). None here, so the names exist for readers and linters, and an unbound driver fails at once.
-_rows_kernel = _one_row_kernel = _lookup_kernel = None
+_rows_kernel = _tiles_kernel = _one_row_kernel = _lookup_kernel = None
 
 
 def _with_globals(fn, suffix, names):
@@ -206,7 +207,10 @@ def _tensor_driver(macs, x, b, items, offsets, scale_a, scale_b, bias, out):
         if rows > 1:
             sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + rows]
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+            if rows >= TILE_MIN_ROWS:
+                _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+            else:
+                _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
             out[lo : lo + rows, n0:n1] = tile
         else:
             sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + 1]
@@ -229,7 +233,10 @@ def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
         if rows > 1:
             sat_e = sat[lo * nkb : (lo + rows) * nkb].reshape((nkb, rows))
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            if rows >= TILE_MIN_ROWS:
+                _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+            else:
+                _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
             out[lo : lo + rows, n0:n1] = tile
         else:
             sat_e = sat[lo * nkb : (lo + 1) * nkb].reshape((nkb, 1))
@@ -251,7 +258,11 @@ def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias
         w_lo, w_hi = windows[e, 0], windows[e, 1]
         if rows > 1:
             tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e : e + 1])
+            xs, bs, flag = x[lo : lo + rows], b[e, n0:n1], bad[e : e + 1]
+            if rows >= TILE_MIN_ROWS:
+                _tiles_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
+            else:
+                _rows_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
             out[lo : lo + rows, n0:n1] = tile
         else:
             tile = np.empty((1, n1 - n0), dtype=np.float32)
@@ -272,23 +283,26 @@ def _inner_kernels(kind, path):
     dense entry point would run for that row count (``gemm.scaled_mm``, ``block.block_scaled_mm``,
     ``mx._fast``)."""
     name = path.name
+
+    def tiles(module):
+        """The kernel of TILE_MIN_ROWS rows and more: the register tiles where the path has them."""
+        return (module.tiled_kernel if path.register_tiles else module.small_m_kernel).variant(name, False)
+
     if kind == "tensor":
         one = gemm.gemv_lookup_kernel if path.byte_lookup_decode else gemm.gemv_kernel
-        rows = gemm.tiled_kernel if path.register_tiles else gemm.small_m_kernel
-        return {"_rows_kernel": rows.variant(name, False), "_one_row_kernel": one.variant(name, False)}
+        rows = {"_rows_kernel": gemm.small_m_kernel.variant(name, False), "_tiles_kernel": tiles(gemm)}
+        return dict(rows, _one_row_kernel=one.variant(name, False))
     if kind == "block":
-        rows = block.tiled_kernel if path.register_tiles else block.small_m_kernel
-        return {
-            "_rows_kernel": rows.variant(name, False),
-            "_one_row_kernel": block.gemv_kernel.variant(name, False),
-        }
-    rows = (mx.tiled_kernel if path.register_tiles else mx.small_m_kernel).variant(name, False)
+        rows = {"_rows_kernel": block.small_m_kernel.variant(name, False), "_tiles_kernel": tiles(block)}
+        return dict(rows, _one_row_kernel=block.gemv_kernel.variant(name, False))
+    rows = mx.small_m_kernel.variant(name, False)
+    both = {"_rows_kernel": rows, "_tiles_kernel": tiles(mx)}
     if "dot4_e4m3_mx" not in path.kernel_globals:  # mx._lookup_path: no lookup kernel on this path
-        return {"_rows_kernel": rows, "_one_row_kernel": rows}
+        return dict(both, _one_row_kernel=rows)
     one = _with_globals(
         _mx_one_row, "_" + name, {"_lookup_kernel": mx.gemv_lookup_kernel.variant(name, False), "_rows_kernel": rows}
     )
-    return {"_rows_kernel": rows, "_one_row_kernel": njit(**CPU_SERIAL_KERNEL)(one)}
+    return dict(both, _one_row_kernel=njit(**CPU_SERIAL_KERNEL)(one))
 
 
 _DRIVERS = {"tensor": _tensor_driver, "block": _block_driver, "mx": _mx_driver}

@@ -8,7 +8,7 @@ Three kernels behind one entry point (``scaled_mm``), picked by M * K (the decod
   decoded once, branch-free (bit arithmetic and selects, no table gather, so LLVM vectorizes it): straight
   into the dot product's registers at M = 1, into a small cache-resident buffer shared by every
   row of a otherwise. The weight is read once at 1 byte per value, a quarter of what sgemv reads
-  from weights kept dequantized in float32. On the AVX-512 paths M > 1 runs ``tiled_kernel``
+  from weights kept dequantized in float32. On the AVX-512 paths M >= 16 runs ``tiled_kernel``
   (``tile.py``'s register tiles, each sum in K order: bitwise ``reference``) instead of the 4 x 4
   blocks.
 - ``blas`` (prefill, M large): a block of a and a panel of b are decoded exactly into float32
@@ -433,13 +433,14 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
             m1_kernel = gemv_lookup_kernel if paths.active().byte_lookup_decode else gemv_kernel
-            (m1_kernel if m == 1 else rows_kernel())(x, b, sa, sb, bias32, out)
+            (m1_kernel if m == 1 else rows_kernel(m))(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
 
 
-def rows_kernel():
-    """The small_m kernel for M > 1 on the active path: the register tiles where the path has them."""
-    return tiled_kernel if paths.active().register_tiles else small_m_kernel
+def rows_kernel(m):
+    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
+    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
+    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
 
 
 def bias_vector(bias):

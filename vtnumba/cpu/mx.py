@@ -459,9 +459,10 @@ def mx_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=Non
     return block.block_scaled_mm(a, b, decode_e8m0_array(sa), decode_e8m0_array(sb), (bn, bk), out_dtype, bias, kernel)
 
 
-def rows_kernel():
-    """The small_m kernel on the active path: the register tiles where the path has them."""
-    return tiled_kernel if paths.active().register_tiles else small_m_kernel
+def rows_kernel(m):
+    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
+    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
+    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
 
 
 def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
@@ -494,5 +495,5 @@ def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):
     if m == 1 and bk == MX_GROUP and _lookup_path():
         gemv_lookup_kernel(x, b, sb, bn, lo, hi, bias32, out, bad)
     else:
-        rows_kernel()(x, b, sb, bn, bk, edges, lo, hi, bias32, out, bad)
+        rows_kernel(m)(x, b, sb, bn, bk, edges, lo, hi, bias32, out, bad)
     return None if bad[0] else out

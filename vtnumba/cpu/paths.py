@@ -38,7 +38,7 @@ Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3`` 
 the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them,
 and ``block_lookup`` / ``dot4_e4m3_blocks``, whether the block-scaled M = 1 kernel has one and which,
 and ``tile_decode``, how the register tiles decode their weight rows (byte lookups on the VBMI paths).
-A path's ``register_tiles`` says whether its small-M GEMMs at M > 1 run ``tile.py``'s register tiles
+A path's ``register_tiles`` says whether its small-M GEMMs at M >= 16 run ``tile.py``'s register tiles
 (the AVX-512 paths) or the 4 x 4 kernels.
 """
 
@@ -95,7 +95,7 @@ class CpuPath:
     requires: tuple = ()
     kernel_globals: dict = field(default_factory=dict, hash=False, compare=False)
     byte_lookup_decode: bool = False  # the M = 1 GEMM decodes by table lookups (vbmi.py, neon.py)
-    register_tiles: bool = False  # the small-M GEMMs run tile.py's register tiles (M > 1)
+    register_tiles: bool = False  # the small-M GEMMs run tile.py's register tiles (M >= tile.MIN_ROWS)
     machines: tuple = ()  # platform.machine() values it is for (empty: any)
 
     def missing(self, features, machine=None):

@@ -18,7 +18,8 @@ in order, then the strict block step); tests/test_cpu_tile.py checks both.
 
 The tiles are written as LLVM vector IR through a Numba intrinsic (``_sum_tile``), as vbmi.py's lookups
 are: Numba's loops left the accumulators in memory or packed them partly (block.py's note on the
-SLP vectorizer). Only the AVX-512 paths run them (``paths.CpuPath.register_tiles``): 32 vector
+SLP vectorizer). They take 16 activation rows and more (``MIN_ROWS``; below, the 4 x 4 kernels stay),
+and only the AVX-512 paths run them (``paths.CpuPath.register_tiles``): 32 vector
 registers hold the 16 accumulators; on AVX2's 16 they would spill, and the NEON and portable paths keep
 ``gemm.small_m_kernel``, unmeasured with these tiles.
 """
@@ -38,6 +39,12 @@ LANES = 16  # float32 lanes of a zmm register: activation rows per vector
 # fixed row stride, so a step's broadcasts address every row from one register with constant offsets
 # (with the stride a variable, LLVM kept 16 row pointers and reloaded 6 from the stack each step).
 TILE_K = 512
+# The fewest activation rows the tiles take (the small-M kernels' choice, gemm.rows_kernel and its
+# twins): below, a vector holds fewer rows than it computes. Measured against the 4 x 4 kernels (serial,
+# the Sapphire Rapids core, benchmarks/cpu/bench_cpu_tiles.py): dense 0.80x / 0.89x / 1.11x at M = 2 /
+# 4 / 8 (K x N = 256 x 512) and 0.52x / 0.61x / 0.82x (2048 x 768, an MoE expert's gate_up); at M = 16
+# 1.3-1.5x.
+MIN_ROWS = 16
 _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 _VEC = ir.VectorType(_F32, LANES)
 
