@@ -160,8 +160,8 @@ def _block_steps(total, p, sat, scale_b, kb0, n0, bn, valid):
     callee otherwise takes its caller's flags) and called, not inlined, so the block step keeps its
     order and roundings inside them: LLVM may neither fold sa * sb into one factor, nor fuse the add
     into an FMA, nor reorder the sum over K-blocks. Its m loop vectorizes as it is (element-wise).
-    Called once a K-block for a whole tile: a call per row cost 1.4-1.6x the block kernels' time at
-    16 x 256 x 512 (each call's array arguments are reference-counted, atomically)."""
+    Called once a K-block for a whole tile: a call per row made both block kernels 1.3-1.6x slower at
+    16 x 256 x 512 (each call takes three array views; their reference counts are the likely cost)."""
     for i in range(p.shape[0]):
         kb = kb0 + i
         sa = sat[kb]

@@ -4,8 +4,8 @@
 of dot products) and reduce the lanes at the end of every pass: at the small layers of a research
 model (K = 256-512) and at every 128-wide K-block, the reductions and the activation rows read again
 for every four weight rows cost more than the multiply-adds. Measured on a 2-core Sapphire Rapids
-(AVX-512, two threads): 128 x 256 x 512 took 330-410 us there against 150-190 us for sgemm on float32
-weights; the tiles below, 144 us.
+(benchmarks/RESULTS.md, 2026-12-07): 128 x 256 x 512 took 243-251 us on two threads (434-444 on one)
+against 144-192 us for numpy's sgemm on float32 weights; the tiles below, 191-194 us (323-325).
 
 Here the activation is transposed once per call (``xt[k, m]``, M padded with zeros to a multiple of
 16) and the decoded weight rows are broadcast: a tile of 16 or 32 activation rows (one or two
@@ -172,8 +172,8 @@ def weight_rows(m_rows):
 @njit(**CPU_INLINE)
 def weight_buffer(rows, valid):
     """The decoded weight rows' buffer [rows, TILE_K]: rows past ``valid`` zero (their sums are never
-    stored), the others written by each pass before they are read. Zeroing all of it cost 10-20 us a
-    call at N = 512 (32 KiB a tile)."""
+    stored), the others written by each pass before they are read (zeroing all of it would store
+    32 KiB a tile, more than a pass at K <= 512 decodes into it)."""
     w = np.empty((rows, TILE_K), dtype=np.float32)
     w[valid:] = 0.0
     return w
@@ -183,11 +183,13 @@ def weight_buffer(rows, valid):
 def transposed(x):
     """xt[k, m] = x[m, k], M padded with zero rows to a multiple of 16 (the tiles' vectors): whole
     16 x 16 blocks by ``transpose16``, the edges element by element. At M = 128, K = 256 on one
-    Sapphire Rapids core, element by element took 60 us row by row and 20 in 16 x 16 blocks."""
+    Sapphire Rapids core: 60 us element by element row by row, 20 in 16 x 16 blocks of scalar
+    copies, 4 with ``transpose16``."""
     m_rows, k_len = x.shape
     padded = -(-m_rows // LANES) * LANES
     # np.empty and loops, not np.zeros: inside a parallel kernel, an array expression before the
-    # prange is a parallel region of its own (a second launch per call, ~5-10 us)
+    # prange is a parallel region of its own (a second launch per call: the dense tiles at
+    # 16 x 256 x 256 on two threads took 25 us with it, 20 without)
     xt = np.empty((k_len, padded), dtype=np.float32)
     m_full, k_full = m_rows - m_rows % LANES, k_len - k_len % LANES
     for m0 in range(0, m_full, LANES):
@@ -243,9 +245,9 @@ def decode_block(b, n0, valid, k0, kc, w):
 @njit(**CPU_INLINE)
 def decode_block_lookup(b, n0, valid, k0, kc, w):
     """``decode_block`` by byte lookups (``vbmi.decode_codes``), 64 codes a step, the last kc % 64 by
-    the bit arithmetic: the byte-lookup paths' ``tile_decode`` (paths.py). At M = 16 the decode is
-    most of the call: 17.7 us of ~60 at 16 x 256 x 512 on one Sapphire Rapids core with the bit
-    arithmetic."""
+    the bit arithmetic: the byte-lookup paths' ``tile_decode`` (paths.py). At M = 16 the decode is a
+    large share of the call: with the bit arithmetic, 17.7 us of ~60 at 16 x 256 x 512 on one
+    Sapphire Rapids core (45 with the lookups)."""
     steps = kc // vbmi.BLOCK
     for j in range(valid):
         src = b[n0 + j, k0 : k0 + kc]
