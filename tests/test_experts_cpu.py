@@ -242,6 +242,62 @@ def test_grouped_gemm_parallel_twin_is_the_serial_loop(kind, monkeypatch):
         assert_bitwise(per_expert_loop(a, sa, b, sb, offs, F32, bs), serial, f"{kind} dense parallel")
 
 
+def _run_work(items, offs, lo, hi):
+    return sum(int(offs[e + 1] - offs[e]) * int(n1 - n0) for e, n0, n1 in items[lo:hi, :3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    n=st.integers(1, 700),
+    tile=st.sampled_from([4, 64, 128, 256]),
+    parts=st.integers(1, 5),
+)
+def test_balanced_runs_cut_the_items_into_equal_work(counts, n, tile, parts):
+    """The drivers' runs: contiguous, covering every item once, each run's work (rows x weight rows)
+    within one item's of the equal share."""
+    offs = offsets_of(counts)
+    routed = np.flatnonzero(np.diff(offs) > 0)
+    items = cx._items(routed, n, tile) if routed.size else np.zeros((0, 4), dtype=np.int64)
+    runs = cx._balanced_runs(items, offs, parts)
+    assert runs.shape == (parts + 1,) and runs[0] == 0 and runs[-1] == len(items)
+    assert np.all(np.diff(runs) >= 0)
+    total = _run_work(items, offs, 0, len(items))
+    largest = max([_run_work(items, offs, i, i + 1) for i in range(len(items))], default=0)
+    for part in range(parts):
+        work = _run_work(items, offs, runs[part], runs[part + 1])
+        assert abs(work - total / parts) <= largest, (part, work, total, largest)
+
+
+def test_balanced_runs_split_unequal_tiles_evenly():
+    """The tiny Qwen3-MoE's gate_up (N = 320 in 256- and 64-row items, tile-major): an equal count of
+    items a thread gave one thread the eight 256-row items, 80% of the work; the runs give each half."""
+    offs = offsets_of([32] * 8)
+    items = cx._items(np.arange(8), 320, 256)
+    runs = cx._balanced_runs(items, offs, 2)
+    halves = [_run_work(items, offs, runs[i], runs[i + 1]) for i in range(2)]
+    assert halves[0] == halves[1] == 32 * 320 * 8 // 2, halves
+
+
+def test_grouped_driver_takes_one_run_a_thread(monkeypatch):
+    """The driver is handed as many runs as the threads it runs on (what ``threads_for`` gave)."""
+    seen = []
+    real = cx.CpuKernel.call_with
+
+    def record(self, threads, *args):
+        if self is cx._driver("tensor"):
+            seen.append((threads, args[1]))
+        return real(self, threads, *args)
+
+    monkeypatch.setattr(cx.CpuKernel, "call_with", record)
+    monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", "0")
+    offs = offsets_of([5, 0, 1, 16, 2])
+    a, sa, b, sb, bs = operands("per_row_channel", 26)
+    y = cx.grouped_scaled_mm(a, sa, b, sb, offs, np.dtype(F32), bs)
+    assert_bitwise(y, per_expert_loop(a, sa, b, sb, offs, F32, bs), "recorded driver")
+    assert seen and all(threads == parts for threads, parts in seen), seen
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     counts=st.lists(st.integers(0, 6), min_size=1, max_size=6), pad=st.integers(0, 3), seed=st.integers(0, 2**32 - 1)

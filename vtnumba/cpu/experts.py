@@ -56,7 +56,7 @@ import types
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_ELEMENTS, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL
 from .._format import MX_GROUP
 from . import _kernel_input, block, gemm, mx, paths
 from .paths import CpuKernel, cpu_kernel, vector_width_hint
@@ -176,6 +176,36 @@ def _driver_work(macs, *_):
     return macs
 
 
+@njit(**CPU_INLINE)
+def _balanced_runs(items, offsets, parts):
+    """Bounds [parts + 1] that cut the items into ``parts`` contiguous runs of near-equal work (an
+    item's rows times its weight rows; an item goes to the run holding its midpoint). A driver's
+    threads each take one run: Numba's prange over the items gave each thread an equal count of them,
+    and items differ. The tiny Qwen3-MoE's gate_up (N = 320) is 256- and 64-row items, one thread took
+    the 256s: two threads ran its 128-token layer's gate_up in 691 us where one took 789."""
+    n = items.shape[0]
+    total = 0
+    for it in range(n):
+        e = items[it, 0]
+        total += (offsets[e + 1] - offsets[e]) * (items[it, 2] - items[it, 1])
+    runs = np.empty(parts + 1, dtype=np.int64)
+    runs[0] = 0
+    done = 0
+    it = 0
+    for part in range(1, parts):
+        goal = total * part // parts
+        while it < n:
+            e = items[it, 0]
+            w = (offsets[e + 1] - offsets[e]) * (items[it, 2] - items[it, 1])
+            if 2 * done + w > 2 * goal:
+                break
+            done += w
+            it += 1
+        runs[part] = it
+    runs[parts] = n
+    return runs
+
+
 # The dense kernels a grouped driver calls: bound per CPU path by ``_with_globals`` (``_inner_kernels``
 # names them). None here, so the names exist for readers and linters, and an unbound driver fails at once.
 _rows_kernel = _tiles_kernel = _one_row_kernel = _lookup_kernel = None
@@ -192,82 +222,88 @@ def _with_globals(fn, suffix, names):
     return twin
 
 
-def _tensor_driver(macs, x, b, items, offsets, scale_a, scale_b, bias, out):
+def _tensor_driver(macs, parts, x, b, items, offsets, scale_a, scale_b, bias, out):
     """Item (e, n0, n1): rows offsets[e]:offsets[e + 1] of out, columns n0:n1, by the dense small-M
     kernel of that many rows (``_rows_kernel``, or ``_one_row_kernel`` at one row) on the same rows
     of x = dec(a), the same weight rows, the same scale vectors. Each item's result goes through a
     C-contiguous tile: the dense kernels then run as the very specializations ``scaled_mm`` compiled
     (a strided view of out would compile each kernel a second time)."""
-    for it in prange(items.shape[0]):
+    runs = _balanced_runs(items, offsets, parts)
+    for part in prange(parts):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
-        lo = offsets[e]
-        rows = offsets[e + 1] - lo
-        sb = scale_b[e] if scale_b.shape[1] == 1 else scale_b[e, n0:n1]
-        if rows > 1:
-            sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + rows]
-            tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            if rows >= TILE_MIN_ROWS:
-                _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+        for it in range(runs[part], runs[part + 1]):
+            e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
+            lo = offsets[e]
+            rows = offsets[e + 1] - lo
+            sb = scale_b[e] if scale_b.shape[1] == 1 else scale_b[e, n0:n1]
+            if rows > 1:
+                sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + rows]
+                tile = np.empty((rows, n1 - n0), dtype=np.float32)
+                if rows >= TILE_MIN_ROWS:
+                    _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+                else:
+                    _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
+                out[lo : lo + rows, n0:n1] = tile
             else:
-                _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sa, sb, bias, tile)
-            out[lo : lo + rows, n0:n1] = tile
-        else:
-            sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + 1]
-            tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sa, sb, bias, tile)
-            out[lo : lo + 1, n0:n1] = tile
+                sa = scale_a if scale_a.size == 1 else scale_a[lo : lo + 1]
+                tile = np.empty((1, n1 - n0), dtype=np.float32)
+                _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sa, sb, bias, tile)
+                out[lo : lo + 1, n0:n1] = tile
 
 
-def _block_driver(macs, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
+def _block_driver(macs, parts, x, b, items, offsets, sat, scale_b, bn, bk, bias, out):
     """Item (e, n0, n1, s): as ``_tensor_driver`` with ``block``'s kernels; ``sat`` holds each expert's
     activation scales transposed ([nkb, rows], what those kernels read) at offset offsets[e] * nkb,
     ``scale_b[s]`` the expert's float32 block scales."""
     nkb = scale_b.shape[2]
-    for it in prange(items.shape[0]):
+    runs = _balanced_runs(items, offsets, parts)
+    for part in prange(parts):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        e, n0, n1, s = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
-        lo = offsets[e]
-        rows = offsets[e + 1] - lo
-        sb = scale_b[s, n0 // bn : (n1 + bn - 1) // bn]
-        if rows > 1:
-            sat_e = sat[lo * nkb : (lo + rows) * nkb].reshape((nkb, rows))
-            tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            if rows >= TILE_MIN_ROWS:
-                _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+        for it in range(runs[part], runs[part + 1]):
+            e, n0, n1, s = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
+            lo = offsets[e]
+            rows = offsets[e + 1] - lo
+            sb = scale_b[s, n0 // bn : (n1 + bn - 1) // bn]
+            if rows > 1:
+                sat_e = sat[lo * nkb : (lo + rows) * nkb].reshape((nkb, rows))
+                tile = np.empty((rows, n1 - n0), dtype=np.float32)
+                if rows >= TILE_MIN_ROWS:
+                    _tiles_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+                else:
+                    _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+                out[lo : lo + rows, n0:n1] = tile
             else:
-                _rows_kernel(x[lo : lo + rows], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
-            out[lo : lo + rows, n0:n1] = tile
-        else:
-            sat_e = sat[lo * nkb : (lo + 1) * nkb].reshape((nkb, 1))
-            tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
-            out[lo : lo + 1, n0:n1] = tile
+                sat_e = sat[lo * nkb : (lo + 1) * nkb].reshape((nkb, 1))
+                tile = np.empty((1, n1 - n0), dtype=np.float32)
+                _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sat_e, sb, bn, bk, bias, tile)
+                out[lo : lo + 1, n0:n1] = tile
 
 
-def _mx_driver(macs, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias, out, bad):
+def _mx_driver(macs, parts, x, b, items, offsets, scale_b, bn, bk, edges, windows, bias, out, bad):
     """Item (e, n0, n1): as ``_tensor_driver`` with ``mx``'s kernels on x = dec(a) * 2^(sa - 127);
     ``windows[e]`` the expert's weight-byte window, ``bad[e]`` set when a weight byte falls outside
     it (the caller then runs that expert's dense call)."""
-    for it in prange(items.shape[0]):
+    runs = _balanced_runs(items, offsets, parts)
+    for part in prange(parts):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
-        lo = offsets[e]
-        rows = offsets[e + 1] - lo
-        sb = scale_b[e, n0 // bn : (n1 + bn - 1) // bn]
-        w_lo, w_hi = windows[e, 0], windows[e, 1]
-        if rows > 1:
-            tile = np.empty((rows, n1 - n0), dtype=np.float32)
-            xs, bs, flag = x[lo : lo + rows], b[e, n0:n1], bad[e : e + 1]
-            if rows >= TILE_MIN_ROWS:
-                _tiles_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
+        for it in range(runs[part], runs[part + 1]):
+            e, n0, n1 = items[it, 0], items[it, 1], items[it, 2]
+            lo = offsets[e]
+            rows = offsets[e + 1] - lo
+            sb = scale_b[e, n0 // bn : (n1 + bn - 1) // bn]
+            w_lo, w_hi = windows[e, 0], windows[e, 1]
+            if rows > 1:
+                tile = np.empty((rows, n1 - n0), dtype=np.float32)
+                xs, bs, flag = x[lo : lo + rows], b[e, n0:n1], bad[e : e + 1]
+                if rows >= TILE_MIN_ROWS:
+                    _tiles_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
+                else:
+                    _rows_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
+                out[lo : lo + rows, n0:n1] = tile
             else:
-                _rows_kernel(xs, bs, sb, bn, bk, edges, w_lo, w_hi, bias, tile, flag)
-            out[lo : lo + rows, n0:n1] = tile
-        else:
-            tile = np.empty((1, n1 - n0), dtype=np.float32)
-            _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e : e + 1])
-            out[lo : lo + 1, n0:n1] = tile
+                tile = np.empty((1, n1 - n0), dtype=np.float32)
+                _one_row_kernel(x[lo : lo + 1], b[e, n0:n1], sb, bn, bk, edges, w_lo, w_hi, bias, tile, bad[e : e + 1])
+                out[lo : lo + 1, n0:n1] = tile
 
 
 def _mx_one_row(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
@@ -326,6 +362,14 @@ def _driver(kind):
     return found
 
 
+def _run_driver(kind, macs, *args):
+    """Run the grouped driver of ``kind`` on the threads its work gets (``CpuKernel.threads_for``),
+    its items cut into that many runs of equal work (``_balanced_runs``)."""
+    driver = _driver(kind)
+    threads = driver.threads_for(macs)
+    driver.call_with(threads, macs, threads, *args)
+
+
 @njit(**CPU_SERIAL_KERNEL)
 def _items_kernel(experts, n, tile, items):
     i = 0
@@ -340,8 +384,8 @@ def _items_kernel(experts, n, tile, items):
 
 def _items(experts, n, tile):
     """Work items [(e, n0, n1, slot)] for ``experts`` over N in tiles of ``tile`` rows, tile-major:
-    Numba hands each thread a contiguous run of items, and a run of tiles across every expert weighs
-    the same whichever experts have more rows. ``slot`` is the expert's index in ``experts``. Filled by
+    each thread takes a contiguous run of items (``_balanced_runs``), so a thread's experts differ
+    where an expert-major order would hand one thread a whole expert's rows. ``slot`` is the expert's index in ``experts``. Filled by
     one compiled loop: numpy's tile / repeat / minimum took 14 us a call, twice in each MoE layer."""
     items = np.empty((-(-n // tile) * experts.size, 4), dtype=np.int64)
     _items_kernel(np.ascontiguousarray(experts, dtype=np.int64), n, tile, items)
@@ -414,7 +458,7 @@ def _grouped_tensor(a, scale_a, b, scale_b, offs, counts, routed, out):
         x = np.empty((p, k), dtype=np.float32)
         gemm.decode_rows(a, x)
         items = _items(small, n, _tile_rows(1))[:, :3].copy()
-        _driver("tensor")(_macs(small, counts, n, k), x, b, items, offs, sa, sb, gemm.bias_vector(None), out)
+        _run_driver("tensor", _macs(small, counts, n, k), x, b, items, offs, sa, sb, gemm.bias_vector(None), out)
 
 
 def _grouped_block(a, scale_a, b, scale_b, offs, counts, routed, block_size, out):
@@ -447,7 +491,9 @@ def _grouped_block(a, scale_a, b, scale_b, offs, counts, routed, block_size, out
         gemm.decode_rows(a, x)
         items = _items(small, n, _tile_rows(bn))
         items[:, 3] = slot[items[:, 0]]
-        _driver("block")(_macs(small, counts, n, k), x, b, items, offs, sat, sb, bn, bk, gemm.bias_vector(None), out)
+        _run_driver(
+            "block", _macs(small, counts, n, k), x, b, items, offs, sat, sb, bn, bk, gemm.bias_vector(None), out
+        )
 
 
 def _grouped_mx(a, scale_a, b, scale_b, offs, counts, routed, block_size, out):
@@ -475,7 +521,8 @@ def _grouped_mx(a, scale_a, b, scale_b, offs, counts, routed, block_size, out):
         mx.decode_scaled_rows(a, np.ascontiguousarray(scale_a, dtype=np.uint8), bk, x)
         items = _items(small, n, _tile_rows(bn))[:, :3].copy()
         bad = np.zeros(e_count, dtype=np.uint8)
-        _driver("mx")(
+        _run_driver(
+            "mx",
             _macs(small, counts, n, k),
             x,
             b,
