@@ -151,16 +151,40 @@ def test_a_deep_copy_reads_its_own_buffers(no_full_path):
 
 
 def test_what_the_prepared_call_does_not_take_runs_the_full_path():
-    """float64 x (cast to float32 by the full path) and E8M0-scaled weights (the MX kernels)."""
+    """float64 x (cast to float32 by the full path)."""
     layer = _layer("per_token")
     x = _x(3, K)
     with torch.no_grad():
         np.testing.assert_array_equal(layer(x.double()).numpy(), layer(x).numpy())
-    mx = seam.Fp8Weight.from_float(
-        np.random.default_rng(3).standard_normal((N, 64)).astype(np.float32), block_size=(1, 32), scale_format="e8m0"
-    )
-    assert HostLinear.of(mx) is None
     assert HostLinear.of(_layer("dynamic").fp8_weight) is not None
+
+
+E8M0_WEIGHTS = {
+    "mxfp8": {"block_size": (1, 32), "scale_format": "e8m0"},
+    "mxfp8_floor": {"block_size": (1, 32), "scale_format": "e8m0", "scale_rounding": "floor"},
+    "e8m0_weight_blocks": {"block_size": (16, 32), "scale_format": "e8m0"},  # float32 activation scales
+}
+
+
+@pytest.mark.parametrize("name", list(E8M0_WEIGHTS))
+def test_e8m0_weights_take_the_prepared_call_bitwise(name, monkeypatch):
+    """seam.matmul_fp8 on numpy with E8M0-scaled weights (MXFP8's kernels, or the scales decoded):
+    the prepared call, the full path's bytes, at every CPU kernel's row count (K = 200: a short last
+    32-wide group)."""
+    rng = np.random.default_rng(11)
+    w = seam.Fp8Weight.from_float(rng.standard_normal((N, K)).astype(np.float32), **E8M0_WEIGHTS[name])
+    assert w.weight_scale.dtype == np.uint8
+    calls = []
+    real = HostLinear.__call__
+    monkeypatch.setattr(HostLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    rows = (1, 5, 40, gemm.SMALL_M_ELEMENTS // K + 3)
+    for m in rows:
+        x = (rng.standard_normal((m, K)) * np.exp(rng.uniform(-6, 6, (m, 1)))).astype(np.float32)
+        y = seam.matmul_fp8(x, w)
+        want = seam_matmul._matmul_fp8(x, w, None)[0]
+        assert y.shape == want.shape == (m, N)
+        np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    assert len(calls) == len(rows)  # every call took the prepared path
 
 
 # A warmed CPU forward's Python function calls (sys.setprofile 'call' events), M = 4, on 2026-12-06:

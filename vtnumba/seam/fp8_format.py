@@ -258,14 +258,17 @@ class Fp8Format:
         """``quantize`` of a host array x [M, K] (numpy float32, float16 or bfloat16) that its caller
         has checked, made by the CPU backend's quantizer directly: (codes, scale) as ``quantize``'s
         ``QuantizedActivation`` holds them, without the argument checks of ``vt.quantize_fp8``. For the
-        prepared host call (``seam.host_linear``), whose tests hold it bitwise to ``quantize``.
-        E8M0 activation scales (MXFP8) are not made here: the prepared call does not take them."""
+        prepared host call (``seam.host_linear``), whose tests hold it bitwise to ``quantize``."""
         from .. import cpu  # the CPU backend; imported here, as ops.backend imports it
 
         scheme = self.activation_scheme
         if scheme == ActivationScheme.PER_GROUP:
+            group = self.block_size[1]  # type: ignore[index]  # per_group has a block_size
+            if self.activation_scale_format == "e8m0":
+                # E8M0 group scales, row-major (MXFP8): as ``quantize`` asks for them
+                return cpu.quantize_per_group_e8m0(x, group, self.activation_scale_rounding, False)
             # float32 group scales, column-major: as ``quantize`` asks for them
-            return cpu.quantize_per_group(x, self.block_size[1], self.scale_ue8m0, True)  # type: ignore[index]
+            return cpu.quantize_per_group(x, group, self.scale_ue8m0, True)
         if scheme == ActivationScheme.PER_TOKEN:
             return cpu.quantize_per_token(x, None)
         if scheme == ActivationScheme.STATIC:

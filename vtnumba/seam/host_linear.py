@@ -23,22 +23,24 @@ from typing import Any
 
 import numpy as np
 
-from .. import cpu
+from .. import _arrays, cpu
 
 __all__ = ["HostLinear"]
 
 
 class HostLinear:
-    """A host weight's linear call, prepared (module docstring). ``HostLinear.of(w)`` is None where
-    the format is one it does not take: E8M0 scales (MXFP8, UE8M0 bytes), whose kernels
-    ``seam.matmul_fp8`` reaches through the full path."""
+    """A host weight's linear call, prepared (module docstring). ``HostLinear.of(w)`` is None for a
+    weight that is not on the host."""
 
     __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size")
 
     def __init__(self, weight: Any) -> None:
         self.format = weight.format
         self.codes = weight.data
-        self.weight_scale = weight.weight_scale
+        # E8M0 bytes as uint8 (a float8_e8m0fnu array viewed, as the full path's scale check does): the
+        # CPU backend tells them from float32 scales by that dtype (MXFP8's kernels, or decoded)
+        e8m0 = weight.format.weight_scale_format == "e8m0"
+        self.weight_scale = _arrays.e8m0_bytes(weight.weight_scale, "weight_scale") if e8m0 else weight.weight_scale
         # 'static': the weight's scale as the full path hands it to the quantizer (float32)
         self.input_scale = None if weight.input_scale is None else np.float32(weight.input_scale)
         self.bias = weight.bias
@@ -46,10 +48,7 @@ class HostLinear:
 
     @classmethod
     def of(cls, weight: Any) -> "HostLinear | None":
-        fmt = weight.format
-        if weight.device != "cpu" or fmt.weight_scale_format != "float32" or fmt.activation_scale_format != "float32":
-            return None
-        return cls(weight)
+        return cls(weight) if weight.device == "cpu" else None
 
     def __call__(self, x: np.ndarray, out_dtype: np.dtype, input_scale: Any = None) -> np.ndarray:
         """y [M, N] of x [M, K] (checked by the caller), rounded to ``out_dtype``. ``input_scale``
