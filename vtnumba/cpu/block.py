@@ -373,23 +373,32 @@ def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     nkb = sat.shape[0]
     xt = tile.transposed(x)
     nr = tile.weight_rows(m_rows)
-    chunk = min(bk, tile.TILE_K, k_len)
+    # K-blocks narrower than a pass go through it together: one decode of the pass's codes, then each
+    # block's sums from its own columns (a decode a block was a decode call per weight row per block:
+    # at bk = 32, 1 x 32 blocks, the tiles took 3.3x their bk = 128 time at M = 16, 512 x 256). A block
+    # wider than a pass runs in passes of its own.
+    group = tile.TILE_K // bk if bk <= tile.TILE_K else 1
+    span = group * bk if bk <= tile.TILE_K else tile.TILE_K
     for block in prange((n_rows + nr - 1) // nr):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * nr
         valid = min(nr, n_rows - n0)
-        w = tile.weight_buffer(nr, valid)
-        sums_kb = np.empty((1, nr, xt.shape[1]), dtype=np.float32)  # one K-block's, as _block_steps takes them
-        p = sums_kb[0]
+        buffer = tile.weight_buffer(nr, valid)
+        w = tile.weight_columns(buffer, nr, 0)
+        sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks, as _block_steps takes them
         total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
-        for kb in range(nkb):
-            p[:] = 0.0
-            k_hi = min(k_len, (kb + 1) * bk)
-            for k0 in range(kb * bk, k_hi, chunk):
-                kc = min(chunk, k_hi - k0)
-                tile_decode(b, n0, valid, k0, kc, w)
-                tile.sum_tiles(xt, k0, kc, w, p)
-            _block_steps(total, sums_kb, sat, scale_b, kb, n0, bn, valid)
+        for kb0 in range(0, nkb, group):
+            blocks = min(group, nkb - kb0)
+            k_end = min(k_len, (kb0 + blocks) * bk)
+            sums[:blocks] = 0.0
+            for k_lo in range(kb0 * bk, k_end, span):
+                k_hi = min(k_end, k_lo + span)
+                tile_decode(b, n0, valid, k_lo, k_hi - k_lo, w)
+                for i in range(blocks):
+                    lo = max(k_lo, (kb0 + i) * bk)
+                    hi = min(k_hi, (kb0 + i + 1) * bk)
+                    tile.sum_tiles(xt, lo, hi - lo, tile.weight_columns(buffer, nr, lo - k_lo), sums[i])
+            _block_steps(total, sums[:blocks], sat, scale_b, kb0, n0, bn, valid)
         store_tile_sums(total, bias, out, n0, valid)
 
 

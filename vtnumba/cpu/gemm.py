@@ -303,7 +303,7 @@ def tiled_kernel(x, b, scale_a, scale_b, bias, out):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * nr
         valid = min(nr, n_rows - n0)
-        w = tile.weight_buffer(nr, valid)
+        w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
         acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
         for k0 in range(0, k_len, chunk):
             kc = min(chunk, k_len - k0)

@@ -229,7 +229,7 @@ def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
         if _rows_outside(sb, n0, valid, bn, lo, hi):
             bad[0] = 1
             continue
-        w = tile.weight_buffer(nr, valid)
+        w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
         p = np.empty((nr, xt.shape[1]), dtype=np.float32)
         total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
         for c in range(edges.size - 1):

@@ -171,12 +171,22 @@ def weight_rows(m_rows):
 
 @njit(**CPU_INLINE)
 def weight_buffer(rows, valid):
-    """The decoded weight rows' buffer [rows, TILE_K]: rows past ``valid`` zero (their sums are never
+    """The decoded weight rows' buffer, flat: ``rows`` rows of TILE_K and one row of slack, so that
+    ``weight_columns`` can view it from any column. Rows past ``valid`` are zero (their sums are never
     stored), the others written by each pass before they are read (zeroing all of it would store
     32 KiB a tile, more than a pass at K <= 512 decodes into it)."""
-    w = np.empty((rows, TILE_K), dtype=np.float32)
-    w[valid:] = 0.0
+    w = np.empty((rows + 1) * TILE_K, dtype=np.float32)
+    w[valid * TILE_K : rows * TILE_K] = 0.0  # the slack is never read (weight_columns)
     return w
+
+
+@njit(**CPU_INLINE)
+def weight_columns(buffer, rows, first):
+    """The buffer's ``rows`` rows from column ``first`` on, as the C-contiguous [rows, TILE_K] the tiles
+    read (row j's columns first .. TILE_K - 1, then the next row's: a tile reads fewer than
+    TILE_K - first of them). ``weight_columns(buffer, rows, 0)`` is where a pass decodes; a pass of
+    several K-blocks then sums each from its own first column."""
+    return buffer[first : first + rows * TILE_K].reshape(rows, TILE_K)
 
 
 @njit(**CPU_INLINE)
