@@ -355,12 +355,13 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
 def store_tile_sums(total, bias, out, n0, valid):
     """out[m, n0 + j] = total[j, m] + bias[n0 + j] for the tile's rows j < valid and every row m of
     out: a tiled kernel's last step where the scales are already in the totals (block-scaled, MXFP8)."""
-    sums = tile.sums_by_row(total)
-    for m in range(out.shape[0]):
-        src = sums[m]
-        dst = out[m, n0 : n0 + valid]
+    if bias.size != 0:
         for j in range(valid):
-            dst[j] = add_bias(src[j], bias, n0 + j)
+            row = total[j, : out.shape[0]]
+            bn = bias[n0 + j]
+            for m in range(row.size):
+                row[m] = row[m] + bn  # add_bias, along the tile's rows
+    tile.store_sums(total, out, n0, valid)
 
 
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
@@ -372,7 +373,7 @@ def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     n_rows = b.shape[0]
     nkb = sat.shape[0]
     xt = tile.transposed(x)
-    nr = tile.weight_rows(m_rows)
+    nr = tile.BLOCK_ROWS
     # K-blocks narrower than a pass go through it together: one decode of the pass's codes, then each
     # block's sums from its own columns (a decode a block was a decode call per weight row per block:
     # at bk = 32, 1 x 32 blocks, the tiles took 3.3x their bk = 128 time at M = 16, 512 x 256). A block
@@ -386,7 +387,7 @@ def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
         buffer = tile.weight_buffer(nr, valid)
         w = tile.weight_columns(buffer, nr, 0)
         sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks, as _block_steps takes them
-        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
         for kb0 in range(0, nkb, group):
             blocks = min(group, nkb - kb0)
             k_end = min(k_len, (kb0 + blocks) * bk)
@@ -487,9 +488,8 @@ SMALL_M_ROWS = 64
 
 
 def rows_kernel(m):
-    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
-    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
-    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
+    """The small_m kernel for M = m > 1 on the active path (``paths.takes_register_tiles``)."""
+    return tiled_kernel if paths.takes_register_tiles(m) else small_m_kernel
 
 
 def choose_kernel(m, n, k):

@@ -177,6 +177,13 @@ def _driver_work(macs, *_):
 
 
 @njit(**CPU_INLINE)
+def _item_work(items, offsets, it):
+    """Work item ``it``'s multiply-adds per K: its expert's routed rows times its weight rows."""
+    e = items[it, 0]
+    return (offsets[e + 1] - offsets[e]) * (items[it, 2] - items[it, 1])
+
+
+@njit(**CPU_INLINE)
 def _balanced_runs(items, offsets, parts):
     """Bounds [parts + 1] that cut the items into ``parts`` contiguous runs of near-equal work (an
     item's rows times its weight rows; an item goes to the run holding its midpoint). A driver's
@@ -186,8 +193,7 @@ def _balanced_runs(items, offsets, parts):
     n = items.shape[0]
     total = 0
     for it in range(n):
-        e = items[it, 0]
-        total += (offsets[e + 1] - offsets[e]) * (items[it, 2] - items[it, 1])
+        total += _item_work(items, offsets, it)
     runs = np.empty(parts + 1, dtype=np.int64)
     runs[0] = 0
     done = 0
@@ -195,8 +201,7 @@ def _balanced_runs(items, offsets, parts):
     for part in range(1, parts):
         goal = total * part // parts
         while it < n:
-            e = items[it, 0]
-            w = (offsets[e + 1] - offsets[e]) * (items[it, 2] - items[it, 1])
+            w = _item_work(items, offsets, it)
             if 2 * done + w > 2 * goal:
                 break
             done += w

@@ -36,7 +36,7 @@ Each kernel is compiled for the path this CPU runs (``vtnumba.cpu.paths``); on `
 import numpy as np
 from numba import njit, prange
 
-from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, blas_threads
+from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION, blas_threads
 from . import paths, tile
 from .codec import decode_e4m3
 from .paths import cpu_kernel, vector_width_hint
@@ -288,34 +288,60 @@ def small_m_kernel(x, b, scale_a, scale_b, bias, out):
                 out[m, n] = _epilogue_value(acc[m, j], sa, _scale_at(scale_b, n), bias, n)
 
 
+@njit(**CPU_INLINE)
+def _scale_per_row(scale_a, m_rows):
+    """scale_a as one value per activation row (a per-tensor scale repeated). np.empty and a loop: an
+    array expression before a kernel's prange is a parallel region of its own (tile.transposed)."""
+    rows = np.empty(m_rows, dtype=np.float32)
+    for m in range(m_rows):
+        rows[m] = _scale_at(scale_a, m)
+    return rows
+
+
+@njit(**CPU_STRICT_FUNCTION)
+def _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid):
+    """acc[j, m] = _epilogue_value(acc[j, m], sa_rows[m], sb[n0 + j], bias, n0 + j) in place for j <
+    valid and m < len(sa_rows): the register tiles' epilogue, along acc's rows (a weight row each) so it
+    vectorizes; the same operations in the same order as _epilogue_value (acc * (sa * sb), then + bias),
+    with no fast-math flags (no FMA contraction)."""
+    m_rows = sa_rows.size
+    for j in range(valid):
+        n = n0 + j
+        sb = _scale_at(scale_b, n)
+        row = acc[j, :m_rows]
+        if bias.size == 0:
+            for m in range(m_rows):
+                row[m] = row[m] * (sa_rows[m] * sb)
+        else:
+            bn = bias[n]
+            for m in range(m_rows):
+                row[m] = row[m] * (sa_rows[m] * sb) + bn
+
+
 @cpu_kernel(CPU_PARALLEL_MIN_MACS, gemm_macs)
 def tiled_kernel(x, b, scale_a, scale_b, bias, out):
     """small_m on the AVX-512 paths (``paths.CpuPath.register_tiles``): ``small_m_kernel``'s contract,
     its sums run by ``tile.py``'s register tiles, each in K order, so the result is bitwise
-    ``reference_kernel``'s. Weight rows decoded 8 or 16 at a time (``tile.weight_rows``), in K chunks
+    ``reference_kernel``'s. Weight rows decoded 16 at a time (``tile.BLOCK_ROWS``), in K chunks
     of tile.TILE_K; no fast-math flags (nothing here is reassociated)."""
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
     xt = tile.transposed(x)
-    nr = tile.weight_rows(m_rows)
+    sa_rows = _scale_per_row(scale_a, m_rows)
+    nr = tile.BLOCK_ROWS
     chunk = min(k_len, tile.TILE_K)
     for block in prange((n_rows + nr - 1) // nr):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block * nr
         valid = min(nr, n_rows - n0)
         w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
-        acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
         for k0 in range(0, k_len, chunk):
             kc = min(chunk, k_len - k0)
             tile_decode(b, n0, valid, k0, kc, w)
             tile.sum_tiles(xt, k0, kc, w, acc)
-        sums = tile.sums_by_row(acc)
-        for m in range(m_rows):
-            sa = _scale_at(scale_a, m)
-            src = sums[m]
-            dst = out[m, n0 : n0 + valid]
-            for j in range(valid):
-                dst[j] = _epilogue_value(src[j], sa, _scale_at(scale_b, n0 + j), bias, n0 + j)
+        _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid)
+        tile.store_sums(acc, out, n0, valid)
 
 
 # -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------
@@ -438,9 +464,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
 
 
 def rows_kernel(m):
-    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
-    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
-    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
+    """The small_m kernel for M = m > 1 on the active path (``paths.takes_register_tiles``)."""
+    return tiled_kernel if paths.takes_register_tiles(m) else small_m_kernel
 
 
 def bias_vector(bias):

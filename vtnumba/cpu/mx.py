@@ -221,7 +221,7 @@ def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
     xt = tile.transposed(x)
-    nr = tile.weight_rows(m_rows)
+    nr = tile.BLOCK_ROWS
     for block_index in prange((n_rows + nr - 1) // nr):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
         n0 = block_index * nr
@@ -231,7 +231,7 @@ def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
             continue
         w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
         p = np.empty((nr, xt.shape[1]), dtype=np.float32)
-        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)  # 16 rows whatever nr (sums_by_row)
+        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
         for c in range(edges.size - 1):
             p[:] = 0.0
             for k0 in range(edges[c], edges[c + 1], tile.TILE_K):  # a chunk wider than a pass (bk > 512)
@@ -460,9 +460,8 @@ def mx_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=Non
 
 
 def rows_kernel(m):
-    """The small_m kernel for M = m > 1 on the active path: the register tiles where the path has them
-    and m >= tile.MIN_ROWS, else the 4 x 4 kernel."""
-    return tiled_kernel if paths.active().register_tiles and m >= tile.MIN_ROWS else small_m_kernel
+    """The small_m kernel for M = m > 1 on the active path (``paths.takes_register_tiles``)."""
+    return tiled_kernel if paths.takes_register_tiles(m) else small_m_kernel
 
 
 def _fast(a, b, sa, sb, bn, bk, bias, kernel, window):

@@ -210,6 +210,12 @@ def active():
     return _active
 
 
+def takes_register_tiles(m):
+    """Whether M = m activation rows run tile.py's register tiles on the active path: on a path that has
+    them (``CpuPath.register_tiles``) from ``tile.MIN_ROWS`` rows; below, the 4 x 4 kernels stay."""
+    return _active.register_tiles and m >= tile.MIN_ROWS
+
+
 @contextlib.contextmanager
 def use(name):
     """Run the CPU kernels on path ``name`` inside the block (the tests run every runnable path). The

@@ -123,9 +123,8 @@ def _sum_tile(vectors, rows):
 def transpose16(typingctx, src, r0, c0, dst, r1, c1):
     """dst[r1 + c, c1 + r] = src[r0 + r, c0 + c] for r, c < 16: a 16 x 16 float32 block transposed in
     registers (sixteen vector loads, four rounds of sixteen two-source shuffles, sixteen vector stores).
-    ``src`` and ``dst`` are 2-D C-contiguous float32 holding the whole block. Round d (8, 4, 2, 1)
-    swaps, inside every 2d x 2d block, the top-right d x d block with the bottom-left one; after the
-    four rounds every element has crossed the diagonal once."""
+    ``src`` and ``dst`` are 2-D C-contiguous float32 holding the whole block (``_transposed_rows``
+    says how the rounds go)."""
     if not _c_float32(src, dst):
         return None  # the addresses below assume C-contiguous float32 rows
     sig = types.none(src, r0, c0, dst, r1, c1)
@@ -137,22 +136,79 @@ def transpose16(typingctx, src, r0, c0, dst, r1, c1):
         dst_width = cgutils.unpack_tuple(builder, dst_arr.shape)[1]
         sp, dp = (builder.bitcast(a.data, _F32.as_pointer()) for a in (src_arr, dst_arr))
 
-        def row(base, width, r, c, i):
-            at = builder.add(builder.mul(builder.add(r, ir.Constant(_I64, i)), width), c)
-            return builder.bitcast(builder.gep(base, [at]), _VEC.as_pointer())
-
-        rows = [builder.load(row(sp, src_width, r0, c0, i), align=4) for i in range(LANES)]
-        for d in (8, 4, 2, 1):
-            upper = [c if not c & d else LANES + c - d for c in range(LANES)]
-            lower = [c + d if not c & d else LANES + c for c in range(LANES)]
-            for i in range(LANES):
-                if i & d:
-                    continue
-                a, b = rows[i], rows[i + d]
-                rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), upper))
-                rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), lower))
+        rows = _transposed_rows(
+            builder, [builder.load(_row_at(builder, sp, src_width, r0, c0, i), align=4) for i in range(LANES)]
+        )
         for i in range(LANES):
-            builder.store(rows[i], row(dp, dst_width, r1, c1, i), align=4)
+            builder.store(rows[i], _row_at(builder, dp, dst_width, r1, c1, i), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _row_at(builder, base, width, r, c, i):
+    """A <16 x float>* to base[(r + i) * width + c]."""
+    at = builder.add(builder.mul(builder.add(r, ir.Constant(_I64, i)), width), c)
+    return builder.bitcast(builder.gep(base, [at]), _VEC.as_pointer())
+
+
+def _transposed_rows(builder, rows):
+    """The 16 vectors of a 16 x 16 block's transpose from its 16 row vectors: round d (8, 4, 2, 1)
+    swaps, inside every 2d x 2d block, the top-right d x d block with the bottom-left one; after the
+    four rounds every element has crossed the diagonal once."""
+    rows = list(rows)
+    for d in (8, 4, 2, 1):
+        upper = [c if not c & d else LANES + c - d for c in range(LANES)]
+        lower = [c + d if not c & d else LANES + c for c in range(LANES)]
+        for i in range(LANES):
+            if i & d:
+                continue
+            a, b = rows[i], rows[i + d]
+            rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), upper))
+            rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), lower))
+    return rows
+
+
+@intrinsic
+def store_transposed16(typingctx, src, m0, m_rows, dst, n0, valid):
+    """dst[m0 + i, n0 + c] = src[c, m0 + i] for i < min(16, m_rows - m0) and c < valid (<= 16): the
+    16 x 16 block of src from column m0 transposed in registers (as ``transpose16``), each of its rows
+    stored with a mask of ``valid`` lanes, so that the columns of dst past them, another tile's (and
+    another thread's), are never written. ``src`` [16 rows, m0 + 16 columns or more] and ``dst`` are
+    2-D C-contiguous float32."""
+    if not _c_float32(src, dst):
+        return None  # the addresses below assume C-contiguous float32 rows
+    sig = types.none(src, m0, m_rows, dst, n0, valid)
+
+    def codegen(context, builder, signature, args):
+        src_arr, dst_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3))
+        m0, m_rows, n0, valid = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4, 5))
+        src_width = cgutils.unpack_tuple(builder, src_arr.shape)[1]
+        dst_width = cgutils.unpack_tuple(builder, dst_arr.shape)[1]
+        sp, dp = (builder.bitcast(a.data, _F32.as_pointer()) for a in (src_arr, dst_arr))
+        zero = ir.Constant(_I64, 0)
+        rows = _transposed_rows(
+            builder, [builder.load(_row_at(builder, sp, src_width, zero, m0, c), align=4) for c in range(LANES)]
+        )
+        lanes = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
+        limit = builder.insert_element(
+            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined), builder.trunc(valid, _I32), ir.Constant(_I32, 0)
+        )
+        limit = builder.shuffle_vector(
+            limit,
+            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined),
+            ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES),
+        )
+        mask = builder.icmp_unsigned("<", lanes, limit)
+        store = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [_VEC, _VEC.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES)]),
+            "llvm.masked.store.v16f32.p0",
+        )
+        for i in range(LANES):
+            inside = builder.icmp_signed("<", builder.add(m0, ir.Constant(_I64, i)), m_rows)
+            with builder.if_then(inside, likely=True):
+                builder.call(store, [rows[i], _row_at(builder, dp, dst_width, m0, n0, i), ir.Constant(_I32, 4), mask])
         return context.get_dummy_value()
 
     return sig, codegen
@@ -163,10 +219,11 @@ def transpose16(typingctx, src, r0, c0, dst, r1, c1):
 _sum_32x8, _sum_16x8, _sum_16x16 = _sum_tile(2, 8), _sum_tile(1, 8), _sum_tile(1, 16)
 
 
-@njit(**CPU_INLINE)
-def weight_rows(m_rows):
-    """Weight rows per tile for M activation rows: 16 while one vector holds them, else 8."""
-    return 16 if m_rows <= LANES else 8
+# Weight rows a tile block sums and stores together: 16 floats, one 64-byte line of each output row.
+# With 8 (the 32 x 8 tile's own count), each block wrote half of every line of out, and the other half
+# came from the next block once the line had left L1: at 512 x 512 x 256 on one Sapphire Rapids core
+# the stores cost 206 us of the call's 1,215 (16 rows: 119 of 1,078).
+BLOCK_ROWS = 16
 
 
 @njit(**CPU_INLINE)
@@ -215,30 +272,37 @@ def transposed(x):
 
 
 @njit(**CPU_INLINE)
-def sums_by_row(acc):
-    """The tile's sums with one activation row per row, [Mp, 16], from acc [16, Mp] (a weight row per
-    row, as the tiles leave them): the epilogue then reads and writes whole rows (on the Sapphire
-    Rapids core, the epilogue reading acc[j, m] a column at a time cost 45 us at 128 x 512)."""
-    padded = acc.shape[1]
-    by_row = np.empty((padded, LANES), dtype=np.float32)
-    for m0 in range(0, padded, LANES):
-        transpose16(acc, 0, m0, by_row, m0, 0)
-    return by_row
+def store_sums(acc, out, n0, valid):
+    """out[m, n0 + j] = acc[j, m] for j < valid and every row m of out, from acc [16, Mp] (a weight row
+    per row, as the tiles leave them, the epilogue already applied along its rows): 16 x 16 blocks
+    transposed in registers and stored ``valid`` lanes a row. On the Sapphire Rapids core, at 512 x 512
+    x 256 on one thread, transposing into a [Mp, 16] buffer and then an epilogue of 8 values a row
+    cost 325 of the call's 1,268 us; the epilogue along acc's rows and these stores, 122 of 1,078
+    (with 16-row blocks, BLOCK_ROWS)."""
+    m_rows = out.shape[0]
+    for m0 in range(0, m_rows, LANES):
+        store_transposed16(acc, m0, m_rows, out, n0, valid)
 
 
 @njit(**CPU_INLINE)
 def sum_tiles(xt, k0, kc, w, acc):
-    """acc[j, m] += sum_k w[j, k] * xt[k0 + k, m] over every tile of the call (k in order)."""
+    """acc[j, m] += sum_k w[j, k] * xt[k0 + k, m] for the block's BLOCK_ROWS weight rows j and every
+    activation row m, over every tile of the call (k in order)."""
     padded = xt.shape[1]
-    if w.shape[0] == 16:
+    if padded == LANES:
         _sum_16x16(xt, 0, k0, kc, w, acc)
         return
+    # the block's two halves of 8 weight rows on each 32-row tile in turn: the tile's activation
+    # columns are read from L1 by the second
+    w_lo, w_hi, acc_lo, acc_hi = w[:8], w[8:BLOCK_ROWS], acc[:8], acc[8:BLOCK_ROWS]
     m0 = 0
     while m0 + 2 * LANES <= padded:
-        _sum_32x8(xt, m0, k0, kc, w, acc)
+        _sum_32x8(xt, m0, k0, kc, w_lo, acc_lo)
+        _sum_32x8(xt, m0, k0, kc, w_hi, acc_hi)
         m0 += 2 * LANES
     if m0 < padded:
-        _sum_16x8(xt, m0, k0, kc, w, acc)
+        _sum_16x8(xt, m0, k0, kc, w_lo, acc_lo)
+        _sum_16x8(xt, m0, k0, kc, w_hi, acc_hi)
 
 
 @njit(**CPU_INLINE)
