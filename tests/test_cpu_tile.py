@@ -133,10 +133,29 @@ def test_transposed_pads_with_zeros(m, k):
     assert xt.shape == want.shape and _bits_equal(xt, want)
 
 
+_transpose16 = njit(lambda src, r0, c0, dst, r1, c1, rows, cols: tile.transpose16(src, r0, c0, dst, r1, c1, rows, cols))
+
+
+@pytest.mark.parametrize(
+    "r0, c0, r1, c1, rows, cols",
+    [(0, 0, 0, 0, 16, 16), (0, 16, 16, 8, 16, 8), (3, 32, 32, 3, 5, 5), (0, 32, 37, 0, 3, 1)],
+)
+def test_transpose16_stores_only_its_rows_and_columns(r0, c0, r1, c1, rows, cols):
+    """dst[r1 + i, c1 + j] = src[r0 + j, c0 + i] for i < rows, j < cols, and nothing else of dst
+    written (the masked stores: the tiles' blocks end beside another thread's columns)."""
+    src = np.random.default_rng(rows * cols).standard_normal((19, 48)).astype(F32)
+    dst = np.full((40, 24), -1.0, F32)
+    _transpose16(src, r0, c0, dst, r1, c1, rows, cols)
+    want = np.full((40, 24), -1.0, F32)
+    want[r1 : r1 + rows, c1 : c1 + cols] = src[r0 : r0 + cols, c0 : c0 + rows].T
+    assert (want != -1.0).sum() == rows * cols  # the comparison covers the written block
+    assert _bits_equal(dst, want)
+
+
 def test_tile_intrinsics_refuse_strided_arrays():
     x = np.zeros((32, 32), F32)
     with pytest.raises(Exception, match="transpose16"):
-        njit(lambda a, b: tile.transpose16(a, 0, 0, b, 0, 0))(x[:, ::2], x)
+        _transpose16(x[:, ::2], 0, 0, x, 0, 0, 16, 16)
 
 
 def test_mx_tiles_sum_each_chunk_in_k_order(twin):

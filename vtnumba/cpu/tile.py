@@ -120,30 +120,53 @@ def _sum_tile(vectors, rows):
 
 
 @intrinsic
-def transpose16(typingctx, src, r0, c0, dst, r1, c1):
-    """dst[r1 + c, c1 + r] = src[r0 + r, c0 + c] for r, c < 16: a 16 x 16 float32 block transposed in
-    registers (sixteen vector loads, four rounds of sixteen two-source shuffles, sixteen vector stores).
-    ``src`` and ``dst`` are 2-D C-contiguous float32 holding the whole block (``_transposed_rows``
-    says how the rounds go)."""
+def transpose16(typingctx, src, r0, c0, dst, r1, c1, rows, cols):
+    """dst[r1 + i, c1 + j] = src[r0 + j, c0 + i] for i < rows and j < cols (both <= 16): a 16 x 16
+    float32 block of src transposed in registers (sixteen vector loads, four rounds of sixteen
+    two-source shuffles, ``_transposed_rows``) and stored a row at a time under a mask of ``cols``
+    lanes, so that dst's columns past them (another tile's, another thread's) are never written.
+    ``src`` (holding the whole block) and ``dst`` are 2-D C-contiguous float32."""
     if not _c_float32(src, dst):
         return None  # the addresses below assume C-contiguous float32 rows
-    sig = types.none(src, r0, c0, dst, r1, c1)
+    sig = types.none(src, r0, c0, dst, r1, c1, rows, cols)
 
     def codegen(context, builder, signature, args):
-        src_arr, dst_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3))
-        r0, c0, r1, c1 = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4, 5))
-        src_width = cgutils.unpack_tuple(builder, src_arr.shape)[1]
-        dst_width = cgutils.unpack_tuple(builder, dst_arr.shape)[1]
-        sp, dp = (builder.bitcast(a.data, _F32.as_pointer()) for a in (src_arr, dst_arr))
-
-        rows = _transposed_rows(
-            builder, [builder.load(_row_at(builder, sp, src_width, r0, c0, i), align=4) for i in range(LANES)]
+        (sp, src_width), (dp, dst_width) = _float32_rows(context, builder, signature, args, (0, 3))
+        r0, c0, r1, c1, rows, cols = (
+            context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4, 5, 6, 7)
+        )
+        vectors = _transposed_rows(
+            builder, [builder.load(_row_at(builder, sp, src_width, r0, c0, j), align=4) for j in range(LANES)]
+        )
+        lanes = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
+        limit = builder.insert_element(
+            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined), builder.trunc(cols, _I32), ir.Constant(_I32, 0)
+        )
+        limit = builder.shuffle_vector(
+            limit,
+            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined),
+            ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES),
+        )
+        mask = builder.icmp_unsigned("<", lanes, limit)
+        store = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [_VEC, _VEC.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES)]),
+            "llvm.masked.store.v16f32.p0",
         )
         for i in range(LANES):
-            builder.store(rows[i], _row_at(builder, dp, dst_width, r1, c1, i), align=4)
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, i), rows), likely=True):
+                builder.call(
+                    store, [vectors[i], _row_at(builder, dp, dst_width, r1, c1, i), ir.Constant(_I32, 4), mask]
+                )
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _float32_rows(context, builder, signature, args, positions):
+    """(float* data, row width) of each 2-D C-contiguous float32 array argument at ``positions``."""
+    arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in positions]
+    return [(builder.bitcast(a.data, _F32.as_pointer()), cgutils.unpack_tuple(builder, a.shape)[1]) for a in arrays]
 
 
 def _row_at(builder, base, width, r, c, i):
@@ -167,51 +190,6 @@ def _transposed_rows(builder, rows):
             rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), upper))
             rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, LANES), lower))
     return rows
-
-
-@intrinsic
-def store_transposed16(typingctx, src, m0, m_rows, dst, n0, valid):
-    """dst[m0 + i, n0 + c] = src[c, m0 + i] for i < min(16, m_rows - m0) and c < valid (<= 16): the
-    16 x 16 block of src from column m0 transposed in registers (as ``transpose16``), each of its rows
-    stored with a mask of ``valid`` lanes, so that the columns of dst past them, another tile's (and
-    another thread's), are never written. ``src`` [16 rows, m0 + 16 columns or more] and ``dst`` are
-    2-D C-contiguous float32."""
-    if not _c_float32(src, dst):
-        return None  # the addresses below assume C-contiguous float32 rows
-    sig = types.none(src, m0, m_rows, dst, n0, valid)
-
-    def codegen(context, builder, signature, args):
-        src_arr, dst_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3))
-        m0, m_rows, n0, valid = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 4, 5))
-        src_width = cgutils.unpack_tuple(builder, src_arr.shape)[1]
-        dst_width = cgutils.unpack_tuple(builder, dst_arr.shape)[1]
-        sp, dp = (builder.bitcast(a.data, _F32.as_pointer()) for a in (src_arr, dst_arr))
-        zero = ir.Constant(_I64, 0)
-        rows = _transposed_rows(
-            builder, [builder.load(_row_at(builder, sp, src_width, zero, m0, c), align=4) for c in range(LANES)]
-        )
-        lanes = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
-        limit = builder.insert_element(
-            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined), builder.trunc(valid, _I32), ir.Constant(_I32, 0)
-        )
-        limit = builder.shuffle_vector(
-            limit,
-            ir.Constant(ir.VectorType(_I32, LANES), ir.Undefined),
-            ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES),
-        )
-        mask = builder.icmp_unsigned("<", lanes, limit)
-        store = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(ir.VoidType(), [_VEC, _VEC.as_pointer(), _I32, ir.VectorType(ir.IntType(1), LANES)]),
-            "llvm.masked.store.v16f32.p0",
-        )
-        for i in range(LANES):
-            inside = builder.icmp_signed("<", builder.add(m0, ir.Constant(_I64, i)), m_rows)
-            with builder.if_then(inside, likely=True):
-                builder.call(store, [rows[i], _row_at(builder, dp, dst_width, m0, n0, i), ir.Constant(_I32, 4), mask])
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 # 32 activation rows by 8 weight rows (two vectors a weight: 10 loads and 16 FMAs a step), its 16-row
@@ -261,7 +239,7 @@ def transposed(x):
     m_full, k_full = m_rows - m_rows % LANES, k_len - k_len % LANES
     for m0 in range(0, m_full, LANES):
         for k0 in range(0, k_full, LANES):
-            transpose16(x, m0, k0, xt, k0, m0)
+            transpose16(x, m0, k0, xt, k0, m0, LANES, LANES)
     for m in range(m_rows):
         for k in range(k_full if m < m_full else 0, k_len):
             xt[k, m] = x[m, k]
@@ -281,7 +259,7 @@ def store_sums(acc, out, n0, valid):
     (with 16-row blocks, BLOCK_ROWS)."""
     m_rows = out.shape[0]
     for m0 in range(0, m_rows, LANES):
-        store_transposed16(acc, m0, m_rows, out, n0, valid)
+        transpose16(acc, 0, m0, out, m0, n0, min(LANES, m_rows - m0), valid)
 
 
 @njit(**CPU_INLINE)
