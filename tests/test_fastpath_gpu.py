@@ -233,3 +233,39 @@ def test_capture_refuses_other_shapes_and_strided_views(cp):
         step(cp.zeros((2, 512), np.float32)[:, ::2])
     with pytest.raises(TypeError, match="stream must be a cupy or torch CUDA stream"):
         vcuda.capture(forward, x, stream="default")
+
+
+def test_a_replay_copies_its_small_arguments_in_one_launch(cp):
+    """vtnumba.cuda.capture's replay: the small word-sized arguments go through the one copy launch
+    (graphs._copy_words), an odd-sized and a large one by memcpy, and every replay computes on the
+    new arguments, a source off a word boundary included (that call falls back to memcpy)."""
+    import vtnumba.cuda as vcuda
+    from vtnumba.cuda import graphs
+
+    def fn(a, odd, big, ids):
+        return a * 2 + ids[:, :1].astype(cp.float32), odd + 1, big[:8] * 3
+
+    def args(seed):
+        rng = np.random.default_rng(seed)
+        return (
+            cp.asarray(rng.standard_normal((3, 64)).astype(np.float32)),
+            cp.asarray(rng.integers(0, 100, 7, dtype=np.uint8)),  # 7 bytes: not whole words
+            cp.asarray(rng.standard_normal(graphs.FUSED_COPY_MAX_BYTES // 4 + 1).astype(np.float32)),
+            cp.asarray(rng.integers(0, 128, (3, 8), dtype=np.int32)),
+        )
+
+    step = vcuda.capture(fn, *args(0))
+    assert step._fused == (0, 3) and step._copy is not None
+    for seed in (1, 2):
+        new = args(seed)
+        got = [cp.asnumpy(y) for y in step(*new)]
+        want = [cp.asnumpy(y) for y in fn(*new)]
+        assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    # a float32 argument whose data starts 2 bytes into a buffer
+    a, odd, big, ids = args(3)
+    raw = cp.empty(a.nbytes + 4, dtype=cp.uint8)
+    shifted = cp.ndarray(a.shape, cp.float32, memptr=raw.data + 2)  # no kernel may touch it: memcpy only
+    cp.cuda.runtime.memcpy(shifted.data.ptr, a.data.ptr, a.nbytes, 3)  # 3: device to device
+    assert shifted.data.ptr % 4 == 2
+    got = cp.asnumpy(step(shifted, odd, big, ids)[0])
+    np.testing.assert_array_equal(got, cp.asnumpy(fn(a, odd, big, ids)[0]))
