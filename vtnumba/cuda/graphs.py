@@ -31,7 +31,6 @@ What may not change between replays, because the graph holds pointers and launch
   keep. Python scalars and other non-array arguments are baked in at capture.
 """
 
-
 from .ptx.target import SIMULATOR, cuda, types
 from .runtime import device
 from .runtime.launch import Buffer, compile_kernel
