@@ -10,7 +10,11 @@
    distinct), eager and replayed from a CUDA graph, against reading the 8 routed experts' FP8
    weights at the copy rate.
 
-    python3 benchmarks/gpu/bench_moe.py [--quick]
+    python3 benchmarks/gpu/bench_moe.py [--quick] [--parts grouped,decode,tokens] [--peer VLLM_LOG]
+
+``--peer`` takes table 3's vLLM figures from a log of the vLLM fused-MoE probe (the anchors' timing
+of vLLM's Triton kernel, run apart) measured on the same card; without it they are the H200's of
+2026-12-02 (``VLLM_TWO_GEMMS``), which on another card compare two cards.
 """
 
 import argparse
@@ -239,6 +243,30 @@ VLLM_TWO_GEMMS = {
     ("per_group 128x128", 64): (152.5, 154.8),
     ("per_group 128x128", 512): (195.7, 196.2),
 }
+# the probe's scheme names (its markdown table's second column) as this bench's
+_PEER_SCHEMES = {"channel": "per_token", "block": "per_group 128x128"}
+
+
+def peer_figures(path):
+    """{(scheme, T): (hot, cold)} from the summary table a run of the vLLM probe printed (rows ``| T |
+    scheme | 2-GEMM us | ... |``, columns found by their headers "2-GEMM us, vLLM's pick" and "2-GEMM
+    us, L2-cold"): the peer measured on the card this bench runs on, in place of VLLM_TWO_GEMMS."""
+    figures, header = {}, None
+    for line in open(path, encoding="utf-8"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            if len(cells) > 2 and cells[:2] == ["T", "scheme"]:
+                header = cells
+            continue
+        if len(cells) != len(header) or not cells[0].isdigit() or cells[1] not in _PEER_SCHEMES:
+            continue
+        hot, cold = (float(cells[header.index(h)]) for h in ("2-GEMM us, vLLM's pick", "2-GEMM us, L2-cold"))
+        figures[(_PEER_SCHEMES[cells[1]], int(cells[0]))] = (hot, cold)
+    if not figures:
+        raise SystemExit(f"--peer {path}: no row of the vLLM probe's summary table found")
+    return figures
+
+
 ROUTED_TIMED_TOKENS = 8  # the routed path is timed up to this T (past it each pair re-streams its expert)
 ROTATIONS = 16  # L2-cold: 16 routings in turn (at T = 1 over disjoint experts), as 16 layers read them
 
@@ -280,6 +308,11 @@ def tokens_table(args, cp, rng, us):
     from vtnumba.seam.experts import MoeCall
 
     print("\n## 3. moe_fp8 by tokens T (Qwen3-30B-A3B), L2-hot and L2-cold (16 routings in turn), device us, queued\n")
+    print(
+        f"vLLM's figures: {args.peer} (measured on this card)\n"
+        if args.peer
+        else "vLLM's figures: the H200's of 2026-12-02 (VLLM_TWO_GEMMS; --peer LOG for this card's)\n"
+    )
     row(
         "scheme",
         "T",
@@ -324,7 +357,7 @@ def tokens_table(args, cp, rng, us):
                         os.environ.pop("VT_DISABLE_KERNELS", None)
                     else:
                         os.environ["VT_DISABLE_KERNELS"] = saved
-                peer = VLLM_TWO_GEMMS.get((name, t))
+                peer = (args.peer_figures or VLLM_TWO_GEMMS).get((name, t))
                 row(
                     name,
                     t,
@@ -409,7 +442,14 @@ def main():
         help="comma-separated tables: grouped (1), decode (2), tokens (3), configs (4: the routed GEMV sweep)",
     )
     parser.add_argument("--configs", default="", help="comma-separated configuration names for table 4 (default: all)")
+    parser.add_argument(
+        "--peer",
+        default="",
+        help="table 3's vLLM figures from this log of the vLLM fused-MoE probe run on the same card "
+        "(default: the H200's of 2026-12-02)",
+    )
     args = parser.parse_args()
+    args.peer_figures = peer_figures(args.peer) if args.peer else None
     import cupy as cp
     import torch
 
