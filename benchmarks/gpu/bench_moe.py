@@ -12,9 +12,11 @@
 
     python3 benchmarks/gpu/bench_moe.py [--quick] [--parts grouped,decode,tokens] [--peer VLLM_LOG]
 
-``--peer`` takes table 3's vLLM figures from a log of the vLLM fused-MoE probe (the anchors' timing
-of vLLM's Triton kernel, run apart) measured on the same card; without it they are the H200's of
-2026-12-02 (``VLLM_TWO_GEMMS``), which on another card compare two cards.
+``--peer`` takes table 3's vLLM figures from the log of a timing of vLLM's Triton fused-MoE kernel run
+apart on the same card (not in this repository: vLLM's kernel source stays out of the tree; the log's
+markdown summary table has columns "T", "scheme" (channel or block), "2-GEMM us, vLLM's pick" and
+"2-GEMM us, L2-cold"); without it they are the H200's of 2026-12-02 (``VLLM_TWO_GEMMS``), which on
+another card compare two cards.
 """
 
 import argparse
@@ -248,9 +250,10 @@ _PEER_SCHEMES = {"channel": "per_token", "block": "per_group 128x128"}
 
 
 def peer_figures(path):
-    """{(scheme, T): (hot, cold)} from the summary table a run of the vLLM probe printed (rows ``| T |
-    scheme | 2-GEMM us | ... |``, columns found by their headers "2-GEMM us, vLLM's pick" and "2-GEMM
-    us, L2-cold"): the peer measured on the card this bench runs on, in place of VLLM_TWO_GEMMS."""
+    """{(scheme, T): (hot, cold)} from the markdown summary table of a vLLM fused-MoE timing's log (the
+    module docstring; rows ``| T | scheme | ... |``, the columns found by their headers "2-GEMM us,
+    vLLM's pick" and "2-GEMM us, L2-cold"): the peer measured on the card this bench runs on, in
+    place of VLLM_TWO_GEMMS."""
     figures, header = {}, None
     for line in open(path, encoding="utf-8"):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -263,7 +266,7 @@ def peer_figures(path):
         hot, cold = (float(cells[header.index(h)]) for h in ("2-GEMM us, vLLM's pick", "2-GEMM us, L2-cold"))
         figures[(_PEER_SCHEMES[cells[1]], int(cells[0]))] = (hot, cold)
     if not figures:
-        raise SystemExit(f"--peer {path}: no row of the vLLM probe's summary table found")
+        raise SystemExit(f"--peer {path}: no row of a vLLM fused-MoE summary table found (T, scheme, ...)")
     return figures
 
 
@@ -445,7 +448,7 @@ def main():
     parser.add_argument(
         "--peer",
         default="",
-        help="table 3's vLLM figures from this log of the vLLM fused-MoE probe run on the same card "
+        help="table 3's vLLM figures from this log of a vLLM fused-MoE timing run on the same card "
         "(default: the H200's of 2026-12-02)",
     )
     args = parser.parse_args()
