@@ -256,11 +256,25 @@ def test_a_replay_copies_its_small_arguments_in_one_launch(cp):
 
     step = vcuda.capture(fn, *args(0))
     assert step._fused == (0, 3) and step._copy is not None
+
+    class CountedCopy:  # the prepared copy launch, its launches counted (it has __slots__: wrap it)
+        def __init__(self, launch):
+            self.launch_of, self.launches = launch, 0
+
+        def set_arg(self, index, value):
+            self.launch_of.set_arg(index, value)
+
+        def launch(self, stream_ptr):
+            self.launches += 1
+            self.launch_of.launch(stream_ptr)
+
+    step._copy = counted = CountedCopy(step._copy)
     for seed in (1, 2):
         new = args(seed)
         got = [cp.asnumpy(y) for y in step(*new)]
         want = [cp.asnumpy(y) for y in fn(*new)]
         assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert counted.launches == 2  # each replay copied its two small arguments in the one launch
     # a float32 argument whose data starts 2 bytes into a buffer
     a, odd, big, ids = args(3)
     raw = cp.empty(a.nbytes + 4, dtype=cp.uint8)
@@ -269,3 +283,4 @@ def test_a_replay_copies_its_small_arguments_in_one_launch(cp):
     assert shifted.data.ptr % 4 == 2
     got = cp.asnumpy(step(shifted, odd, big, ids)[0])
     np.testing.assert_array_equal(got, cp.asnumpy(fn(a, odd, big, ids)[0]))
+    assert counted.launches == 2  # that call copied every argument by memcpy
