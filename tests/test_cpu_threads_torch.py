@@ -198,7 +198,9 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
     monkeypatch.delenv("VT_CPU_PARALLEL_MIN_WORK", raising=False)
     monkeypatch.setattr(paths, "free_cpus", lambda: 1)
     base = _tiny_qwen3_moe()
-    prompt = torch.arange(128).remainder(VOCAB).reshape(1, 128)
+    # 192 rows: the dense layers' block-scaled GEMM takes its blas kernel on every path (from 160 rows
+    # where the register tiles run, block.small_m_rows)
+    prompt = torch.arange(192).remainder(VOCAB).reshape(1, 192)
     ran_parallel = []
     real = paths.CpuKernel._parallel
 
@@ -225,7 +227,7 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
                     assert not ran_parallel, cfg
                 elif forced is None and numba.config.NUMBA_NUM_THREADS > 1 and _config.on_torch_team():
                     assert ran_parallel, cfg  # the team rule took the second thread
-                    if cfg == "per_group":  # the 128-row layers' block-scaled sgemm driver shares its panels
+                    if cfg == "per_group":  # the 192-row layers' block-scaled sgemm driver shares its panels
                         assert "blas_kernel" in ran_parallel, ran_parallel
             for other in logits[1:]:
                 assert torch.equal(other, logits[0]), cfg

@@ -197,12 +197,17 @@ def test_grouped_gemm_bf16_out_is_the_per_expert_loop(kind):
 
 @pytest.mark.parametrize("kind", ["per_row_channel", "block_f32", "block_e8m0_weight", "mx"])
 def test_grouped_gemm_expert_past_the_small_m_kernels(kind):
-    """An expert whose dense call takes the blas kernel (M * K over 3 Mi; M >= 64 with block scales)
-    beside small ones: that expert's rows come from the dense entry point."""
-    big = 11000 if kind == "per_row_channel" else 70
+    """An expert whose dense call takes the blas kernel (M * K over 3 Mi; with block scales M >= 64,
+    or 160 where the register tiles run) beside small ones: that expert's rows come from the dense
+    entry point."""
+    from vtnumba.cpu import block, gemm, mx
+
+    big = 11000 if kind == "per_row_channel" else 170
     counts = [1, big, 0, 3, 0]
     offs = offsets_of(counts)
     n, k = 40, 288
+    chooser = {"per_row_channel": gemm.choose_kernel, "mx": mx.choose_kernel}.get(kind, block.choose_kernel)
+    assert chooser(big, n, k) == "blas"  # the case this test is about, on this CPU's path
     a, sa, b, sb, bs = operands(kind, int(offs[-1]) + 1, n=n, k=k)
     y = cx.grouped_scaled_mm(a, sa, b, sb, offs, np.dtype(F32), bs)
     assert_bitwise(y, per_expert_loop(a, sa, b, sb, offs, F32, bs), kind)

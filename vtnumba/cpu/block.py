@@ -480,11 +480,22 @@ def blas_kernel(a, b, sat, scale_b, bn, bk, bias, out, block_rows, panel_rows, s
                         dst[j] = add_bias(src[j], bias, n0 + j)
 
 
-# The small_m kernel takes M below 64; from there decode + one sgemm per K-block is faster, far
+# The 4 x 4 small_m kernel takes M below 64; from there decode + one sgemm per K-block is faster, far
 # sooner than for the per-tensor GEMM (whose small_m kernel runs to M * K = 3 Mi), because the block
 # costs small_m a lane reduction every bk values of k. Measured (N = K = 4096, bk = 128, one thread,
 # CPU ms): M = 32: small_m 19.8, blas 25.3; 48: 31.7 / 38.7; 64: 45.3 / 38.5; 256: 162 / 110.
 SMALL_M_ROWS = 64
+# The register tiles (the AVX-512 paths' small_m from 16 rows, tile.py) reduce no lanes, and take M
+# below 160. Measured inside a torch forward, two threads, per_group and MXFP8 layers against the blas
+# kernels' panels (benchmarks/RESULTS.md, 2026-12-07 09:00): at K x N = 256-512 x 128-512 the tiles
+# took 0.72-0.89x their time at M = 64, 0.80-0.97x at 128, 0.85-1.07x at 192, 0.92-1.09x at 256 and
+# 0.50-1.56x at 512; at N = K = 4096 (per_group) 0.59x at M = 64, 0.93x at 128, 1.17x at 192.
+TILED_SMALL_M_ROWS = 160
+
+
+def small_m_rows():
+    """The rows below which a block-scaled (or MX) GEMM takes small_m on the active path."""
+    return TILED_SMALL_M_ROWS if paths.active().register_tiles else SMALL_M_ROWS
 
 
 def rows_kernel(m):
@@ -494,7 +505,7 @@ def rows_kernel(m):
 
 def choose_kernel(m, n, k):
     """The block-scaled GEMM's kernel for a shape when none is forced."""
-    return "small_m" if m < SMALL_M_ROWS and m * k <= SMALL_M_ELEMENTS else "blas"
+    return "small_m" if m < small_m_rows() and m * k <= SMALL_M_ELEMENTS else "blas"
 
 
 def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):

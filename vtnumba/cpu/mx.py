@@ -414,13 +414,12 @@ def blas_kernel(a, sa, b, sb, bn, bk, edges, lo, hi, bias, out, block_rows, pane
 _PANEL_ROWS = 256
 _BLOCK_ELEMENTS = 8 * 1024 * 1024
 _MIN_BLOCK_ROWS = 1024
-SMALL_M_ROWS = 64
 
 
 def choose_kernel(m, n, k):
-    """The MX GEMM's kernel for a shape when none is forced (the per-tensor crossover, capped at M = 64
-    as the block-scaled GEMM's)."""
-    return "small_m" if m < SMALL_M_ROWS and m * k <= SMALL_M_ELEMENTS else "blas"
+    """The MX GEMM's kernel for a shape when none is forced (the per-tensor crossover, capped in M as
+    the block-scaled GEMM's, ``block.small_m_rows``)."""
+    return "small_m" if m < block.small_m_rows() and m * k <= SMALL_M_ELEMENTS else "blas"
 
 
 def _window(sa):
