@@ -121,6 +121,20 @@ def test_the_entry_points_take_the_tiles_from_16_rows_on_these_paths(monkeypatch
                 assert gemm.rows_kernel(64) is gemm.small_m_kernel and block.rows_kernel(64) is block.small_m_kernel
 
 
+def test_block_scaled_and_mx_take_the_tiles_to_160_rows_on_these_paths():
+    """The block-scaled and MX GEMMs' choice (``block.small_m_rows``): small_m below 160 rows where the
+    register tiles run (measured inside torch: benchmarks/RESULTS.md, 2026-12-07 09:00), below 64 on
+    the 4 x 4 kernels' paths; M * K over 3 Mi takes blas on both."""
+    for path in paths.runnable():
+        with paths.use(path.name):
+            rows = block.TILED_SMALL_M_ROWS if path.register_tiles else block.SMALL_M_ROWS
+            assert block.small_m_rows() == rows
+            for choose in (block.choose_kernel, mx.choose_kernel):
+                assert [choose(m, 256, 512) for m in (rows - 1, rows)] == ["small_m", "blas"], path.name
+                assert choose(rows - 1, 256, gemm.SMALL_M_ELEMENTS // (rows - 1) + 1) == "blas"
+    assert (block.SMALL_M_ROWS, block.TILED_SMALL_M_ROWS) == (64, 160)
+
+
 _transposed = njit(lambda x: tile.transposed(x))
 
 
