@@ -11,6 +11,7 @@ import pytest
 from numba import njit
 
 from vtnumba.cpu import block, gemm, mx, paths, tile
+from vtnumba.cpu.paths import team_runs
 
 F32 = np.float32
 TILE_PATHS = [p.name for p in paths.runnable() if p.register_tiles]
@@ -59,13 +60,15 @@ def test_dense_tiles_are_the_reference_bitwise(twin):
                 rng.standard_normal(n).astype(F32),
             ),
         ):
-            want, got = np.empty((m, n), F32), np.full((m, n), 7.0, F32)
+            want = np.empty((m, n), F32)
             gemm.reference_kernel(a, b, sa, sb, bias, want)
-            gemm.tiled_kernel.variant(name, parallel)(x, b, sa, sb, bias, got)
-            assert _bits_equal(got, want), (m, n, k)
-            assert np.isnan(got[:, n - 1]).all()  # the NaN code reached its column
-            compared += got.size
-    assert compared > 3000
+            for activation in (x, a):  # its float32 values (the MoE drivers), its codes (scaled_mm)
+                got = np.full((m, n), 7.0, F32)
+                gemm.tiled_kernel.variant(name, parallel)(activation, b, sa, sb, bias, got)
+                assert _bits_equal(got, want), (m, n, k, activation.dtype)
+                assert np.isnan(got[:, n - 1]).all()  # the NaN code reached its column
+                compared += got.size
+    assert compared > 6000
 
 
 @pytest.mark.parametrize("bn, bk", [(128, 128), (1, 32), (16, 48), (8, 640)])
@@ -81,22 +84,25 @@ def test_block_tiles_are_the_reference_bitwise(twin, bn, bk):
         sa = rng.uniform(0.01, 1, (m, nkb)).astype(F32)
         sb = rng.uniform(-0.1, 0.1, (-(-n // bn), nkb)).astype(F32)
         bias = rng.standard_normal(n).astype(F32)
-        want, got = np.empty((m, n), F32), np.full((m, n), 7.0, F32)
+        want = np.empty((m, n), F32)
         block.reference_kernel(a, b, sa, sb, bn, bk, bias, want)
-        block.tiled_kernel.variant(name, parallel)(x, b, np.ascontiguousarray(sa.T), sb, bn, bk, bias, got)
-        assert _bits_equal(got, want), (m, n, k)
-        compared += got.size
-    assert compared > 3000
+        for activation in (x, a):  # its float32 values (the MoE drivers), its codes (block_scaled_mm)
+            got = np.full((m, n), 7.0, F32)
+            block.tiled_kernel.variant(name, parallel)(activation, b, np.ascontiguousarray(sa.T), sb, bn, bk, bias, got)
+            assert _bits_equal(got, want), (m, n, k, activation.dtype)
+            compared += got.size
+    assert compared > 6000
 
 
 class _Recorder:
-    """Counts the calls that reach a kernel, and makes them."""
+    """Counts the calls that reach a kernel and the dtypes of their activations, and makes them."""
 
     def __init__(self, kernel):
-        self.kernel, self.calls = kernel, 0
+        self.kernel, self.calls, self.activations = kernel, 0, set()
 
     def __call__(self, *args):
         self.calls += 1
+        self.activations.add(args[0].dtype)
         return self.kernel(*args)
 
 
@@ -115,6 +121,8 @@ def test_the_entry_points_take_the_tiles_from_16_rows_on_these_paths(monkeypatch
                     a, b, np.ones((m, 1), F32), np.ones((1, 1), F32), (128, 128), F32, None, "small_m"
                 )
     assert dense.calls == blocked.calls == 2 * len(TILE_PATHS)
+    # the codes reach the tiles undecoded: each thread decodes its own (tile.activation_columns)
+    assert dense.activations == blocked.activations == {np.dtype(np.uint8)}
     for other in paths.runnable():
         if not other.register_tiles:
             with paths.use(other.name):
@@ -145,6 +153,47 @@ def test_transposed_pads_with_zeros(m, k):
     want = np.zeros((k, -(-m // 16) * 16), F32)
     want[:, :m] = x.T
     assert xt.shape == want.shape and _bits_equal(xt, want)
+
+
+_columns_by_bits = njit(lambda a: tile.activation_columns(a, False))
+_columns_by_lookup = njit(lambda a: tile.activation_columns(a, True))
+
+
+@pytest.mark.parametrize("m, k", [(1, 1), (16, 16), (17, 33), (32, 64), (5, 300), (48, 16), (31, 15), (20, 130)])
+def test_activation_columns_decode_codes_and_pad_with_zeros(m, k):
+    a = _codes(np.random.default_rng(m + k), (m, k), nan_at=(m - 1, k - 1))
+    x = np.empty((m, k), F32)
+    gemm.decode_rows(a, x)
+    want = np.zeros((k, -(-m // 16) * 16), F32)
+    want[:, :m] = x.T
+    decoders = [_columns_by_bits] + ([_columns_by_lookup] if "avx512_vbmi" in TILE_PATHS else [])
+    for columns in decoders:
+        xt = columns(a)
+        assert xt.shape == want.shape and _bits_equal(xt, want)
+    assert np.isnan(want[k - 1, m - 1])  # the NaN code was among the values compared
+
+
+@paths.cpu_kernel(0, lambda items: items)
+def _team_runs_of(items):
+    return team_runs(items)  # the parallel twin's global is paths._parallel_runs (CpuKernel.variant)
+
+
+@pytest.mark.filterwarnings("ignore::numba.NumbaPerformanceWarning")  # a twin with no prange
+def test_a_parallel_twin_cuts_its_blocks_into_one_run_a_thread():
+    """The tiled kernels' runs (``paths.team_runs``): one run in the serial twin, and in the parallel
+    twin as many as the region's threads (Numba's thread-local count), never more than the items."""
+    import numba
+
+    threads = numba.get_num_threads()
+    name = paths.active().name
+    assert _team_runs_of.variant(name, False)(8) == 1
+    assert _team_runs_of.variant(name, True)(64) == threads
+    assert _team_runs_of.variant(name, True)(1) == 1
+    numba.set_num_threads(1)
+    try:
+        assert _team_runs_of.variant(name, True)(64) == 1
+    finally:
+        numba.set_num_threads(threads)
 
 
 _transpose16 = njit(lambda src, r0, c0, dst, r1, c1, rows, cols: tile.transpose16(src, r0, c0, dst, r1, c1, rows, cols))

@@ -59,8 +59,9 @@ from .gemm import (
     gemm_macs,
     to_out_dtype,
 )
-from .paths import cpu_kernel, run_sgemm_driver, vector_width_hint
+from .paths import cpu_kernel, run_sgemm_driver, team_runs, vector_width_hint
 from .quant import _elements, _encode_divided, _finite_amax
+from .tile import TILE_LOOKUP as tile_lookup
 from .tile import decode_block as tile_decode
 from .vbmi import dot4_e4m3_blocks_bf16 as dot4_e4m3_blocks
 from .vbmi import prefetch
@@ -372,35 +373,38 @@ def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
     nkb = sat.shape[0]
-    xt = tile.transposed(x)
     nr = tile.BLOCK_ROWS
+    blocks = (n_rows + nr - 1) // nr
+    runs = team_runs(blocks)
     # K-blocks narrower than a pass go through it together: one decode of the pass's codes, then each
     # block's sums from its own columns (a decode a block was a decode call per weight row per block:
     # at bk = 32, 1 x 32 blocks, the tiles took 3.3x their bk = 128 time at M = 16, 512 x 256). A block
     # wider than a pass runs in passes of its own.
     group = tile.TILE_K // bk if bk <= tile.TILE_K else 1
     span = group * bk if bk <= tile.TILE_K else tile.TILE_K
-    for block in prange((n_rows + nr - 1) // nr):
+    for run in prange(runs):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        n0 = block * nr
-        valid = min(nr, n_rows - n0)
-        buffer = tile.weight_buffer(nr, valid)
-        w = tile.weight_columns(buffer, nr, 0)
-        sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks, as _block_steps takes them
-        total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
-        for kb0 in range(0, nkb, group):
-            blocks = min(group, nkb - kb0)
-            k_end = min(k_len, (kb0 + blocks) * bk)
-            sums[:blocks] = 0.0
-            for k_lo in range(kb0 * bk, k_end, span):
-                k_hi = min(k_end, k_lo + span)
-                tile_decode(b, n0, valid, k_lo, k_hi - k_lo, w)
-                for i in range(blocks):
-                    lo = max(k_lo, (kb0 + i) * bk)
-                    hi = min(k_hi, (kb0 + i + 1) * bk)
-                    tile.sum_tiles(xt, lo, hi - lo, tile.weight_columns(buffer, nr, lo - k_lo), sums[i])
-            _block_steps(total, sums[:blocks], sat, scale_b, kb0, n0, bn, valid)
-        store_tile_sums(total, bias, out, n0, valid)
+        xt = tile.activation_columns(x, tile_lookup)  # this thread's own (tile.activation_columns)
+        for block in range(run * blocks // runs, (run + 1) * blocks // runs):
+            n0 = block * nr
+            valid = min(nr, n_rows - n0)
+            buffer = tile.weight_buffer(nr, valid)
+            w = tile.weight_columns(buffer, nr, 0)
+            sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks, as _block_steps takes them
+            total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
+            for kb0 in range(0, nkb, group):
+                in_pass = min(group, nkb - kb0)
+                k_end = min(k_len, (kb0 + in_pass) * bk)
+                sums[:in_pass] = 0.0
+                for k_lo in range(kb0 * bk, k_end, span):
+                    k_hi = min(k_end, k_lo + span)
+                    tile_decode(b, n0, valid, k_lo, k_hi - k_lo, w)
+                    for i in range(in_pass):
+                        lo = max(k_lo, (kb0 + i) * bk)
+                        hi = min(k_hi, (kb0 + i + 1) * bk)
+                        tile.sum_tiles(xt, lo, hi - lo, tile.weight_columns(buffer, nr, lo - k_lo), sums[i])
+                _block_steps(total, sums[:in_pass], sat, scale_b, kb0, n0, bn, valid)
+            store_tile_sums(total, bias, out, n0, valid)
 
 
 @njit(**CPU_SERIAL_KERNEL)
@@ -544,8 +548,12 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
                     threads, a, b, sat, sb, bn, bk, bias32, out, block_rows, rows, threads
                 ),
             )
+        elif m > 1 and rows_kernel(m) is tiled_kernel:
+            tiled_kernel(
+                a, b, sat, sb, bn, bk, bias32, out
+            )  # the codes: each thread decodes its own (tile.activation_columns)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
-            (gemv_kernel if m == 1 else rows_kernel(m))(x, b, sat, sb, bn, bk, bias32, out)
+            (gemv_kernel if m == 1 else small_m_kernel)(x, b, sat, sb, bn, bk, bias32, out)
     return to_out_dtype(out, out_dtype)

@@ -39,7 +39,8 @@ from numba import njit, prange
 from .._config import CPU_INLINE, CPU_PARALLEL_MIN_MACS, CPU_SERIAL_KERNEL, CPU_STRICT_FUNCTION, blas_threads
 from . import paths, tile
 from .codec import decode_e4m3
-from .paths import cpu_kernel, vector_width_hint
+from .paths import cpu_kernel, team_runs, vector_width_hint
+from .tile import TILE_LOOKUP as tile_lookup
 from .tile import decode_block as tile_decode
 from .vbmi import dot4_e4m3
 
@@ -322,26 +323,31 @@ def _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid):
 def tiled_kernel(x, b, scale_a, scale_b, bias, out):
     """small_m on the AVX-512 paths (``paths.CpuPath.register_tiles``): ``small_m_kernel``'s contract,
     its sums run by ``tile.py``'s register tiles, each in K order, so the result is bitwise
-    ``reference_kernel``'s. Weight rows decoded 16 at a time (``tile.BLOCK_ROWS``), in K chunks
-    of tile.TILE_K; no fast-math flags (nothing here is reassociated)."""
+    ``reference_kernel``'s. x: the activation's float32 values, or its e4m3 codes (``scaled_mm``
+    hands them over undecoded: ``tile.activation_columns``). Each thread takes one run of the weight
+    blocks of 16 rows (``tile.BLOCK_ROWS``), decoded in K chunks of tile.TILE_K; no fast-math flags
+    (nothing here is reassociated)."""
     m_rows, k_len = x.shape
     n_rows = b.shape[0]
-    xt = tile.transposed(x)
     sa_rows = _scale_per_row(scale_a, m_rows)
     nr = tile.BLOCK_ROWS
+    blocks = (n_rows + nr - 1) // nr
+    runs = team_runs(blocks)
     chunk = min(k_len, tile.TILE_K)
-    for block in prange((n_rows + nr - 1) // nr):
+    for run in prange(runs):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        n0 = block * nr
-        valid = min(nr, n_rows - n0)
-        w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
-        acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
-        for k0 in range(0, k_len, chunk):
-            kc = min(chunk, k_len - k0)
-            tile_decode(b, n0, valid, k0, kc, w)
-            tile.sum_tiles(xt, k0, kc, w, acc)
-        _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid)
-        tile.store_sums(acc, out, n0, valid)
+        xt = tile.activation_columns(x, tile_lookup)  # this thread's own (tile.activation_columns)
+        for block in range(run * blocks // runs, (run + 1) * blocks // runs):
+            n0 = block * nr
+            valid = min(nr, n_rows - n0)
+            w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
+            acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
+            for k0 in range(0, k_len, chunk):
+                kc = min(chunk, k_len - k0)
+                tile_decode(b, n0, valid, k0, kc, w)
+                tile.sum_tiles(xt, k0, kc, w, acc)
+            _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid)
+            tile.store_sums(acc, out, n0, valid)
 
 
 # -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------
@@ -455,11 +461,13 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             block_rows, panel_rows = blas_tiles(m, n, k)
             with blas_threads(block_rows * panel_rows * k):  # one sgemm per block and panel
                 blas_kernel(a, b, sa, sb, bias32, out, block_rows, panel_rows)
+        elif m > 1 and rows_kernel(m) is tiled_kernel:
+            tiled_kernel(a, b, sa, sb, bias32, out)  # the codes: each thread decodes its own (tile.activation_columns)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
             m1_kernel = gemv_lookup_kernel if paths.active().byte_lookup_decode else gemv_kernel
-            (m1_kernel if m == 1 else rows_kernel(m))(x, b, sa, sb, bias32, out)
+            (m1_kernel if m == 1 else small_m_kernel)(x, b, sa, sb, bias32, out)
     return to_out_dtype(out, out_dtype)
 
 

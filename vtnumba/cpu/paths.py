@@ -37,7 +37,8 @@ Each path's kernels see the names in its ``kernel_globals`` in place of the sour
 Numba outlines for the threads is where the vectorizer runs), and ``dot4_e4m3`` / ``dot4_e4m3_mx``,
 the byte-lookup inner loops (per-tensor, and MXFP8 with a scale per 32 codes) of a path that has them,
 and ``block_lookup`` / ``dot4_e4m3_blocks``, whether the block-scaled M = 1 kernel has one and which,
-and ``tile_decode``, how the register tiles decode their weight rows (byte lookups on the VBMI paths).
+and ``tile_decode`` / ``tile_lookup``, how the register tiles decode their weight rows and activation
+codes (byte lookups on the VBMI paths).
 A path's ``register_tiles`` says whether its small-M GEMMs at M >= 16 run ``tile.py``'s register tiles
 (the AVX-512 paths) or the 4 x 4 kernels.
 """
@@ -49,11 +50,14 @@ import threading
 import types
 from dataclasses import dataclass, field
 
+from llvmlite import ir
 from numba import njit
+from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic
 
 from .._config import (
+    CPU_INLINE,
     CPU_KERNEL,
     CPU_SERIAL_KERNEL,
     blas_threads,
@@ -120,6 +124,7 @@ PATHS = (
             "block_lookup": True,
             "dot4_e4m3_blocks": vbmi.dot4_e4m3_blocks_bf16,
             "tile_decode": tile.decode_block_lookup,
+            "tile_lookup": True,
         },
         byte_lookup_decode=True,
         register_tiles=True,
@@ -133,6 +138,7 @@ PATHS = (
             "dot4_e4m3": vbmi.dot4_e4m3,
             "dot4_e4m3_mx": vbmi.dot4_e4m3_mx,
             "tile_decode": tile.decode_block_lookup,
+            "tile_lookup": True,
         },
         byte_lookup_decode=True,
         register_tiles=True,
@@ -163,6 +169,34 @@ _BY_NAME = {p.name: p for p in PATHS}
 # What the kernels' source calls; a path's kernel_globals replace it (the plain name keeps the source
 # valid Python and valid Numba code on its own: the portable behaviour).
 vector_width_hint = _width_hint(None)
+
+
+@njit(**CPU_INLINE)
+def team_runs(items):
+    """How many runs a kernel cuts its ``items`` into, one a thread: 1 here, in the serial twins (and
+    plain Python); the parallel twins see ``_parallel_runs`` under this name (``CpuKernel.variant``)."""
+    return 1 if items > 0 else 0
+
+
+@intrinsic
+def _region_threads(typingctx):
+    """Numba's thread-local thread count (what ``numba.get_num_threads()`` returns), read by calling
+    the threading layer's ``get_num_threads`` symbol, as Numba's own ``_iget_num_threads``
+    (numba/np/ufunc/parallel.py) does: ``numba.get_num_threads`` inside compiled code calls it
+    through a ctypes pointer, a dynamic global that keeps the kernel out of Numba's disk cache."""
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []), "get_num_threads")
+        return builder.call(fn, [])
+
+    return nbtypes.intp(), codegen
+
+
+@njit(**CPU_INLINE)
+def _parallel_runs(items):
+    """``team_runs`` of a parallel twin: the thread count this call's region runs on (Numba's
+    thread-local count, which ``CpuKernel._parallel`` sets), at most ``items``."""
+    return min(_region_threads(), items)
 
 
 def host_features():
@@ -306,6 +340,8 @@ class CpuKernel:
                 fn, path = self.py_func, _BY_NAME[path_name]
                 namespace = dict(fn.__globals__)
                 namespace.update(path.kernel_globals)
+                if parallel:
+                    namespace["team_runs"] = _parallel_runs
                 suffix = f"_{path_name}_{'parallel' if parallel else 'serial'}"
                 twin = types.FunctionType(fn.__code__, namespace, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
                 twin.__qualname__ = fn.__qualname__ + suffix

@@ -48,10 +48,13 @@ def _finite_amax(x):
     # the same way; an inf there makes the scale inf and the whole tensor 0).
     # The max runs on the magnitude's bits: for non-negative floats the bit order is the value
     # order, and an integer max reduction vectorizes where a float max (NaN-ordered) does not
-    # (measured: 3.5x faster on 16M values).
+    # (measured: 3.5x faster on 16M values). Each step is wrapped in np.uint32, as the encoder's are
+    # (_format.encode_e4m3_scalar): Numba widens uint32 arithmetic to 64 bits, and the max then ran
+    # in 64-bit lanes (vpmaxuq): 6.6 us for a 128 x 256 per-token quantizer's amaxes on a Sapphire
+    # Rapids core, 2.0 us in 32-bit lanes (vpmaxud).
     amax_bits = np.uint32(0)
     for i in range(x.size):
-        b = float32_bits(load_float32(x[i])) & _U32_ABS_MASK
+        b = np.uint32(float32_bits(load_float32(x[i])) & _U32_ABS_MASK)
         b = b if b < _U32_INF_BITS else np.uint32(0)
         amax_bits = max(amax_bits, b)
     return bits_float32(amax_bits)

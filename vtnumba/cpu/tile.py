@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .._config import CPU_INLINE
 from . import vbmi
@@ -45,6 +45,9 @@ TILE_K = 512
 # 4 / 8 (K x N = 256 x 512) and 0.52x / 0.61x / 0.82x (2048 x 768, an MoE expert's gate_up); at M = 16
 # 1.3-1.5x.
 MIN_ROWS = 16
+# How the tiles' callers decode activation codes (``activation_columns``): the bit arithmetic here; the
+# VBMI paths' kernel_globals bind ``tile_lookup`` to True (byte lookups), as they bind ``tile_decode``.
+TILE_LOOKUP = False
 _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 _VEC = ir.VectorType(_F32, LANES)
 
@@ -307,3 +310,59 @@ def decode_block_lookup(b, n0, valid, k0, kc, w):
         vbmi.decode_codes(src, dst, steps)
         for k in range(steps * vbmi.BLOCK, kc):
             dst[k] = decode_e4m3(src[k])
+
+
+def _decoded_transposer(decode):
+    """``transposed`` of dec(codes), with ``decode`` (``decode_block`` or ``decode_block_lookup``)
+    bound at compile time: each 16 rows of codes decoded into a [16, K] band, then transposed from it
+    by ``transpose16``; the band's rows past M are zeros, so xt's padding columns are zeros."""
+
+    @njit(**CPU_INLINE)
+    def decoded_transposed(codes):
+        m_rows, k_len = codes.shape
+        padded = -(-m_rows // LANES) * LANES
+        xt = np.empty((k_len, padded), dtype=np.float32)
+        band = np.empty((LANES, k_len), dtype=np.float32)
+        k_full = k_len - k_len % LANES
+        for m0 in range(0, padded, LANES):
+            rows = min(LANES, m_rows - m0)
+            decode(codes, m0, rows, 0, k_len, band)
+            for j in range(rows, LANES):
+                for k in range(k_len):
+                    band[j, k] = 0.0
+            for k0 in range(0, k_full, LANES):
+                transpose16(band, 0, k0, xt, k0, m0, LANES, LANES)
+            for k in range(k_full, k_len):
+                for j in range(LANES):
+                    xt[k, m0 + j] = band[j, k]
+        return xt
+
+    return decoded_transposed
+
+
+_DECODED_TRANSPOSED = {False: _decoded_transposer(decode_block), True: _decoded_transposer(decode_block_lookup)}
+
+
+def activation_columns(x, lookup):
+    """xt [K, Mp] of the activation x [M, K] for the register tiles, M padded with zero columns to a
+    multiple of 16: float32 rows transposed (``transposed``), or e4m3 codes decoded as they are
+    transposed, by byte lookups where ``lookup`` (a compile-time constant: a path's ``tile_lookup``)
+    says so, else by the bit arithmetic. The dense and block-scaled tiles take the codes: each of a
+    call's threads builds its own xt from them, as the call's first step, rather than one serial
+    decode and transpose whose [K, Mp] float32 the other threads then read out of the first one's
+    cache. On the 2-core Sapphire Rapids VM inside a torch forward (M = 128, K = 256), that transfer
+    held a second thread back about 30 us, so a call of N = 128 ran no faster on two threads than on
+    one (benchmarks/RESULTS.md, 2026-12-07). Compiled code only (an overload by x's dtype)."""
+    raise NotImplementedError("activation_columns is compiled by Numba only")
+
+
+@overload(activation_columns, prefer_literal=True)
+def _activation_columns(x, lookup):
+    if not isinstance(x, types.Array) or x.ndim != 2:
+        return None
+    if x.dtype == types.float32:
+        return lambda x, lookup: transposed(x)
+    if x.dtype == types.uint8 and isinstance(lookup, types.BooleanLiteral):
+        decoded_transposed = _DECODED_TRANSPOSED[lookup.literal_value]
+        return lambda x, lookup: decoded_transposed(x)
+    return None
