@@ -199,7 +199,11 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
     monkeypatch.setattr(paths, "free_cpus", lambda: 1)
     base = _tiny_qwen3_moe()
     # 192 rows: the dense layers' block-scaled GEMM takes its blas kernel on every path (from 160 rows
-    # where the register tiles run, block.small_m_rows)
+    # where the register tiles run, block.small_m_rows, once the tiles' small-shape bound is lifted:
+    # this model's layers are all within it, block.takes_small_m)
+    from vtnumba.cpu import block
+
+    monkeypatch.setattr(block, "TILED_MAX_COLUMNS", 0)
     prompt = torch.arange(192).remainder(VOCAB).reshape(1, 192)
     ran_parallel = []
     real = paths.CpuKernel._parallel
@@ -229,6 +233,8 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
                     assert ran_parallel, cfg  # the team rule took the second thread
                     if cfg == "per_group":  # the 192-row layers' block-scaled sgemm driver shares its panels
                         assert "blas_kernel" in ran_parallel, ran_parallel
+                    if cfg == "per_token" and paths.active().register_tiles:  # the dense tiles, a run a thread
+                        assert "tiled_kernel" in ran_parallel, ran_parallel
             for other in logits[1:]:
                 assert torch.equal(other, logits[0]), cfg
     finally:

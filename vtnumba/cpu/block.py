@@ -495,11 +495,31 @@ SMALL_M_ROWS = 64
 # took 0.72-0.89x their time at M = 64, 0.80-0.97x at 128, 0.85-1.07x at 192, 0.92-1.09x at 256 and
 # 0.50-1.56x at 512; at N = K = 4096 (per_group) 0.59x at M = 64, 0.93x at 128, 1.17x at 192.
 TILED_SMALL_M_ROWS = 160
+# Past those rows the tiles still take a call whose activation and weight are both small: once each
+# thread built its own activation columns (tile.activation_columns), they beat the blas kernels inside
+# a torch forward (two threads, benchmarks/RESULTS.md, 2026-12-07 11:25) at every M measured while
+# the columns fit in L2 and the weight is at most 1024 x 1024: tiles / blas 0.79-0.93x (per_group)
+# and 0.66-0.95x (MXFP8) at N x K = 256 x 256 to 1024 x 1024, M = 192-2048 with M x K <= 512 Ki;
+# past either bound they lost: 1.34x at 1024 x 1024, M = 2048 (M x K = 2 Mi), 1.38x at 2048 x 2048,
+# M = 512, 1.17x at 4096 x 4096, M = 192 (per_group).
+TILED_MAX_COLUMNS = 1 << 19  # M x K
+TILED_MAX_WEIGHT = 1 << 20  # N x K
 
 
 def small_m_rows():
     """The rows below which a block-scaled (or MX) GEMM takes small_m on the active path."""
     return TILED_SMALL_M_ROWS if paths.active().register_tiles else SMALL_M_ROWS
+
+
+def takes_small_m(m, n, k):
+    """Whether a block-scaled (or MX) GEMM of this shape takes small_m on the active path: below
+    ``small_m_rows()`` rows (M x K at most SMALL_M_ELEMENTS), or on the register tiles at any M while
+    M x K and N x K stay within TILED_MAX_COLUMNS and TILED_MAX_WEIGHT."""
+    if m * k > SMALL_M_ELEMENTS:
+        return False
+    if m < small_m_rows():
+        return True
+    return paths.active().register_tiles and m * k <= TILED_MAX_COLUMNS and n * k <= TILED_MAX_WEIGHT
 
 
 def rows_kernel(m):
@@ -508,8 +528,8 @@ def rows_kernel(m):
 
 
 def choose_kernel(m, n, k):
-    """The block-scaled GEMM's kernel for a shape when none is forced."""
-    return "small_m" if m < small_m_rows() and m * k <= SMALL_M_ELEMENTS else "blas"
+    """The block-scaled GEMM's kernel for a shape when none is forced (``takes_small_m``)."""
+    return "small_m" if takes_small_m(m, n, k) else "blas"
 
 
 def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=None):

@@ -53,7 +53,6 @@ from .gemm import (
     _REASSOC,
     _SMALL_M_ROWS,
     KERNELS,
-    SMALL_M_ELEMENTS,
     accumulate_rows,
     add_bias,
     bias_vector,
@@ -420,9 +419,9 @@ _MIN_BLOCK_ROWS = 1024
 
 
 def choose_kernel(m, n, k):
-    """The MX GEMM's kernel for a shape when none is forced (the per-tensor crossover, capped in M as
-    the block-scaled GEMM's, ``block.small_m_rows``)."""
-    return "small_m" if m < block.small_m_rows() and m * k <= SMALL_M_ELEMENTS else "blas"
+    """The MX GEMM's kernel for a shape when none is forced: the block-scaled GEMM's rule
+    (``block.takes_small_m``)."""
+    return "small_m" if block.takes_small_m(m, n, k) else "blas"
 
 
 def _window(sa):
