@@ -569,9 +569,8 @@ def block_scaled_mm(a, b, scale_a, scale_b, block_size, out_dtype, bias, kernel=
                 ),
             )
         elif m > 1 and rows_kernel(m) is tiled_kernel:
-            tiled_kernel(
-                a, b, sat, sb, bn, bk, bias32, out
-            )  # the codes: each thread decodes its own (tile.activation_columns)
+            # the codes: each thread decodes its own (tile.activation_columns)
+            tiled_kernel(a, b, sat, sb, bn, bk, bias32, out)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)

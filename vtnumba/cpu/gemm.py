@@ -462,7 +462,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, kernel):
             with blas_threads(block_rows * panel_rows * k):  # one sgemm per block and panel
                 blas_kernel(a, b, sa, sb, bias32, out, block_rows, panel_rows)
         elif m > 1 and rows_kernel(m) is tiled_kernel:
-            tiled_kernel(a, b, sa, sb, bias32, out)  # the codes: each thread decodes its own (tile.activation_columns)
+            # the codes: each thread decodes its own (tile.activation_columns)
+            tiled_kernel(a, b, sa, sb, bias32, out)
         else:
             x = np.empty((m, k), dtype=np.float32)
             decode_rows(a, x)
