@@ -133,7 +133,8 @@ def test_block_scaled_and_mx_take_the_tiles_to_160_rows_on_these_paths():
     """The block-scaled and MX GEMMs' choice (``block.takes_small_m``): small_m below 160 rows where the
     register tiles run (measured inside torch: benchmarks/RESULTS.md, 2026-12-07 09:00), below 64 on
     the 4 x 4 kernels' paths; M * K over 3 Mi takes blas on both. Past 160 rows the tiles keep a call
-    with M x K <= 512 Ki and N x K <= 1 Mi (2026-12-07 11:25); the 4 x 4 kernels' paths never do."""
+    with M x K <= 128 Ki and N x K <= 1 Mi (measured in the tiny Llama, 2026-12-07); the 4 x 4 kernels'
+    paths never do."""
     for path in paths.runnable():
         with paths.use(path.name):
             rows = block.TILED_SMALL_M_ROWS if path.register_tiles else block.SMALL_M_ROWS
@@ -141,12 +142,12 @@ def test_block_scaled_and_mx_take_the_tiles_to_160_rows_on_these_paths():
             for choose in (block.choose_kernel, mx.choose_kernel):
                 assert [choose(m, 4096, 4096) for m in (rows - 1, rows)] == ["small_m", "blas"], path.name
                 assert choose(rows - 1, 256, gemm.SMALL_M_ELEMENTS // (rows - 1) + 1) == "blas"
-                small_shapes = [choose(m, n, k) for m, n, k in ((2048, 512, 256), (512, 1024, 1024))]
+                small_shapes = [choose(m, n, k) for m, n, k in ((512, 512, 256), (256, 2048, 512))]
                 assert small_shapes == ["small_m" if path.register_tiles else "blas"] * 2, path.name
-                past = [choose(m, n, k) for m, n, k in ((2049, 512, 256), (512, 1025, 1024), (192, 4096, 4096))]
+                past = [choose(m, n, k) for m, n, k in ((513, 512, 256), (160, 2049, 512), (192, 4096, 4096))]
                 assert past == ["blas"] * 3, path.name
     assert (block.SMALL_M_ROWS, block.TILED_SMALL_M_ROWS) == (64, 160)
-    assert (block.TILED_MAX_COLUMNS, block.TILED_MAX_WEIGHT) == (1 << 19, 1 << 20)
+    assert (block.TILED_MAX_COLUMNS, block.TILED_MAX_WEIGHT) == (1 << 17, 1 << 20)
 
 
 _transposed = njit(lambda x: tile.transposed(x))

@@ -495,14 +495,17 @@ SMALL_M_ROWS = 64
 # took 0.72-0.89x their time at M = 64, 0.80-0.97x at 128, 0.85-1.07x at 192, 0.92-1.09x at 256 and
 # 0.50-1.56x at 512; at N = K = 4096 (per_group) 0.59x at M = 64, 0.93x at 128, 1.17x at 192.
 TILED_SMALL_M_ROWS = 160
-# Past those rows the tiles still take a call whose activation and weight are both small: once each
-# thread built its own activation columns (tile.activation_columns), they beat the blas kernels inside
-# a torch forward (two threads, benchmarks/RESULTS.md, 2026-12-07 11:25) at every M measured while
-# the columns fit in L2 and the weight is at most 1024 x 1024: tiles / blas 0.79-0.93x (per_group)
-# and 0.66-0.95x (MXFP8) at N x K = 256 x 256 to 1024 x 1024, M = 192-2048 with M x K <= 512 Ki;
-# past either bound they lost: 1.34x at 1024 x 1024, M = 2048 (M x K = 2 Mi), 1.38x at 2048 x 2048,
-# M = 512, 1.17x at 4096 x 4096, M = 192 (per_group).
-TILED_MAX_COLUMNS = 1 << 19  # M x K
+# Past those rows the tiles still take a call whose activation and weight are both small. Inside the
+# converted tiny Llama at two threads (benchmarks/cpu/bench_cpu_threads.py --torch-sweep, interleaved
+# with the rule before; benchmarks/RESULTS.md, 2026-12-07 11:28 and 12:38), with the bound at M x K
+# <= 512 Ki its per_group forward went 7.55-7.87 -> 6.31-6.56 ms at 192 tokens and 16.16-16.31 ->
+# 14.80-15.01 at 512, but 36.19-36.88 -> 40.27-42.69 at 1,024 and 82.52-87.50 -> 98.63-101.49 at
+# 2,048 (M x K = 256-512 Ki at K = 256). So the bound is 128 Ki: the tiles keep the layers of K = 256
+# to 512 tokens, and every layer of 1,024 tokens and more goes back to the blas kernels. (Layers
+# timed one by one had put the tiles ahead at M x K = 512 Ki too, 0.79-0.93x the blas kernels' time;
+# the whole forward is what counts.) A weight past 1024 x 1024 keeps the rule before:
+# at 2048 x 2048 the tiles took 0.99x at M = 192 and 1.38x at M = 512, at 4096 x 4096 1.17x at 192.
+TILED_MAX_COLUMNS = 1 << 17  # M x K
 TILED_MAX_WEIGHT = 1 << 20  # N x K
 
 
