@@ -199,11 +199,11 @@ def test_a_converted_model_gives_the_same_bytes_at_one_and_two_torch_threads(mon
     monkeypatch.setattr(paths, "free_cpus", lambda: 1)
     base = _tiny_qwen3_moe()
     # 192 rows: the dense layers' block-scaled GEMM takes its blas kernel on every path (from 160 rows
-    # where the register tiles run, block.small_m_rows, once the tiles' small-shape bound is lifted:
-    # this model's layers are all within it, block.takes_small_m)
+    # where the register tiles run, block.small_m_rows, once the tiles' small-weight bound is lifted:
+    # this model's weights are all within it, block.takes_small_m)
     from vtnumba.cpu import block
 
-    monkeypatch.setattr(block, "TILED_MAX_COLUMNS", 0)
+    monkeypatch.setattr(block, "TILED_MAX_WEIGHT", 0)
     prompt = torch.arange(192).remainder(VOCAB).reshape(1, 192)
     ran_parallel = []
     real = paths.CpuKernel._parallel

@@ -2,8 +2,9 @@
 
 Each tile sums in K order with one rounding a term, so the tiled kernels are pinned bitwise to the
 reference kernels (not only to G3), at the shapes where the tiles have edges: M around 16 and 32
-(the padded activation rows, the 16 x 16 and 32 x 8 tiles and the 16 x 8 edge), N past a tile's
-weight rows, K past the 512-wide pass and the 64-code lookup step, NaN codes, every scale layout.
+(the padded activation rows, the 16 x 16 and 32 x 8 tiles and the 16 x 8 edge) and past two of a
+thread's activation panels, N past a tile's weight rows, K past the 512-wide pass and the 64-code
+lookup step, NaN codes, every scale layout.
 """
 
 import numpy as np
@@ -42,6 +43,10 @@ def _bits_equal(got, want):
 
 
 SHAPES = [(2, 3, 5), (15, 17, 64), (16, 16, 65), (17, 9, 511), (32, 8, 513), (33, 40, 130), (48, 23, 1100), (50, 7, 16)]
+# M past two of the tiles' activation panels at K = 4096 (tile.panel_rows), the last one partial and
+# not a multiple of 16
+PANELS_M = 2 * tile.panel_rows(4096) + 22
+SHAPES.append((PANELS_M, 9, 4096))
 
 
 def test_dense_tiles_are_the_reference_bitwise(twin):
@@ -132,22 +137,23 @@ def test_the_entry_points_take_the_tiles_from_16_rows_on_these_paths(monkeypatch
 def test_block_scaled_and_mx_take_the_tiles_to_160_rows_on_these_paths():
     """The block-scaled and MX GEMMs' choice (``block.takes_small_m``): small_m below 160 rows where the
     register tiles run (measured inside torch: benchmarks/RESULTS.md, 2026-12-07 09:00), below 64 on
-    the 4 x 4 kernels' paths; M * K over 3 Mi takes blas on both. Past 160 rows the tiles keep a call
-    with M x K <= 128 Ki and N x K <= 1 Mi (measured in the tiny Llama, 2026-12-07); the 4 x 4 kernels'
-    paths never do."""
+    the 4 x 4 kernels' paths, and M * K over 3 Mi takes blas on both; where the tiles run, a weight of
+    N x K <= 1 Mi keeps them at any M (measured in the tiny Llama, 2026-12-07 16:00); the 4 x 4
+    kernels' paths never do."""
     for path in paths.runnable():
         with paths.use(path.name):
             rows = block.TILED_SMALL_M_ROWS if path.register_tiles else block.SMALL_M_ROWS
             assert block.small_m_rows() == rows
             for choose in (block.choose_kernel, mx.choose_kernel):
                 assert [choose(m, 4096, 4096) for m in (rows - 1, rows)] == ["small_m", "blas"], path.name
-                assert choose(rows - 1, 256, gemm.SMALL_M_ELEMENTS // (rows - 1) + 1) == "blas"
-                small_shapes = [choose(m, n, k) for m, n, k in ((512, 512, 256), (256, 2048, 512))]
-                assert small_shapes == ["small_m" if path.register_tiles else "blas"] * 2, path.name
-                past = [choose(m, n, k) for m, n, k in ((513, 512, 256), (160, 2049, 512), (192, 4096, 4096))]
+                assert choose(rows - 1, 4096, gemm.SMALL_M_ELEMENTS // (rows - 1) + 1) == "blas"
+                small_weights = [
+                    choose(m, n, k) for m, n, k in ((2048, 512, 256), (8192, 2048, 512), (rows, 1024, 1024))
+                ]
+                assert small_weights == ["small_m" if path.register_tiles else "blas"] * 3, path.name
+                past = [choose(m, n, k) for m, n, k in ((rows, 2049, 512), (rows, 1025, 1024), (192, 4096, 4096))]
                 assert past == ["blas"] * 3, path.name
-    assert (block.SMALL_M_ROWS, block.TILED_SMALL_M_ROWS) == (64, 160)
-    assert (block.TILED_MAX_COLUMNS, block.TILED_MAX_WEIGHT) == (1 << 17, 1 << 20)
+    assert (block.SMALL_M_ROWS, block.TILED_SMALL_M_ROWS, block.TILED_MAX_WEIGHT) == (64, 160, 1 << 20)
 
 
 _transposed = njit(lambda x: tile.transposed(x))
@@ -235,7 +241,8 @@ def test_mx_tiles_sum_each_chunk_in_k_order(twin):
     rng = np.random.default_rng(11)
     compared = 0
     # bk = 1000: a chunk wider than the tiles' 512-wide pass, its scale blocks not aligned to a pass
-    for m, n, k, bk in [(3, 5, 32, 32), (16, 17, 96, 32), (33, 9, 300, 32), (20, 24, 544, 32), (17, 6, 1100, 1000)]:
+    shapes = [(3, 5, 32, 32), (16, 17, 96, 32), (33, 9, 300, 32), (20, 24, 544, 32), (17, 6, 1100, 1000)]
+    for m, n, k, bk in shapes + [(PANELS_M, 6, 4096, 32)]:
         a, b = _codes(rng, (m, k)), _codes(rng, (n, k))
         nkb = -(-k // bk)
         sa = rng.integers(120, 134, (m, nkb)).astype(np.uint8)

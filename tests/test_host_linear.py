@@ -11,7 +11,7 @@ import pytest
 
 from vtnumba import seam
 from vtnumba._interop import to_native, to_torch
-from vtnumba.cpu import gemm
+from vtnumba.cpu import block, gemm
 from vtnumba.seam import matmul as seam_matmul
 from vtnumba.seam.host_linear import HostLinear
 
@@ -76,9 +76,11 @@ def _full_path(layer, x, out_dtype=None):
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
-def test_the_prepared_call_is_the_full_path_bitwise(name, no_full_path):
+def test_the_prepared_call_is_the_full_path_bitwise(name, no_full_path, monkeypatch):
     layer = _layer(name)
     blas_rows = gemm.SMALL_M_ELEMENTS // K + 3  # past the small_m kernels' bound: the blas kernels
+    # the register tiles keep a block-scaled GEMM of this small weight at any M (block.takes_small_m)
+    monkeypatch.setattr(block, "TILED_MAX_WEIGHT", 0)
     cases = [
         (_x(1, K), None),  # decode: the M = 1 kernels
         (_x(2, 3, K), None),  # [..., K]: flattened, then back
@@ -177,6 +179,7 @@ def test_e8m0_weights_take_the_prepared_call_bitwise(name, monkeypatch):
     calls = []
     real = HostLinear.__call__
     monkeypatch.setattr(HostLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(block, "TILED_MAX_WEIGHT", 0)  # the last row count takes the blas kernels here too
     rows = (1, 5, 40, gemm.SMALL_M_ELEMENTS // K + 3)
     for m in rows:
         x = (rng.standard_normal((m, K)) * np.exp(rng.uniform(-6, 6, (m, 1)))).astype(np.float32)

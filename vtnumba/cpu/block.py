@@ -151,10 +151,11 @@ def _block_step(total, p, sa, sb):
 
 
 @njit(**CPU_STRICT_FUNCTION)
-def _block_steps(total, p, sat, scale_b, kb0, n0, bn, valid):
-    """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m]) * sb_j for kb = kb0 + i, j < valid and the
-    M activation rows, in kb order; sb_j = scale_b[(n0 + j) // bn, kb], the weight row-block of the
-    tile's row j (totals and sums may be padded past M: the small-M kernels' one block step).
+def _block_steps(total, p, sat, scale_b, kb0, n0, bn, valid, m0, m1):
+    """total[j, m] = total[j, m] + (p[i, j, m] * sat[kb, m0 + m]) * sb_j for kb = kb0 + i, j < valid and
+    the activation rows m0 .. m1 - 1, in kb order; sb_j = scale_b[(n0 + j) // bn, kb], the weight
+    row-block of the tile's row j (totals and sums may be padded past m1 - m0: the small-M kernels' one
+    block step).
 
     The fast kernels reassociate (their sums inside a K-block are float32 sums of exact products, which
     G3 lets run in any order); this function is compiled with fastmath=False (CPU_STRICT_FUNCTION: a
@@ -165,7 +166,7 @@ def _block_steps(total, p, sat, scale_b, kb0, n0, bn, valid):
     16 x 256 x 512 (each call takes three array views; their reference counts are the likely cost)."""
     for i in range(p.shape[0]):
         kb = kb0 + i
-        sa = sat[kb]
+        sa = sat[kb, m0:m1]
         for j in range(valid):
             sb = scale_b[(n0 + j) // bn, kb]
             t = total[j]
@@ -346,7 +347,7 @@ def small_m_kernel(x, b, sat, scale_b, bn, bk, bias, out):
                         dst[k] = decode_e4m3(w[k])
                 w0, w1, w2, w3 = rows[0, :kc], rows[1, :kc], rows[2, :kc], rows[3, :kc]
                 accumulate_rows(x, k0, kc, w0, w1, w2, w3, acc.T)  # acc.T: acc is [4, M]
-            _block_steps(total, p, sat, scale_b, kb, n0, bn, valid)
+            _block_steps(total, p, sat, scale_b, kb, n0, bn, valid, 0, sat.shape[1])
         for m in range(m_rows):
             for j in range(valid):
                 out[m, n0 + j] = add_bias(total[j, m], bias, n0 + j)
@@ -382,29 +383,32 @@ def tiled_kernel(x, b, sat, scale_b, bn, bk, bias, out):
     # wider than a pass runs in passes of its own.
     group = tile.TILE_K // bk if bk <= tile.TILE_K else 1
     span = group * bk if bk <= tile.TILE_K else tile.TILE_K
+    panel = tile.panel_rows(k_len)
     for run in prange(runs):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        xt = tile.activation_columns(x, tile_lookup)  # this thread's own (tile.activation_columns)
-        for block in range(run * blocks // runs, (run + 1) * blocks // runs):
-            n0 = block * nr
-            valid = min(nr, n_rows - n0)
-            buffer = tile.weight_buffer(nr, valid)
-            w = tile.weight_columns(buffer, nr, 0)
-            sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks, as _block_steps takes them
-            total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
-            for kb0 in range(0, nkb, group):
-                in_pass = min(group, nkb - kb0)
-                k_end = min(k_len, (kb0 + in_pass) * bk)
-                sums[:in_pass] = 0.0
-                for k_lo in range(kb0 * bk, k_end, span):
-                    k_hi = min(k_end, k_lo + span)
-                    tile_decode(b, n0, valid, k_lo, k_hi - k_lo, w)
-                    for i in range(in_pass):
-                        lo = max(k_lo, (kb0 + i) * bk)
-                        hi = min(k_hi, (kb0 + i + 1) * bk)
-                        tile.sum_tiles(xt, lo, hi - lo, tile.weight_columns(buffer, nr, lo - k_lo), sums[i])
-                _block_steps(total, sums[:in_pass], sat, scale_b, kb0, n0, bn, valid)
-            store_tile_sums(total, bias, out, n0, valid)
+        for m0 in range(0, m_rows, panel):  # tile.panel_rows: the activation a panel at a time
+            m1 = min(m_rows, m0 + panel)
+            xt = tile.activation_columns(x[m0:m1], tile_lookup)  # this thread's own (tile.activation_columns)
+            for block in range(run * blocks // runs, (run + 1) * blocks // runs):
+                n0 = block * nr
+                valid = min(nr, n_rows - n0)
+                buffer = tile.weight_buffer(nr, valid)
+                w = tile.weight_columns(buffer, nr, 0)
+                sums = np.empty((group, nr, xt.shape[1]), dtype=np.float32)  # a pass's K-blocks (_block_steps)
+                total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
+                for kb0 in range(0, nkb, group):
+                    in_pass = min(group, nkb - kb0)
+                    k_end = min(k_len, (kb0 + in_pass) * bk)
+                    sums[:in_pass] = 0.0
+                    for k_lo in range(kb0 * bk, k_end, span):
+                        k_hi = min(k_end, k_lo + span)
+                        tile_decode(b, n0, valid, k_lo, k_hi - k_lo, w)
+                        for i in range(in_pass):
+                            lo = max(k_lo, (kb0 + i) * bk)
+                            hi = min(k_hi, (kb0 + i + 1) * bk)
+                            tile.sum_tiles(xt, lo, hi - lo, tile.weight_columns(buffer, nr, lo - k_lo), sums[i])
+                    _block_steps(total, sums[:in_pass], sat, scale_b, kb0, n0, bn, valid, m0, m1)
+                store_tile_sums(total, bias, out[m0:m1], n0, valid)
 
 
 @njit(**CPU_SERIAL_KERNEL)
@@ -495,17 +499,15 @@ SMALL_M_ROWS = 64
 # took 0.72-0.89x their time at M = 64, 0.80-0.97x at 128, 0.85-1.07x at 192, 0.92-1.09x at 256 and
 # 0.50-1.56x at 512; at N = K = 4096 (per_group) 0.59x at M = 64, 0.93x at 128, 1.17x at 192.
 TILED_SMALL_M_ROWS = 160
-# Past those rows the tiles still take a call whose activation and weight are both small. Inside the
-# converted tiny Llama at two threads (benchmarks/cpu/bench_cpu_threads.py --torch-sweep, interleaved
-# with the rule before; benchmarks/RESULTS.md, 2026-12-07 11:28 and 12:38), with the bound at M x K
-# <= 512 Ki its per_group forward went 7.55-7.87 -> 6.31-6.56 ms at 192 tokens and 16.16-16.31 ->
-# 14.80-15.01 at 512, but 36.19-36.88 -> 40.27-42.69 at 1,024 and 82.52-87.50 -> 98.63-101.49 at
-# 2,048 (M x K = 256-512 Ki at K = 256). So the bound is 128 Ki: the tiles keep the layers of K = 256
-# to 512 tokens, and every layer of 1,024 tokens and more goes back to the blas kernels. (Layers
-# timed one by one had put the tiles ahead at M x K = 512 Ki too, 0.79-0.93x the blas kernels' time;
-# the whole forward is what counts.) A weight past 1024 x 1024 keeps the rule before:
-# at 2048 x 2048 the tiles took 0.99x at M = 192 and 1.38x at M = 512, at 4096 x 4096 1.17x at 192.
-TILED_MAX_COLUMNS = 1 << 17  # M x K
+# Past those rows, and past SMALL_M_ELEMENTS, the tiles keep every call whose weight is small: N x K
+# <= 1 Mi. Until the tiles took the activation a panel at a time (tile.panel_rows) they lost at large M
+# x K, and a bound of M x K <= 128 Ki kept them (the tiny Llama's per_group forward at 2,048 tokens,
+# 82.52-87.50 ms on the blas kernels, took 98.63-101.49 with the bound at 512 Ki). With the panels,
+# inside a torch forward at two threads (benchmarks/RESULTS.md, 2026-12-07 16:00), the tiles took 0.90x /
+# 0.93x the blas kernels' time at 1024 x 1024 with M = 1,024 / 2,048, 0.53-0.57x at 512 x 256 with
+# M = 8,192; the tiny Llama's forward at 2,048 tokens went 79.73-89.83 -> 76.36-79.68 ms (per_group)
+# and 103.22-103.75 -> 90.47-91.62 (MXFP8). A larger weight keeps the rows rule: at 2048 x 2048 the
+# tiles took 0.92x at M = 192 and 1.22x at 512, at 4096 x 4096 1.02-1.06x at M = 192-512.
 TILED_MAX_WEIGHT = 1 << 20  # N x K
 
 
@@ -515,14 +517,12 @@ def small_m_rows():
 
 
 def takes_small_m(m, n, k):
-    """Whether a block-scaled (or MX) GEMM of this shape takes small_m on the active path: below
-    ``small_m_rows()`` rows (M x K at most SMALL_M_ELEMENTS), or on the register tiles at any M while
-    M x K and N x K stay within TILED_MAX_COLUMNS and TILED_MAX_WEIGHT."""
-    if m * k > SMALL_M_ELEMENTS:
-        return False
-    if m < small_m_rows():
+    """Whether a block-scaled (or MX) GEMM of this shape takes small_m on the active path: on the
+    register tiles at any M while N x K <= TILED_MAX_WEIGHT, else below ``small_m_rows()`` rows with
+    M x K at most SMALL_M_ELEMENTS."""
+    if n * k <= TILED_MAX_WEIGHT and paths.active().register_tiles:
         return True
-    return paths.active().register_tiles and m * k <= TILED_MAX_COLUMNS and n * k <= TILED_MAX_WEIGHT
+    return m < small_m_rows() and m * k <= SMALL_M_ELEMENTS
 
 
 def rows_kernel(m):

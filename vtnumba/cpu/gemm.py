@@ -334,20 +334,23 @@ def tiled_kernel(x, b, scale_a, scale_b, bias, out):
     blocks = (n_rows + nr - 1) // nr
     runs = team_runs(blocks)
     chunk = min(k_len, tile.TILE_K)
+    panel = tile.panel_rows(k_len)
     for run in prange(runs):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        xt = tile.activation_columns(x, tile_lookup)  # this thread's own (tile.activation_columns)
-        for block in range(run * blocks // runs, (run + 1) * blocks // runs):
-            n0 = block * nr
-            valid = min(nr, n_rows - n0)
-            w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
-            acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
-            for k0 in range(0, k_len, chunk):
-                kc = min(chunk, k_len - k0)
-                tile_decode(b, n0, valid, k0, kc, w)
-                tile.sum_tiles(xt, k0, kc, w, acc)
-            _scale_tile_sums(acc, sa_rows, scale_b, bias, n0, valid)
-            tile.store_sums(acc, out, n0, valid)
+        for m0 in range(0, m_rows, panel):  # tile.panel_rows: the activation a panel at a time
+            m1 = min(m_rows, m0 + panel)
+            xt = tile.activation_columns(x[m0:m1], tile_lookup)  # this thread's own (tile.activation_columns)
+            for block in range(run * blocks // runs, (run + 1) * blocks // runs):
+                n0 = block * nr
+                valid = min(nr, n_rows - n0)
+                w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
+                acc = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
+                for k0 in range(0, k_len, chunk):
+                    kc = min(chunk, k_len - k0)
+                    tile_decode(b, n0, valid, k0, kc, w)
+                    tile.sum_tiles(xt, k0, kc, w, acc)
+                _scale_tile_sums(acc, sa_rows[m0:m1], scale_b, bias, n0, valid)
+                tile.store_sums(acc, out[m0:m1], n0, valid)
 
 
 # -- kernel 3: large M, decoded tiles through BLAS -----------------------------------------------

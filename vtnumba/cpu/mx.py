@@ -222,31 +222,34 @@ def tiled_kernel(x, b, sb, bn, bk, edges, lo, hi, bias, out, bad):
     nr = tile.BLOCK_ROWS
     blocks = (n_rows + nr - 1) // nr
     runs = team_runs(blocks)
+    panel = tile.panel_rows(k_len)
     for run in prange(runs):
         vector_width_hint()  # the path's vector width (paths.py), in the threads' function
-        xt = tile.activation_columns(x, False)  # float32 x: each thread its own (tile.activation_columns)
-        for block_index in range(run * blocks // runs, (run + 1) * blocks // runs):
-            n0 = block_index * nr
-            valid = min(nr, n_rows - n0)
-            if _rows_outside(sb, n0, valid, bn, lo, hi):
-                bad[0] = 1
-                continue
-            w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
-            p = np.empty((nr, xt.shape[1]), dtype=np.float32)
-            total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
-            for c in range(edges.size - 1):
-                p[:] = 0.0
-                for k0 in range(edges[c], edges[c + 1], tile.TILE_K):  # a chunk wider than a pass (bk > 512)
-                    kc = min(tile.TILE_K, edges[c + 1] - k0)
-                    for j in range(valid):
-                        _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, w[j])
-                    tile.sum_tiles(xt, k0, kc, w, p)
-                for j in range(nr):
-                    t = total[j]
-                    q = p[j]
-                    for m in range(m_rows):
-                        t[m] += q[m]
-            block.store_tile_sums(total, bias, out, n0, valid)
+        for m0 in range(0, m_rows, panel):  # tile.panel_rows: the activation a panel at a time
+            m1 = min(m_rows, m0 + panel)
+            xt = tile.activation_columns(x[m0:m1], False)  # float32 x: each thread its own (tile.activation_columns)
+            for block_index in range(run * blocks // runs, (run + 1) * blocks // runs):
+                n0 = block_index * nr
+                valid = min(nr, n_rows - n0)
+                if _rows_outside(sb, n0, valid, bn, lo, hi):
+                    bad[0] = 1
+                    continue
+                w = tile.weight_columns(tile.weight_buffer(nr, valid), nr, 0)
+                p = np.empty((nr, xt.shape[1]), dtype=np.float32)
+                total = np.zeros((tile.LANES, xt.shape[1]), dtype=np.float32)
+                for c in range(edges.size - 1):
+                    p[:] = 0.0
+                    for k0 in range(edges[c], edges[c + 1], tile.TILE_K):  # a chunk wider than a pass (bk > 512)
+                        kc = min(tile.TILE_K, edges[c + 1] - k0)
+                        for j in range(valid):
+                            _decode_span(b[n0 + j], sb[(n0 + j) // bn], bk, k0, k0 + kc, w[j])
+                        tile.sum_tiles(xt, k0, kc, w, p)
+                    for j in range(nr):
+                        t = total[j]
+                        q = p[j]
+                        for m in range(m1 - m0):
+                            t[m] += q[m]
+                block.store_tile_sums(total, bias, out[m0:m1], n0, valid)
 
 
 # Weight rows per work item of the M = 1 kernel (one scale buffer per item: an allocation per four rows

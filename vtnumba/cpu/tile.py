@@ -207,6 +207,26 @@ _sum_32x8, _sum_16x8, _sum_16x16 = _sum_tile(2, 8), _sum_tile(1, 8), _sum_tile(1
 BLOCK_ROWS = 16
 
 
+# The activation a tiled kernel's thread takes at once: a panel of rows whose columns xt [K, rows] fill
+# about 512 KiB, so they stay in L2 while the thread's weight blocks stream past them; every weight block
+# is decoded again for each panel. Whole, the columns outgrew L2 and each 16-row weight block read them
+# from L3: on one Sapphire Rapids core a row of 512 x 256 cost 2.0 us at M = 128-256 (sgemm on float32
+# weights, 2.0-2.1) and 3.7 at M = 2,048; 256 x 512, 5.6; 768 x 2,048, 51.9 against 27.1 at M = 128.
+# In panels of 512 KiB, 2.2-2.8 / 2.2-2.4 / 24.8-30.3 us at M = 2,048 (panels of 128 and 256 KiB
+# measured alike within the host's noise, 27.9-33.9 at 768 x 2,048).
+PANEL_FLOATS = 128 * 1024
+# The fewest rows a panel takes, so that a weight block's decode is shared by 64 activation rows at
+# large K.
+MIN_PANEL_ROWS = 64
+
+
+@njit(**CPU_INLINE)
+def panel_rows(k_len):
+    """Activation rows a tiled kernel's thread takes at once (``PANEL_FLOATS``): a multiple of 32, the
+    32 x 8 tiles' rows."""
+    return max(MIN_PANEL_ROWS, PANEL_FLOATS // max(1, k_len) // (2 * LANES) * (2 * LANES))
+
+
 @njit(**CPU_INLINE)
 def weight_buffer(rows, valid):
     """The decoded weight rows' buffer, flat: ``rows`` rows of TILE_K and one row of slack, so that
