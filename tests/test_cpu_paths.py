@@ -298,6 +298,20 @@ def test_free_cpus_reads_the_running_count():
     assert isinstance(free, int) and free <= os.cpu_count()  # this thread runs: at most the CPU count
 
 
+def test_free_cpus_reads_the_load_once_a_millisecond(monkeypatch):
+    """A reading serves the calls within FREE_CPUS_FRESH_NS after it (a layer's quantizer and GEMM
+    both ask); past that the next call reads /proc/loadavg again."""
+    reads, clock = [], [10**12]
+    monkeypatch.setattr(_config, "_read_loadavg", lambda: reads.append(1) or b"0.00 0.00 0.00 3/200 1")
+    monkeypatch.setattr(_config.time, "monotonic_ns", lambda: clock[0])
+    monkeypatch.setattr(_config, "_free_seen", [(-_config.FREE_CPUS_FRESH_NS, None)])
+    assert _config.free_cpus() == _config._CPUS - 2 and len(reads) == 1
+    clock[0] += _config.FREE_CPUS_FRESH_NS - 1
+    assert _config.free_cpus() == _config._CPUS - 2 and len(reads) == 1  # the same reading
+    clock[0] += 1
+    assert _config.free_cpus() == _config._CPUS - 2 and len(reads) == 2  # read again
+
+
 def test_threshold_knob(monkeypatch):
     x, b = np.zeros((1, 8), F32), np.zeros((8, 8), np.uint8)
     monkeypatch.setenv("VT_CPU_PARALLEL_MIN_WORK", "0")

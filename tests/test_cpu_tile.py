@@ -138,7 +138,7 @@ def test_block_scaled_and_mx_take_the_tiles_to_160_rows_on_these_paths():
     """The block-scaled and MX GEMMs' choice (``block.takes_small_m``): small_m below 160 rows where the
     register tiles run (measured inside torch: benchmarks/RESULTS.md, 2026-12-07 09:00), below 64 on
     the 4 x 4 kernels' paths, and M * K over 3 Mi takes blas on both; where the tiles run, a weight of
-    N x K <= 1 Mi keeps them at any M (measured in the tiny Llama, 2026-12-07 16:25); the 4 x 4
+    N x K <= 1 Mi keeps them at any M (measured in the tiny Llama, 2026-12-07 15:04-15:29); the 4 x 4
     kernels' paths never do."""
     for path in paths.runnable():
         with paths.use(path.name):

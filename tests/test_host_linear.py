@@ -11,7 +11,7 @@ import pytest
 
 from vtnumba import seam
 from vtnumba._interop import to_native, to_torch
-from vtnumba.cpu import block, gemm
+from vtnumba.cpu import block, gemm, paths
 from vtnumba.seam import matmul as seam_matmul
 from vtnumba.seam.host_linear import HostLinear
 
@@ -102,6 +102,37 @@ def test_the_prepared_call_is_the_full_path_bitwise(name, no_full_path, monkeypa
     assert len(no_full_path) == len(cases)  # every case ran the prepared call
     kernels = {layer.kernels(x)[1] for x, _ in cases}
     assert {"cpu small_m", "cpu blas"} <= kernels  # both kernel families were compared
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_the_tiles_shortcut_is_the_full_path_bitwise(name, no_full_path):
+    """The prepared call's register-tile shortcut (``HostLinear.tiles``: the tiled kernel called on the
+    quantized activation without the GEMM entry's conversions): bitwise the full path, taken from 16
+    rows on where the path runs the tiles, declined below and on the other paths."""
+    layer = _layer(name)
+    with torch.no_grad():
+        layer(_x(2, K))  # makes the prepared call
+        host = layer._host_linear()
+        shortcut, taken = host.tiles, []
+        assert shortcut is not None
+
+        def recorded(codes, scale_a, out_dtype):
+            y = shortcut(codes, scale_a, out_dtype)
+            taken.append((len(codes), y is not None))
+            return y
+
+        host.tiles = recorded
+        compared = 0
+        for path in paths.runnable():
+            with paths.use(path.name):
+                taken.clear()
+                for x, out_dtype in ((_x(40, K), None), (_x(1, 16, K), torch.bfloat16), (_x(15, K), None)):
+                    layer.out_dtype = out_dtype
+                    y = layer(x)
+                    np.testing.assert_array_equal(_bits(y), _bits(_full_path(layer, x, out_dtype)))
+                    compared += y.numel()
+                assert taken == [(40, path.register_tiles), (16, path.register_tiles), (15, False)], path.name
+    assert compared >= 71 * N
 
 
 def test_writes_to_the_buffers_are_seen(no_full_path):

@@ -7,6 +7,7 @@ fresh process with a warm cache loads machine code instead of compiling it.
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 # VT_NUMBA_CACHE=0 turns the on-disk cache off (useful when bisecting a kernel change).
@@ -187,11 +188,27 @@ def free_cpus():
     process holds: on two cores, the main command's layers took 3-19x their idle time with one busy
     process beside them when every parallel-sized call went parallel (benchmarks/cpu/bench_cpu_threads.py
     --main), where the serial twin keeps them near its own time."""
+    now = time.monotonic_ns()
+    taken, free = _free_seen[0]
+    if now - taken < FREE_CPUS_FRESH_NS:
+        return free
     try:
         running = int(_read_loadavg().split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
-        return None
-    return _CPUS - (running - 1)
+        free = None
+    else:
+        free = _CPUS - (running - 1)
+    _free_seen[0] = (now, free)  # one tuple, replaced whole: threads read a reading and its time together
+    return free
+
+
+# How long a reading of free_cpus serves the calls after it: a converted layer asks before its quantizer
+# and before its GEMM, so the tiny Llama's 3-4 ms forward read /proc/loadavg 30 times, 5-7 us a read
+# there (the system call made with the kernels' data in the caches; 1.7 us in a loop of reads):
+# 0.15-0.22 ms of the forward (benchmarks/RESULTS.md, 2026-12-07 15:35-15:56). A process that starts
+# beside the kernels is seen within this time.
+FREE_CPUS_FRESH_NS = 1_000_000
+_free_seen = [(-FREE_CPUS_FRESH_NS, None)]  # (time.monotonic_ns() of the reading, its free count)
 
 
 # The CPU count, read once: os.cpu_count() reads /sys/devices/system/cpu/online at every call (5.8 us).

@@ -503,7 +503,7 @@ TILED_SMALL_M_ROWS = 160
 # <= 1 Mi. Until the tiles took the activation a panel at a time (tile.panel_rows) they lost at large M
 # x K, and a bound of M x K <= 128 Ki kept them (the tiny Llama's per_group forward at 2,048 tokens,
 # 82.52-87.50 ms on the blas kernels, took 98.63-101.49 with the bound at 512 Ki). With the panels,
-# inside a torch forward at two threads (benchmarks/RESULTS.md, 2026-12-07 16:25), the tiles took 0.90x /
+# inside a torch forward at two threads (benchmarks/RESULTS.md, 2026-12-07 15:04-15:29), the tiles took 0.90x /
 # 0.93x the blas kernels' time at 1024 x 1024 with M = 1,024 / 2,048, 0.53-0.57x at 512 x 256 with
 # M = 8,192; the tiny Llama's forward at 2,048 tokens went 84.76-89.83 -> 79.24-79.68 ms (per_group)
 # and 103.22-103.75 -> 90.47-91.62 (MXFP8). A larger weight keeps the rows rule: at 2048 x 2048 the

@@ -280,7 +280,12 @@ def use(name):
 BUILD_LOCK = threading.RLock()
 _POOL_LOCK = threading.Lock()
 _REGION_LOCK = threading.Lock()
-_pool = {"started": False, "one_region": False}  # written once, under _POOL_LOCK
+# written once, under _POOL_LOCK: "get" and "set" are this thread's count of Numba threads, read and
+# written by the threading layer's own calls once the pool has started (numba.get_num_threads and
+# set_num_threads take Numba's launch locks, one of them a multiprocessing lock, at every call: inside
+# a converted tiny Llama's forward, the thread decisions of its 15 layers cost 0.3-0.6 ms of a 3-4 ms
+# forward, benchmarks/RESULTS.md, 2026-12-07 15:35-15:56)
+_pool = {"started": False, "one_region": False, "get": None, "set": None}
 
 
 def _start_pool():
@@ -297,6 +302,12 @@ def _start_pool():
             _pool["one_region"] = numba.threading_layer() == "workqueue"
         except ValueError:  # no layer launched (cannot happen after start_threads): assume the unsafe one
             _pool["one_region"] = True
+        from numba.np.ufunc import parallel
+
+        get, put = getattr(parallel, "_get_num_threads", None), getattr(parallel, "_set_num_threads", None)
+        if get is None or put is None:  # another Numba's internals: its public calls
+            get, put = numba.get_num_threads, numba.set_num_threads
+        _pool["get"], _pool["set"] = get, put
         _pool["started"] = True
 
 
@@ -310,10 +321,8 @@ def _on_torch_team():
 def _pool_threads():
     """Numba's thread count, its pool started first: asked only when a parallel twin may run, so a
     serial-only process never starts the pool."""
-    import numba
-
     _start_pool()
-    return numba.get_num_threads()
+    return _pool["get"]()
 
 
 class CpuKernel:
@@ -383,16 +392,15 @@ class CpuKernel:
         return self._parallel(threads, args)
 
     def _parallel(self, threads, args):
-        import numba
-
-        before = numba.get_num_threads()
+        _start_pool()
+        before = _pool["get"]()
         if threads >= before:
             return self.variant(_active.name, True)(*args)
-        numba.set_num_threads(threads)  # this thread's count for its parallel regions (thread-local)
+        _pool["set"](threads)  # this thread's count for its parallel regions (thread-local), below before
         try:
             return self.variant(_active.name, True)(*args)
         finally:
-            numba.set_num_threads(before)
+            _pool["set"](before)
 
 
 def team_blas_threads(kernel, *args):

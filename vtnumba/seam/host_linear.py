@@ -32,7 +32,7 @@ class HostLinear:
     """A host weight's linear call, prepared (module docstring). ``HostLinear.of(w)`` is None for a
     weight that is not on the host."""
 
-    __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size")
+    __slots__ = ("format", "codes", "weight_scale", "input_scale", "bias", "block_size", "tiles")
 
     def __init__(self, weight: Any) -> None:
         self.format = weight.format
@@ -45,6 +45,7 @@ class HostLinear:
         self.input_scale = None if weight.input_scale is None else np.float32(weight.input_scale)
         self.bias = weight.bias
         self.block_size = weight.block_size
+        self.tiles = self._tiles_call()
 
     @classmethod
     def of(cls, weight: Any) -> "HostLinear | None":
@@ -54,8 +55,62 @@ class HostLinear:
         """y [M, N] of x [M, K] (checked by the caller), rounded to ``out_dtype``. ``input_scale``
         (float32; 'static' only) replaces the weight's: a torch layer's scale buffer, read per call."""
         codes, scale_a = self.format.quantize_host(x, self.input_scale if input_scale is None else input_scale)
+        tiles = self.tiles
+        if tiles is not None:
+            y = tiles(codes, scale_a, out_dtype)
+            if y is not None:
+                return y
         if self.block_size is None:
             return cpu.scaled_mm(codes, self.codes, scale_a, self.weight_scale, out_dtype, self.bias, None)
         return cpu.block_scaled_mm(
             codes, self.codes, scale_a, self.weight_scale, self.block_size, out_dtype, self.bias, None
         )
+
+    def _tiles_call(self) -> Any:
+        """The register tiles' shortcut for a weight with float32 scales, or None: ``call(codes,
+        scale_a, out_dtype)`` runs the tiled kernel on the quantized activation when the full path's
+        GEMM entry would choose it for its row count, with that entry's arguments (else it returns
+        None): ``gemm.tiled_kernel`` (per-tensor or per-channel weight scales), ``block.tiled_kernel``
+        (weight blocks beside float32 activation group scales, which ``quantize_host`` lays out
+        column-major: their transpose, the [K-blocks, M] the kernel reads, is a view). Without the
+        entry's conversions and checks between, which inside a torch forward cost more than their
+        count suggests (the kernels' data has pushed the interpreter's out of the caches): the tiny
+        Llama's per_token forward at 64 / 128 / 512 tokens took 4.58 / 6.36 / 17.76 ms with it and
+        4.80 / 6.30 / 18.21 without, per_group 5.01 / 6.78 / 18.87 and 5.11 / 6.78 / 18.88, in one
+        run (benchmarks/RESULTS.md, 2026-12-07 15:35-15:56)."""
+        from ..cpu import block, gemm, paths  # the CPU kernels' modules, imported when first used
+
+        if self.weight_scale.dtype != np.float32:
+            return None
+        n, k = self.codes.shape
+        if self.block_size is None:
+
+            def dense(codes, scale_a, out_dtype):
+                m = len(codes)
+                if not paths.takes_register_tiles(m) or gemm.choose_kernel(m, n, k) != "small_m":
+                    return None
+                sa = np.ascontiguousarray(scale_a.reshape(-1), dtype=np.float32)
+                sb = np.ascontiguousarray(self.weight_scale.reshape(-1))
+                out = np.empty((m, n), dtype=np.float32)
+                gemm.tiled_kernel(codes, self.codes, sa, sb, gemm.bias_vector(self.bias), out)
+                return gemm.to_out_dtype(out, out_dtype)
+
+            return dense
+        bn, bk = self.block_size
+
+        def blocks(codes, scale_a, out_dtype):
+            m = len(codes)
+            sat = scale_a.T  # [K-blocks, M]
+            if (
+                scale_a.dtype != np.float32
+                or not sat.flags.c_contiguous
+                or not paths.takes_register_tiles(m)
+                or not block.takes_small_m(m, n, k)
+            ):
+                return None
+            out = np.empty((m, n), dtype=np.float32)
+            sb = np.ascontiguousarray(self.weight_scale)
+            block.tiled_kernel(codes, self.codes, sat, sb, bn, bk, gemm.bias_vector(self.bias), out)
+            return gemm.to_out_dtype(out, out_dtype)
+
+        return blocks

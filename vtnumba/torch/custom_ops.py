@@ -227,11 +227,17 @@ def _host_forward(host, x, out_dtype, input_scale):
         x = x.detach()  # numpy() refuses a tensor that requires grad
     n, k = host.codes.shape
     _check_input(x, k)
-    rows = x if x.dim() == 2 else x.reshape(-1, k)
+    # x's rows and y's shape made in numpy views: inside a converted model's forward, torch's view of y
+    # took 9.0 us a layer, and x's reshape was part of the 7 us before the call (benchmarks/RESULTS.md,
+    # 2026-12-07 15:35-15:56)
+    xs = _host_array(x)
     with torch_thread_cap(_torch_threads()):  # torch owns the cores (vtnumba._config's note)
-        y = host(_host_array(rows), _NUMPY_OUT[x.dtype if out_dtype is None else out_dtype], input_scale)
-    y = to_torch(y, torch)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+        y = host(
+            xs if xs.ndim == 2 else xs.reshape(-1, k),
+            _NUMPY_OUT[x.dtype if out_dtype is None else out_dtype],
+            input_scale,
+        )
+    return to_torch(y if xs.ndim == 2 else y.reshape(xs.shape[:-1] + (n,)), torch)
 
 
 # -- the custom op (torch.compile) -------------------------------------------------------------------
