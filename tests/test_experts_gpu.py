@@ -109,12 +109,12 @@ def _expected_kernel(name, rows_per_expert):
         return "per_expert"
     if rows_per_expert > TILED_MIN_ROWS:  # the tiled kernels: float32 scales (wgmma), MXFP8 (mma.sync)
         return {"ue8m0": "grouped", "mxfp8": "tensorcore_grouped_gemm"}.get(name, "wgmma_grouped_gemm")
-    return "tensorcore_grouped_gemv" if name in FLOAT_SCALES else "grouped"
+    return "wgmma_grouped_gemv" if name in FLOAT_SCALES else "grouped"  # (the swapped wgmma pass: sm_90)
 
 
 def _tensor_core(kernel):
     """Whether ``kernel`` holds the tensor-core bound (cuBLASLt's) rather than strict G3."""
-    return kernel in ("per_expert", "wgmma_grouped_gemm")
+    return kernel in ("per_expert", "wgmma_grouped_gemm", "wgmma_grouped_gemv")
 
 
 def _kernel_of(cp, a, scale, resident, offsets):

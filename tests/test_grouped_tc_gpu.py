@@ -240,8 +240,10 @@ def test_grouped_tiled_gemm_real_shapes(cp, monkeypatch, kernel_name, tiles, e, 
 
 
 def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
-    """Decode rows take the GEMV; prefill rows the wgmma tiles on sm_90 (the mma.sync ones elsewhere),
-    the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_FLOPS an expert."""
+    """Decode rows take the GEMV (the swapped wgmma one on sm_90, the mma.sync one elsewhere, with the
+    lever off or the wgmma one disabled); prefill rows the wgmma tiles on sm_90 (the mma.sync ones
+    elsewhere), the mma.sync ones with the lever off (strict G3), per_expert from PER_EXPERT_MIN_FLOPS
+    an expert."""
     from vtnumba.cuda import grouped
     from vtnumba.cuda.runtime import device
 
@@ -251,12 +253,17 @@ def test_which_grouped_kernel_runs_by_rows_and_lever(cp, monkeypatch):
     # per_expert's threshold lowered to these experts' FLOPs at 1024 rows each (its default is 1e11)
     monkeypatch.setattr(grouped, "PER_EXPERT_MIN_FLOPS", 2 * 1024 * n * k)
     for rows, want in (
-        (8, "tensorcore_grouped_gemv"),
+        (8, "wgmma_grouped_gemv" if sm90 else "tensorcore_grouped_gemv"),
         (64, "wgmma_grouped_gemm" if sm90 else "tensorcore_grouped_gemm"),
         (1024, "per_expert"),
     ):
         a, sa, b, sb, offsets = (cp.asarray(v) for v in grouped_case(rng, [rows] * e, 0, n, k, "row_channel"))
         assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == want, rows
+        if rows == 8:
+            for env, value in (("VT_DENSE_CUBLASLT_FP8", "0"), ("VT_DISABLE_KERNELS", "wgmma_grouped_gemv")):
+                monkeypatch.setenv(env, value)
+                assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemv", env
+                monkeypatch.delenv(env)
         if rows == 64:
             monkeypatch.setenv("VT_DENSE_CUBLASLT_FP8", "0")
             assert grouped.grouped_kernel_for(a, sa, b, sb, offsets, BF16) == "tensorcore_grouped_gemm"
@@ -298,3 +305,124 @@ def test_a_prefill_grouped_gemm_is_captured_and_follows_new_offsets(cp):
         graph.launch(stream)
         stream.synchronize()
         assert check(y.get(), a, sa, b, sb, moved, F32, None) > 0
+
+
+# -- the grouped GEMV on the swapped wgmma pass (sm_90): the decode rows' kernel there --------------
+
+
+def run_grouped_wgmma(cp, a, sa, b, sb, offsets, out_dtype, block_size, active=None):
+    """tc_gemv's grouped wgmma launch into NaN-poisoned bits (``xp`` arrays); ``active``: a host
+    active-experts map (None: every expert)."""
+    from vtnumba.cuda.kernels import tc_gemv
+    from vtnumba.cuda.runtime import device
+
+    dev = device.current()
+    d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
+    assert tc_gemv.grouped_wgmma_reason(d[0], d[1], d[2], d[3], block_size, dev) is None
+    y = poisoned_bits(cp, a.shape[0], b.shape[1], out_dtype)
+    kernel, grid, block, args, _ = tc_gemv.grouped_wgmma_launch(
+        *d, y, out_dtype, block_size, dev, active=None if active is None else cp.asarray(active)
+    )
+    kernel(grid, block, *args)
+    return y.get()
+
+
+def dense_wgmma_by_slices(cp, a, sa, b, sb, offsets, out_dtype, block_size):
+    """The dense wgmma GEMV's codes form (K unsplit, the grouped launch's ring) on every 8 rows of
+    each expert, the padding rows 0, as host bits: what the grouped launch must give bit for bit, its
+    blocks running the same pass on views of the expert."""
+    from test_cudasim_grouped_tc import expert_scales
+
+    from vtnumba.cuda.kernels import tc_gemv
+    from vtnumba.cuda.runtime import device
+
+    dev = device.current()
+    block_scaled = block_size is not None
+    n, k = b.shape[1], b.shape[2]
+    bits = np.zeros((a.shape[0], n), dtype=np.float32 if np.dtype(out_dtype) == F32 else np.uint16)
+    for e in range(b.shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        for r0 in range(lo, hi, 8):
+            r1 = min(hi, r0 + 8)
+            sa_e, sb_e = expert_scales(sa, sb, e, r0, r1, block_scaled)
+            sa_step = 0 if block_scaled or sa_e.shape[0] == 1 else 1
+            sb_step = 0 if block_scaled or sb_e.shape[0] == 1 else 1
+            y = poisoned_bits(cp, r1 - r0, n, out_dtype)
+            kernel, grid, block, args, _ = tc_gemv.dense_wgmma_launch(
+                r1 - r0, dev.placeholder("u16_2d"), 0, dev.placeholder("f32"), cp.asarray(b[e]), cp.asarray(sa_e),
+                cp.asarray(sb_e), sb_step, out_dtype, None, tc_gemv.MODE_CODES, block_scaled, y, dev,
+                plan=(1, tc_gemv.grouped_wgmma_stages(k)), a=cp.asarray(a[r0:r1]), sa_step=sa_step,
+            )  # fmt: skip
+            kernel(grid, block, *args)
+            bits[r0:r1] = y.get()
+    return bits
+
+
+def _sm90_only():
+    from vtnumba.cuda.runtime import device
+
+    if tuple(device.current().cc) != (9, 0):
+        pytest.skip("wgmma is sm_90's")
+
+
+@pytest.mark.parametrize(
+    "e, n, k, scales, out_dtype",
+    [
+        (128, 1536, 2048, "row_channel", BF16),  # Qwen3-30B-A3B gate_up
+        (128, 2048, 768, "tensor_expert", F32),  # Qwen3-30B-A3B down
+        (16, 1000, 1040, "row_expert", F16),  # a partial 64-row tile, a short last K block (16 codes)
+        (16, 520, 1040, "block", BF16),  # 128 x 128 blocks: a partial weight block, a short K block
+    ],
+    ids=["qwen3_gate_up-row_channel-bf16", "qwen3_down-tensor_expert-f32", "partial-row_expert-f16", "block-bf16"],
+)
+def test_grouped_wgmma_gemv_is_the_dense_pass_by_slices(cp, e, n, k, scales, out_dtype):
+    """The decode rows of 1-19 an expert (passes of 8: one, two and three), empty experts first, in
+    the middle and last, a padding tail, NaN codes in a's first and last row: bit for bit the dense
+    wgmma pass on each expert's 8-row slices, the sampled experts within the tensor-core bound of the
+    float64 reference, the padding rows 0 (the output is poisoned with NaN first)."""
+    _sm90_only()
+    rng = np.random.default_rng(e + n + k)
+    counts = routed_counts(rng, e, 5, 19)
+    block_size = BLOCK_SIZE if scales == "block" else None
+    a, sa, b, sb, offsets = grouped_case(rng, counts, 5, n, k, scales)
+    bits = run_grouped_wgmma(cp, a, sa, b, sb, offsets, out_dtype, block_size)
+    np.testing.assert_array_equal(bits, dense_wgmma_by_slices(cp, a, sa, b, sb, offsets, out_dtype, block_size))
+    y = bits.view(out_dtype) if np.dtype(out_dtype) != F32 else bits
+    routed = [i for i, c in enumerate(counts) if c]
+    sample = sorted({routed[0], e // 3, routed[-1]})  # the first, the 19-row one and the last
+    compared = check_experts(y, a, sa, b, sb, offsets, out_dtype, block_size, True, sample)
+    assert compared > sum(counts[i] for i in sample) * n * 9 // 10
+    assert np.isnan(y[0].astype(np.float32)).all(), "the NaN code of a[0, 0] did not reach row 0"
+
+
+def test_grouped_wgmma_gemv_runs_the_active_experts_only(cp):
+    """Decode at one token (8 of 128 experts routed a row each) through grouped_scaled_mm: the
+    active-experts map gives the grid 9 rows of blocks (-1 entries return at once); the result is
+    the dense pass's bits, the padding rows 0."""
+    _sm90_only()
+    from vtnumba.cuda import grouped
+    from vtnumba.cuda.kernels import tc_gemv
+
+    rng = np.random.default_rng(91)
+    counts = [0] * 128
+    for i in rng.choice(128, 8, replace=False):
+        counts[int(i)] = 1
+    a, sa, b, sb, offsets = grouped_case(rng, counts, 2, 256, 512, "row_channel")
+    d = [cp.asarray(v) for v in (a, sa, b, sb, offsets)]
+    assert grouped.grouped_kernel_for(*d, F32) == "wgmma_grouped_gemv"
+    seen = []
+    real = tc_gemv.grouped_wgmma_launch
+
+    def spy(*args, **kw):
+        launch = real(*args, **kw)
+        seen.append(launch[1])
+        return launch
+
+    tc_gemv.grouped_wgmma_launch = spy
+    try:
+        y = grouped.grouped_scaled_mm(*d, F32).get()
+    finally:
+        tc_gemv.grouped_wgmma_launch = real
+    assert seen == [(4, a.shape[0] + 1)], seen  # min(E, P) map rows and the padding row
+    np.testing.assert_array_equal(y, dense_wgmma_by_slices(cp, a, sa, b, sb, offsets, F32, None))
+    assert (y[8:] == 0).all()

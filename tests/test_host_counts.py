@@ -40,8 +40,10 @@ class Row(NamedTuple):
 def MOE(*routed, silu=("silu",)):
     """An aligned MoE decode call's kernels: the routing (align, the active-experts map), ``routed``
     (the activation's quantization and gathers, in the scheme's order), gate_up, the SiLU-and-quantize
-    launches ``silu`` (dynamic: its amax pass, then the quantization), down, the combine."""
-    return ("_align", "_active_experts", *routed, "gemv_grouped", *silu, "gemv_grouped", "combine")
+    launches ``silu`` (dynamic: its amax pass, then the quantization), down, the combine. On the
+    recorder's sm_90 the grouped GEMMs are the swapped wgmma pass's grouped GEMV (kernels/tc_gemv.py)."""
+    grouped = "grouped_gemv_wgmma"
+    return ("_align", "_active_experts", *routed, grouped, *silu, grouped, "combine")
 
 
 # A routed MoE decode call (vtnumba.cuda.experts.routed_*): gate_up with x's quantization and SiLU

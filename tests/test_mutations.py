@@ -64,7 +64,7 @@ def test_every_design_mutation_is_killed():
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout (tools/mutate.py copies the tracked files)")
     res = subprocess.run(
-        # a guard against a hang, not a budget: 91 mutations, each a scratch copy, a compile and its tests,
+        # a guard against a hang, not a budget: 92 mutations, each a scratch copy, a compile and its tests,
         # one after another (the sm_90a ones assemble six kernels each)
         [sys.executable, str(ROOT / "tools" / "mutate.py")],
         cwd=ROOT,

@@ -4,6 +4,8 @@ assembled for sm_90a with Hopper's native FP8 wgmma (QGMMA), no FP8 unpack, no s
 with the cluster barrier and the distributed shared-memory reads (the H200 runs them:
 tests/test_dense_wgmma_gpu.py)."""
 
+import re
+
 import pytest
 from test_sm120_compile import compile_for  # noqa: F401  (the fixture: ptxas, cuobjdump, NVVM)
 
@@ -85,3 +87,21 @@ def test_the_dense_wgmma_kernels_assemble_for_sm_90a(compile_for, m, split, stag
     clustered = split > 1
     assert (f".reqnctapercluster 1, {split}, 1" in ptx) == clustered
     assert ("barrier.cluster.arrive.release" in ptx and "mapa.shared::cluster" in ptx) == clustered
+
+
+@pytest.mark.parametrize(
+    "stages,block_scaled,out_is_float32", [(2, False, False), (4, False, True), (4, True, False), (3, True, True)]
+)
+def test_the_grouped_wgmma_gemv_assembles_for_sm_90a(compile_for, stages, block_scaled, out_is_float32):  # noqa: F811
+    """The MoE decode's grouped GEMV on the same pass (grid rows the active experts, 8 rows a pass):
+    native FP8 wgmma only, no unpack, no spill, no wgmma serialized; the codes reach shared memory
+    by cp.async (16 bytes a copy), not by byte loads."""
+    kernel = tc_gemv.grouped_wgmma_kernel(stages, block_scaled, True, out_is_float32)
+    arch, record = compile_for((9, 0), kernel)
+    assert arch == "sm_90a"
+    assert set(record["sass_mma"]) == {QGMMA}, record["sass_mma"]
+    assert record["sass_fp8_unpack"] == 0 and record["spill_stores"] == 0, record
+    assert record["advisories"] == [], record["advisories"]
+    ptx = kernel.ptx((9, 0))
+    loads = set(re.findall(r"\bld\.[.\w]*u8\b", ptx))  # byte loads (the old copy's ld.u8)
+    assert "cp.async.cg.shared.global" in ptx and not loads, loads

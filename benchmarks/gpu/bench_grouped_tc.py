@@ -24,6 +24,9 @@ Device time: torch.cuda._sleep holds the GPU while every timed launch is enqueue
 CUDA events around ``--repeats`` launches (docs/DEVICE.md, "Timing: device time and host cost, measured apart"); the best of ``--rounds``. All work
 runs on torch's current stream (vtnumba launches on cupy's current stream: the same stream here).
 
+``--wgmma`` adds the grouped GEMV on the swapped wgmma pass (sm_90; ``grouped_wgmma_launch``) at
+each ring depth, per-row x per-channel and 128 x 128 block scales.
+
 ``--kernels`` adds each kernel of ``vtnumba.cuda.experts`` run by name through ``grouped_scaled_mm``
 (bf16 out): the GEMV, the grouped tiled GEMMs (wgmma, mma.sync) with their tile map, and
 ``per_expert`` (its read-back synchronizes, so its figure is wall time, marked host-bound). With
@@ -62,6 +65,9 @@ def parse(argv):
     )
     p.add_argument("--configs", action="store_true", help="also time every GEMV configuration (GEMV_CONFIGS)")
     p.add_argument("--block", action="store_true", help="also time the block-scaled (128 x 128) grouped GEMV")
+    p.add_argument(
+        "--wgmma", action="store_true", help="also time the grouped GEMV on the swapped wgmma pass, each ring depth"
+    )
     p.add_argument("--no-torch", action="store_true", help="skip torch's grouped GEMMs")
     p.add_argument(
         "--kernels",
@@ -278,6 +284,30 @@ def main(argv=None):
                         us, note = device_us(torch, lambda: prepared.launch(stream_ptr), args.repeats, args.rounds)
                         emit("ours block-scaled 128 x 128, 16-row passes", us, None, note, routed_bytes)
 
+                if args.wgmma:  # the swapped wgmma pass's grouped GEMV, each ring depth (sm_90)
+                    sa_b, sb_b = cp.asarray(sa_block), cp.asarray(sb_block)
+                    for scale_kind, sa_w, sb_w, blocks in (
+                        ("per-row x per-channel", sa_c, sb_c, None),
+                        ("block-scaled 128 x 128", sa_b, sb_b, (128, 128)),
+                    ):
+                        reason = tc_gemv.grouped_wgmma_reason(a, sa_w, b, sb_w, blocks, dev)
+                        if reason:
+                            print(f"| {rows_label} | wgmma GEMV {scale_kind} | - | - | - | - | cannot run: {reason} |")
+                            continue
+                        for stages in (3, 4, 5):
+                            kernel, grid, block, kargs, _ = tc_gemv.grouped_wgmma_launch(
+                                a, sa_w, b, sb_w, offsets, y_bits, _bf16(), blocks, dev, stages=stages
+                            )
+                            prepared = kernel.prepare(grid, block, *kargs)
+                            stream_ptr = torch.cuda.current_stream().cuda_stream
+                            prepared.launch(stream_ptr)
+                            out = y.clone() if blocks is None else None
+                            us, note = device_us(
+                                torch, lambda p=prepared, s=stream_ptr: p.launch(s), args.repeats, args.rounds
+                            )
+                            emit(f"wgmma GEMV {scale_kind}, {stages} stages ({grid[0]} x {grid[1]} blocks)", us, out,
+                                 note, routed_bytes)  # fmt: skip
+
                 if args.kernels:
                     from vtnumba.cuda import experts
                     from vtnumba.cuda.kernels import sm90_wgmma_gemm
@@ -286,6 +316,7 @@ def main(argv=None):
                     # the wgmma tiles in each grouped configuration (the threshold moved to force it),
                     # then as chosen; the other kernels as named
                     for kname, below in (
+                        ("wgmma_grouped_gemv", threshold),
                         ("tensorcore_grouped_gemv", threshold),
                         ("wgmma_grouped_gemm", 1 << 30),
                         ("wgmma_grouped_gemm", 0),

@@ -6,6 +6,10 @@ numpy under the CUDA simulator). ``cuda/experts.py``'s MoE steps and ``vtnumba.s
 The first kernel of ``KERNELS`` that can run the call runs (``registry.choose``: each says why not;
 "nothing fits" lists every reason), or the one named by ``kernel=``:
 
+``wgmma_grouped_gemv``       decode on sm_90: the grouped GEMV on the swapped wgmma pass
+                             (kernels/tc_gemv.py's ``grouped_wgmma_launch``), the codes read
+                             natively; the tensor-core bound, so only where the lever lets
+                             cuBLASLt run; the rows of the GEMV below
 ``tensorcore_grouped_gemv``  the tensor-core grouped GEMV of ``kernels/tc_gemv.py``
                              (``grouped_gemv_launch``; it says why not in ``grouped_gemv_reason``):
                              float32 scales, decode row counts (up to ``TILED_MIN_ROWS`` rows
@@ -200,6 +204,44 @@ class TensorCoreGroupedGemv(GroupedKernel):
                 active=active,
             )
         )
+
+
+class WgmmaGroupedGemv(GroupedKernel):
+    """The grouped GEMV on the swapped wgmma pass (``kernels/tc_gemv.py``'s ``grouped_wgmma_launch``,
+    sm_90): the decode rows of the grouped mma.sync GEMV (float32 scales, per-tensor / per-row /
+    per-channel or 128 x 128 blocks) with the e4m3 codes read natively. It holds the tensor-core bound,
+    so it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run; up to ``TILED_MIN_ROWS`` rows
+    per expert on average, as the GEMV it stands before."""
+
+    name = "wgmma_grouped_gemv"
+
+    def reason(self, call, named):
+        from .kernels import tc_gemv
+
+        why = tc_gemv.grouped_wgmma_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
+        if why is None and not named and call.p > TILED_MIN_ROWS * call.e:
+            why = (
+                f"a prefill-sized call ({call.p} rows over {call.e} experts): the tiles take it, past "
+                f"{TILED_MIN_ROWS} rows per expert on average"
+            )
+        return why
+
+    def run(self, call, y, active):
+        from .kernels import tc_gemv
+
+        launch = tc_gemv.grouped_wgmma_launch(
+            call.a,
+            call.scale_a,
+            call.b,
+            call.scale_b,
+            call.offsets,
+            steps.epilogue.out_bits(y),  # (the map's last grid row writes the padding rows as 0)
+            call.out_dtype,
+            call.block_size,
+            call.device,
+            active=active,
+        )
+        steps.run(launch[:4])  # (the kernel carries its shared bytes)
 
 
 class PerExpert(GroupedKernel):
@@ -403,6 +445,7 @@ def active_experts(offsets, num_experts, rows):
 _TILED = (WgmmaGrouped(), TensorCoreGroupedGemm())
 # the order they are tried in:
 KERNELS = (
+    WgmmaGroupedGemv(),  # decode on sm_90: the swapped wgmma pass, codes read natively (kernels/tc_gemv.py)
     TensorCoreGroupedGemv(),  # decode: the tensor-core grouped GEMV (kernels/tc_gemv.py)
     PerExpert(),  # large prefill on cuBLASLt, expert by expert (one read-back)
     *_TILED,  # prefill: tensor-core tiles, one launch, the counts on the device

@@ -1,6 +1,8 @@
 """The decode GEMV on Hopper's native FP8 instruction, swapped: the weight rows are ``wgmma``'s M = 64
 operand and the few activation rows its N = 8 operand (vLLM's Triton fused MoE swaps A and B the same
-way at decode). Sm_90a only; the routed MoE decode's pass (tc_gemv.py, "the routed GEMVs").
+way at decode). Sm_90a only; the pass of the routed MoE decode (tc_gemv.py, "the routed GEMVs"), of
+the dense decode layer (``dense_wgmma_*``: x quantized in the launch, or codes quantized before) and
+of the aligned MoE decode's grouped GEMV (``grouped_wgmma_*``: codes), all three in tc_gemv.py.
 
 Why: the tensor-core GEMV of tc_gemv.py runs ``mma.sync``, which Hopper executes on e4m3 only through
 f16 conversions (F2FP, a third of that GEMV's instructions); at one token the routed MoE layer was
@@ -219,20 +221,22 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1, sh
     @cuda.jit(**DEVICE_INLINE)
     def copy_codes(a, m_total, k_total, nchunks, base_word, smem, tid):
         """The codes a [M, K] as the B operand (``activation`` 'codes': quantized before, by the
-        quantization kernels): 16 codes an item, at the swizzled place the quantizer writes them
-        (tc_gemv.fused_quantizer's ``code_word``), zeros past K."""
-        segs = 8 * nchunks
-        for item in range(tid, m_total * segs, WG_THREADS):
+        quantization kernels): 16 codes an item by one ``cp.async``, at the swizzled place the
+        quantizer writes them (tc_gemv.fused_quantizer's ``code_word``), zeros past K. Issued before
+        the first weight tiles' commit, so K block 0's wait covers them. The rows must be 16-byte
+        aligned, as every caller's reason asks (tc_gemm.rows_reason of a): byte loads and shared
+        stores took 8-16 loads a thread before the K loop, and doubled the pass's code."""
+        segs = np.int64(8 * nchunks)
+        items = np.int64(m_total) * segs
+        zero = global_address(a, 0, 0)
+        item = np.int64(tid)
+        while item < items:
             m = item // segs
             sg = item - m * segs
             word = base_word + 256 * (sg >> 3) + 32 * m + 4 * ((sg & 7) ^ m)
-            for q in range(4):
-                v = _U32_ZERO
-                for j in range(4):
-                    col = 16 * sg + 4 * q + j
-                    if col < k_total:
-                        v |= np.uint32(a[m, col]) << np.uint32(8 * j)
-                smem[word + q] = v
+            inside = 16 * sg < k_total
+            copy16(smem, word, a, global_address(a, m, 16 * sg) if inside else zero, 16 if inside else 0)
+            item += WG_THREADS
 
     @cuda.jit(**DEVICE_INLINE)
     def block_mmas(part, desc_a, desc_b):
@@ -336,6 +340,10 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1, sh
         row_step = _COPY_ROWS * b.strides[0]
         lo2, hi2 = lo + row_step, hi + row_step
         col = kc0 * BK  # the byte column of the next K block to copy
+        # x's codes first (``codes``): their copies join the first K block's group, landed at its wait
+        x_word = x_byte // 4
+        if codes:
+            copy_codes(a, m_total, k_total, nchunks, x_word, smem, tid)
         for s in range(stages - 1):  # the first stages - 1 K blocks in flight before anything waits
             if s < own:
                 issue_stage(
@@ -344,13 +352,11 @@ def wgmma_gemv_pass(cfg, quantize, activation, block_scaled, paired, split=1, sh
             commit_copies()
             col += BK
 
-        # x's codes into the B operand, its scales, while the tiles land. Rows past M are left as
+        # x quantized into the B operand, its scales, while the tiles land. Rows past M are left as
         # they are: row n of the B operand feeds only column n of the sums, which is never stored.
-        if codes:
-            copy_codes(a, m_total, k_total, nchunks, x_byte // 4, smem, tid)
-        else:
+        if not codes:
             quantize(
-                x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, x_byte // 4, gbase, smem, gs, vals, local,
+                x, x_kind, qscale, m_total, k_total, k_total // 16, nchunks, x_word, gbase, smem, gs, vals, local,
                 amax_rows, row_mult, row_deq, fscratch, warp, lane, tid,
             )  # fmt: skip
         fence_proxy()  # this thread's codes, visible to the tensor core after the barrier below

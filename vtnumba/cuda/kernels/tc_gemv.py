@@ -336,6 +336,17 @@ def fused_quantizer(threads, x_rows, mode, hardware, swizzled=False):
     return quantize
 
 
+@cuda.jit(**_DEVICE)
+def zero_padding_rows(y, first, col0, width, out_kind):
+    """y[first:, col0:col0 + width] (the columns inside y) written as 0 by the block's threads: a grouped
+    GEMV's padding rows, past offsets[E], which the active-experts map's last grid row writes."""
+    n_total = y.shape[1]
+    for i in range(cuda.threadIdx.x, (y.shape[0] - first) * width, cuda.blockDim.x):
+        col = col0 + i % width
+        if col < n_total:
+            store_out(y, first + i // width, col, _F32_ZERO, out_kind)
+
+
 @functools.cache
 def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, grouped=False, paired=False):
     """The tensor-core decode GEMV for up to 8 * nb activation rows, in activation ``mode``, with
@@ -656,13 +667,7 @@ def gemv_kernel(nb, cfg, mode, block_scaled, hardware, chain, unit=False, groupe
         n_total = y.shape[1]
         experts = offsets.shape[0] - 1
         if e == experts:  # the map's last row: the padding rows (offsets[E] ..) written as 0 here, not by a memset
-            width = 16 * rt
-            col0 = cuda.blockIdx.x * width
-            first = offsets[experts]
-            for i in range(cuda.threadIdx.x, (y.shape[0] - first) * width, cuda.blockDim.x):
-                col = col0 + i % width
-                if col < n_total:
-                    store(y, first + i // width, col, _F32_ZERO, out_kind)
+            zero_padding_rows(y, offsets[experts], cuda.blockIdx.x * (16 * rt), 16 * rt, out_kind)
             return
         row0 = offsets[e]
         rows = offsets[e + 1] - row0
@@ -1177,42 +1182,45 @@ def grouped_gemv_launch(
     bounds (gemv_launcher)."""
     p, k = a.shape
     e, n, _ = b.shape
-    block_scaled = block_size is not None
     hardware, chain, unit = _device_flags(dev)
     pass_rows = 8 if min(p, p if rows_hint is None else rows_hint) <= 8 else GEMV_MAX_M
     cfg = config or gemv_config(pass_rows, k)
     out_dtype = np.dtype(out_dtype)
     kernel = gemv_launcher(
-        pass_rows, cfg, MODE_CODES, block_scaled, hardware, chain, out_dtype == np.float32, unit, True, bounded
-    )
-    if block_scaled:
+        pass_rows, cfg, MODE_CODES, block_size is not None, hardware, chain, out_dtype == np.float32, unit, True,
+        bounded,
+    )  # fmt: skip
+    args = grouped_args(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, active)
+    return kernel, (-(-n // (16 * cfg.rt)), int(args[-1].shape[0])), 32 * cfg.warps, args
+
+
+def grouped_args(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, active):
+    """The arguments of a grouped GEMV launch (the mma.sync one and the swapped wgmma one take the
+    same): tc_gemv.gemv_kernel's, codes in (no x, no bias), b as [E * N, K], the weight scales flat per
+    expert ([E], [E * N] or the blocks [E * NB, KB]), then the offsets and the active-experts map
+    (``identity_map`` where ``active`` is None)."""
+    e, n, k = b.shape
+    if block_size is not None:
         sa, sa_step, sb, sb_step = scale_a, 0, scale_b.reshape(e * scale_b.shape[1], scale_b.shape[2]), 0
     else:
         sa, sa_step = scale_a, 0 if scale_a.shape[0] == 1 else 1
         sb, sb_step = (scale_b, 0) if len(scale_b.shape) == 1 else (scale_b.reshape(-1), 1)
-    if active is None:
-        active = identity_map(dev, e)
     return (
-        kernel,
-        (-(-n // (16 * cfg.rt)), int(active.shape[0])),
-        32 * cfg.warps,
-        (
-            a,
-            dev.placeholder("u16_2d"),
-            0,
-            dev.placeholder("f32"),
-            b.reshape(e * n, k),
-            sa,
-            sa_step,
-            sb,
-            sb_step,
-            dev.placeholder("u16"),
-            0,
-            y_bits,
-            OUT_KIND[out_dtype],
-            offsets,
-            active,
-        ),
+        a,
+        dev.placeholder("u16_2d"),
+        0,
+        dev.placeholder("f32"),
+        b.reshape(e * n, k),
+        sa,
+        sa_step,
+        sb,
+        sb_step,
+        dev.placeholder("u16"),
+        0,
+        y_bits,
+        OUT_KIND[np.dtype(out_dtype)],
+        offsets,
+        identity_map(dev, e) if active is None else active,
     )
 
 
@@ -1874,6 +1882,131 @@ def dense_wgmma_launch(
     return _with_shared(kernel, shared, always=True), (-(-n // TILE_ROWS), split), WG_THREADS, args, shared
 
 
+# ------------------------------------------------------------------------------------------------
+# the grouped GEMV on the swapped wgmma pass (sm_90): mixture of experts at decode on the aligned
+# path (T above the routed decode's reach: 9-64 tokens of top-8 over 128 experts, a few rows an
+# expert). Block (i, g) of grid (ceil(N / 64), G) runs kernels/sm90_wgmma_gemv.py's pass on views
+# of expert e = active[g]'s 64 weight rows i and its activation rows, 8 rows a pass (wgmma's N),
+# the codes copied by cp.async. The same pass as the dense and routed decode: Hopper reads the e4m3
+# codes natively, where the mma.sync grouped GEMV above converts each to f16 first. It holds the
+# tensor-core bound, so it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run.
+
+GROUPED_WGMMA_KERNEL = "wgmma_grouped_gemv"
+GROUPED_WGMMA_STAGES = 4  # the ring: 3 weight tiles of 8 KB in flight a block
+
+
+def grouped_wgmma_stages(k):
+    """The ring's stages for rows of K: GROUPED_WGMMA_STAGES, or fewer where a row has fewer K blocks."""
+    return max(2, min(GROUPED_WGMMA_STAGES, -(-k // CHUNK) + 1))
+
+
+@functools.cache
+def grouped_wgmma_kernel(stages, block_scaled, hardware, out_is_float32):
+    """The grouped GEMV ``grouped_gemv_wgmma`` with the grouped mma.sync GEMV's arguments (codes in;
+    offsets and the active-experts map last), launched on grid (ceil(N / 64), G) of 128 threads."""
+    from ..ptx import sm90_wgmma
+    from .sm90_wgmma_gemv import TILE_ROWS, WG_THREADS, X_ROWS, WgGemvConfig, wgmma_gemv_pass
+
+    # (the codes form calls no quantizer; the static one stands in for its type)
+    quantize = fused_quantizer(WG_THREADS, X_ROWS, MODE_STATIC, hardware, swizzled=True)
+    gemv_pass = cuda.jit(**_DEVICE)(
+        wgmma_gemv_pass(WgGemvConfig(stages=stages), quantize, "codes", block_scaled, False)
+    )
+
+    def grouped_gemv_wgmma(
+        a, x, x_kind, qscale, b, scale_a, sa_step, scale_b, sb_step, bias, bias_kind, y, out_kind, offsets, active
+    ):
+        """y[offsets[e]:offsets[e + 1]] of expert e = active[blockIdx.y] (-1: none, the block returns;
+        E: the padding rows past offsets[E], written as 0), b [E * N, K] the experts' weights one
+        after another, scale_b [E] (sb_step 0), [E * N] (1) or the block scales [E * NB, KB]."""
+        e = active[cuda.blockIdx.y]
+        if e < 0:
+            return
+        n_total = y.shape[1]
+        experts = offsets.shape[0] - 1
+        if e == experts:  # the padding rows, this block's 64 columns
+            zero_padding_rows(y, offsets[experts], cuda.blockIdx.x * TILE_ROWS, TILE_ROWS, out_kind)
+            return
+        row0 = offsets[e]
+        rows = offsets[e + 1] - row0
+        if rows <= 0:
+            return  # the whole block at once: no barrier is left waiting
+        we = rows_of(b, e * n_total, n_total)
+        if block_scaled:
+            blocks = (n_total + 127) // 128  # the weight's 128-row blocks
+            sbe = rows_of(scale_b, e * blocks, blocks)
+        elif sb_step:
+            sbe = rows_of(scale_b, e * n_total, n_total)
+        else:
+            sbe = rows_of(scale_b, e, 1)
+        for s0 in range(0, rows, X_ROWS):
+            if s0 > 0:
+                cuda.syncthreads()  # every warp is done with the ring and the codes of the pass before
+            r0 = row0 + s0
+            count = min(rows - s0, X_ROWS)
+            sae = rows_of(scale_a, r0, count) if block_scaled or sa_step else scale_a
+            gemv_pass(
+                rows_of(a, r0, count),
+                x,
+                x_kind,
+                qscale,
+                we,
+                sae,
+                sa_step,
+                sbe,
+                sb_step,
+                bias,
+                bias_kind,
+                rows_of(y, r0, count),
+                out_kind,
+            )
+
+    scale = types.float32[:, :] if block_scaled else F32_1D
+    sig = (U8_2D, U16_2D, I32, F32_1D, U8_2D, scale, I64, scale, I64, U16_1D, I32, out_type(out_is_float32), I32)
+    return compile_kernel(grouped_gemv_wgmma, sig + (I32_1D, I32_1D), arch=sm90_wgmma.ARCH)
+
+
+def grouped_wgmma_reason(a, scale_a, b, scale_b, block_size, dev):
+    """Why the grouped wgmma GEMV cannot take a grouped GEMM (None when it can): sm_90 with the lever
+    on, the grouped mma.sync GEMV's operands (``grouped_gemv_reason``), a row of K in shared memory."""
+    from ... import _config
+    from ..ptx import sm90_wgmma
+    from .sm90_wgmma_gemv import WgGemvConfig, shared_bytes
+    from .tc_gemm import F16_SHARED_LIMIT
+
+    if SIMULATOR or not sm90_wgmma.available(dev.cc):
+        return "the grouped wgmma GEMV needs sm_90 (wgmma)"
+    if GROUPED_WGMMA_KERNEL in _config.disabled_kernels():
+        return f"{GROUPED_WGMMA_KERNEL} is disabled by VT_DISABLE_KERNELS"
+    if not _config.dense_cublaslt_fp8_enabled():
+        return (
+            "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
+        )
+    why = grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev)
+    if why is None:
+        k = int(a.shape[1])
+        if shared_bytes(WgGemvConfig(stages=grouped_wgmma_stages(k)), k) > F16_SHARED_LIMIT:
+            why = f"a row of K = {k} does not fit the grouped wgmma GEMV's shared memory"
+    return why
+
+
+def grouped_wgmma_launch(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, active=None, stages=None):
+    """(kernel, grid, block, args, shared bytes) of the grouped wgmma GEMV (arguments as
+    ``grouped_gemv_launch``; ``stages`` overrides ``grouped_wgmma_stages``'s ring, for the sweep)."""
+    from .sm90_wgmma_gemv import TILE_ROWS, WG_THREADS, WgGemvConfig, shared_bytes
+
+    k = a.shape[1]
+    n = b.shape[1]
+    stages = stages or grouped_wgmma_stages(k)
+    out_dtype = np.dtype(out_dtype)
+    hardware = codec.hardware_available(dev.cc)
+    kernel = grouped_wgmma_kernel(stages, block_size is not None, hardware, out_dtype == np.float32)
+    args = grouped_args(a, scale_a, b, scale_b, offsets, y_bits, out_dtype, block_size, dev, active)
+    shared = shared_bytes(WgGemvConfig(stages=stages), k)
+    grid = (-(-n // TILE_ROWS), int(args[-1].shape[0]))
+    return _with_shared(kernel, shared, always=True), grid, WG_THREADS, args, shared
+
+
 __all__ = [
     "GemvConfig",
     "GEMV_CONFIGS",
@@ -1900,6 +2033,7 @@ __all__ = [
     "grouped_gemv",
     "grouped_gemv_launch",
     "grouped_gemv_reason",
+    "grouped_args",
     "grouped_rows_hint",
     "ROUTED_STAGES",
     "ROUTED_CONFIGS",
@@ -1920,4 +2054,10 @@ __all__ = [
     "dense_wgmma_codes_launch",
     "dense_wgmma_reason",
     "DENSE_WGMMA_CHOSEN_MAX_M",
+    "GROUPED_WGMMA_KERNEL",
+    "GROUPED_WGMMA_STAGES",
+    "grouped_wgmma_kernel",
+    "grouped_wgmma_launch",
+    "grouped_wgmma_reason",
+    "grouped_wgmma_stages",
 ]
