@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from vtnumba import seam
+from vtnumba import _config, seam
 from vtnumba.cpu import experts as cpu
 from vtnumba.seam import experts as se
 from vtnumba.testing.gates import assert_block_g3, assert_g3
@@ -109,7 +109,12 @@ def _expected_kernel(name, rows_per_expert):
         return "per_expert"
     if rows_per_expert > TILED_MIN_ROWS:  # the tiled kernels: float32 scales (wgmma), MXFP8 (mma.sync)
         return {"ue8m0": "grouped", "mxfp8": "tensorcore_grouped_gemm"}.get(name, "wgmma_grouped_gemm")
-    return "wgmma_grouped_gemv" if name in FLOAT_SCALES else "grouped"  # (the swapped wgmma pass: sm_90)
+    if name not in FLOAT_SCALES:
+        return "grouped"
+    from vtnumba.cuda.runtime import device
+
+    sm90 = tuple(device.current().cc) == (9, 0)  # the swapped wgmma pass, with the lever on (its default)
+    return "wgmma_grouped_gemv" if sm90 and _config.dense_cublaslt_fp8_enabled() else "tensorcore_grouped_gemv"
 
 
 def _tensor_core(kernel):

@@ -376,13 +376,15 @@ def _sm90_only():
     ids=["qwen3_gate_up-row_channel-bf16", "qwen3_down-tensor_expert-f32", "partial-row_expert-f16", "block-bf16"],
 )
 def test_grouped_wgmma_gemv_is_the_dense_pass_by_slices(cp, e, n, k, scales, out_dtype):
-    """The decode rows of 1-19 an expert (passes of 8: one, two and three), empty experts first, in
+    """The decode rows of 2-19 an expert (passes of 8: one, two and three; 9, 16 and 19 rows among
+    them), empty experts first, in
     the middle and last, a padding tail, NaN codes in a's first and last row: bit for bit the dense
     wgmma pass on each expert's 8-row slices, the sampled experts within the tensor-core bound of the
     float64 reference, the padding rows 0 (the output is poisoned with NaN first)."""
     _sm90_only()
     rng = np.random.default_rng(e + n + k)
     counts = routed_counts(rng, e, 5, 19)
+    counts[e // 4], counts[2 * e // 3] = 16, 9  # two passes: the second one full, and of one row
     block_size = BLOCK_SIZE if scales == "block" else None
     a, sa, b, sb, offsets = grouped_case(rng, counts, 5, n, k, scales)
     bits = run_grouped_wgmma(cp, a, sa, b, sb, offsets, out_dtype, block_size)
@@ -397,8 +399,8 @@ def test_grouped_wgmma_gemv_is_the_dense_pass_by_slices(cp, e, n, k, scales, out
 
 def test_grouped_wgmma_gemv_runs_the_active_experts_only(cp):
     """Decode at one token (8 of 128 experts routed a row each) through grouped_scaled_mm: the
-    active-experts map gives the grid 9 rows of blocks (-1 entries return at once); the result is
-    the dense pass's bits, the padding rows 0."""
+    active-experts map gives the grid min(E, P) + 1 = 11 rows of blocks (-1 entries return at once);
+    the result is the dense pass's bits, the padding rows 0."""
     _sm90_only()
     from vtnumba.cuda import grouped
     from vtnumba.cuda.kernels import tc_gemv

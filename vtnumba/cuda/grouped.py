@@ -219,11 +219,14 @@ class WgmmaGroupedGemv(GroupedKernel):
         from .kernels import tc_gemv
 
         why = tc_gemv.grouped_wgmma_reason(call.a, call.scale_a, call.b, call.scale_b, call.block_size, call.device)
-        if why is None and not named and call.p > TILED_MIN_ROWS * call.e:
-            why = (
-                f"a prefill-sized call ({call.p} rows over {call.e} experts): the tiles take it, past "
-                f"{TILED_MIN_ROWS} rows per expert on average"
-            )
+        if why is None and not named:
+            if not _config.dense_cublaslt_fp8_enabled():
+                why = "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
+            elif call.p > TILED_MIN_ROWS * call.e:
+                why = (
+                    f"a prefill-sized call ({call.p} rows over {call.e} experts): the tiles take it, past "
+                    f"{TILED_MIN_ROWS} rows per expert on average"
+                )
         return why
 
     def run(self, call, y, active):

@@ -1967,8 +1967,9 @@ def grouped_wgmma_kernel(stages, block_scaled, hardware, out_is_float32):
 
 
 def grouped_wgmma_reason(a, scale_a, b, scale_b, block_size, dev):
-    """Why the grouped wgmma GEMV cannot take a grouped GEMM (None when it can): sm_90 with the lever
-    on, the grouped mma.sync GEMV's operands (``grouped_gemv_reason``), a row of K in shared memory."""
+    """Why the grouped wgmma GEMV cannot take a grouped GEMM (None when it can): sm_90, the grouped
+    mma.sync GEMV's operands (``grouped_gemv_reason``), a row of K in shared memory. (The lever
+    VT_DENSE_CUBLASLT_FP8 is the choice's, cuda/grouped.py: a call naming the kernel runs it.)"""
     from ... import _config
     from ..ptx import sm90_wgmma
     from .sm90_wgmma_gemv import WgGemvConfig, shared_bytes
@@ -1978,10 +1979,6 @@ def grouped_wgmma_reason(a, scale_a, b, scale_b, block_size, dev):
         return "the grouped wgmma GEMV needs sm_90 (wgmma)"
     if GROUPED_WGMMA_KERNEL in _config.disabled_kernels():
         return f"{GROUPED_WGMMA_KERNEL} is disabled by VT_DISABLE_KERNELS"
-    if not _config.dense_cublaslt_fp8_enabled():
-        return (
-            "it holds the tensor-core bound, not strict G3: turned off with cuBLASLt by the lever VT_DENSE_CUBLASLT_FP8"
-        )
     why = grouped_gemv_reason(a, scale_a, b, scale_b, block_size, dev)
     if why is None:
         k = int(a.shape[1])
