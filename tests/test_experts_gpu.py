@@ -499,7 +499,7 @@ def test_the_torch_experts_module_replays_its_bound_call_in_eager_and_in_a_graph
 @pytest.mark.parametrize("name", sorted(ROUTED))
 def test_the_routed_decode_gives_the_aligned_steps_bytes(cp, name, t, k, monkeypatch):
     """At decode (T k <= ROUTED_MAX_PAIRS) moe_fp8 runs two launches (routed_gate_up, routed_down with
-    the combine), and their result is the aligned steps' bytes: each pair's GEMVs are the grouped
+    the combine), and their result is the aligned steps' bytes: each pair's GEMVs are the mma.sync grouped
     GEMV's pass on the same codes (x and act quantized inside the launch as quantize_fp8 /
     silu_mul_quantize quantize them), the combine the combine kernel's arithmetic in the same order,
     whichever block of a token finishes last. The sentinels -1 and E route nothing."""
@@ -512,7 +512,8 @@ def test_the_routed_decode_gives_the_aligned_steps_bytes(cp, name, t, k, monkeyp
     call = se.MoeCall(x, gu_res, dn_res, ids, w)
     assert [s for s, _ in call.steps] == ["routed_gate_up", "routed_down"], call.routed_reason
     got = call.run()
-    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
+    # the aligned steps on the mma.sync grouped GEMV (sm_90 runs the wgmma one there by default)
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv,wgmma_grouped_gemv")
     aligned = se.MoeCall(x, gu_res, dn_res, ids, w)
     assert [s for s, _ in aligned.steps][0] == "align" and "disabled" in aligned.routed_reason
     want = aligned.run()
@@ -584,7 +585,7 @@ def test_every_routed_configuration_gives_the_aligned_bytes(cp, name, gate_up_co
     ids, w = _routing(rng, 1, 8, empty=())
     x = _device(cp, rng.standard_normal((1, H)).astype(BF16))
     ids, w = cp.asarray(ids), cp.asarray(w)
-    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv")
+    monkeypatch.setenv("VT_DISABLE_KERNELS", "routed_gemv,wgmma_grouped_gemv")  # the mma.sync grouped GEMV
     want = cp.asnumpy(se.MoeCall(x, gu_res, dn_res, ids, w).run().view(np.uint16))
     monkeypatch.delenv("VT_DISABLE_KERNELS")
     monkeypatch.setattr(tc_gemv, "routed_config", lambda stage, block_scaled, wgmma=False: configs[stage])
