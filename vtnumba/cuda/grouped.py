@@ -52,7 +52,10 @@ PER_EXPERT_MIN_FLOPS = 1e11
 # GEMV, which streams each expert's weight once per 16 rows. On the H200 (same run, Qwen3-30B-A3B's
 # gate_up, 128 experts): 16 rows each, wgmma tiles 252 us against the GEMV's 317; the tiles cost
 # about as much with fewer rows (260 us at 64: a tile's weight is streamed whatever its rows), and
-# at 8 rows the GEMV took 171 us (benchmarks/RESULTS.md, 10:57).
+# at 8 rows the GEMV took 171 us (benchmarks/RESULTS.md, 10:57). The wgmma grouped GEMV (sm_90), which
+# streams the weight once per 8 rows, keeps the same line: on an H100 (2026-12-07 21:11) it won up to 8
+# rows in gate_up and down (148 / 80 us against the tiles' 182 / 138), and at 16 lost gate_up (276
+# against 190) while still winning down (102 against 146), a K = 768 case a rule by K could take.
 TILED_MIN_ROWS = 8
 
 
