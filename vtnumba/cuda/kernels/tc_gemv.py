@@ -1892,7 +1892,10 @@ def dense_wgmma_launch(
 # tensor-core bound, so it runs where the lever VT_DENSE_CUBLASLT_FP8 lets cuBLASLt run.
 
 GROUPED_WGMMA_KERNEL = "wgmma_grouped_gemv"
-GROUPED_WGMMA_STAGES = 4  # the ring: 3 weight tiles of 8 KB in flight a block
+# The ring: 3 weight tiles of 8 KB in flight a block. Depths 3 / 4 / 5 timed alike on an H100 (Qwen3's
+# gate_up at 8 rows an expert 144.7 / 148.3 / 144.3 us, down 82.9 / 80.1 / 80.7: within the run's
+# noise; benchmarks/RESULTS.md, 2026-12-07 21:11).
+GROUPED_WGMMA_STAGES = 4
 
 
 def grouped_wgmma_stages(k):
